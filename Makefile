@@ -1,0 +1,51 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both install what is missing first;
+# a second run installs nothing (stamp files record what was installed from which manifest).
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+PY_STAMP  := $(VENV)/.installed
+NPM_STAMP := contracts/node_modules/.installed
+TORCH     := torch==2.13.0
+
+.PHONY: install test lint typecheck demo contracts check-contracts gas clean
+
+install: $(PY_STAMP) $(NPM_STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# torch first and pinned: any unpinned torch requirement would pull a multi-GB CUDA build.
+$(PY_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+$(NPM_STAMP): contracts/package.json contracts/package-lock.json
+	cd contracts && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(VENV)/bin/pytest
+
+demo: install
+	$(VENV)/bin/prime-devnet lifecycle
+
+# Rebuild contracts/artifacts from contracts/src with the pinned solcjs.
+contracts: $(NPM_STAMP)
+	cd contracts && node build.js
+
+check-contracts: $(NPM_STAMP)
+	cd contracts && node build.js --check
+
+gas: install
+	$(PY) benchmarks/gas.py
+
+clean:
+	rm -rf $(VENV) contracts/node_modules .pytest_cache .ruff_cache .mypy_cache .hypothesis

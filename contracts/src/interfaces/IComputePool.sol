@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.24;
+
+/// @title IComputePool
+/// @notice Training pools: their terms, validators and member nodes.
+interface IComputePool {
+    /// @notice A pool's terms, fixed at creation.
+    /// @param name Human-readable name.
+    /// @param modelHash Hash identifying the base model the pool trains.
+    /// @param specURI Where the pool spec (task, sampling, bootstrap peers, coordinator URL) lives.
+    /// @param trainer Address that signs checkpoint manifests.
+    /// @param minStakePerNode Active stake each member node locks.
+    /// @param challengeWindow Seconds during which submitted work may be invalidated; at most the unbonding period.
+    /// @param rewardPerUnit Tokens paid per work unit (output token) of accepted work.
+    /// @param slashAmount Tokens taken from a provider per invalidated work.
+    /// @param maxNodes Member limit; 0 means unlimited.
+    struct PoolConfig {
+        string name;
+        bytes32 modelHash;
+        string specURI;
+        address trainer;
+        uint256 minStakePerNode;
+        uint64 challengeWindow;
+        uint256 rewardPerUnit;
+        uint256 slashAmount;
+        uint32 maxNodes;
+    }
+
+    event PoolCreated(uint256 indexed poolId, address indexed owner, string name, address trainer);
+    event ValidatorSet(uint256 indexed poolId, address indexed validator, bool allowed);
+    event NodeJoined(uint256 indexed poolId, address indexed node, address indexed provider);
+    event NodeLeft(uint256 indexed poolId, address indexed node);
+    event NodeEjected(uint256 indexed poolId, address indexed node, address indexed by);
+
+    error PoolNotFound(uint256 poolId);
+    error NotPoolOwner(uint256 poolId, address caller);
+    error NotAllowedToEject(uint256 poolId, address caller);
+    error ZeroAddress();
+    error ChallengeWindowZero();
+    error ChallengeWindowTooLong(uint64 challengeWindow, uint64 unbondingPeriod);
+    error AlreadyMember(uint256 poolId, address node);
+    error NotMember(uint256 poolId, address node);
+    error EjectedFromPool(uint256 poolId, address node);
+    error PoolFull(uint256 poolId, uint32 maxNodes);
+
+    /// @notice Creates a pool owned by the caller and returns its id (ids start at 1).
+    function createPool(PoolConfig calldata config) external returns (uint256 poolId);
+
+    /// @notice Appoints (`allowed`) or dismisses a validator of `poolId`.
+    function setValidator(uint256 poolId, address validator, bool allowed) external;
+
+    /// @notice The calling node joins `poolId`, locking `minStakePerNode` of its provider's stake.
+    function join(uint256 poolId) external;
+
+    /// @notice The calling node leaves `poolId` and its lock is released.
+    function leave(uint256 poolId) external;
+
+    /// @notice Removes `node` from `poolId` for good.
+    function eject(uint256 poolId, address node) external;
+
+    function poolCount() external view returns (uint256);
+    function getPool(uint256 poolId) external view returns (PoolConfig memory config, address owner);
+    function terms(uint256 poolId)
+        external
+        view
+        returns (uint64 challengeWindow, uint256 rewardPerUnit, uint256 slashAmount);
+    function isMember(uint256 poolId, address node) external view returns (bool);
+    function memberProvider(uint256 poolId, address node) external view returns (address);
+    function isEjected(uint256 poolId, address node) external view returns (bool);
+    function isValidator(uint256 poolId, address validator) external view returns (bool);
+    function members(uint256 poolId) external view returns (address[] memory);
+}

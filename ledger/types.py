@@ -1,0 +1,82 @@
+"""Typed views of what the contracts return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class WorkStatus(IntEnum):
+    """Mirrors `IWorkLedger.WorkStatus`."""
+
+    NONE = 0
+    PENDING = 1
+    INVALIDATED = 2
+    CLAIMED = 3
+
+
+class Reason(IntEnum):
+    """Why a validator rejected a file (DESIGN section 5); the uint8 passed to `invalidateWork`."""
+
+    HASH_MISMATCH = 1
+    BAD_FORMAT = 2
+    WRONG_ASSIGNMENT = 3
+    STALE_STEP = 4
+    INVALID_SAMPLING = 5
+    REWARD_MISMATCH = 6
+    PROOF_INVALID = 7
+    FILE_UNAVAILABLE = 8
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """`IComputePool.PoolConfig`; amounts in base units, `challenge_window` in seconds."""
+
+    name: str
+    model_hash: bytes
+    spec_uri: str
+    trainer: str
+    min_stake_per_node: int
+    challenge_window: int
+    reward_per_unit: int
+    slash_amount: int
+    max_nodes: int = 0
+
+    def as_tuple(self) -> tuple[object, ...]:
+        return (
+            self.name,
+            self.model_hash,
+            self.spec_uri,
+            self.trainer,
+            self.min_stake_per_node,
+            self.challenge_window,
+            self.reward_per_unit,
+            self.slash_amount,
+            self.max_nodes,
+        )
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    pool_id: int
+    owner: str
+    config: PoolConfig
+
+
+@dataclass(frozen=True)
+class StakeInfo:
+    active: int
+    unbonding: int
+    locked: int
+    release_at: int  # block timestamp when `unbonding` may be withdrawn; 0 when nothing unbonds
+
+
+@dataclass(frozen=True)
+class WorkRecord:
+    pool_id: int
+    work_key: bytes
+    node: str
+    provider: str
+    units: int
+    submitted_at: int
+    status: WorkStatus
