@@ -14,7 +14,7 @@ from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
-from web3.types import TxParams, TxReceipt, Wei
+from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from ledger.artifacts import decode_revert
 from ledger.errors import ContractRevert, RpcUnavailable, TransactionFailed
@@ -109,9 +109,9 @@ class Transactor:
             params.update(self._fee_fields())
             params["gas"] = gas
             for attempt in range(3):
-                params["nonce"] = self._next_nonce()
+                params["nonce"] = Nonce(self._next_nonce())
                 tx = call.build_transaction(params)
-                signed = self.account.sign_transaction(tx)
+                signed = self.account.sign_transaction(dict(tx))  # type: ignore[arg-type]
                 try:
                     tx_hash = self._broadcast(signed.raw_transaction)
                 except Web3RPCError as exc:

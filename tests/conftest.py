@@ -1,0 +1,51 @@
+"""Shared fixtures: one real anvil per test session, reverted to a snapshot after every test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+
+TOKEN = 10**18  # one whole StakeToken in base units
+UNBONDING_PERIOD = 2 * 24 * 3600
+
+
+@pytest.fixture(scope="session")
+def session_chain() -> Iterator[tuple[LocalChain, Deployment]]:
+    chain = LocalChain().start()
+    try:
+        yield chain, chain.deploy(unbonding_period=UNBONDING_PERIOD)
+    finally:
+        chain.stop()
+
+
+@pytest.fixture
+def chain(session_chain: tuple[LocalChain, Deployment]) -> Iterator[LocalChain]:
+    """The session's chain; every change a test makes (blocks, time, state) is undone afterwards."""
+    local, _ = session_chain
+    snapshot = local.snapshot()
+    yield local
+    local.revert(snapshot)
+
+
+@pytest.fixture
+def deployment(session_chain: tuple[LocalChain, Deployment]) -> Deployment:
+    return session_chain[1]
+
+
+@pytest.fixture
+def ledger_for(chain: LocalChain, deployment: Deployment) -> Callable[[int], Ledger]:
+    """`ledger_for(i)` sends as anvil development account i (0 deployed the contracts and mints tokens).
+
+    Clients are made per test: each keeps a local nonce, which a snapshot revert would leave stale.
+    """
+
+    def make(index: int) -> Ledger:
+        return Ledger(chain.w3, deployment, dev_account(index))
+
+    return make
