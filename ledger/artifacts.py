@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eth_abi import decode as abi_decode
-from eth_utils import keccak
+from eth_utils import keccak, to_checksum_address
 
 from ledger.errors import ArtifactError
 
@@ -106,4 +106,8 @@ def decode_revert(data: bytes) -> tuple[str, dict[str, Any]]:
         values = abi_decode(list(spec.input_types), body)
     except Exception as exc:  # eth_abi raises several unrelated types for truncated data
         return "UndecodableRevert", {"data": data, "problem": str(exc)}
-    return spec.name, dict(zip(spec.input_names, values, strict=True))
+    shown = [
+        to_checksum_address(value) if kind == "address" else value
+        for kind, value in zip(spec.input_types, values, strict=True)
+    ]
+    return spec.name, dict(zip(spec.input_names, shown, strict=True))
