@@ -146,6 +146,7 @@ contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTr
             p.active -= uint128(fromActive);
             p.unbonding -= uint128(fromUnbonding);
         }
+        if (fromUnbonding != 0 && p.unbonding == 0) p.releaseAt = 0;
         slashed = fromActive + fromUnbonding;
         if (slashed == 0) return 0;
         emit Slashed(provider, slashed, fromUnbonding, beneficiary);

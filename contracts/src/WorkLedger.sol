@@ -23,6 +23,9 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         WorkStatus status; // 8 bits
     }
 
+    /// @notice Highest reason code (DESIGN section 5): 1 hash mismatch ... 8 file unavailable.
+    uint8 public constant MAX_REASON = 8;
+
     IComputePool public immutable pools;
     INodeRegistry public immutable registry;
     IERC20 public immutable token;
@@ -74,10 +77,10 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: the caller validates the pool, the work is pending, `reason != 0`, and
+    /// @dev Requirements: the caller validates the pool, the work is pending, `1 <= reason <= MAX_REASON`, and
     /// `block.timestamp < submittedAt + challengeWindow`. Emits {WorkInvalidated}.
     function invalidateWork(uint256 poolId, bytes32 workKey, uint8 reason) external nonReentrant {
-        if (reason == 0) revert InvalidReason(reason);
+        if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
         Work storage work = _pending(poolId, workKey);
         if (!pools.isValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
         (uint64 window,, uint256 slashAmount) = pools.terms(poolId);

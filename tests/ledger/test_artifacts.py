@@ -1,0 +1,267 @@
+"""The committed contract artifacts: fresh against the sources, shaped as DESIGN section 4 says, revert decoding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_abi import encode as abi_encode
+from eth_utils import keccak, to_checksum_address
+
+from ledger.artifacts import ARTIFACT_DIR, CONTRACT_NAMES, decode_revert, load_artifact
+
+CONTRACTS_DIR = ARTIFACT_DIR.parent
+POOL_CONFIG = "(string,bytes32,string,address,uint256,uint64,uint256,uint256,uint32)"
+
+# DESIGN section 4: function signature -> output types, per contract.
+FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "StakeToken": {"mint(address,uint256)": ()},
+    "NodeRegistry": {
+        "stake(uint256)": (),
+        "requestUnstake(uint256)": (),
+        "withdraw()": (),
+        "addNode(address,bytes)": (),
+        "removeNode(address)": (),
+        "slash(address,uint256,address)": ("uint256",),
+        "stakeOf(address)": ("uint256", "uint256"),
+        "providerOf(address)": ("address",),
+        "nodesOf(address)": ("address[]",),
+        "unbondingPeriod()": ("uint64",),
+    },
+    "ComputePool": {
+        f"createPool({POOL_CONFIG})": ("uint256",),
+        "setValidator(uint256,address,bool)": (),
+        "join(uint256)": (),
+        "leave(uint256)": (),
+        "eject(uint256,address)": (),
+        "getPool(uint256)": (POOL_CONFIG, "address"),
+        "isMember(uint256,address)": ("bool",),
+        "isValidator(uint256,address)": ("bool",),
+        "members(uint256)": ("address[]",),
+    },
+    "WorkLedger": {
+        "fundRewards(uint256,uint256)": (),
+        "submitWork(uint256,bytes32,uint256)": (),
+        "submitWorkBatch(uint256,bytes32[],uint256[])": (),
+        "invalidateWork(uint256,bytes32,uint8)": (),
+        "claimRewards(uint256,bytes32[])": (),
+        "getWork(uint256,bytes32)": ("address", "address", "uint256", "uint64", "uint8"),
+    },
+}
+VIEWS = {
+    "stakeOf",
+    "providerOf",
+    "nodesOf",
+    "unbondingPeriod",
+    "getPool",
+    "isMember",
+    "isValidator",
+    "members",
+    "getWork",
+}
+EVENTS: dict[str, set[str]] = {
+    "NodeRegistry": {
+        "Staked(address,uint256)",
+        "UnstakeRequested(address,uint256,uint64)",
+        "Withdrawn(address,uint256)",
+        "NodeAdded(address,address)",
+        "NodeRemoved(address,address)",
+        "Slashed(address,uint256,uint256,address)",
+    },
+    "ComputePool": {
+        "PoolCreated(uint256,address,string,address)",
+        "ValidatorSet(uint256,address,bool)",
+        "NodeJoined(uint256,address,address)",
+        "NodeLeft(uint256,address)",
+        "NodeEjected(uint256,address,address)",
+    },
+    "WorkLedger": {
+        "WorkSubmitted(uint256,bytes32,address,address,uint256)",
+        "WorkInvalidated(uint256,bytes32,address,uint8,uint256)",
+        "RewardsClaimed(uint256,address,uint256,uint256)",
+    },
+}
+
+
+def canonical_type(entry: dict[str, Any]) -> str:
+    kind: str = entry["type"]
+    if kind.startswith("tuple"):
+        return "(" + ",".join(canonical_type(c) for c in entry["components"]) + ")" + kind[len("tuple") :]
+    return kind
+
+
+def signature(entry: dict[str, Any]) -> str:
+    return f"{entry['name']}({','.join(canonical_type(arg) for arg in entry['inputs'])})"
+
+
+def abi_entries(contract: str, kind: str) -> dict[str, dict[str, Any]]:
+    return {signature(e): e for e in load_artifact(contract).abi if e["type"] == kind}
+
+
+def run_check(contracts_dir: Path) -> subprocess.CompletedProcess[str]:
+    node = shutil.which("node")
+    assert node is not None, "node is needed to check the artifacts (make install)"
+    return subprocess.run(
+        [node, "build.js", "--check"], cwd=contracts_dir, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# --- freshness --------------------------------------------------------------------------------------
+
+
+def test_committed_artifacts_match_a_fresh_build() -> None:
+    result = run_check(CONTRACTS_DIR)
+    assert result.returncode == 0, result.stderr
+    assert "checked 4 contracts" in result.stdout
+
+
+def test_check_fails_when_a_source_changed(tmp_path: Path) -> None:
+    copy = tmp_path / "contracts"
+    copy.mkdir()
+    shutil.copytree(CONTRACTS_DIR / "src", copy / "src")
+    shutil.copytree(CONTRACTS_DIR / "artifacts", copy / "artifacts")
+    for name in ("build.js", "package.json"):
+        shutil.copy2(CONTRACTS_DIR / name, copy / name)
+    (copy / "node_modules").symlink_to(CONTRACTS_DIR / "node_modules", target_is_directory=True)
+    with (copy / "src" / "WorkLedger.sol").open("a") as source:
+        source.write("\n// a harmless comment still changes the source hash\n")
+    before = {path.name: path.read_bytes() for path in (copy / "artifacts").iterdir()}
+
+    result = run_check(copy)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "stale artifact" in result.stderr
+    # every artifact records the hash of all sources, so all four are stale
+    assert result.stderr.count("stale artifact") == len(CONTRACT_NAMES)
+    assert {path.name: path.read_bytes() for path in (copy / "artifacts").iterdir()} == before  # --check writes nothing
+
+
+def test_artifacts_share_one_source_hash_and_the_pinned_compiler() -> None:
+    pinned = json.loads((CONTRACTS_DIR / "package.json").read_text())["devDependencies"]["solc"]
+    artifacts = [load_artifact(name) for name in CONTRACT_NAMES]
+    assert {a.name for a in artifacts} == set(CONTRACT_NAMES)
+    assert len({a.source_hash for a in artifacts}) == 1
+    assert all(a.compiler_version.startswith(f"{pinned}+") for a in artifacts)
+    assert all(a.bytecode.startswith("0x") and len(a.bytecode) > 2 for a in artifacts)
+
+
+# --- ABI shape (DESIGN section 4) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("contract", sorted(FUNCTIONS))
+def test_abi_has_the_designed_functions(contract: str) -> None:
+    functions = abi_entries(contract, "function")
+    for sig, outputs in FUNCTIONS[contract].items():
+        assert sig in functions, f"{contract} lacks {sig}"
+        entry = functions[sig]
+        assert tuple(canonical_type(out) for out in entry["outputs"]) == outputs, sig
+        if entry["name"] in VIEWS:
+            assert entry["stateMutability"] == "view", sig
+        else:
+            assert entry["stateMutability"] == "nonpayable", sig
+
+
+@pytest.mark.parametrize("contract", sorted(EVENTS))
+def test_abi_has_the_designed_events(contract: str) -> None:
+    assert EVENTS[contract] <= set(abi_entries(contract, "event"))
+
+
+def test_pool_config_fields_are_in_design_order() -> None:
+    (create,) = [e for e in load_artifact("ComputePool").abi if e.get("name") == "createPool"]
+    fields = [component["name"] for component in create["inputs"][0]["components"]]
+    assert fields == [
+        "name",
+        "modelHash",
+        "specURI",
+        "trainer",
+        "minStakePerNode",
+        "challengeWindow",
+        "rewardPerUnit",
+        "slashAmount",
+        "maxNodes",
+    ]
+
+
+def test_get_work_returns_node_provider_units_submitted_at_status() -> None:
+    get_work = abi_entries("WorkLedger", "function")["getWork(uint256,bytes32)"]
+    assert [out["name"] for out in get_work["outputs"]] == ["node", "provider", "units", "submittedAt", "status"]
+    assert get_work["outputs"][4]["internalType"] == "enum IWorkLedger.WorkStatus"
+
+
+def test_work_events_name_their_arguments_as_designed() -> None:
+    work_events = abi_entries("WorkLedger", "event")
+    names = {sig: [arg["name"] for arg in e["inputs"]] for sig, e in work_events.items()}
+    assert names["WorkSubmitted(uint256,bytes32,address,address,uint256)"] == [
+        "poolId",
+        "workKey",
+        "node",
+        "provider",
+        "units",
+    ]
+    assert names["WorkInvalidated(uint256,bytes32,address,uint8,uint256)"] == [
+        "poolId",
+        "workKey",
+        "validator",
+        "reason",
+        "slashed",
+    ]
+    assert names["RewardsClaimed(uint256,address,uint256,uint256)"] == ["poolId", "provider", "amount", "count"]
+
+
+# --- decode_revert ----------------------------------------------------------------------------------
+
+
+def error_data(sig: str, types: list[str], values: list[Any]) -> bytes:
+    return keccak(text=sig)[:4] + abi_encode(types, values)
+
+
+def test_decode_revert_decodes_custom_errors_with_names() -> None:
+    key = keccak(text="work")
+    data = error_data("WorkNotPending(uint256,bytes32,uint8)", ["uint256", "bytes32", "uint8"], [3, key, 2])
+    assert decode_revert(data) == ("WorkNotPending", {"poolId": 3, "workKey": key, "status": 2})
+
+
+def test_decode_revert_decodes_inherited_openzeppelin_errors() -> None:
+    account, role = "0x" + "ab" * 20, keccak(text="SLASHER_ROLE")
+    data = error_data("AccessControlUnauthorizedAccount(address,bytes32)", ["address", "bytes32"], [account, role])
+    name, values = decode_revert(data)
+    assert name == "AccessControlUnauthorizedAccount"
+    assert values.keys() == {"account", "neededRole"}
+    assert (to_checksum_address(values["account"]), values["neededRole"]) == (to_checksum_address(account), role)
+
+
+def test_decode_revert_decodes_error_string() -> None:
+    data = error_data("Error(string)", ["string"], ["ERC20: boom"])
+    assert decode_revert(data) == ("Error", {"reason": "ERC20: boom"})
+
+
+def test_decode_revert_decodes_arithmetic_panic() -> None:
+    data = error_data("Panic(uint256)", ["uint256"], [0x11])
+    assert decode_revert(data) == ("Panic", {"code": "0x11", "meaning": "arithmetic overflow or underflow"})
+
+
+def test_decode_revert_names_unknown_panic_codes() -> None:
+    data = error_data("Panic(uint256)", ["uint256"], [0x99])
+    assert decode_revert(data) == ("Panic", {"code": "0x99", "meaning": "unknown"})
+
+
+def test_decode_revert_returns_unknown_selector_as_data() -> None:
+    data = error_data("NotOurs(uint256)", ["uint256"], [1])
+    assert decode_revert(data) == ("UnknownError", {"data": data})
+
+
+def test_decode_revert_handles_empty_and_short_data() -> None:
+    assert decode_revert(b"") == ("EmptyRevert", {})
+    assert decode_revert(b"\x01\x02") == ("EmptyRevert", {"data": b"\x01\x02"})
+
+
+def test_decode_revert_reports_truncated_custom_error() -> None:
+    data = error_data("WorkExists(uint256,bytes32)", ["uint256", "bytes32"], [1, b"\x00" * 32])[:-16]
+    name, values = decode_revert(data)
+    assert name == "UndecodableRevert"
+    assert values["data"] == data
+    assert values["problem"]

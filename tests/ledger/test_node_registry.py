@@ -1,0 +1,453 @@
+"""NodeRegistry on a real chain: stake lifecycle, slashing through the WorkLedger, node bindings, roles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from conftest import TOKEN, UNBONDING_PERIOD
+from eth_abi import encode as abi_encode
+from eth_account import Account
+from eth_utils import keccak
+from helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger, node_binding_signature
+from ledger.deployment import role_id
+from ledger.errors import ContractRevert
+from ledger.types import Reason, StakeInfo, WorkStatus
+
+LedgerFor = Callable[[int], Ledger]
+OWNER, PROVIDER_A, PROVIDER_B, VALIDATOR = 0, 1, 2, 9
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+ADMIN_ROLE = b"\x00" * 32
+
+
+def binding_digest(ledger: Ledger, node: str, provider: str) -> bytes:
+    """The EIP-712 digest of NodeBinding(provider, node) that the registry itself checks."""
+    typehash = keccak(text="NodeBinding(address provider,address node)")
+    struct_hash = keccak(abi_encode(["bytes32", "address", "address"], [typehash, provider, node]))
+    domain = ledger.registry.functions.domainSeparator().call()
+    return keccak(b"\x19\x01" + domain + struct_hash)
+
+
+def recovered_signer(ledger: Ledger, node: str, provider: str, signature: bytes) -> str:
+    """Whom the registry recovers from `signature` for NodeBinding(provider, node)."""
+    return str(Account._recover_hash(binding_digest(ledger, node, provider), signature=signature))
+
+
+# --- stake, unstake, withdraw ----------------------------------------------------------------------
+
+
+def test_stake_moves_tokens_into_active_stake(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    owner.mint(provider.address, 100 * TOKEN)
+
+    receipt = provider.stake(60 * TOKEN)
+
+    assert events(provider.registry.events.Staked(), receipt) == [{"provider": provider.address, "amount": 60 * TOKEN}]
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked, stake.release_at) == (60 * TOKEN, 0, 0, 0)
+    assert provider.balance_of(provider.address) == 40 * TOKEN
+    assert provider.balance_of(provider.registry.address) == 60 * TOKEN
+
+
+def test_stake_zero_reverts_zero_amount(ledger_for: LedgerFor) -> None:
+    provider = ledger_for(PROVIDER_A)
+    with pytest.raises(ContractRevert) as info:
+        provider.stake(0)
+    assert_revert(info.value, "ZeroAmount")
+    assert provider.stake_of(provider.address).active == 0
+
+
+def test_request_unstake_zero_reverts_zero_amount(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 10)
+    with pytest.raises(ContractRevert) as info:
+        provider.request_unstake(0)
+    assert_revert(info.value, "ZeroAmount")
+    assert provider.stake_of(provider.address).active == 10 * TOKEN
+
+
+def test_request_unstake_more_than_active_reverts_insufficient_active_stake(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 10)
+    with pytest.raises(ContractRevert) as info:
+        provider.request_unstake(10 * TOKEN + 1)
+    assert_revert(
+        info.value, "InsufficientActiveStake", provider=provider.address, active=10 * TOKEN, required=10 * TOKEN + 1
+    )
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding) == (10 * TOKEN, 0)
+
+
+def test_withdraw_without_unbonding_reverts_nothing_to_withdraw(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 10)
+    with pytest.raises(ContractRevert) as info:
+        provider.withdraw()
+    assert_revert(info.value, "NothingToWithdraw", provider=provider.address)
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.release_at) == (10 * TOKEN, 0, 0)
+
+
+def test_request_unstake_starts_unbonding_period(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 100)
+
+    receipt = provider.request_unstake(30 * TOKEN)
+
+    now = provider.timestamp()
+    assert events(provider.registry.events.UnstakeRequested(), receipt) == [
+        {"provider": provider.address, "amount": 30 * TOKEN, "releaseAt": now + UNBONDING_PERIOD}
+    ]
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.release_at) == (70 * TOKEN, 30 * TOKEN, now + UNBONDING_PERIOD)
+
+
+def test_second_unstake_request_delays_release_of_all_unbonding_stake(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 100)
+    provider.request_unstake(30 * TOKEN)
+    chain.increase_time(UNBONDING_PERIOD // 2)
+
+    provider.request_unstake(20 * TOKEN)
+
+    stake = provider.stake_of(provider.address)
+    assert (stake.unbonding, stake.release_at) == (50 * TOKEN, provider.timestamp() + UNBONDING_PERIOD)
+
+
+def test_withdraw_one_second_before_release_reverts_still_unbonding(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 100)
+    provider.request_unstake(40 * TOKEN)
+    release_at = provider.stake_of(provider.address).release_at
+
+    with pytest.raises(ContractRevert) as info:
+        transact_at(chain, provider, provider.registry.functions.withdraw(), release_at - 1)
+
+    assert_revert(
+        info.value, "StillUnbonding", provider=provider.address, releaseAt=release_at, timestamp=release_at - 1
+    )
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.release_at) == (60 * TOKEN, 40 * TOKEN, release_at)
+    assert provider.balance_of(provider.address) == 0
+
+
+def test_withdraw_at_release_pays_unbonding_stake(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 100)
+    provider.request_unstake(40 * TOKEN)
+    release_at = provider.stake_of(provider.address).release_at
+
+    receipt = transact_at(chain, provider, provider.registry.functions.withdraw(), release_at)
+
+    assert events(provider.registry.events.Withdrawn(), receipt) == [
+        {"provider": provider.address, "amount": 40 * TOKEN}
+    ]
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked, stake.release_at) == (60 * TOKEN, 0, 0, 0)
+    assert provider.balance_of(provider.address) == 40 * TOKEN
+    assert provider.balance_of(provider.registry.address) == 60 * TOKEN
+
+
+def test_unstake_below_locked_stake_reverts_insufficient_active_stake(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    pool_id = make_pool(owner)  # locks 100 tokens per node
+    onboard(owner, provider, dev_account(3), pool_id, stake_tokens=150)
+
+    with pytest.raises(ContractRevert) as info:
+        provider.request_unstake(50 * TOKEN + 1)
+
+    assert_revert(
+        info.value, "InsufficientActiveStake", provider=provider.address, active=150 * TOKEN, required=150 * TOKEN + 1
+    )
+    provider.request_unstake(50 * TOKEN)  # exactly the unlocked part may go
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked) == (100 * TOKEN, 50 * TOKEN, 100 * TOKEN)
+
+
+# --- slashing, driven through WorkLedger.invalidateWork ---------------------------------------------
+
+
+def test_slash_exhausts_active_stake_then_takes_unbonding_stake(ledger_for: LedgerFor) -> None:
+    owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
+    pool_id = make_pool(owner)  # slash 50 tokens
+    owner.set_validator(pool_id, validator.address)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
+    key = work_key("slashed")
+    node.submit_work(pool_id, key, 10)
+    node.leave(pool_id)  # releases the lock, so the provider can start unbonding
+    provider.request_unstake(70 * TOKEN)  # active 30, unbonding 70
+    escrow_before = owner.escrow_of(pool_id)
+
+    receipt = validator.invalidate_work(pool_id, key, Reason.HASH_MISMATCH)
+
+    assert events(owner.registry.events.Slashed(), receipt) == [
+        {
+            "provider": provider.address,
+            "amount": 50 * TOKEN,
+            "fromUnbonding": 20 * TOKEN,
+            "beneficiary": owner.work.address,
+        }
+    ]
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked) == (0, 50 * TOKEN, 0)
+    assert owner.escrow_of(pool_id) == escrow_before + 50 * TOKEN
+    assert owner.balance_of(owner.registry.address) == 50 * TOKEN
+    assert owner.get_work(pool_id, key).status == WorkStatus.INVALIDATED
+
+
+def test_slash_takes_at_most_what_the_provider_has(ledger_for: LedgerFor) -> None:
+    owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
+    pool_id = make_pool(owner, slash_amount=500 * TOKEN)
+    owner.set_validator(pool_id, validator.address)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=120)
+    key = work_key("over-slashed")
+    node.submit_work(pool_id, key, 10)
+
+    receipt = validator.invalidate_work(pool_id, key, Reason.BAD_FORMAT)
+
+    assert events(owner.registry.events.Slashed(), receipt) == [
+        {"provider": provider.address, "amount": 120 * TOKEN, "fromUnbonding": 0, "beneficiary": owner.work.address}
+    ]
+    (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
+    assert invalidated["slashed"] == 120 * TOKEN
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked) == (0, 0, 0)
+    assert owner.escrow_of(pool_id) == 120 * TOKEN
+
+
+def test_slash_that_empties_unbonding_stake_clears_the_release_time(ledger_for: LedgerFor) -> None:
+    owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
+    pool_id = make_pool(owner, slash_amount=500 * TOKEN)
+    owner.set_validator(pool_id, validator.address)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
+    key = work_key("emptied")
+    node.submit_work(pool_id, key, 10)
+    node.leave(pool_id)
+    provider.request_unstake(60 * TOKEN)
+    assert provider.stake_of(provider.address).release_at > 0
+
+    validator.invalidate_work(pool_id, key, Reason.PROOF_INVALID)
+
+    assert provider.stake_of(provider.address) == StakeInfo(active=0, unbonding=0, locked=0, release_at=0)
+
+
+# --- node bindings ----------------------------------------------------------------------------------
+
+
+def test_add_node_binds_node_to_provider(ledger_for: LedgerFor) -> None:
+    provider = ledger_for(PROVIDER_A)
+    node_a, node_b = dev_account(3), dev_account(4)
+
+    receipt = provider.add_node(node_a)
+    provider.add_node(node_b)
+
+    assert events(provider.registry.events.NodeAdded(), receipt) == [
+        {"provider": provider.address, "node": node_a.address}
+    ]
+    assert provider.nodes_of(provider.address) == [node_a.address, node_b.address]
+    assert provider.provider_of(node_a.address) == provider.address
+    assert provider.is_active_node(node_a.address)
+    assert provider.provider_of(dev_account(5).address) is None
+    assert not provider.is_active_node(dev_account(5).address)
+    assert provider.nodes_of(ledger_for(PROVIDER_B).address) == []
+
+
+def test_add_active_node_again_reverts_node_already_active(ledger_for: LedgerFor) -> None:
+    provider, node = ledger_for(PROVIDER_A), dev_account(3)
+    provider.add_node(node)
+    with pytest.raises(ContractRevert) as info:
+        provider.add_node(node)
+    assert_revert(info.value, "NodeAlreadyActive", node=node.address)
+    assert provider.nodes_of(provider.address) == [node.address]
+
+
+def test_node_bound_to_provider_a_cannot_be_added_by_provider_b(ledger_for: LedgerFor) -> None:
+    provider_a, provider_b, node = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B), dev_account(3)
+    provider_a.add_node(node)
+
+    with pytest.raises(ContractRevert) as info:
+        provider_b.add_node(node)  # with a valid signature by the node for provider B
+
+    assert_revert(info.value, "NodeBoundToOtherProvider", node=node.address, provider=provider_a.address)
+    assert provider_b.nodes_of(provider_b.address) == []
+    assert provider_b.provider_of(node.address) == provider_a.address
+
+
+def test_node_stays_bound_to_provider_a_after_a_removes_it(ledger_for: LedgerFor) -> None:
+    provider_a, provider_b, node = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B), dev_account(3)
+    provider_a.add_node(node)
+    receipt = provider_a.remove_node(node.address)
+    assert events(provider_a.registry.events.NodeRemoved(), receipt) == [
+        {"provider": provider_a.address, "node": node.address}
+    ]
+
+    with pytest.raises(ContractRevert) as info:
+        provider_b.add_node(node)
+
+    assert_revert(info.value, "NodeBoundToOtherProvider", node=node.address, provider=provider_a.address)
+    assert provider_a.provider_of(node.address) == provider_a.address
+    assert not provider_a.is_active_node(node.address)
+    assert provider_a.nodes_of(provider_a.address) == []
+    assert provider_b.nodes_of(provider_b.address) == []
+
+
+def test_removed_node_can_be_added_again_by_its_provider(ledger_for: LedgerFor) -> None:
+    provider, node = ledger_for(PROVIDER_A), dev_account(3)
+    provider.add_node(node)
+    provider.remove_node(node.address)
+
+    provider.add_node(node)
+
+    assert provider.is_active_node(node.address)
+    assert provider.nodes_of(provider.address) == [node.address]
+
+
+@pytest.mark.parametrize("wrong", ["chain_id", "registry"])
+def test_binding_signature_for_other_domain_is_rejected(ledger_for: LedgerFor, wrong: str) -> None:
+    provider, node = ledger_for(PROVIDER_A), dev_account(3)
+    chain_id = provider.deployment.chain_id + 1 if wrong == "chain_id" else provider.deployment.chain_id
+    registry = provider.pools.address if wrong == "registry" else provider.registry.address
+    signature = node_binding_signature(node, provider.address, chain_id=chain_id, registry=registry)
+    recovered = recovered_signer(provider, node.address, provider.address, signature)
+    assert recovered != node.address
+
+    with pytest.raises(ContractRevert) as info:
+        provider.add_node(node.address, signature)
+
+    assert_revert(info.value, "InvalidNodeSignature", node=node.address, recovered=recovered)
+    assert provider.provider_of(node.address) is None
+    assert provider.nodes_of(provider.address) == []
+
+
+def test_binding_signature_by_another_key_is_rejected(ledger_for: LedgerFor) -> None:
+    provider, node, impostor = ledger_for(PROVIDER_A), dev_account(3), dev_account(4)
+    # the right message, NodeBinding(provider, node) for this chain and registry, signed by the wrong key
+    digest = binding_digest(provider, node.address, provider.address)
+    signature = bytes(Account.unsafe_sign_hash(digest, impostor.key).signature)
+
+    with pytest.raises(ContractRevert) as info:
+        provider.add_node(node.address, signature)
+
+    assert_revert(info.value, "InvalidNodeSignature", node=node.address, recovered=impostor.address)
+    assert provider.provider_of(node.address) is None
+    assert provider.nodes_of(provider.address) == []
+
+
+def test_binding_signature_check_accepts_the_node_key(ledger_for: LedgerFor) -> None:
+    provider, node = ledger_for(PROVIDER_A), dev_account(3)
+    digest = binding_digest(provider, node.address, provider.address)
+    signature = bytes(Account.unsafe_sign_hash(digest, node.key).signature)
+    assert signature == provider.node_binding_signature(node)  # client and contract agree on the digest
+
+    provider.add_node(node.address, signature)
+
+    assert provider.provider_of(node.address) == provider.address
+
+
+def test_binding_signature_for_another_provider_is_rejected(ledger_for: LedgerFor) -> None:
+    provider_a, provider_b, node = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B), dev_account(3)
+    signature = provider_a.node_binding_signature(node)  # the node consented to work for A only
+
+    with pytest.raises(ContractRevert) as info:
+        provider_b.add_node(node.address, signature)
+
+    recovered = recovered_signer(provider_b, node.address, provider_b.address, signature)
+    assert_revert(info.value, "InvalidNodeSignature", node=node.address, recovered=recovered)
+    assert provider_b.provider_of(node.address) is None
+
+
+def test_malformed_binding_signature_is_rejected(ledger_for: LedgerFor) -> None:
+    provider, node = ledger_for(PROVIDER_A), dev_account(3)
+    with pytest.raises(ContractRevert) as info:
+        provider.add_node(node.address, b"\x01" * 64)
+    assert_revert(info.value, "InvalidNodeSignature", node=node.address, recovered=ZERO_ADDRESS)
+    assert provider.provider_of(node.address) is None
+
+
+def test_remove_node_while_in_a_pool_reverts_node_in_pools(ledger_for: LedgerFor) -> None:
+    owner, provider, node_account = ledger_for(OWNER), ledger_for(PROVIDER_A), dev_account(3)
+    pool_id = make_pool(owner)
+    node = onboard(owner, provider, node_account, pool_id)
+
+    with pytest.raises(ContractRevert) as info:
+        provider.remove_node(node_account.address)
+
+    assert_revert(info.value, "NodeInPools", node=node_account.address, pools=1)
+    assert provider.is_active_node(node_account.address)
+    node.leave(pool_id)
+    provider.remove_node(node_account.address)
+    assert not provider.is_active_node(node_account.address)
+
+
+def test_remove_node_of_another_provider_reverts_not_node_provider(ledger_for: LedgerFor) -> None:
+    provider_a, provider_b, node = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B), dev_account(3)
+    provider_a.add_node(node)
+    with pytest.raises(ContractRevert) as info:
+        provider_b.remove_node(node.address)
+    assert_revert(info.value, "NotNodeProvider", node=node.address, caller=provider_b.address)
+    assert provider_a.is_active_node(node.address)
+
+
+def test_remove_node_twice_reverts_node_not_active(ledger_for: LedgerFor) -> None:
+    provider, node = ledger_for(PROVIDER_A), dev_account(3)
+    provider.add_node(node)
+    provider.remove_node(node.address)
+    with pytest.raises(ContractRevert) as info:
+        provider.remove_node(node.address)
+    assert_revert(info.value, "NodeNotActive", node=node.address)
+    assert provider.provider_of(node.address) == provider.address
+
+
+# --- roles ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("function", "role"),
+    [("slash", "SLASHER_ROLE"), ("lockStake", "POOL_ROLE"), ("unlockStake", "POOL_ROLE")],
+)
+def test_only_role_holders_may_move_stake(ledger_for: LedgerFor, function: str, role: str) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    fund_provider(owner, provider, 100)
+    provider.add_node(dev_account(3))
+    node = dev_account(3).address
+    calls = {
+        "slash": owner.registry.functions.slash(provider.address, 50 * TOKEN, owner.address),
+        "lockStake": owner.registry.functions.lockStake(node, 50 * TOKEN),
+        "unlockStake": owner.registry.functions.unlockStake(node, 0),
+    }
+
+    for caller in (owner, provider):  # neither the deployer nor a provider holds the role
+        with pytest.raises(ContractRevert) as info:
+            caller._send(calls[function], function)
+        assert_revert(info.value, "AccessControlUnauthorizedAccount", account=caller.address, neededRole=role_id(role))
+
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.locked) == (100 * TOKEN, 0)
+
+
+def test_roles_are_wired_to_the_contracts(ledger_for: LedgerFor) -> None:
+    ledger = ledger_for(OWNER)
+    has_registry_role = ledger.registry.functions.hasRole
+    assert has_registry_role(role_id("SLASHER_ROLE"), ledger.work.address).call()
+    assert has_registry_role(role_id("POOL_ROLE"), ledger.pools.address).call()
+    assert ledger.pools.functions.hasRole(role_id("LEDGER_ROLE"), ledger.work.address).call()
+
+
+def test_deployer_renounced_admin_and_cannot_grant_itself_slasher(ledger_for: LedgerFor) -> None:
+    deployer = ledger_for(OWNER)
+    assert not deployer.registry.functions.hasRole(ADMIN_ROLE, deployer.address).call()
+    assert not deployer.pools.functions.hasRole(ADMIN_ROLE, deployer.address).call()
+
+    with pytest.raises(ContractRevert) as info:
+        deployer._send(deployer.registry.functions.grantRole(role_id("SLASHER_ROLE"), deployer.address), "grantRole")
+    assert_revert(info.value, "AccessControlUnauthorizedAccount", account=deployer.address, neededRole=ADMIN_ROLE)
+
+    with pytest.raises(ContractRevert) as info:
+        deployer._send(deployer.pools.functions.grantRole(role_id("LEDGER_ROLE"), deployer.address), "grantRole")
+    assert_revert(info.value, "AccessControlUnauthorizedAccount", account=deployer.address, neededRole=ADMIN_ROLE)
+
+    assert not deployer.registry.functions.hasRole(role_id("SLASHER_ROLE"), deployer.address).call()

@@ -1,0 +1,559 @@
+"""WorkLedger on a real chain: submissions, invalidation inside the window, claims after it, escrow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import TOKEN
+from helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.errors import ContractRevert
+from ledger.types import Reason, WorkStatus
+
+LedgerFor = Callable[[int], Ledger]
+OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
+WINDOW = 3600  # helpers.make_pool's default challenge window
+REWARD = 10**15  # helpers.make_pool's default reward per unit
+SLASH = 50 * TOKEN  # helpers.make_pool's default slash
+MAX_UNITS = 2**48 - 1
+ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+
+
+def funded_pool(ledger_for: LedgerFor, escrow_tokens: int = 100, **overrides: Any) -> tuple[Ledger, Ledger, int]:
+    """(owner, validator, pool id): a pool with the VALIDATOR account appointed and `escrow_tokens` of rewards."""
+    owner, validator = ledger_for(OWNER), ledger_for(VALIDATOR)
+    pool_id = make_pool(owner, **overrides)
+    owner.set_validator(pool_id, validator.address)
+    if escrow_tokens:
+        owner.mint(owner.address, escrow_tokens * TOKEN)
+        owner.fund_rewards(pool_id, escrow_tokens * TOKEN)
+    return owner, validator, pool_id
+
+
+def submitted(node: Ledger, pool_id: int, label: str, units: int = 10) -> tuple[bytes, int]:
+    """Submits work `label` from `node` and returns (its key, its submittedAt)."""
+    key = work_key(label)
+    node.submit_work(pool_id, key, units)
+    return key, node.get_work(pool_id, key).submitted_at
+
+
+# --- funding ----------------------------------------------------------------------------------------
+
+
+def test_fund_rewards_moves_tokens_into_escrow(ledger_for: LedgerFor) -> None:
+    owner = ledger_for(OWNER)
+    pool_id = make_pool(owner)
+    owner.mint(owner.address, 5 * TOKEN)
+
+    receipt = owner.fund_rewards(pool_id, 5 * TOKEN)
+
+    assert events(owner.work.events.RewardsFunded(), receipt) == [
+        {"poolId": pool_id, "funder": owner.address, "amount": 5 * TOKEN}
+    ]
+    assert owner.escrow_of(pool_id) == 5 * TOKEN
+    assert owner.balance_of(owner.work.address) == 5 * TOKEN
+
+
+@pytest.mark.parametrize(
+    ("pool_id", "amount", "error", "values"),
+    [
+        (1, 0, "ZeroAmount", {}),
+        (0, TOKEN, "PoolNotFound", {"poolId": 0}),
+        (2, TOKEN, "PoolNotFound", {"poolId": 2}),
+    ],
+)
+def test_fund_rewards_rejects_zero_and_unknown_pools(
+    ledger_for: LedgerFor, pool_id: int, amount: int, error: str, values: dict[str, int]
+) -> None:
+    owner = ledger_for(OWNER)
+    make_pool(owner)
+    owner.mint(owner.address, TOKEN)
+    with pytest.raises(ContractRevert) as info:
+        owner.fund_rewards(pool_id, amount)
+    assert_revert(info.value, error, **values)
+    assert owner.balance_of(owner.work.address) == 0
+
+
+# --- submitting -------------------------------------------------------------------------------------
+
+
+def test_submit_work_records_pending_work_and_emits_work_submitted(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key = work_key("rollout-0")
+
+    receipt = node.submit_work(pool_id, key, 1234)
+
+    assert events(owner.work.events.WorkSubmitted(), receipt) == [
+        {"poolId": pool_id, "workKey": key, "node": node.address, "provider": provider.address, "units": 1234}
+    ]
+    work = owner.get_work(pool_id, key)
+    block_time = owner.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
+    assert (work.pool_id, work.work_key, work.node, work.provider) == (pool_id, key, node.address, provider.address)
+    assert (work.units, work.submitted_at, work.status) == (1234, block_time, WorkStatus.PENDING)
+
+
+def test_get_work_of_unknown_key_is_empty(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    work = owner.get_work(pool_id, work_key("never"))
+    assert (work.node, work.provider, work.units, work.submitted_at) == (ZERO_ADDRESS, ZERO_ADDRESS, 0, 0)
+    assert work.status == WorkStatus.NONE
+
+
+def test_submit_by_non_member_reverts_not_pool_member(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider, node_account = ledger_for(PROVIDER_A), dev_account(3)
+    fund_provider(owner, provider, 100)
+    provider.add_node(node_account)  # registered, but never joined
+    key = work_key("outsider")
+
+    for sender in (provider.as_account(node_account), provider, ledger_for(STRANGER)):
+        with pytest.raises(ContractRevert) as info:
+            sender.submit_work(pool_id, key, 10)
+        assert_revert(info.value, "NotPoolMember", poolId=pool_id, node=sender.address)
+    assert owner.get_work(pool_id, key).status == WorkStatus.NONE
+
+
+def test_submit_duplicate_key_reverts_work_exists(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node_a = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    node_b = onboard(owner, ledger_for(PROVIDER_B), dev_account(4), pool_id)
+    key, submitted_at = submitted(node_a, pool_id, "once")
+
+    for node in (node_a, node_b):  # neither the same node nor another may take the key
+        with pytest.raises(ContractRevert) as info:
+            node.submit_work(pool_id, key, 99)
+        assert_revert(info.value, "WorkExists", poolId=pool_id, workKey=key)
+
+    work = owner.get_work(pool_id, key)
+    assert (work.node, work.units, work.submitted_at) == (node_a.address, 10, submitted_at)
+
+
+def test_same_key_in_another_pool_is_separate_work(ledger_for: LedgerFor) -> None:
+    owner, _, first = funded_pool(ledger_for)
+    second = make_pool(owner)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), first, stake_tokens=200)
+    node.join(second)
+    key = work_key("shared")
+
+    node.submit_work(first, key, 1)
+    node.submit_work(second, key, 2)
+
+    assert (owner.get_work(first, key).units, owner.get_work(second, key).units) == (1, 2)
+
+
+def test_duplicate_key_inside_one_batch_reverts_work_exists(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    first, repeated = work_key("a"), work_key("b")
+
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work_batch(pool_id, [first, repeated, repeated], [1, 2, 3])
+
+    assert_revert(info.value, "WorkExists", poolId=pool_id, workKey=repeated)
+    assert owner.get_work(pool_id, first).status == WorkStatus.NONE  # the whole batch reverted
+    assert owner.get_work(pool_id, repeated).status == WorkStatus.NONE
+
+
+def test_batch_with_already_submitted_key_reverts_work_exists(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    old, _ = submitted(node, pool_id, "old")
+
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work_batch(pool_id, [work_key("new"), old], [1, 2])
+
+    assert_revert(info.value, "WorkExists", poolId=pool_id, workKey=old)
+    assert owner.get_work(pool_id, work_key("new")).status == WorkStatus.NONE
+
+
+@pytest.mark.parametrize("units", [0, 2**48, 2**256 - 1])
+def test_units_out_of_range_revert(ledger_for: LedgerFor, units: int) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    key = work_key("units")
+
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work(pool_id, key, units)
+    assert_revert(info.value, "UnitsOutOfRange", units=units, max=MAX_UNITS)
+
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work_batch(pool_id, [work_key("ok"), key], [1, units])
+    assert_revert(info.value, "UnitsOutOfRange", units=units, max=MAX_UNITS)
+    assert owner.get_work(pool_id, key).status == WorkStatus.NONE
+
+
+def test_largest_units_value_is_stored_exactly(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    key, submitted_at = submitted(node, pool_id, "max", units=MAX_UNITS)
+    work = owner.get_work(pool_id, key)
+    # the record is packed into one slot by hand; neighbouring fields must survive the largest units
+    assert (work.node, work.units, work.submitted_at, work.status) == (
+        node.address,
+        MAX_UNITS,
+        submitted_at,
+        WorkStatus.PENDING,
+    )
+
+
+def test_batch_length_mismatch_reverts(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    keys = [work_key("x"), work_key("y")]
+
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work_batch(pool_id, keys, [1])
+    assert_revert(info.value, "LengthMismatch", workKeys=2, units=1)
+
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work_batch(pool_id, keys[:1], [1, 2])
+    assert_revert(info.value, "LengthMismatch", workKeys=1, units=2)
+    assert owner.get_work(pool_id, keys[0]).status == WorkStatus.NONE
+
+
+def test_empty_batch_reverts(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    with pytest.raises(ContractRevert) as info:
+        node.submit_work_batch(pool_id, [], [])
+    assert_revert(info.value, "EmptyBatch")
+    assert owner.get_work(pool_id, b"\x00" * 32).status == WorkStatus.NONE
+
+
+def test_batch_submit_records_every_key_and_emits_one_event(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    keys = [work_key(f"batch-{i}") for i in range(5)]
+    units = [1, 20, 300, 4000, MAX_UNITS]
+
+    receipt = node.submit_work_batch(pool_id, keys, units)
+
+    assert events(owner.work.events.WorkBatchSubmitted(), receipt) == [
+        {"poolId": pool_id, "node": node.address, "provider": provider.address, "workKeys": keys, "units": units}
+    ]
+    assert events(owner.work.events.WorkSubmitted(), receipt) == []
+    block_time = owner.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
+    for key, amount in zip(keys, units, strict=True):
+        work = owner.get_work(pool_id, key)
+        assert (work.node, work.provider, work.units) == (node.address, provider.address, amount)
+        assert (work.submitted_at, work.status) == (block_time, WorkStatus.PENDING)
+
+
+def test_undercollateralized_provider_cannot_submit_from_other_nodes(ledger_for: LedgerFor) -> None:
+    # two memberships lock 2 x 50; a 60-token slash leaves 40 active against the remaining 50 locked
+    owner, validator, pool_id = funded_pool(ledger_for, min_stake_per_node=50 * TOKEN, slash_amount=60 * TOKEN)
+    provider = ledger_for(PROVIDER_A)
+    cheater = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
+    honest = onboard(owner, provider, dev_account(4), pool_id, stake_tokens=0)
+    key, _ = submitted(cheater, pool_id, "bad")
+    validator.invalidate_work(pool_id, key, Reason.PROOF_INVALID)
+    stake = owner.stake_of(provider.address)
+    assert (stake.active, stake.locked) == (40 * TOKEN, 50 * TOKEN)
+    assert not owner.registry.functions.isCollateralized(provider.address).call()
+
+    with pytest.raises(ContractRevert) as info:
+        honest.submit_work(pool_id, work_key("good"), 10)
+    assert_revert(info.value, "ProviderUndercollateralized", provider=provider.address)
+    with pytest.raises(ContractRevert) as info:
+        honest.submit_work_batch(pool_id, [work_key("good")], [10])
+    assert_revert(info.value, "ProviderUndercollateralized", provider=provider.address)
+    assert owner.get_work(pool_id, work_key("good")).status == WorkStatus.NONE
+
+    fund_provider(owner, provider, 10)  # topping up restores the right to submit
+    honest.submit_work(pool_id, work_key("good"), 10)
+    assert owner.get_work(pool_id, work_key("good")).status == WorkStatus.PENDING
+
+
+# --- invalidation -----------------------------------------------------------------------------------
+
+
+def test_invalidation_slashes_into_escrow_ejects_node_and_emits(ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for, escrow_tokens=7)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=150)
+    key, _ = submitted(node, pool_id, "forged")
+    ledger_balance = owner.balance_of(owner.work.address)
+
+    receipt = validator.invalidate_work(pool_id, key, Reason.REWARD_MISMATCH)
+
+    assert events(owner.work.events.WorkInvalidated(), receipt) == [
+        {"poolId": pool_id, "workKey": key, "validator": validator.address, "reason": 6, "slashed": SLASH}
+    ]
+    assert events(owner.pools.events.NodeEjected(), receipt) == [
+        {"poolId": pool_id, "node": node.address, "by": owner.work.address}
+    ]
+    assert owner.escrow_of(pool_id) == 7 * TOKEN + SLASH
+    assert owner.balance_of(owner.work.address) == ledger_balance + SLASH
+    stake = owner.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked) == (100 * TOKEN, 0, 0)
+    assert owner.get_work(pool_id, key).status == WorkStatus.INVALIDATED
+    assert not owner.is_member(pool_id, node.address)
+    assert owner.is_ejected(pool_id, node.address)
+    with pytest.raises(ContractRevert) as info:
+        node.join(pool_id)
+    assert_revert(info.value, "EjectedFromPool", poolId=pool_id, node=node.address)
+
+
+def test_invalidate_by_non_validator_reverts_not_validator(ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "contested")
+    other_pool = make_pool(ledger_for(PROVIDER_B))
+    ledger_for(PROVIDER_B).set_validator(other_pool, ledger_for(STRANGER).address)  # validates another pool only
+    owner.set_validator(pool_id, validator.address, allowed=False)  # a dismissed validator
+
+    for caller in (owner, provider, node, ledger_for(STRANGER), validator):
+        with pytest.raises(ContractRevert) as info:
+            caller.invalidate_work(pool_id, key, Reason.HASH_MISMATCH)
+        assert_revert(info.value, "NotValidator", poolId=pool_id, caller=caller.address)
+
+    assert owner.get_work(pool_id, key).status == WorkStatus.PENDING
+    assert owner.stake_of(provider.address).active == 100 * TOKEN
+    assert owner.is_member(pool_id, node.address)
+
+
+def test_invalidate_at_last_second_of_window_succeeds(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    key, submitted_at = submitted(node, pool_id, "late")
+
+    call = validator.work.functions.invalidateWork(pool_id, key, int(Reason.STALE_STEP))
+    transact_at(chain, validator, call, submitted_at + WINDOW - 1)
+
+    assert owner.get_work(pool_id, key).status == WorkStatus.INVALIDATED
+    assert owner.escrow_of(pool_id) == 100 * TOKEN + SLASH
+
+
+def test_invalidate_at_window_end_reverts_challenge_window_closed(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, submitted_at = submitted(node, pool_id, "too-late")
+
+    call = validator.work.functions.invalidateWork(pool_id, key, int(Reason.STALE_STEP))
+    with pytest.raises(ContractRevert) as info:
+        transact_at(chain, validator, call, submitted_at + WINDOW)
+
+    assert_revert(info.value, "ChallengeWindowClosed", poolId=pool_id, workKey=key, closedAt=submitted_at + WINDOW)
+    assert owner.get_work(pool_id, key).status == WorkStatus.PENDING
+    assert owner.stake_of(provider.address).active == 100 * TOKEN
+    assert owner.escrow_of(pool_id) == 100 * TOKEN
+    assert owner.is_member(pool_id, node.address)
+
+
+def test_invalidate_twice_reverts_work_not_pending(ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=200)
+    key, _ = submitted(node, pool_id, "twice")
+    validator.invalidate_work(pool_id, key, Reason.HASH_MISMATCH)
+
+    with pytest.raises(ContractRevert) as info:
+        validator.invalidate_work(pool_id, key, Reason.HASH_MISMATCH)
+
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, workKey=key, status=WorkStatus.INVALIDATED)
+    assert owner.stake_of(provider.address).active == 200 * TOKEN - SLASH  # slashed once only
+    assert owner.escrow_of(pool_id) == 100 * TOKEN + SLASH
+
+
+@pytest.mark.parametrize("reason", [0, max(Reason) + 1])
+def test_invalidate_with_unknown_reason_reverts_invalid_reason(ledger_for: LedgerFor, reason: int) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "no-reason")
+
+    with pytest.raises(ContractRevert) as info:
+        validator.invalidate_work(pool_id, key, reason)
+
+    assert_revert(info.value, "InvalidReason", reason=reason)
+    assert owner.get_work(pool_id, key).status == WorkStatus.PENDING
+
+
+def test_invalidate_unknown_work_reverts_work_not_found(ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    key = work_key("ghost")
+    with pytest.raises(ContractRevert) as info:
+        validator.invalidate_work(pool_id, key, Reason.HASH_MISMATCH)
+    assert_revert(info.value, "WorkNotFound", poolId=pool_id, workKey=key)
+    assert owner.get_work(pool_id, key).status == WorkStatus.NONE
+    assert owner.escrow_of(pool_id) == 100 * TOKEN
+
+
+# --- claims -----------------------------------------------------------------------------------------
+
+
+def test_claim_one_second_before_window_end_reverts_challenge_window_open(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, submitted_at = submitted(node, pool_id, "early")
+
+    with pytest.raises(ContractRevert) as info:
+        transact_at(chain, provider, provider.work.functions.claimRewards(pool_id, [key]), submitted_at + WINDOW - 1)
+
+    assert_revert(info.value, "ChallengeWindowOpen", poolId=pool_id, workKey=key, closesAt=submitted_at + WINDOW)
+    assert owner.get_work(pool_id, key).status == WorkStatus.PENDING
+    assert owner.escrow_of(pool_id) == 100 * TOKEN
+    assert owner.balance_of(provider.address) == 0
+
+
+def test_claim_at_window_end_pays_provider_not_node(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, submitted_at = submitted(node, pool_id, "paid", units=1500)
+    claimer = ledger_for(STRANGER)  # anyone may trigger the claim; the tokens still go to the provider
+
+    receipt = transact_at(chain, claimer, claimer.work.functions.claimRewards(pool_id, [key]), submitted_at + WINDOW)
+
+    amount = 1500 * REWARD
+    assert events(owner.work.events.RewardsClaimed(), receipt) == [
+        {"poolId": pool_id, "provider": provider.address, "amount": amount, "count": 1}
+    ]
+    assert owner.balance_of(provider.address) == amount
+    assert owner.balance_of(node.address) == 0
+    assert owner.balance_of(claimer.address) == 0
+    assert owner.escrow_of(pool_id) == 100 * TOKEN - amount
+    assert owner.balance_of(owner.work.address) == 100 * TOKEN - amount
+    assert owner.get_work(pool_id, key).status == WorkStatus.CLAIMED
+
+
+def test_claim_of_several_works_pays_their_sum_once(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node_1 = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=200)
+    node_2 = onboard(owner, provider, dev_account(4), pool_id, stake_tokens=0)
+    keys = [work_key("w1"), work_key("w2"), work_key("w3")]
+    node_1.submit_work_batch(pool_id, keys[:2], [10, 20])
+    node_2.submit_work(pool_id, keys[2], 30)
+    chain.increase_time(WINDOW)
+
+    receipt = provider.claim_rewards(pool_id, keys)
+
+    (claimed,) = events(owner.work.events.RewardsClaimed(), receipt)
+    assert (claimed["amount"], claimed["count"]) == (60 * REWARD, 3)
+    assert owner.balance_of(provider.address) == 60 * REWARD
+    assert all(owner.get_work(pool_id, key).status == WorkStatus.CLAIMED for key in keys)
+
+
+def test_claim_twice_reverts_work_not_pending(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "claimed")
+    chain.increase_time(WINDOW)
+    provider.claim_rewards(pool_id, [key])
+
+    with pytest.raises(ContractRevert) as info:
+        provider.claim_rewards(pool_id, [key])
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, workKey=key, status=WorkStatus.CLAIMED)
+
+    fresh, _ = submitted(node, pool_id, "fresh")
+    chain.increase_time(WINDOW)
+    with pytest.raises(ContractRevert) as info:  # the same key twice in one claim
+        provider.claim_rewards(pool_id, [fresh, fresh])
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, workKey=fresh, status=WorkStatus.CLAIMED)
+
+    assert owner.balance_of(provider.address) == 10 * REWARD  # paid once
+    assert owner.get_work(pool_id, fresh).status == WorkStatus.PENDING
+
+
+def test_claim_after_invalidation_reverts_work_not_pending(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "rejected")
+    validator.invalidate_work(pool_id, key, Reason.WRONG_ASSIGNMENT)
+    chain.increase_time(WINDOW)
+
+    with pytest.raises(ContractRevert) as info:
+        provider.claim_rewards(pool_id, [key])
+
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, workKey=key, status=2)
+    assert owner.balance_of(provider.address) == 0
+    assert owner.escrow_of(pool_id) == 100 * TOKEN + SLASH
+
+
+def test_claim_unknown_or_empty_reverts(ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    key = work_key("ghost")
+    with pytest.raises(ContractRevert) as info:
+        owner.claim_rewards(pool_id, [key])
+    assert_revert(info.value, "WorkNotFound", poolId=pool_id, workKey=key)
+    with pytest.raises(ContractRevert) as info:
+        owner.claim_rewards(pool_id, [])
+    assert_revert(info.value, "EmptyBatch")
+    assert owner.escrow_of(pool_id) == 100 * TOKEN
+
+
+def test_claim_mixing_two_providers_reverts_mixed_providers(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider_a, provider_b = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B)
+    node_a = onboard(owner, provider_a, dev_account(3), pool_id)
+    node_b = onboard(owner, provider_b, dev_account(4), pool_id)
+    key_a, _ = submitted(node_a, pool_id, "from-a")
+    key_b, _ = submitted(node_b, pool_id, "from-b")
+    chain.increase_time(WINDOW)
+
+    with pytest.raises(ContractRevert) as info:
+        provider_a.claim_rewards(pool_id, [key_a, key_b])
+
+    assert_revert(info.value, "MixedProviders", expected=provider_a.address, found=provider_b.address)
+    assert owner.get_work(pool_id, key_a).status == WorkStatus.PENDING
+    assert owner.get_work(pool_id, key_b).status == WorkStatus.PENDING
+    assert owner.balance_of(provider_a.address) == owner.balance_of(provider_b.address) == 0
+    assert owner.escrow_of(pool_id) == 100 * TOKEN
+
+
+def test_claim_larger_than_escrow_reverts_and_leaves_work_pending(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, _, pool_id = funded_pool(ledger_for, escrow_tokens=1)  # 1 token pays 1000 units
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    keys = [work_key("big-1"), work_key("big-2")]
+    node.submit_work_batch(pool_id, keys, [600, 401])
+    chain.increase_time(WINDOW)
+
+    with pytest.raises(ContractRevert) as info:
+        provider.claim_rewards(pool_id, keys)
+
+    assert_revert(info.value, "InsufficientEscrow", poolId=pool_id, needed=1001 * REWARD, available=TOKEN)
+    assert all(owner.get_work(pool_id, key).status == WorkStatus.PENDING for key in keys)
+    assert owner.escrow_of(pool_id) == TOKEN
+    assert owner.balance_of(provider.address) == 0
+
+    provider.claim_rewards(pool_id, keys[:1])  # what the escrow covers can still be claimed
+    assert owner.escrow_of(pool_id) == TOKEN - 600 * REWARD
+
+
+def test_work_of_a_node_that_left_is_still_invalidatable_and_claimable(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    bad, submitted_at = submitted(node, pool_id, "left-bad")
+    good, _ = submitted(node, pool_id, "left-good", units=70)
+    node.leave(pool_id)
+    provider.remove_node(node.address)  # even retired from the registry
+
+    receipt = validator.invalidate_work(pool_id, bad, Reason.FILE_UNAVAILABLE)
+    (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
+    assert invalidated["slashed"] == SLASH
+    assert owner.is_ejected(pool_id, node.address)
+    assert owner.stake_of(provider.address).active == 100 * TOKEN - SLASH
+
+    transact_at(chain, owner, owner.work.functions.claimRewards(pool_id, [good]), submitted_at + WINDOW + 1)
+    assert owner.balance_of(provider.address) == 70 * REWARD
+    assert owner.get_work(pool_id, good).status == WorkStatus.CLAIMED
+    assert owner.get_work(pool_id, good).provider == provider.address
