@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eth_utils import to_checksum_address
+from hexbytes import HexBytes
 from web3.exceptions import Web3RPCError
 
 from ledger.client import Ledger
@@ -120,7 +121,7 @@ class EventFollower:
         names = [*events, "WorkBatchSubmitted"] if "WorkSubmitted" in events else list(events)
         for name in names:
             event = getattr(contract_events, name)()
-            self._decoders[bytes(event.topic)] = event
+            self._decoders[bytes(HexBytes(event.topic))] = event  # web3 8 gives the topic as a hex string
 
     def poll(self) -> list[LedgerEvent]:
         """Everything new since the last poll (possibly nothing)."""

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from node.cli.errors import cli_errors
+from ledger.cli.common import cli_errors, stdout_console
 
 if TYPE_CHECKING:
     from ledger.accounts import KeystoreInfo
@@ -32,10 +32,6 @@ LabelOption = typer.Option(
 )
 
 
-def _stdout() -> Console:
-    return Console(highlight=False, soft_wrap=True)
-
-
 def _print_dev_warning(console: Console) -> None:
     from ledger.accounts import DEV_KEY_LABEL
 
@@ -43,7 +39,7 @@ def _print_dev_warning(console: Console) -> None:
 
 
 def _print_written(address: str, path: Path) -> None:
-    console = _stdout()
+    console = stdout_console()
     console.print(f"address: {address}")
     console.print(f"file:    {path}")
 
@@ -67,7 +63,7 @@ def list_(key_dir: Path = DirOption) -> None:
 
         key_dir = key_dir.expanduser()
         infos = accounts.list_keystores(key_dir)
-        console = _stdout()
+        console = stdout_console()
         if not infos:
             console.print(f"no keystore files in {key_dir}")
             return
@@ -112,7 +108,7 @@ def show(
 
         path = _resolve_file(file, key_dir)
         info = accounts.read_keystore(path)
-        console = _stdout()
+        console = stdout_console()
         console.print(f"address: {info.address}")
         console.print(f"file:    {path}")
         if info.label is not None:
@@ -140,4 +136,4 @@ def import_dev(
             key_dir.expanduser(), password, label=label or f"anvil-dev-{index}", private_key=account.key
         )
         _print_written(account.address, path)
-        _print_dev_warning(_stdout())
+        _print_dev_warning(stdout_console())

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import typer
 
+from ledger.cli.common import configure_logging
 from node.cli.keys import keys_app
+from node.cli.worker import worker_app
 
 app = typer.Typer(
     name="prime-node",
@@ -16,9 +18,16 @@ app = typer.Typer(
     help="Run a prime-node: contribute compute to permissionless RL training, relay checkpoints, hold keys.",
 )
 
-# Command groups. Worker commands (`start`, `relay`, ...) live in node/cli/worker.py and are added
-# next to these: `from node.cli.worker import ...` then `app.command()(...)` or `app.add_typer(...)`.
+
+@app.callback()
+def _setup() -> None:
+    configure_logging()
+
+
+# Command groups. The worker's chain commands (register, join, leave, unstake, withdraw, claim, status)
+# sit at the top level: a typer added without a name merges its commands into this one.
 app.add_typer(keys_app, name="keys")
+app.add_typer(worker_app)
 
 
 if __name__ == "__main__":

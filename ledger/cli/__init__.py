@@ -1,0 +1,1 @@
+"""The `prime-pool` command (pool.py) and the plumbing every prime CLI shares (common.py)."""

@@ -1,0 +1,343 @@
+"""`prime-node register|join|leave|unstake|withdraw|claim|status`: a provider's and a node's life on chain.
+
+The provider key holds the stake and is paid; the node key joins pools and submits work (it may be the same
+key). Thin commands: validate flags, call `ledger.client.Ledger`, print. web3 loads inside each command
+body, so `prime-node --help` stays instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from ledger.cli.common import (
+    DEFAULT_DEPLOYMENT,
+    NODE_PASSWORD_ENV_VAR,
+    CommandError,
+    DeploymentOption,
+    DevKeyOption,
+    KeyFlags,
+    KeystoreOption,
+    RpcUrlOption,
+    check_key_flags,
+    cli_errors,
+    format_duration,
+    format_time,
+    format_tokens,
+    load_signer,
+    open_ledger,
+    parse_address,
+    parse_bytes32,
+    parse_tokens,
+    stdout_console,
+)
+from ledger.errors import ContractRevert
+from ledger.types import WorkRecord, WorkStatus
+
+if TYPE_CHECKING:
+    from ledger.client import Ledger
+
+worker_app = typer.Typer(help="Stake, bind nodes, join pools and claim rewards.")
+
+NODE_FLAGS = KeyFlags("--node-keystore", "--node-dev-key", password_env=NODE_PASSWORD_ENV_VAR)
+PoolArgument = Annotated[int, typer.Argument(min=1, metavar="POOL", help="Pool id.")]
+TokensArgument = Annotated[str, typer.Argument(metavar="TOKENS", help="Whole tokens, e.g. 100 or 0.5.")]
+NodeKeystoreOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--node-keystore",
+        metavar="FILE",
+        help="The node's keystore (default: the provider's key); password from "
+        f"{NODE_PASSWORD_ENV_VAR}, else PRIME_KEYSTORE_PASSWORD, else a prompt.",
+    ),
+]
+NodeDevKeyOption = Annotated[
+    int | None,
+    typer.Option("--node-dev-key", min=0, max=9, metavar="M", help="The node is anvil development key M."),
+]
+
+
+@worker_app.command()
+def register(
+    stake: Annotated[str, typer.Option(metavar="TOKENS", help="Tokens to add to the provider's stake (0: none).")],
+    node_keystore: NodeKeystoreOption = None,
+    node_dev_key: NodeDevKeyOption = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Stake as the provider (--keystore/--dev-key) and bind a node to it; safe to run again."""
+    with cli_errors():
+        check_key_flags(node_keystore, node_dev_key, required=False, flags=NODE_FLAGS)
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        amount = parse_tokens(stake, ledger.decimals, what="--stake")
+        node = load_signer(node_keystore, node_dev_key, chain_id=ledger.deployment.chain_id, flags=NODE_FLAGS)
+        node = node or ledger.account
+        assert node is not None  # open_ledger(need_signer=True) gave the ledger an account
+        provider = ledger.address
+        console = stdout_console()
+        if amount:
+            balance = ledger.balance_of(provider)
+            if balance < amount:
+                held = format_tokens(balance, ledger.decimals)
+                raise CommandError(f"--stake {stake}: provider {provider} holds only {held} tokens")
+            ledger.stake(amount)  # approves the registry first when the allowance is short
+            console.print(f"staked {stake} tokens from {provider}")
+        if ledger.provider_of(node.address) == provider and ledger.is_active_node(node.address):
+            console.print(f"node {node.address} is already bound to provider {provider}")
+        else:
+            ledger.add_node(node)  # the node key signs the EIP-712 NodeBinding here
+            console.print(f"bound node {node.address} to provider {provider}")
+        info = ledger.stake_of(provider)
+        console.print(f"active stake {format_tokens(info.active, ledger.decimals)} tokens")
+
+
+@worker_app.command()
+def join(
+    pool: PoolArgument,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Join POOL as the node (--keystore/--dev-key is the NODE key); locks its provider's stake."""
+    with cli_errors():
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger.join(pool)
+        config = ledger.pool(pool).config
+        locked = format_tokens(config.min_stake_per_node, ledger.decimals)
+        stdout_console().print(
+            f"node {ledger.address} joined pool {pool} {config.name!r}; {locked} tokens of "
+            f"provider {ledger.provider_of(ledger.address)}'s stake are locked while it stays"
+        )
+
+
+@worker_app.command()
+def leave(
+    pool: PoolArgument,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Leave POOL as the node (--keystore/--dev-key is the NODE key); unlocks its provider's stake."""
+    with cli_errors():
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger.leave(pool)
+        stdout_console().print(f"node {ledger.address} left pool {pool}")
+
+
+@worker_app.command()
+def unstake(
+    tokens: TokensArgument,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Start unbonding TOKENS of the provider's active stake; `withdraw` them after the unbonding period."""
+    with cli_errors():
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger.request_unstake(parse_tokens(tokens, ledger.decimals, what="TOKENS"))
+        info = ledger.stake_of(ledger.address)
+        unbonding = format_tokens(info.unbonding, ledger.decimals)
+        stdout_console().print(
+            f"{unbonding} tokens unbonding; withdraw them after {format_time(info.release_at)} "
+            "with `prime-node withdraw`"
+        )
+
+
+@worker_app.command()
+def withdraw(
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Withdraw the provider's unbonded stake once its unbonding period has passed."""
+    with cli_errors():
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        info = ledger.stake_of(ledger.address)
+        amount = format_tokens(info.unbonding, ledger.decimals)
+        try:
+            ledger.withdraw()
+        except ContractRevert as exc:
+            if exc.name == "StillUnbonding":
+                release, now = int(exc.values["releaseAt"]), int(exc.values["timestamp"])
+                raise CommandError(
+                    f"{amount} tokens are still unbonding: released at {format_time(release)} "
+                    f"(in {format_duration(release - now)}); withdraw then"
+                ) from exc
+            if exc.name == "NothingToWithdraw":
+                raise CommandError(
+                    f"nothing to withdraw: {ledger.address} has no unbonding stake; `prime-node unstake` first"
+                ) from exc
+            raise
+        stdout_console().print(f"withdrew {amount} tokens to {ledger.address}")
+
+
+@worker_app.command()
+def claim(
+    pool: PoolArgument,
+    work_keys: Annotated[
+        list[str] | None,
+        typer.Option("--work-key", metavar="HEX", help="Claim these works (repeat); default: every claimable one."),
+    ] = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Claim rewards in POOL for the provider's work whose challenge window has passed, in one transaction.
+
+    Sign with the provider key or one of its node keys; the tokens always go to the provider.
+    """
+    with cli_errors():
+        keys = [parse_bytes32(key, what="--work-key") for key in work_keys or []]
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        provider = ledger.provider_of(ledger.address) or ledger.address  # a node key claims for its provider
+        console = stdout_console()
+        if not keys:
+            window, now = ledger.challenge_window(pool), ledger.timestamp()
+            pending = [w for w in provider_works(ledger, pool, provider) if w.status == WorkStatus.PENDING]
+            keys = [w.work_key for w in pending if work_state(w, window, now) == "claimable"]
+            if not keys:
+                if pending:
+                    first = min(w.submitted_at for w in pending) + window
+                    console.print(
+                        f"nothing to claim yet: {len(pending)} pending works in pool {pool} are still in their "
+                        f"challenge window; the first closes at {format_time(first)}"
+                    )
+                else:
+                    console.print(f"nothing to claim: provider {provider} has no pending work in pool {pool}")
+                return
+        from web3.logs import DISCARD
+
+        receipt = ledger.claim_rewards(pool, keys)
+        events = ledger.work.events.RewardsClaimed().process_receipt(receipt, errors=DISCARD)
+        paid = sum(int(event["args"]["amount"]) for event in events)
+        console.print(
+            f"claimed {len(keys)} works in pool {pool}: {format_tokens(paid, ledger.decimals)} tokens paid to "
+            f"{events[0]['args']['provider'] if events else provider}"
+        )
+
+
+@worker_app.command()
+def status(
+    pool: Annotated[int | None, typer.Option(min=1, help="Also show memberships and work in this pool.")] = None,
+    address: Annotated[
+        str | None, typer.Option(metavar="ADDR", help="Provider or node to show (read-only; no key needed).")
+    ] = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Show a provider's (or a node's provider's) stake, balance, nodes, and work in --pool."""
+    with cli_errors():
+        if address is None and keystore is None and dev_key is None:
+            raise CommandError("say whose status: pass --address ADDR, or --keystore FILE / --dev-key N")
+        if address is not None and (keystore is not None or dev_key is not None):
+            raise CommandError("give --address or a key (--keystore/--dev-key), not both")
+        target = parse_address(address, what="--address") if address is not None else None
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key, need_signer=False)
+        target = target or ledger.address
+        _print_status(ledger, target, pool)
+
+
+def provider_works(ledger: Ledger, pool_id: int, provider: str) -> list[WorkRecord]:
+    """Every work the provider's nodes submitted to the pool since the deployment, with its current record."""
+    from ledger.events import EventFollower, WorkSubmitted
+
+    follower = EventFollower(ledger, pool_id=pool_id, events=("WorkSubmitted",))
+    keys = [e.work_key for e in follower.poll() if isinstance(e, WorkSubmitted) and e.provider == provider]
+    return [ledger.get_work(pool_id, key) for key in dict.fromkeys(keys)]
+
+
+def work_state(work: WorkRecord, window: int, now: int) -> str:
+    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated' or 'claimed'."""
+    if work.status == WorkStatus.PENDING:
+        return "claimable" if now >= work.submitted_at + window else "pending"
+    return work.status.name.lower()
+
+
+def _print_status(ledger: Ledger, target: str, pool: int | None) -> None:
+    decimals = ledger.decimals
+
+    def tokens(value: int) -> str:
+        return f"{format_tokens(value, decimals)} tokens"
+
+    provider = ledger.provider_of(target) or target  # a node shows its provider's stake
+    info = ledger.stake_of(provider)
+    rows = [("provider", provider)]
+    if provider != target:
+        rows.append(("asked about", f"{target}, a node of this provider"))
+    rows += [
+        ("token balance", tokens(ledger.balance_of(provider))),
+        ("active stake", tokens(info.active)),
+        ("locked by pools", tokens(info.locked)),
+        ("unbonding", tokens(info.unbonding)),
+    ]
+    if info.unbonding:
+        rows.append(("released at", format_time(info.release_at)))
+    nodes = ledger.nodes_of(provider)
+    for node in nodes:
+        rows.append(("node", f"{node} {_membership(ledger, pool, node)}".rstrip()))
+    if not nodes:
+        rows.append(("nodes", "none bound; `prime-node register`"))
+    table = Table(show_header=False, title=f"status of {target}", title_justify="left")
+    for field, value in rows:
+        table.add_row(field, value)
+    console = stdout_console()
+    console.print(table)
+    if pool is not None:
+        _print_works(ledger, pool, provider, tokens)
+
+
+def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
+    if pool is None:
+        return ""
+    if ledger.is_member(pool, node):
+        return f"(member of pool {pool})"
+    return f"(ejected from pool {pool})" if ledger.is_ejected(pool, node) else f"(not in pool {pool})"
+
+
+def _print_works(ledger: Ledger, pool: int, provider: str, tokens: Callable[[int], str]) -> None:
+    config = ledger.pool(pool).config
+    now = ledger.timestamp()
+    works = provider_works(ledger, pool, provider)
+    table = Table(
+        "work key", "units", "submitted", "state", "reward", title=f"work in pool {pool}", title_justify="left"
+    )
+    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0}
+    for work in works:
+        state = work_state(work, config.challenge_window, now)
+        reward = work.units * config.reward_per_unit
+        totals[state] += reward
+        shown = (
+            f"pending until {format_time(work.submitted_at + config.challenge_window)}" if state == "pending" else state
+        )
+        table.add_row(
+            "0x" + work.work_key.hex()[:12] + "…",
+            str(work.units),
+            format_time(work.submitted_at),
+            shown,
+            tokens(reward),
+        )
+    console = stdout_console()
+    if works:
+        console.print(table)
+    else:
+        console.print(f"no work submitted to pool {pool} by provider {provider}'s nodes")
+    earned = totals["claimed"] + totals["claimable"]
+    console.print(
+        f"earned {tokens(earned)} (claimed {tokens(totals['claimed'])}, claimable {tokens(totals['claimable'])}); "
+        f"at risk {tokens(totals['pending'])} in open challenge windows"
+    )
+    if totals["invalidated"]:
+        console.print(f"lost {tokens(totals['invalidated'])} of rewards to invalidated work")

@@ -1,0 +1,326 @@
+"""`prime-node register|join|leave|unstake|withdraw|claim|status` against the session's anvil."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from conftest import TOKEN, UNBONDING_PERIOD
+from typer.testing import CliRunner, Result
+
+from ledger.accounts import create_keystore, dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+from ledger.types import PoolConfig, Reason, WorkRecord, WorkStatus
+from node.cli.main import app
+from node.cli.worker import work_state
+
+WINDOW = 3600
+REWARD_PER_UNIT = 10**15  # 0.001 token
+PROVIDER, NODE, SECOND_NODE, VALIDATOR = 1, 2, 3, 4
+runner = CliRunner()
+
+
+@pytest.fixture
+def deployment_file(tmp_path: Path, deployment: Deployment, chain: LocalChain) -> Path:
+    path = tmp_path / "deployment.json"
+    deployment.save(path)
+    return path
+
+
+@pytest.fixture
+def pool_id(ledger_for: Callable[[int], Ledger]) -> int:
+    """Pool 1: min stake 100, window 1 h, 0.001 token per unit, 1000 tokens of escrow; the provider holds 1000."""
+    owner = ledger_for(0)
+    config = PoolConfig(
+        name="worker-pool",
+        model_hash=bytes(32),
+        spec_uri="",
+        trainer=owner.address,
+        min_stake_per_node=100 * TOKEN,
+        challenge_window=WINDOW,
+        reward_per_unit=REWARD_PER_UNIT,
+        slash_amount=50 * TOKEN,
+    )
+    pool = owner.create_pool(config)
+    owner.mint(owner.address, 1000 * TOKEN)
+    owner.fund_rewards(pool, 1000 * TOKEN)
+    owner.mint(dev_account(PROVIDER).address, 1000 * TOKEN)
+    owner.set_validator(pool, dev_account(VALIDATOR).address)
+    return pool
+
+
+def node_cli(deployment_file: Path, *args: str | Path | int, passwords: dict[str, str] | None = None) -> Result:
+    env: dict[str, str | None] = {
+        "PRIME_DEPLOYMENT": str(deployment_file),
+        "PRIME_KEYSTORE": None,
+        "PRIME_KEYSTORE_PASSWORD": None,
+        "PRIME_NODE_KEYSTORE_PASSWORD": None,
+        "PRIME_DEBUG": None,
+        **(passwords or {}),
+    }
+    return runner.invoke(app, [str(arg) for arg in args], env=env)
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> None:
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def key(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+def onboarded(deployment_file: Path, pool: int) -> None:
+    """Provider 1 stakes 200 and binds node 2, which joins `pool`, all through the CLI."""
+    ok(node_cli(deployment_file, "register", "--stake", "200", "--dev-key", PROVIDER, "--node-dev-key", NODE))
+    ok(node_cli(deployment_file, "join", pool, "--dev-key", NODE))
+
+
+# --- register, join, leave ---------------------------------------------------------------------------
+
+
+def test_register_stakes_binds_and_is_idempotent(
+    deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]
+) -> None:
+    provider, node = dev_account(PROVIDER).address, dev_account(NODE).address
+    first = ok(node_cli(deployment_file, "register", "--stake", "200", "--dev-key", PROVIDER, "--node-dev-key", NODE))
+    assert f"bound node {node} to provider {provider}" in first.stdout
+    assert f"using anvil development key {NODE} ({node})" in first.stderr
+    reader = ledger_for(0)
+    assert reader.stake_of(provider).active == 200 * TOKEN
+    assert reader.provider_of(node) == provider and reader.is_active_node(node)
+
+    again = ok(node_cli(deployment_file, "register", "--stake", "0", "--dev-key", PROVIDER, "--node-dev-key", NODE))
+    assert f"node {node} is already bound to provider {provider}" in again.stdout
+    assert "staked" not in again.stdout
+    assert reader.stake_of(provider).active == 200 * TOKEN
+
+
+def test_register_without_node_flags_binds_the_provider_key_itself(
+    deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]
+) -> None:
+    ok(node_cli(deployment_file, "register", "--stake", "100", "--dev-key", PROVIDER))
+    provider = dev_account(PROVIDER).address
+    assert ledger_for(0).nodes_of(provider) == [provider]
+
+
+def test_register_with_keystores_reads_each_password(
+    deployment_file: Path, pool_id: int, tmp_path: Path, ledger_for: Callable[[int], Ledger]
+) -> None:
+    provider_file = create_keystore(tmp_path, "provider pw", private_key=dev_account(PROVIDER).key, iterations=2**10)
+    node_file = create_keystore(tmp_path, "node pw", private_key=dev_account(NODE).key, iterations=2**10)
+    passwords = {"PRIME_KEYSTORE_PASSWORD": "provider pw", "PRIME_NODE_KEYSTORE_PASSWORD": "node pw"}
+    args = ("register", "--stake", "10", "--keystore", provider_file, "--node-keystore", node_file)
+    result = ok(node_cli(deployment_file, *args, passwords=passwords))
+    assert "anvil development key" not in result.output
+    assert ledger_for(0).provider_of(dev_account(NODE).address) == dev_account(PROVIDER).address
+
+
+def test_register_more_than_the_balance_is_one_line(deployment_file: Path, pool_id: int) -> None:
+    result = node_cli(deployment_file, "register", "--stake", "5000", "--dev-key", PROVIDER)
+    assert_one_line_error(result, "--stake 5000: provider", "holds only 1,000 tokens")
+
+
+@pytest.mark.parametrize(
+    ("amount", "message"),
+    [
+        ("abc", "--stake: not a token amount: 'abc'"),
+        ("-1", "--stake: token amount must be a non-negative number"),
+        ("1.0000000000000000001", "has more than 18 decimal places"),
+    ],
+)
+def test_bad_stake_amount_is_one_line(deployment_file: Path, amount: str, message: str) -> None:
+    assert_one_line_error(node_cli(deployment_file, "register", "--stake", amount, "--dev-key", PROVIDER), message)
+
+
+def test_join_and_leave_as_the_node(deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]) -> None:
+    node = dev_account(NODE).address
+    onboarded(deployment_file, pool_id)
+    reader = ledger_for(0)
+    assert reader.is_member(pool_id, node)
+    assert reader.stake_of(dev_account(PROVIDER).address).locked == 100 * TOKEN
+    left = ok(node_cli(deployment_file, "leave", pool_id, "--dev-key", NODE))
+    assert f"node {node} left pool {pool_id}" in left.stdout
+    assert not reader.is_member(pool_id, node)
+
+
+def test_join_without_a_key_is_one_line(deployment_file: Path, pool_id: int) -> None:
+    assert_one_line_error(node_cli(deployment_file, "join", pool_id), "pass --keystore FILE (or --dev-key N")
+
+
+def test_join_of_an_unbound_node_shows_the_revert(deployment_file: Path, pool_id: int) -> None:
+    assert_one_line_error(node_cli(deployment_file, "join", pool_id, "--dev-key", 7), "join reverted:")
+
+
+# --- unstake, withdraw -------------------------------------------------------------------------------
+
+
+def test_withdraw_early_says_when_then_succeeds(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    provider = dev_account(PROVIDER).address
+    ok(node_cli(deployment_file, "register", "--stake", "200", "--dev-key", PROVIDER))
+    unstaked = ok(node_cli(deployment_file, "unstake", "50", "--dev-key", PROVIDER))
+    release = ledger_for(0).stake_of(provider).release_at
+    assert "50 tokens unbonding" in unstaked.stdout
+
+    early = node_cli(deployment_file, "withdraw", "--dev-key", PROVIDER)
+    assert_one_line_error(early, "50 tokens are still unbonding: released at")
+    shown = re.search(r"released at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)", early.stderr)
+    assert shown is not None
+    assert shown.group(1) == datetime.fromtimestamp(release, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    chain.increase_time(UNBONDING_PERIOD)
+    done = ok(node_cli(deployment_file, "withdraw", "--dev-key", PROVIDER))
+    assert "withdrew 50 tokens" in done.stdout
+    assert ledger_for(0).balance_of(provider) == 850 * TOKEN
+
+
+def test_withdraw_with_nothing_unbonding_is_one_line(deployment_file: Path, pool_id: int) -> None:
+    result = node_cli(deployment_file, "withdraw", "--dev-key", PROVIDER)
+    assert_one_line_error(result, "nothing to withdraw")
+
+
+# --- claim -------------------------------------------------------------------------------------------
+
+
+def submit(ledger_for: Callable[[int], Ledger], node_index: int, pool: int, *works: tuple[str, int]) -> None:
+    sender = ledger_for(node_index)
+    for label, units in works:
+        sender.submit_work(pool, key(label), units)
+
+
+def test_claim_before_the_window_shows_challenge_window_open(
+    deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]
+) -> None:
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("a", 100))
+    result = node_cli(deployment_file, "claim", pool_id, "--work-key", key("a").hex(), "--dev-key", PROVIDER)
+    assert_one_line_error(result, "claimRewards reverted: ChallengeWindowOpen(poolId=1, workKey=0x" + key("a").hex())
+
+
+def test_claim_without_keys_before_the_window_says_when(
+    deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]
+) -> None:
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("a", 100))
+    result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
+    assert "nothing to claim yet: 1 pending works" in result.stdout
+    assert "closes at" in result.stdout
+
+
+def test_claim_finds_and_pays_this_providers_claimable_work(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("a", 100), ("b", 400))
+    ledger_for(NODE).submit_work_batch(pool_id, [key("c"), key("d")], [250, 250])
+    # another provider's work in the same pool is not this provider's to claim
+    other = ledger_for(5)
+    ledger_for(0).mint(other.address, 100 * TOKEN)
+    other.stake(100 * TOKEN)
+    other.add_node(other.account)  # type: ignore[arg-type]
+    other.join(pool_id)
+    other.submit_work(pool_id, key("other"), 999)
+    chain.increase_time(WINDOW)
+
+    reader = ledger_for(0)
+    before = reader.balance_of(dev_account(PROVIDER).address)
+    result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
+    assert f"claimed 4 works in pool {pool_id}: 1 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
+    assert reader.balance_of(dev_account(PROVIDER).address) - before == 1000 * REWARD_PER_UNIT
+    assert reader.get_work(pool_id, key("other")).status == WorkStatus.PENDING
+    again = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
+    assert "nothing to claim" in again.stdout
+
+
+def test_claim_signed_by_a_node_key_pays_its_provider(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("a", 2000))
+    chain.increase_time(WINDOW)
+    result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", NODE))
+    assert f"claimed 1 works in pool {pool_id}: 2 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
+    reader = ledger_for(0)
+    assert reader.balance_of(dev_account(PROVIDER).address) == 802 * TOKEN  # 1000 minted, 200 staked, 2 earned
+    assert reader.balance_of(dev_account(NODE).address) == 0
+
+
+def test_claim_with_a_malformed_work_key_is_one_line(deployment_file: Path, pool_id: int) -> None:
+    result = node_cli(deployment_file, "claim", pool_id, "--work-key", "0x1234", "--dev-key", PROVIDER)
+    assert_one_line_error(result, "--work-key: expected 32 bytes as 64 hex digits")
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+def test_status_by_address_shows_stake_nodes_and_every_work_state(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    provider, node = dev_account(PROVIDER).address, dev_account(NODE).address
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("claimed", 100), ("claimable", 200), ("invalid", 300))
+    ledger_for(VALIDATOR).invalidate_work(pool_id, key("invalid"), Reason.PROOF_INVALID)  # slashes 50, ejects node
+    chain.increase_time(WINDOW)
+    ledger_for(PROVIDER).claim_rewards(pool_id, [key("claimed")])
+    # a second node of the same provider submits work that is still inside its window
+    provider_ledger = ledger_for(PROVIDER)
+    provider_ledger.add_node(dev_account(SECOND_NODE))
+    ledger_for(SECOND_NODE).join(pool_id)
+    submit(ledger_for, SECOND_NODE, pool_id, ("pending", 400))
+
+    result = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node.lower()))
+    out = result.stdout
+    assert provider in out and f"{node} (ejected from pool {pool_id})" in out
+    assert f"{dev_account(SECOND_NODE).address} (member of pool {pool_id})" in out
+    assert "150 tokens" in out  # active stake: 200 staked, 50 slashed
+    for work, state in [("claimed", "claimed"), ("claimable", "claimable"), ("invalid", "invalidated")]:
+        assert re.search(rf"0x{key(work).hex()[:12]}.*\b{state}\b", out), (work, out)
+    assert re.search(rf"0x{key('pending').hex()[:12]}.*pending until", out)
+    assert "earned 0.3 tokens (claimed 0.1 tokens, claimable 0.2 tokens); at risk 0.4 tokens" in out
+    assert "lost 0.3 tokens" in out
+    assert result.stderr == ""  # read-only: no key, no warning
+
+
+def test_status_with_a_key_and_no_pool(deployment_file: Path, pool_id: int) -> None:
+    onboarded(deployment_file, pool_id)
+    result = ok(node_cli(deployment_file, "status", "--dev-key", PROVIDER))
+    assert dev_account(NODE).address in result.stdout
+    assert "200 tokens" in result.stdout and "work in pool" not in result.stdout
+
+
+def test_status_needs_an_address_or_a_key(deployment_file: Path) -> None:
+    assert_one_line_error(node_cli(deployment_file, "status"), "pass --address ADDR")
+    both = node_cli(deployment_file, "status", "--address", dev_account(1).address, "--dev-key", 1)
+    assert_one_line_error(both, "not both")
+    assert_one_line_error(node_cli(deployment_file, "status", "--address", "0xnope"), "--address: not an address")
+
+
+@pytest.mark.parametrize(
+    ("status", "now", "state"),
+    [
+        (WorkStatus.PENDING, 1000 + WINDOW - 1, "pending"),
+        (WorkStatus.PENDING, 1000 + WINDOW, "claimable"),
+        (WorkStatus.INVALIDATED, 1000 + WINDOW, "invalidated"),
+        (WorkStatus.CLAIMED, 1000 + WINDOW, "claimed"),
+    ],
+)
+def test_work_state_follows_the_window(status: WorkStatus, now: int, state: str) -> None:
+    work = WorkRecord(1, key("w"), dev_account(2).address, dev_account(1).address, 10, 1000, status)
+    assert work_state(work, WINDOW, now) == state
