@@ -1,0 +1,217 @@
+"""`prime-devnet`: a local chain with the contracts deployed, and the ledger lifecycle demo.
+
+Thin commands: parse flags, call `ledger.chain` or `node.devnet.lifecycle`, print. Both pull in web3,
+so they are imported inside each command and `prime-devnet --help` stays instant.
+SIGINT and SIGTERM stop anvil before the command exits, so no chain is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from node.cli.errors import cli_errors
+
+if TYPE_CHECKING:
+    from ledger.deployment import Deployment
+    from node.devnet.lifecycle import LifecycleReport
+
+app = typer.Typer(
+    name="prime-devnet",
+    no_args_is_help=True,
+    help="Run the network on one machine: a local chain with the contracts, and scripted demos.",
+)
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _StopSignal:
+    """While installed, SIGINT and SIGTERM only set a flag, so the command can stop anvil and exit 0."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> _StopSignal:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum)
+
+    def wait(self, poll: float = 0.1) -> signal.Signals:
+        # A sleep loop rather than Event.wait: a handler that touches a lock its own thread waits on can deadlock.
+        while self.received is None:
+            time.sleep(poll)
+        return self.received
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt like Ctrl-C, so `finally` blocks stop anvil either way."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR, as servers set it: a port in TIME_WAIT is free, one with a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _print_deployment_line(deployment: Deployment) -> None:
+    """The deployment as one JSON line on stdout, flushed at once: scripts read it to find the chain."""
+    sys.stdout.write(json.dumps(deployment.to_json()) + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+def chain(
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="Port for anvil (default: a free one)."),
+    out: Path | None = typer.Option(None, "--out", help="Also write the deployment JSON to this file."),
+    unbonding_period: int | None = typer.Option(
+        None, "--unbonding-period", min=1, help="NodeRegistry unbonding period in seconds (default: 7 days)."
+    ),
+) -> None:
+    """Start anvil, deploy the contracts, print the deployment as one JSON line, and run until Ctrl-C."""
+    err = _stderr()
+    with cli_errors(), _StopSignal() as stop:
+        from ledger.accounts import DEV_KEY_LABEL
+        from ledger.chain import LocalChain
+        from ledger.deployment import DEFAULT_UNBONDING_PERIOD
+
+        if port is not None and not _port_is_free(port):
+            raise OSError(f"port {port} on 127.0.0.1 is in use: pick another with --port, or omit it for a free one")
+        local = LocalChain(port=port)
+        try:
+            local.start()
+            if stop.received is None:
+                deployment = local.deploy(unbonding_period=unbonding_period or DEFAULT_UNBONDING_PERIOD)
+                if out is not None:
+                    deployment.save(out)  # before the stdout line, so a reader of the line finds the file
+                _print_deployment_line(deployment)
+                err.print(f"anvil on {local.rpc_url}, chain id {local.chain_id}; contracts deployed by account 0")
+                err.print(Text(f"its accounts 0-9 are {DEV_KEY_LABEL}", style="yellow"))
+                if out is not None:
+                    err.print(f"deployment written to {out}")
+                err.print("Ctrl-C to stop")
+            received = stop.wait()
+        finally:
+            local.stop()
+        err.print(f"{received.name}: anvil stopped")
+
+
+@app.command()
+def lifecycle(
+    keep_running: bool = typer.Option(
+        False, "--keep-running", help="Leave the chain running after the demo, until Ctrl-C."
+    ),
+) -> None:
+    """Walk the ledger through a pool's life: stake, work, a slash, a claim, and a refused claim."""
+    console = Console(highlight=False, soft_wrap=True)
+    with cli_errors():
+        from ledger.accounts import DEV_KEY_LABEL
+        from ledger.chain import LocalChain
+        from node.devnet.lifecycle import dev_key_cast, run_lifecycle
+
+        console.print(Text(f"signing keys: {DEV_KEY_LABEL}", style="bold yellow"))
+        for role, index, address in dev_key_cast():
+            console.print(f"  {role:<11} key {index}  {address}")
+
+        def on_step(number: int, text: str) -> None:
+            console.print(f"{number:>2}. {text}")
+
+        local = LocalChain()
+        try:
+            with _sigterm_interrupts():
+                report = run_lifecycle(on_step, chain=local)
+            _print_report(console, report)
+            if keep_running:
+                with _StopSignal() as stop:
+                    err = _stderr()
+                    err.print(f"chain left running at {local.rpc_url}; Ctrl-C to stop")
+                    _print_deployment_line(report.deployment)
+                    stop.wait()
+        finally:
+            local.stop()
+
+
+def _print_report(console: Console, report: LifecycleReport) -> None:
+    console.print(_holdings_table(report))
+    console.print(_pool_table(report))
+    console.print(
+        f"provider 1 earned {report.tokens(report.claimed)}; provider 2 lost {report.tokens(report.slashed)} of stake; "
+        f"escrow {report.tokens(report.funded)} + {report.tokens(report.slashed)} - {report.tokens(report.claimed)}"
+        f" = {report.tokens(report.after.escrow)}"
+    )
+
+
+def _change(report: LifecycleReport, before: int, after: int) -> str:
+    if before == after:
+        return report.tokens(after)
+    sign = "+" if after > before else "-"
+    return f"{report.tokens(before)} → {report.tokens(after)} ({sign}{report.tokens(abs(after - before))})"
+
+
+def _holdings_table(report: LifecycleReport) -> Table:
+    from node.devnet.lifecycle import TABLE_PARTIES
+
+    table = Table(
+        "party", "token balance", "active stake", "unbonding", title="before → after (tokens)", title_justify="left"
+    )
+    for role in TABLE_PARTIES:
+        before, after = report.before.holdings[role], report.after.holdings[role]
+        table.add_row(
+            str(role),
+            _change(report, before.balance, after.balance),
+            _change(report, before.active_stake, after.active_stake),
+            _change(report, before.unbonding, after.unbonding),
+        )
+    return table
+
+
+def _pool_table(report: LifecycleReport) -> Table:
+    names = {address: str(role) for role, address in report.addresses.items()}
+
+    def members(addresses: tuple[str, ...]) -> str:
+        return ", ".join(names.get(address, address) for address in addresses) or "none"
+
+    table = Table(f"pool #{report.pool_id}", "before", "after", title_justify="left")
+    table.add_row("escrow", report.tokens(report.before.escrow), report.tokens(report.after.escrow))
+    table.add_row("members", members(report.before.members), members(report.after.members))
+    return table
+
+
+if __name__ == "__main__":
+    app()
