@@ -22,6 +22,12 @@ from ledger.tx import with_retries
 log = logging.getLogger(__name__)
 
 FOLLOWED = ("WorkSubmitted", "WorkInvalidated", "RewardsClaimed")
+# How JSON-RPC nodes word "this log query spans too much"; only those errors shrink the page.
+_RANGE_LIMIT_HINTS = ("range", "too many", "limit", "exceed", "too large", "max results")
+
+
+def _is_range_limit(exc: Exception) -> bool:
+    return any(hint in str(exc).lower() for hint in _RANGE_LIMIT_HINTS)
 
 
 @dataclass(frozen=True)
@@ -71,11 +77,17 @@ class CursorFile:
 
     def load(self, default: int) -> int:
         try:
-            return int(json.loads(self.path.read_text())["next_block"])
+            value = json.loads(self.path.read_text())["next_block"]
         except FileNotFoundError:
             return default
-        except (KeyError, ValueError, TypeError) as exc:
-            raise LedgerError(f"event cursor {self.path} is corrupt ({exc}); delete it to start again") from exc
+        except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise self._corrupt(repr(exc)) from exc
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self._corrupt(f"next_block {value!r} is no block number")
+        return value
+
+    def _corrupt(self, detail: str) -> LedgerError:
+        return LedgerError(f"event cursor {self.path} is corrupt ({detail}); delete it to start again")
 
     def save(self, next_block: int) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,26 +136,30 @@ class EventFollower:
             self._decoders[bytes(HexBytes(event.topic))] = event  # web3 8 gives the topic as a hex string
 
     def poll(self) -> list[LedgerEvent]:
-        """Everything new since the last poll (possibly nothing)."""
+        """Everything new since the last poll (possibly nothing).
+
+        The cursor moves only when every page was read: a poll that fails part way returns nothing and the
+        next poll reads the same blocks again, so no event is lost (and none is returned twice).
+        """
         w3 = self.ledger.w3
         url = self.ledger.deployment.rpc_url
         head = with_retries(lambda: w3.eth.block_number, what="read block number", url=url) - self.confirmations
         found: list[LedgerEvent] = []
-        while self.next_block <= head:
-            last = min(head, self.next_block + self.page_size - 1)
+        position = self.next_block
+        while position <= head:
+            last = min(head, position + self.page_size - 1)
             try:
-                logs = self._logs(self.next_block, last)
+                logs = self._logs(position, last)
             except Web3RPCError as exc:
-                if self.page_size == 1:
-                    raise
+                if self.page_size == 1 or not _is_range_limit(exc):
+                    raise LedgerError(f"reading WorkLedger events in blocks {position}..{last} failed: {exc}") from exc
                 self.page_size = max(1, self.page_size // 2)
-                log.warning(
-                    "node refused blocks %d..%d (%s); page size now %d", self.next_block, last, exc, self.page_size
-                )
+                log.warning("node refused blocks %d..%d (%s); page size now %d", position, last, exc, self.page_size)
                 continue
             for entry in logs:
                 found.extend(self._decode(entry))
-            self.next_block = last + 1
+            position = last + 1
+        self.next_block = position
         if self.cursor_file is not None:
             self.cursor_file.save(self.next_block)
         return found

@@ -15,7 +15,7 @@ from node.cli.worker import worker_app
 app = typer.Typer(
     name="prime-node",
     no_args_is_help=True,
-    help="Run a prime-node: contribute compute to permissionless RL training, relay checkpoints, hold keys.",
+    help="Run a prime-node: keys, stake and node registration, pool membership, rewards.",
 )
 
 

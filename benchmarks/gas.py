@@ -1,0 +1,189 @@
+"""Gas used by the hot paths of the contracts, next to Prime Intellect's contracts and our goals.
+
+Run: `.venv/bin/python benchmarks/gas.py [--json PATH]` (or `make gas`). It starts its own anvil, deploys
+the four contracts, performs each operation as a real transaction and reads `gasUsed` from the receipt.
+Work keys are sha256 of random bytes and units a few thousand tokens, as a worker submits them; the
+provider being onboarded is a new one (its stake slots start empty), as is each submitting node.
+
+A benchmark, not a test: missing a goal prints "no" and still exits 0. Only a failure to run at all
+(no anvil, a revert) exits 1: then there is nothing to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from web3.types import TxReceipt
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.errors import LedgerError
+from ledger.types import PoolConfig, Reason
+
+TOKEN = 10**18
+MIN_STAKE = 100 * TOKEN
+WINDOW = 3600
+BATCH_SIZES = (1, 8, 32)
+SUBMIT_SAMPLES = 5  # single submissions measured; their median is reported
+
+# Prime Intellect's protocol contracts measured on anvil, for the same operations.
+ANCHOR = {"onboarding": 1_055_839, "submitWork": 239_442, "invalidateWork": 406_000, "claimRewards(1)": 140_709}
+GOAL = {"onboarding": 400_000, "submitWork": 60_000, "submitWorkBatch(32) per key": 25_000, "invalidateWork": 150_000}
+
+
+@dataclass(frozen=True)
+class Row:
+    operation: str
+    gas: int
+    anchor: int | None = None
+    goal: int | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.anchor / self.gas if self.anchor else None
+
+    @property
+    def goal_met(self) -> bool | None:
+        return None if self.goal is None else self.gas <= self.goal
+
+
+def row(operation: str, gas: int) -> Row:
+    return Row(operation, gas, ANCHOR.get(operation), GOAL.get(operation))
+
+
+def gas(receipt: TxReceipt) -> int:
+    return int(receipt["gasUsed"])
+
+
+def random_key() -> bytes:
+    return hashlib.sha256(os.urandom(64)).digest()  # what a worker submits: the sha256 of a rollout file
+
+
+def random_units() -> int:
+    return random.randint(2_000, 6_000)  # output tokens of one rollout file
+
+
+def new_node(chain: LocalChain) -> LocalAccount:
+    """A fresh node key with gas money."""
+    node: LocalAccount = Account.create()
+    chain.w3.provider.make_request("anvil_setBalance", [node.address, hex(10**20)])  # type: ignore[arg-type]
+    return node
+
+
+def onboard(chain: LocalChain, owner: Ledger, provider: Ledger, pool_id: int) -> tuple[Ledger, list[Row]]:
+    """A new provider brings a new node into the pool: approve + stake + addNode + join."""
+    node = new_node(chain)
+    owner.mint(provider.address, 1_000 * TOKEN)  # the provider keeps a balance after staking
+    steps = [
+        ("approve", provider.approve(provider.registry.address, MIN_STAKE)),
+        ("stake", provider.stake(MIN_STAKE)),  # the allowance is there: one transaction
+        ("addNode", provider.add_node(node)),
+    ]
+    node_ledger = provider.as_account(node)
+    steps.append(("join", node_ledger.join(pool_id)))
+    rows = [row(f"  {name}", gas(receipt)) for name, receipt in steps]
+    return node_ledger, [*rows, row("onboarding", sum(r.gas for r in rows))]
+
+
+def measure(chain: LocalChain) -> list[Row]:
+    deployment = chain.deploy()
+    owner = Ledger(chain.w3, deployment, dev_account(0))
+    validator = dev_account(9)
+    pool_id = owner.create_pool(
+        PoolConfig(
+            name="gas-benchmark",
+            model_hash=random_key(),
+            spec_uri="ipfs://bafybeigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi",
+            trainer=owner.address,
+            min_stake_per_node=MIN_STAKE,
+            challenge_window=WINDOW,
+            reward_per_unit=10**12,
+            slash_amount=50 * TOKEN,
+        )
+    )
+    owner.set_validator(pool_id, validator.address)
+    owner.mint(owner.address, 10_000 * TOKEN)
+    owner.fund_rewards(pool_id, 10_000 * TOKEN)
+
+    # A first provider warms the registry's own token balance, so the measured one is a typical newcomer.
+    onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(1)), pool_id)
+    provider = Ledger(chain.w3, deployment, dev_account(2))
+    node, rows = onboard(chain, owner, provider, pool_id)
+
+    # Submitting work: one key per transaction, then batches.
+    single_keys = [random_key() for _ in range(SUBMIT_SAMPLES)]
+    singles = [gas(node.submit_work(pool_id, key, random_units())) for key in single_keys]
+    rows.append(row("submitWork", int(statistics.median(singles))))
+    batch_keys: list[bytes] = []
+    for size in BATCH_SIZES:
+        keys = [random_key() for _ in range(size)]
+        used = gas(node.submit_work_batch(pool_id, keys, [random_units() for _ in keys]))
+        rows += [row(f"submitWorkBatch({size})", used), row(f"submitWorkBatch({size}) per key", used // size)]
+        batch_keys = keys
+
+    # Invalidating one work: slash the provider into the escrow and eject the node.
+    doomed_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(3)), pool_id)
+    doomed = random_key()
+    doomed_node.submit_work(pool_id, doomed, random_units())
+    rows.append(
+        row("invalidateWork", gas(owner.as_account(validator).invalidate_work(pool_id, doomed, Reason.HASH_MISMATCH)))
+    )
+
+    # Claiming, after the window: one work, then the batch of 32. Anyone may claim; the provider is paid.
+    chain.increase_time(WINDOW)
+    claimer = owner.as_account(validator)
+    rows.append(row("claimRewards(1)", gas(claimer.claim_rewards(pool_id, single_keys[:1]))))
+    used = gas(claimer.claim_rewards(pool_id, batch_keys))
+    many = len(batch_keys)
+    rows += [row(f"claimRewards({many})", used), row(f"claimRewards({many}) per work", used // many)]
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    header = f"{'operation':<32}{'ours':>11}{'anchor':>12}{'goal':>11}{'anchor/ours':>13}  goal met"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        anchor = f"{r.anchor:,}" if r.anchor else "-"
+        goal = f"<= {r.goal:,}" if r.goal else "-"
+        ratio = f"{r.ratio:.1f}x" if r.ratio else "-"
+        met = {True: "yes", False: "NO", None: "-"}[r.goal_met]
+        print(f"{r.operation:<32}{r.gas:>11,}{anchor:>12}{goal:>11}{ratio:>13}  {met}")
+    missed = [r.operation.strip() for r in rows if r.goal_met is False]
+    print()
+    print(f"goals missed: {', '.join(missed)}" if missed else "all goals met")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH as JSON")
+    args = parser.parse_args()
+    try:
+        with LocalChain() as chain:
+            rows = measure(chain)
+    except LedgerError as exc:
+        print(f"gas benchmark could not run: {exc}", file=sys.stderr)
+        return 1
+    print_table(rows)
+    if args.json:
+        figures = [
+            {**asdict(r), "operation": r.operation.strip(), "ratio": r.ratio, "goal_met": r.goal_met} for r in rows
+        ]
+        args.json.write_text(json.dumps({"unit": "gas", "operations": figures}, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

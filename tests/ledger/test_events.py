@@ -1,0 +1,302 @@
+"""EventFollower on a real chain: decoded fields, batch expansion, pool filter, paging, cursor, confirmations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TOKEN
+from helpers import make_pool, onboard, work_key
+from web3.types import TxReceipt
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+from ledger.errors import LedgerError, RpcUnavailable
+from ledger.events import (
+    CursorFile,
+    EventFollower,
+    EventPosition,
+    LedgerEvent,
+    RewardsClaimed,
+    WorkInvalidated,
+    WorkSubmitted,
+)
+from ledger.types import Reason
+
+LedgerFor = Callable[[int], Ledger]
+OWNER, PROVIDER, VALIDATOR = 0, 1, 9
+NODE_A, NODE_B = 6, 7
+WINDOW = 3600
+REWARD_PER_UNIT = 10**15
+SLASH = 50 * TOKEN
+
+
+@dataclass
+class Setup:
+    owner: Ledger  # also funds the escrow
+    provider: Ledger
+    validator: Ledger
+    node: Ledger
+    pool_id: int
+    reader: Ledger  # read-only, what a follower uses
+
+
+@pytest.fixture
+def reader(chain: LocalChain, deployment: Deployment) -> Ledger:
+    """A read-only client, as a follower has."""
+    return Ledger(chain.w3, deployment)
+
+
+@pytest.fixture
+def setup(ledger_for: LedgerFor, reader: Ledger) -> Setup:
+    """A pool (window 1 h, slash 50) with a validator, 100 tokens of escrow, and one onboarded node."""
+    owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER), ledger_for(VALIDATOR)
+    pool_id = make_pool(owner, challenge_window=WINDOW, reward_per_unit=REWARD_PER_UNIT, slash_amount=SLASH)
+    owner.set_validator(pool_id, validator.address)
+    owner.mint(owner.address, 100 * TOKEN)
+    owner.fund_rewards(pool_id, 100 * TOKEN)
+    node = onboard(owner, provider, dev_account(NODE_A), pool_id, stake_tokens=200)
+    return Setup(owner, provider, validator, node, pool_id, reader)
+
+
+def position(ledger: Ledger, receipt: TxReceipt) -> EventPosition:
+    """Where the receipt's only WorkLedger log sits (block, log index, tx hash)."""
+    (log,) = [entry for entry in receipt["logs"] if entry["address"] == ledger.work.address]
+    return EventPosition(log["blockNumber"], log["logIndex"], "0x" + bytes(log["transactionHash"]).hex())
+
+
+def work_keys(found: list[LedgerEvent]) -> list[bytes]:
+    """The work keys of `found`, which are all submissions."""
+    assert all(isinstance(e, WorkSubmitted) for e in found), found
+    return [e.work_key for e in found if isinstance(e, WorkSubmitted)]
+
+
+def submit_many(s: Setup, count: int, label: str, *, empty_blocks: int = 0) -> list[bytes]:
+    """`count` single submissions, one block each, with `empty_blocks` mined after each."""
+    keys = []
+    for i in range(count):
+        key = work_key(f"{label}-{i}")
+        s.node.submit_work(s.pool_id, key, 1000 + i)
+        keys.append(key)
+        for _ in range(empty_blocks):
+            s.node.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
+    return keys
+
+
+# --- decoding ----------------------------------------------------------------------------------------------
+
+
+def test_poll_returns_submitted_invalidated_and_claimed_events_in_chain_order(chain: LocalChain, setup: Setup) -> None:
+    s = setup
+    a, b, c = work_key("a"), work_key("b"), work_key("c")
+    single = s.node.submit_work(s.pool_id, a, 2500)
+    batch = s.node.submit_work_batch(s.pool_id, [b, c], [4096, 3000])
+    invalidated = s.validator.invalidate_work(s.pool_id, b, Reason.HASH_MISMATCH)
+    chain.increase_time(WINDOW)
+    claimed = s.owner.claim_rewards(s.pool_id, [a, c])
+
+    found = EventFollower(s.reader).poll()
+
+    node, provider = s.node.address, s.provider.address
+    batch_at = position(s.reader, batch)
+    assert found == [
+        WorkSubmitted(s.pool_id, a, node, provider, 2500, position(s.reader, single)),
+        WorkSubmitted(s.pool_id, b, node, provider, 4096, batch_at),  # a batch expands in key order
+        WorkSubmitted(s.pool_id, c, node, provider, 3000, batch_at),
+        WorkInvalidated(
+            s.pool_id, b, s.validator.address, Reason.HASH_MISMATCH, SLASH, position(s.reader, invalidated)
+        ),
+        RewardsClaimed(s.pool_id, provider, (2500 + 3000) * REWARD_PER_UNIT, 2, position(s.reader, claimed)),
+    ]
+    assert [e.at.block_number for e in found] == sorted(e.at.block_number for e in found)
+
+
+def test_poll_with_no_new_blocks_returns_nothing(setup: Setup) -> None:
+    s = setup
+    s.node.submit_work(s.pool_id, work_key("once"), 100)
+    follower = EventFollower(s.reader)
+    assert len(follower.poll()) == 1
+    assert follower.poll() == []
+
+
+def test_following_only_some_events_skips_the_others(chain: LocalChain, setup: Setup) -> None:
+    s = setup
+    key = work_key("claimed")
+    s.node.submit_work(s.pool_id, key, 100)
+    chain.increase_time(WINDOW)
+    s.owner.claim_rewards(s.pool_id, [key])
+
+    found = EventFollower(s.reader, events=("RewardsClaimed",)).poll()
+
+    assert [type(e) for e in found] == [RewardsClaimed]
+
+
+def test_following_an_unknown_event_raises_ledger_error(reader: Ledger) -> None:
+    with pytest.raises(LedgerError, match="WorkFunded"):
+        EventFollower(reader, events=("WorkSubmitted", "WorkFunded"))
+
+
+# --- filtering and paging ----------------------------------------------------------------------------------
+
+
+def test_pool_filter_ignores_another_pools_events(setup: Setup) -> None:
+    s = setup
+    other_pool = make_pool(s.owner, challenge_window=WINDOW, slash_amount=SLASH)
+    s.owner.set_validator(other_pool, s.validator.address)
+    other_node = onboard(s.owner, s.provider, dev_account(NODE_B), other_pool, stake_tokens=100)
+    mine, theirs = work_key("mine"), work_key("theirs")
+    s.node.submit_work(s.pool_id, mine, 100)
+    other_node.submit_work(other_pool, theirs, 200)
+    other_node.submit_work_batch(other_pool, [work_key("theirs-1"), work_key("theirs-2")], [1, 2])
+    s.validator.invalidate_work(other_pool, theirs, Reason.BAD_FORMAT)
+    s.node.submit_work_batch(s.pool_id, [work_key("mine-1")], [300])
+
+    ours = EventFollower(s.reader, pool_id=s.pool_id).poll()
+    everything = EventFollower(s.reader).poll()
+
+    assert work_keys(ours) == [mine, work_key("mine-1")]
+    assert {e.pool_id for e in ours} == {s.pool_id}
+    assert len(everything) == 6
+    assert [e for e in everything if e.pool_id == s.pool_id] == ours
+
+
+def test_small_pages_return_the_same_events_as_one_big_page(setup: Setup) -> None:
+    s = setup
+    keys = submit_many(setup, 7, "paged", empty_blocks=2)  # 21 blocks, events in every third
+    s.node.submit_work_batch(s.pool_id, [work_key("paged-batch-0"), work_key("paged-batch-1")], [5, 6])
+
+    one_page = EventFollower(s.reader, page_size=100_000).poll()
+    small_pages = EventFollower(s.reader, page_size=2).poll()
+    single_blocks = EventFollower(s.reader, page_size=1).poll()
+
+    assert work_keys(one_page) == [*keys, work_key("paged-batch-0"), work_key("paged-batch-1")]
+    assert small_pages == one_page
+    assert single_blocks == one_page
+
+
+def test_small_pages_resume_between_polls_without_gaps(setup: Setup) -> None:
+    s = setup
+    follower = EventFollower(s.reader, page_size=2)
+    seen = []
+    for round_ in range(4):
+        submit_many(s, 3, f"round-{round_}", empty_blocks=1)
+        seen += follower.poll()
+
+    assert seen == EventFollower(s.reader).poll()
+    assert len(seen) == 12
+
+
+# --- the cursor --------------------------------------------------------------------------------------------
+
+
+def test_cursor_file_lets_a_restarted_follower_resume_exactly_after_the_first(tmp_path: Path, setup: Setup) -> None:
+    s = setup
+    cursor_path = tmp_path / "state" / "cursor.json"  # the folder does not exist yet
+    submit_many(s, 3, "before")
+    first = EventFollower(s.reader, cursor=CursorFile(cursor_path), page_size=2)
+    before = first.poll()
+    submit_many(s, 2, "between", empty_blocks=1)
+    del first  # the process stops; only the file survives
+
+    second = EventFollower(s.reader, cursor=CursorFile(cursor_path), start_block=0)  # the cursor wins
+    after = second.poll()
+    again = second.poll()
+    submit_many(s, 1, "later")
+    third = EventFollower(s.reader, cursor=CursorFile(cursor_path))
+    last = third.poll()
+
+    everything = EventFollower(s.reader).poll()
+    assert work_keys(before) == [work_key(f"before-{i}") for i in range(3)]
+    assert before + after + last == everything  # none skipped
+    assert len(set(everything)) == len(everything) == 6  # none twice
+    assert again == []
+    assert CursorFile(cursor_path).load(default=0) == s.reader.w3.eth.block_number + 1
+
+
+def test_cursor_file_missing_starts_at_the_default(tmp_path: Path) -> None:
+    assert CursorFile(tmp_path / "absent.json").load(default=42) == 42
+
+
+def test_cursor_file_round_trips_and_leaves_no_temporary_files(tmp_path: Path) -> None:
+    cursor = CursorFile(tmp_path / "cursor.json")
+    cursor.save(17)
+    cursor.save(18)
+    assert cursor.load(default=0) == 18
+    assert [p.name for p in tmp_path.iterdir()] == ["cursor.json"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", "not json", "[]", "{}", '{"block": 3}', '{"next_block": "soon"}', '{"next_block": null}', '"7"'],
+    ids=["empty", "not-json", "list", "no-key", "wrong-key", "text-value", "null-value", "json-string"],
+)
+def test_corrupt_cursor_file_raises_ledger_error(tmp_path: Path, reader: Ledger, content: str) -> None:
+    path = tmp_path / "cursor.json"
+    path.write_text(content)
+    with pytest.raises(LedgerError, match="corrupt"):
+        EventFollower(reader, cursor=CursorFile(path))
+
+
+def test_cursor_file_with_invalid_utf8_raises_ledger_error(tmp_path: Path, reader: Ledger) -> None:
+    path = tmp_path / "cursor.json"
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(LedgerError, match="corrupt"):
+        EventFollower(reader, cursor=CursorFile(path))
+
+
+@pytest.mark.parametrize("content", ['{"next_block": -3}', '{"next_block": 2.7}', '{"next_block": true}'])
+def test_cursor_file_with_a_value_that_is_no_block_number_raises_ledger_error(
+    tmp_path: Path, reader: Ledger, content: str
+) -> None:
+    path = tmp_path / "cursor.json"
+    path.write_text(content)
+    with pytest.raises(LedgerError, match="corrupt"):
+        EventFollower(reader, cursor=CursorFile(path))
+
+
+def test_a_poll_that_fails_partway_loses_no_events(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = setup
+    follower = EventFollower(s.reader, page_size=2, start_block=s.reader.w3.eth.block_number + 1)
+    keys = submit_many(s, 6, "flaky")  # pages of two blocks: the third read fails
+    read_logs, reads = follower._logs, []
+
+    def flaky_logs(first: int, last: int) -> list[Any]:
+        reads.append(first)
+        if len(reads) == 3:
+            raise RpcUnavailable(s.reader.deployment.rpc_url, "read logs: connection reset")
+        return read_logs(first, last)
+
+    monkeypatch.setattr(follower, "_logs", flaky_logs)
+    with pytest.raises(RpcUnavailable):
+        follower.poll()
+
+    assert work_keys(follower.poll()) == keys
+
+
+# --- confirmations -----------------------------------------------------------------------------------------
+
+
+def test_confirmations_hold_back_the_newest_blocks(chain: LocalChain, setup: Setup) -> None:
+    s = setup
+    keys = submit_many(s, 3, "confirm")  # blocks h-2, h-1, h
+    follower = EventFollower(s.reader, confirmations=2)
+
+    assert work_keys(follower.poll()) == keys[:1]
+    chain.mine()
+    assert work_keys(follower.poll()) == keys[1:2]
+    assert follower.poll() == []
+    chain.mine()
+    chain.mine()
+    assert work_keys(follower.poll()) == keys[2:]
+
+
+def test_confirmations_beyond_the_chain_height_return_nothing(setup: Setup) -> None:
+    submit_many(setup, 1, "deep")
+    follower = EventFollower(setup.reader, confirmations=10_000)
+    assert follower.poll() == []
+    assert follower.next_block == setup.reader.deployment.block
