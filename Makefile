@@ -6,6 +6,7 @@ PY        := $(VENV)/bin/python
 PY_STAMP  := $(VENV)/.installed
 NPM_STAMP := contracts/node_modules/.installed
 TORCH     := torch==2.13.0
+TOPLOC    := toploc==0.1.6
 
 .PHONY: install test lint typecheck demo contracts check-contracts gas clean
 
@@ -15,8 +16,10 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # torch first and pinned: any unpinned torch requirement would pull a multi-GB CUDA build.
+# toploc next, compiled against that torch (its published wheel fails to import with it).
 $(PY_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH) setuptools wheel
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-binary toploc $(TOPLOC)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
