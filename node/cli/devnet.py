@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from node.cli.errors import cli_errors
+from ledger.cli.common import cli_errors
 
 if TYPE_CHECKING:
     from ledger.deployment import Deployment

@@ -1,3 +1,23 @@
-"""Moved to `ledger.cli.common` (ledger <- node); re-exported for existing imports."""
+"""One-line errors for commands that use the node package (prime-node, prime-train, prime-validate).
 
-from ledger.cli.common import DEBUG_ENV_VAR, KNOWN_ERRORS, cli_errors, debug_enabled, one_line  # noqa: F401
+`ledger.cli.common.cli_errors` knows the ledger's errors; imports point ledger <- node, so the node
+package's own `NodeError` tree is added here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ledger.cli.common import CommandError, cli_errors
+from node.errors import NodeError
+
+
+@contextmanager
+def node_cli_errors() -> Iterator[None]:
+    """`cli_errors`, plus `NodeError`: a known failure prints one line and exits 1."""
+    with cli_errors():
+        try:
+            yield
+        except NodeError as exc:
+            raise CommandError(str(exc)) from exc
