@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from node.errors import NodeError
 from node.model.loading import transformers_progress
@@ -116,8 +117,13 @@ def init_model(out_dir: Path, *, seed: int = 0, config: TinyModelConfig | None =
     """
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite=overwrite)
-    model = build_model(config, seed=seed)
-    tokenizer = build_tokenizer()
+    return save_model_dir(build_model(config, seed=seed), build_tokenizer(), out_dir, overwrite=overwrite)
+
+
+def save_model_dir(model: PreTrainedModel, tokenizer: Any, out_dir: Path, *, overwrite: bool = False) -> Path:
+    """Writes `model` and `tokenizer` to `out_dir` in Hugging Face layout, complete or not at all."""
+    out_dir = Path(out_dir)
+    _check_target(out_dir, overwrite=overwrite)
     with _staging_dir(out_dir) as staging:
         with transformers_progress(False):  # one small shard: a bar would only flash
             model.save_pretrained(staging)

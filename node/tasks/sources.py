@@ -55,10 +55,17 @@ def _open_math_jsonl(spec: TaskSpec) -> TaskSource:
     return MathSource(spec)
 
 
+def _open_code(spec: TaskSpec) -> TaskSource:
+    from node.tasks.code_source import CodeSource
+
+    return CodeSource.from_spec(spec)
+
+
 # Imports stay inside the factories: reasoning-gym and sympy each take about a second to import.
 _FACTORIES: dict[str, Callable[[TaskSpec], TaskSource]] = {
     "reasoning_gym": _open_reasoning_gym,
     "math_jsonl": _open_math_jsonl,
+    "code": _open_code,
 }
 
 

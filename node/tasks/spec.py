@@ -20,10 +20,13 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from node.tasks.errors import TaskSpecError
 from node.tasks.fields import Fields, frozen_config
+
+if TYPE_CHECKING:
+    from node.tasks.code_source import CodeSourceSpec
 
 SPEC_FORMAT = "prime-node/task-spec/v1"
 LengthMode = Literal["none", "exact", "max", "clip"]
@@ -68,7 +71,7 @@ class MathJsonlSourceSpec:
     type: Literal["math_jsonl"] = "math_jsonl"
 
 
-SourceSpec = ReasoningGymSourceSpec | MathJsonlSourceSpec
+SourceSpec: TypeAlias = "ReasoningGymSourceSpec | MathJsonlSourceSpec | CodeSourceSpec"
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,12 @@ def _parse_source(path: Path, table: dict[str, Any]) -> SourceSpec:
             raise TaskSpecError(path, "source.path", f"cannot read {jsonl} ({exc.strerror})") from None
         problems = _parse_math_jsonl(jsonl, data)
         source = MathJsonlSourceSpec(path=jsonl, problems=problems, content_sha256=hashlib.sha256(data).digest())
+    elif kind == "code":
+        from node.tasks.code_source import parse_code_source  # lazy: code_source imports this module
+
+        source = parse_code_source(path, fields)
     else:
-        raise TaskSpecError(path, "source.type", f"must be 'reasoning_gym' or 'math_jsonl', got {kind!r}")
+        raise TaskSpecError(path, "source.type", f"must be 'reasoning_gym', 'math_jsonl' or 'code', got {kind!r}")
     fields.done()
     return source
 
