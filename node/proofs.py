@@ -1,0 +1,198 @@
+"""TOPLOC proofs over the last hidden states of the generated tokens, built and checked with `toploc`.
+
+A worker commits to the hidden states its model produced for every output token: per chunk of 32 tokens
+it takes the top-k (128) entries by magnitude of the flattened bfloat16 hidden states and stores the
+polynomial through (index, value) as 2 + 2k bytes. A validator prefills prompt + completion once with the
+checkpoint, takes the same top-k of its own hidden states, evaluates the polynomial at those indices and
+counts how far the committed values are from its own: exponent mismatches, and the mantissa error of the
+rest. A different model, an altered token or a proof from another row moves the top-k set or the
+values and fails; honest recomputation (prefill instead of cached decoding, other batch) does not.
+
+Conventions pinned here, shared by worker and validator:
+- hidden state of output token i = final-norm hidden at absolute position len(prompt) + i - 1 (the
+  position whose logits sampled it); a row's proof is the concatenation of its chunk proofs, in order;
+- values are rounded to bfloat16 first: toploc interpolates 16-bit values only (it silently returns
+  null proofs for float32, which we refuse instead);
+- top-k = min(128, hidden_size), so even a 1-token last chunk has enough entries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import toploc
+import torch
+
+from node.errors import NodeError
+
+PROOF_CHUNK = 32  # output tokens per chunk proof
+MAX_TOPK = 128
+
+
+class ProofError(NodeError):
+    """Base of the errors raised while building or checking TOPLOC proofs."""
+
+
+class ProofBuildError(ProofError):
+    """The hidden states could not be turned into a proof (wrong shape, no tokens, toploc refused them)."""
+
+    def __init__(self, reason: str, *, shape: tuple[int, ...] | None = None) -> None:
+        super().__init__(f"cannot build TOPLOC proof: {reason}" + (f" (hidden shape {shape})" if shape else ""))
+        self.reason = reason
+        self.shape = shape
+
+
+def proof_topk(hidden_size: int) -> int:
+    """Top-k of every chunk: 128 as in INTELLECT-2, or the hidden size when it is smaller."""
+    if hidden_size < 1:
+        raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+    return min(MAX_TOPK, hidden_size)
+
+
+def chunk_proof_size(hidden_size: int) -> int:
+    """Bytes of one chunk proof: a 16-bit modulus and one 16-bit coefficient per top-k point."""
+    return 2 + 2 * proof_topk(hidden_size)
+
+
+def num_chunks(n_out: int) -> int:
+    return math.ceil(n_out / PROOF_CHUNK)
+
+
+def proof_size(n_out: int, hidden_size: int) -> int:
+    """Exact length of an honest row proof over `n_out` output tokens."""
+    return num_chunks(n_out) * chunk_proof_size(hidden_size)
+
+
+@dataclass(frozen=True)
+class ProofThresholds:
+    """Largest per-chunk deviations a validator accepts; a chunk over any of them fails the row.
+
+    Exponent mismatches count out of the top-k (128 unless the hidden size is smaller); mantissa errors are
+    in units of the bfloat16 mantissa (7 bits, 0..127) over the entries whose exponents matched.
+    """
+
+    max_exp_mismatches: int
+    max_mant_err_mean: float
+    max_mant_err_median: float
+
+    def __post_init__(self) -> None:
+        if self.max_exp_mismatches < 0 or self.max_exp_mismatches > MAX_TOPK:
+            raise ValueError(f"max_exp_mismatches must be in [0, {MAX_TOPK}], got {self.max_exp_mismatches}")
+        for name in ("max_mant_err_mean", "max_mant_err_median"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+    @classmethod
+    def gpu_bf16(cls) -> ProofThresholds:
+        """The anchor's values (prime-rl on GPUs in bf16), where kernels differ between decode and prefill."""
+        return cls(max_exp_mismatches=38, max_mant_err_mean=10.0, max_mant_err_median=8.0)
+
+    @classmethod
+    def cpu_fp32(cls) -> ProofThresholds:
+        """Calibrated for float32 models on CPU (docs/proof-calibration.md, benchmarks/proof_calibration.py).
+
+        Over 2304 honest chunks (cached or batched decoding against prefill) recomputation agreed to ~1e-6: at
+        most 3 exponent mismatches (top-k boundary ties), mantissa error mean 0.008 (one entry off by one), median
+        0. A model with 1e-3 noise on its weights (a one-step-stale policy) showed a mean of at least 2.7 and a
+        median of at least 2 in every chunk. The mean is the discriminating statistic: 0.1 is 13x above the
+        honest maximum and 27x below the stale minimum; the exponent limit is 2.7x the honest maximum.
+        """
+        return cls(max_exp_mismatches=8, max_mant_err_mean=0.1, max_mant_err_median=1.0)
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """toploc's comparison of one chunk: committed values against the validator's recomputed ones."""
+
+    exp_mismatches: int
+    mant_err_mean: float  # 2**64 when every exponent mismatched
+    mant_err_median: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class ProofCheck:
+    """Outcome for one row. `malformed` says why the bytes could not even be compared (then no chunks)."""
+
+    ok: bool
+    chunks: tuple[ChunkResult, ...]
+    first_bad_chunk: int | None
+    malformed: str | None = None
+
+
+def _as_bf16_rows(hidden: torch.Tensor) -> torch.Tensor:
+    """(n_out, H) on CPU, bfloat16, contiguous: what toploc interpolates and compares."""
+    return hidden.detach().to(device="cpu", dtype=torch.bfloat16).contiguous()
+
+
+def build_proof(hidden: torch.Tensor) -> bytes:
+    """One row's proof from the hidden states of its output tokens: hidden (n_out, H), any float dtype/device."""
+    if hidden.dim() != 2 or hidden.shape[0] < 1 or hidden.shape[1] < 1:
+        raise ProofBuildError("hidden must be (n_out >= 1, hidden_size >= 1)", shape=tuple(hidden.shape))
+    if not hidden.is_floating_point():
+        raise ProofBuildError(f"hidden must be floating point, got {hidden.dtype}", shape=tuple(hidden.shape))
+    n_out, hidden_size = hidden.shape
+    topk = proof_topk(hidden_size)
+    rows = _as_bf16_rows(hidden)  # (n_out, H)
+    # toploc concatenates `decode_batching_size` consecutive per-token tensors into one chunk before its top-k
+    chunks = toploc.build_proofs_bytes(list(rows.unbind(0)), PROOF_CHUNK, topk, skip_prefill=True)
+    if len(chunks) != num_chunks(n_out):
+        raise ProofBuildError(
+            f"toploc returned {len(chunks)} chunk proofs for {n_out} tokens", shape=(n_out, hidden_size)
+        )
+    for index, chunk in enumerate(chunks):
+        # toploc logs and returns a null proof (modulus 0) instead of raising when interpolation fails
+        if len(chunk) != chunk_proof_size(hidden_size) or chunk[:2] == b"\x00\x00":
+            raise ProofBuildError(f"toploc produced a null proof for chunk {index}", shape=(n_out, hidden_size))
+    return b"".join(chunks)
+
+
+def split_proof(proof: bytes, n_out: int, hidden_size: int) -> list[bytes] | str:
+    """The chunk proofs of a row, or why the bytes cannot be one (checked before toploc sees them).
+
+    A modulus of 0 would make toploc's C++ divide by zero and kill the process, so it is refused here.
+    """
+    expected = proof_size(n_out, hidden_size)
+    if len(proof) != expected:
+        return f"proof is {len(proof)} bytes, expected {expected} for {n_out} tokens at top-k {proof_topk(hidden_size)}"
+    size = chunk_proof_size(hidden_size)
+    chunks = [proof[start : start + size] for start in range(0, expected, size)]
+    for index, chunk in enumerate(chunks):
+        if chunk[:2] == b"\x00\x00":
+            return f"chunk {index} has modulus 0"
+    return chunks
+
+
+def verify_proof(hidden_recomputed: torch.Tensor, proof: bytes, thresholds: ProofThresholds) -> ProofCheck:
+    """Compares a row's proof with the validator's hidden states for the same output tokens: (n_out, H)."""
+    if hidden_recomputed.dim() != 2 or hidden_recomputed.shape[0] < 1 or hidden_recomputed.shape[1] < 1:
+        raise ProofError(
+            f"recomputed hidden must be (n_out >= 1, hidden_size >= 1), got {tuple(hidden_recomputed.shape)}"
+        )
+    n_out, hidden_size = hidden_recomputed.shape
+    chunks = split_proof(proof, n_out, hidden_size)
+    if isinstance(chunks, str):
+        return ProofCheck(ok=False, chunks=(), first_bad_chunk=0, malformed=chunks)
+    rows = _as_bf16_rows(hidden_recomputed)  # (n_out, H)
+    raw = toploc.verify_proofs_bytes(rows, chunks, PROOF_CHUNK, proof_topk(hidden_size), skip_prefill=True)
+    results = tuple(
+        ChunkResult(
+            exp_mismatches=int(r.exp_mismatches),
+            mant_err_mean=float(r.mant_err_mean),
+            mant_err_median=float(r.mant_err_median),
+            ok=r.exp_mismatches <= thresholds.max_exp_mismatches
+            and r.mant_err_mean <= thresholds.max_mant_err_mean
+            and r.mant_err_median <= thresholds.max_mant_err_median,
+        )
+        for r in raw
+    )
+    bad = next((index for index, result in enumerate(results) if not result.ok), None)
+    return ProofCheck(ok=bad is None, chunks=results, first_bad_chunk=bad)
+
+
+def compare_hidden(hidden_claimed: torch.Tensor, hidden_recomputed: torch.Tensor) -> tuple[ChunkResult, ...]:
+    """Per-chunk statistics of proving `hidden_claimed` and checking against `hidden_recomputed` (calibration)."""
+    no_limits = ProofThresholds(max_exp_mismatches=MAX_TOPK, max_mant_err_mean=2.0**64, max_mant_err_median=2.0**64)
+    return verify_proof(hidden_recomputed, build_proof(hidden_claimed), no_limits).chunks

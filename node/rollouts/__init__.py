@@ -1,0 +1,41 @@
+"""Rollout files (DESIGN section 6): one Parquet file per upload, one row per completion, proofs per row.
+
+`write_rollouts` on the worker, `read_rollouts` on the validator and trainer; docs/rollout-format.md
+describes the bytes for anyone writing another implementation.
+"""
+
+from node.rollouts.meta import FORMAT_VERSION, METADATA_KEY, RolloutMeta, SamplingMeta
+from node.rollouts.reader import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS, RolloutFile, read_rollouts
+from node.rollouts.schema import (
+    ARROW_SCHEMA,
+    COLUMN_NAMES,
+    FINISH_REASONS,
+    NO_TARGET_LENGTH,
+    FormatProblem,
+    RolloutFormatError,
+    RolloutRow,
+    work_units,
+)
+from node.rollouts.writer import WrittenFile, encode_rollouts, write_rollouts
+
+__all__ = [
+    "ARROW_SCHEMA",
+    "COLUMN_NAMES",
+    "DEFAULT_MAX_ROWS",
+    "DEFAULT_MAX_TOKENS",
+    "FINISH_REASONS",
+    "FORMAT_VERSION",
+    "METADATA_KEY",
+    "NO_TARGET_LENGTH",
+    "FormatProblem",
+    "RolloutFile",
+    "RolloutFormatError",
+    "RolloutMeta",
+    "RolloutRow",
+    "SamplingMeta",
+    "WrittenFile",
+    "encode_rollouts",
+    "read_rollouts",
+    "work_units",
+    "write_rollouts",
+]
