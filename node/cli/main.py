@@ -9,13 +9,14 @@ from __future__ import annotations
 import typer
 
 from ledger.cli.common import configure_logging
+from node.cli.generate import generate_app
 from node.cli.keys import keys_app
 from node.cli.worker import worker_app
 
 app = typer.Typer(
     name="prime-node",
     no_args_is_help=True,
-    help="Run a prime-node: keys, stake and node registration, pool membership, rewards.",
+    help="Run a prime-node: keys, stake and node registration, pool membership, rewards, rollouts.",
 )
 
 
@@ -28,6 +29,7 @@ def _setup() -> None:
 # sit at the top level: a typer added without a name merges its commands into this one.
 app.add_typer(keys_app, name="keys")
 app.add_typer(worker_app)
+app.add_typer(generate_app)
 
 
 if __name__ == "__main__":
