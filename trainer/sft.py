@@ -27,9 +27,9 @@ from node.tasks.spec import TaskSpec
 class SFTConfig:
     """Hyperparameters of the warm start; the defaults land the default task in the RL band on 2 CPU cores."""
 
-    steps: int = 300
+    steps: int = 600
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float = 1.5e-3
     warmup_steps: int = 20
     weight_decay: float = 0.01
     grad_clip: float = 1.0

@@ -1,0 +1,429 @@
+"""The checks of DESIGN section 7, one function each: None when the file passes, a rejecting Verdict otherwise.
+
+`validator.verify.verify_file` runs them cheapest first and stops at the first rejection, so each check may
+assume the earlier ones passed (the assignment check has already pinned every prompt, the sanity check every
+token id). All but the last are pure functions of the parsed file and public inputs; the last recomputes the
+completions with the checkpoint (`node.model.forward.forward_hidden`) and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from ledger.types import Reason
+from node.generation.plan import Job, PlannedPrompt, completion_text, plan_rollouts
+from node.inference.sampler import SamplingParams, check_logprobs, check_sampled
+from node.model.forward import forward_hidden
+from node.model.loading import LoadedModel
+from node.proofs import ChunkResult, ProofCheck, ProofThresholds, verify_proof
+from node.rollouts import (
+    NO_TARGET_LENGTH,
+    RolloutFile,
+    RolloutFormatError,
+    RolloutMeta,
+    RolloutRow,
+    read_rollouts,
+    work_units,
+)
+from node.tasks.errors import AssignmentError
+from node.tasks.rewards import score_completion
+from node.tasks.sources import TaskSource
+from node.tasks.spec import TaskSpec
+from validator.config import ValidatorConfig
+from validator.verdict import Verdict, reject
+
+SIZE, WORK_KEY, FORMAT, METADATA, STEP = "size", "work_key", "format", "metadata", "step"
+ASSIGNMENT, SAMPLING_SANITY, REWARDS, MODEL = "assignment", "sampling_sanity", "rewards", "model"
+CHECKS = (SIZE, WORK_KEY, FORMAT, METADATA, STEP, ASSIGNMENT, SAMPLING_SANITY, REWARDS, MODEL)
+_PAD_ID = 0  # any id works: the attention mask hides padding and no output is read at a padded position
+
+
+def check_size(data: bytes, max_bytes: int) -> Verdict | None:
+    """Files over the pool's limit are refused before a byte is hashed or parsed (DESIGN section 6)."""
+    if len(data) > max_bytes:
+        return reject(Reason.BAD_FORMAT, SIZE, f"the file has more than {max_bytes} bytes", size=len(data))
+    return None
+
+
+def check_work_key(data: bytes, work_key: bytes | None) -> Verdict | None:
+    """The bytes must be the ones submitted on chain: sha256(file) == workKey."""
+    if work_key is None:
+        return None
+    actual = hashlib.sha256(data).digest()
+    if actual != work_key:
+        return reject(
+            Reason.HASH_MISMATCH,
+            WORK_KEY,
+            "sha256 of the file differs from the submitted work key",
+            expected="0x" + work_key.hex(),
+            actual="0x" + actual.hex(),
+        )
+    return None
+
+
+def parse_file(data: bytes, config: ValidatorConfig) -> RolloutFile | Verdict:
+    """The parsed file, or a reason-2 verdict naming the format problem (truncated, corrupt, schema, ...)."""
+    try:
+        return read_rollouts(
+            data, max_bytes=config.max_file_bytes, max_rows=config.max_rows, max_tokens=config.max_tokens
+        )
+    except RolloutFormatError as exc:
+        return reject(Reason.BAD_FORMAT, FORMAT, str(exc), problem=str(exc.problem), row=exc.row)
+
+
+def check_metadata(
+    file: RolloutFile,
+    *,
+    task_spec_hash: bytes,
+    sampling: SamplingParams,
+    pool_id: int | None,
+    node: str | None,
+    units: int | None,
+) -> Verdict | None:
+    """The file is for this pool and task, by this node, claims the task's sampling and the units paid for.
+
+    `pool_id`, `node` (the on-chain submitter) and `units` (as submitted) are skipped when None. Inflated units
+    are a format error (reason 2, DESIGN section 6), as is a file whose rows claim different policy steps.
+    """
+    meta = file.meta
+    if pool_id is not None and meta.pool_id != pool_id:
+        return _bad_meta("the file is for another pool", "pool_id", pool_id, meta.pool_id)
+    if node is not None and meta.node.lower() != node.lower():
+        return _bad_meta("the file names another node than its submitter", "node", node, meta.node)
+    if meta.task_spec_hash != task_spec_hash:
+        return _bad_meta(
+            "the file was scored with another task spec",
+            "task_spec_hash",
+            "0x" + task_spec_hash.hex(),
+            "0x" + meta.task_spec_hash.hex(),
+        )
+    claimed = (meta.sampling.temperature, meta.sampling.top_p, meta.sampling.max_tokens)
+    required = (sampling.temperature, sampling.top_p, sampling.max_tokens)
+    if claimed != required:
+        return _bad_meta("the file claims other sampling parameters than the task's", "sampling", required, claimed)
+    steps = sorted({row.step for row in file.rows})
+    if len(steps) != 1:
+        return reject(Reason.BAD_FORMAT, METADATA, "the rows claim different policy steps", steps=steps[:16])
+    if units is not None and work_units(file.rows) != units:
+        return _bad_meta(
+            "the submitted units differ from the file's output tokens", "units", units, work_units(file.rows)
+        )
+    return None
+
+
+def _bad_meta(detail: str, name: str, expected: Any, found: Any) -> Verdict:
+    return reject(
+        Reason.BAD_FORMAT,
+        METADATA,
+        f"{detail}: {name} {found}, expected {expected}",
+        field=name,
+        expected=expected,
+        found=found,
+    )
+
+
+def check_step(step: int, current_step: int | None, async_level: int) -> Verdict | None:
+    """Rollouts count only while their policy is at most `async_level` steps behind (DESIGN section 8)."""
+    if current_step is None or current_step - async_level <= step <= current_step:
+        return None
+    return reject(
+        Reason.STALE_STEP,
+        STEP,
+        f"the file is from step {step}, outside [{current_step - async_level}, {current_step}]",
+        step=step,
+        current_step=current_step,
+        async_level=async_level,
+    )
+
+
+def group_shape(rows: Sequence[RolloutRow]) -> tuple[int, int] | Verdict:
+    """(groups, samples per group) of a file laid out as the plan is: group g's rows are rows g*G .. g*G+G-1.
+
+    Every group has the same size, because a job draws the same number of samples for every prompt; so a
+    worker cannot pad the easy prompts with extra samples or drop the hard ones.
+    """
+    groups = sorted({row.group for row in rows})
+    if groups != list(range(len(groups))) or len(rows) % len(groups):
+        return reject(
+            Reason.WRONG_ASSIGNMENT,
+            ASSIGNMENT,
+            "groups must be numbered 0.. and all hold the same number of rows",
+            groups=len(groups),
+            rows=len(rows),
+        )
+    size = len(rows) // len(groups)
+    for index, row in enumerate(rows):
+        if row.group != index // size:
+            return reject(
+                Reason.WRONG_ASSIGNMENT,
+                ASSIGNMENT,
+                f"row {index} belongs to group {index // size} of {size} rows, not to group {row.group}",
+                row=index,
+                expected=index // size,
+                found=row.group,
+            )
+    return len(groups), size
+
+
+def plan_for(
+    meta: RolloutMeta, step: int, shape: tuple[int, int], spec: TaskSpec, source: TaskSource, tokenizer: Any
+) -> list[PlannedPrompt] | Verdict:
+    """The deterministic plan of the file's job, or reason 3 when no assignment of that size exists."""
+    job = Job(meta.pool_id, meta.node, step, meta.counter, prompts=shape[0], group_size=shape[1])
+    try:
+        return plan_rollouts(job, spec, source, tokenizer)
+    except AssignmentError as exc:
+        return reject(Reason.WRONG_ASSIGNMENT, ASSIGNMENT, str(exc), groups=shape[0])
+
+
+def assigned_plan(
+    rows: Sequence[RolloutRow], meta: RolloutMeta, step: int, spec: TaskSpec, source: TaskSource, tokenizer: Any
+) -> list[PlannedPrompt] | Verdict:
+    """The file's plan when its rows follow it exactly (layout, problems, prompts, seeds, targets); else reason 3."""
+    shape = group_shape(rows)
+    if isinstance(shape, Verdict):
+        return shape
+    plan = plan_for(meta, step, shape, spec, source, tokenizer)
+    if isinstance(plan, Verdict):
+        return plan
+    return check_assignment(rows, plan) or plan
+
+
+def check_assignment(rows: Sequence[RolloutRow], plan: Sequence[PlannedPrompt]) -> Verdict | None:
+    """Every row answers its planned problem with the planned prompt tokens, seed and target length."""
+    size = len(rows) // len(plan)
+    for index, row in enumerate(rows):
+        planned = plan[index // size]
+        target = NO_TARGET_LENGTH if planned.target_length is None else planned.target_length
+        for name, expected, found in (
+            ("problem_id", planned.problem.id, row.problem_id),
+            ("seed", planned.seeds[index % size], row.seed),
+            ("target_length", target, row.target_length),
+        ):
+            if expected != found:
+                return _wrong(index, name, expected, found)
+        if row.input_tokens != list(planned.prompt_tokens):
+            first = next(
+                (i for i, (a, b) in enumerate(zip(planned.prompt_tokens, row.input_tokens, strict=False)) if a != b),
+                min(len(planned.prompt_tokens), len(row.input_tokens)),
+            )
+            return reject(
+                Reason.WRONG_ASSIGNMENT,
+                ASSIGNMENT,
+                f"row {index}: input_tokens differ from the planned prompt at token {first}",
+                row=index,
+                field="input_tokens",
+                position=first,
+                expected_length=len(planned.prompt_tokens),
+                found_length=len(row.input_tokens),
+            )
+    return None
+
+
+def _wrong(row: int, name: str, expected: Any, found: Any) -> Verdict:
+    return reject(
+        Reason.WRONG_ASSIGNMENT,
+        ASSIGNMENT,
+        f"row {row}: {name} is not the assigned one",
+        row=row,
+        field=name,
+        expected=expected,
+        found=found,
+    )
+
+
+def check_sampling_sanity(
+    rows: Sequence[RolloutRow], *, max_tokens: int, vocab_size: int, eos_token_ids: Sequence[int]
+) -> Verdict | None:
+    """Token ids in the vocabulary, lengths within max_tokens, and EOS where finish_reason says.
+
+    "stop": the last token is an EOS and no EOS precedes it; "length": exactly max_tokens tokens and no EOS.
+    (Prompt ids need no check here: the assignment check made them equal to the planned prompt.)
+    """
+    eos = frozenset(eos_token_ids)
+    for index, row in enumerate(rows):
+        tokens = row.output_tokens
+        outside = next((i for i, t in enumerate(tokens) if t >= vocab_size), None)
+        if outside is not None:
+            return _insane(index, f"output token {tokens[outside]} is outside the vocabulary", outside, vocab_size)
+        if len(tokens) > max_tokens:
+            return _insane(index, f"{len(tokens)} output tokens, more than max_tokens {max_tokens}", None, None)
+        first_eos = next((i for i, t in enumerate(tokens) if t in eos), None)
+        if row.finish_reason == "stop" and first_eos != len(tokens) - 1:
+            detail = "finish_reason is stop but " + (
+                "no output token is an EOS" if first_eos is None else f"the first EOS is at position {first_eos}"
+            )
+            return _insane(index, detail, first_eos, len(tokens))
+        if row.finish_reason == "length" and (first_eos is not None or len(tokens) != max_tokens):
+            detail = "finish_reason is length but " + (
+                f"position {first_eos} is an EOS" if first_eos is not None else f"only {len(tokens)} tokens"
+            )
+            return _insane(index, detail, first_eos, len(tokens))
+    return None
+
+
+def _insane(row: int, detail: str, position: int | None, limit: int | None) -> Verdict:
+    return reject(
+        Reason.INVALID_SAMPLING, SAMPLING_SANITY, f"row {row}: {detail}", row=row, position=position, limit=limit
+    )
+
+
+def check_rewards(
+    rows: Sequence[RolloutRow], plan: Sequence[PlannedPrompt], spec: TaskSpec, source: TaskSource, tokenizer: Any
+) -> Verdict | None:
+    """reward, task_reward and length_penalty recomputed with the task's verifier equal the row's, as float32."""
+    size = len(rows) // len(plan)
+    for index, row in enumerate(rows):
+        planned = plan[index // size]
+        text = completion_text(tokenizer, row.output_tokens)
+        score = score_completion(source, spec, planned.problem, text, len(row.output_tokens), planned.target_length)
+        for name, recomputed in (
+            ("reward", score.reward),
+            ("task_reward", score.task_reward),
+            ("length_penalty", score.length_penalty),
+        ):
+            claimed = getattr(row, name)
+            if np.float32(claimed) != np.float32(recomputed):
+                return reject(
+                    Reason.REWARD_MISMATCH,
+                    REWARDS,
+                    f"row {index}: {name} {claimed} recorded, {recomputed} recomputed",
+                    row=index,
+                    field=name,
+                    claimed=claimed,
+                    recomputed=recomputed,
+                )
+    return None
+
+
+def check_model_hash(claimed: bytes, checkpoint_hash: bytes) -> Verdict | None:
+    """The file must claim the weights the validator proves against (a cheap test before any prefill)."""
+    if claimed == checkpoint_hash:
+        return None
+    return reject(
+        Reason.PROOF_INVALID,
+        MODEL,
+        "the file was generated with other weights than the checkpoint's",
+        claimed="0x" + claimed.hex(),
+        checkpoint="0x" + checkpoint_hash.hex(),
+    )
+
+
+def prefill_outputs(
+    model: PreTrainedModel, rows: Sequence[RolloutRow], batch_size: int
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(row index, hidden (n_out, H), logits (n_out, V)) at the positions that sampled each output token.
+
+    One prefill of prompt + completion minus its last token: its last n_out positions are len(prompt) - 1 ..
+    len(prompt) + n_out - 2. Rows are left-padded in batches, with explicit position ids that start every row
+    at 0, as the worker's `TorchBackend` does, so batching changes the numbers by float rounding only.
+    """
+    device = model.device
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        sequences = [row.input_tokens + row.output_tokens[:-1] for row in batch]
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(batch), width), _PAD_ID, dtype=torch.int64)  # (B, T), left-padded
+        mask = torch.zeros((len(batch), width), dtype=torch.int64)  # (B, T), 1 on real tokens
+        for i, sequence in enumerate(sequences):
+            input_ids[i, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.int64)
+            mask[i, width - len(sequence) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        out = forward_hidden(
+            model, input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)
+        )
+        for i, row in enumerate(batch):
+            n_out = len(row.output_tokens)
+            yield start + i, out.hidden[i, width - n_out :], out.logits[i, width - n_out :]  # (n, H), (n, V)
+
+
+@dataclass(frozen=True)
+class ProofHeadroom:
+    """The largest of each TOPLOC statistic over every chunk of an accepted file: how close honest work came to
+    the thresholds (a daemon logs it; calibration reads it)."""
+
+    exp_mismatches: int = 0
+    mant_err_mean: float = 0.0
+    mant_err_median: float = 0.0
+
+    def including(self, chunks: Iterable[ChunkResult]) -> ProofHeadroom:
+        worst = self
+        for c in chunks:
+            worst = ProofHeadroom(
+                max(worst.exp_mismatches, c.exp_mismatches),
+                max(worst.mant_err_mean, c.mant_err_mean),
+                max(worst.mant_err_median, c.mant_err_median),
+            )
+        return worst
+
+
+def check_row_recomputed(
+    index: int,
+    row: RolloutRow,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    config: ValidatorConfig,
+) -> Verdict | ProofCheck:
+    """The row's proof against the recomputed hidden states (7), then its tokens and log-probs against the
+    recomputed logits under the claimed sampling (5); the passing proof check when all hold.
+    hidden (n_out, H), logits (n_out, V)."""
+    proof = verify_proof(hidden, row.proofs, config.thresholds)
+    if not proof.ok:
+        return _proof_rejected(index, proof, config.thresholds)
+    tokens = torch.tensor(row.output_tokens, dtype=torch.int64, device=logits.device)  # (n_out,)
+    positions = torch.arange(len(row.output_tokens), dtype=torch.int64, device=logits.device)  # (n_out,)
+    sampled = check_sampled(logits, tokens, row.seed, positions, params, config.sampling_margin)
+    if sampled.ok:
+        sampled = check_logprobs(logits, tokens, row.output_logprobs, params, config.logprob_atol)
+    if sampled.ok:
+        return proof
+    return reject(
+        Reason.INVALID_SAMPLING, MODEL, f"row {index}: {sampled.detail}", row=index, position=sampled.first_bad_position
+    )
+
+
+def _proof_rejected(index: int, proof: ProofCheck, thresholds: ProofThresholds) -> Verdict:
+    chunk = proof.first_bad_chunk or 0
+    if proof.malformed is not None:
+        return reject(Reason.PROOF_INVALID, MODEL, f"row {index}: {proof.malformed}", row=index, chunk=chunk)
+    result = proof.chunks[chunk]
+    return reject(
+        Reason.PROOF_INVALID,
+        MODEL,
+        f"row {index}: TOPLOC chunk {chunk} does not match the checkpoint's hidden states",
+        row=index,
+        chunk=chunk,
+        exp_mismatches=result.exp_mismatches,
+        mant_err_mean=result.mant_err_mean,
+        mant_err_median=result.mant_err_median,
+        thresholds={
+            "max_exp_mismatches": thresholds.max_exp_mismatches,
+            "max_mant_err_mean": thresholds.max_mant_err_mean,
+            "max_mant_err_median": thresholds.max_mant_err_median,
+        },
+    )
+
+
+def check_model(
+    rows: Sequence[RolloutRow], meta: RolloutMeta, checkpoint: LoadedModel, config: ValidatorConfig
+) -> Verdict | ProofHeadroom:
+    """The claimed weights are the checkpoint's, then every row recomputed with it holds; the first failure decides."""
+    if verdict := check_model_hash(meta.model_hash, checkpoint.model_hash):
+        return verdict
+    sampling = meta.sampling
+    params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens)
+    headroom = ProofHeadroom()
+    for index, hidden, logits in prefill_outputs(checkpoint.model, rows, config.prefill_batch_size):
+        result = check_row_recomputed(index, rows[index], hidden, logits, params, config)
+        if isinstance(result, Verdict):
+            return result
+        headroom = headroom.including(result.chunks)
+    return headroom

@@ -1,0 +1,74 @@
+"""`ValidatorConfig`: the limits and tolerances one validator applies to every file, validated at start-up.
+
+The tolerances are calibrated for the device class the validator recomputes on (docs/verification.md): the
+defaults are for float32 on CPU, where recomputation agrees with the worker to about 1e-6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from node.errors import NodeError
+from node.proofs import ProofThresholds
+from node.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
+
+MAX_ASYNC_LEVEL = 1 << 16
+MAX_FILE_BYTES = 1 << 30  # no pool should accept more than this per upload
+MAX_PREFILL_BATCH = 1024
+
+
+class ValidatorConfigError(NodeError, ValueError):
+    """A validator setting is out of its range; names the field, the value and the rule."""
+
+    def __init__(self, name: str, value: object, rule: str) -> None:
+        super().__init__(f"ValidatorConfig.{name} must be {rule}, got {value!r}")
+        self.name = name
+        self.value = value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real number that is not a bool; NaN fails every range test below, so it needs no case of its own."""
+    return _is_int(value) or isinstance(value, float)
+
+
+@dataclass(frozen=True)
+class ValidatorConfig:
+    """How strictly a validator checks files, and how much it is willing to read."""
+
+    # Files from steps >= current - async_level are accepted (DESIGN section 8), in [0, MAX_ASYNC_LEVEL].
+    async_level: int = 2
+    # TOPLOC limits per 32-token chunk; cpu_fp32 for a float32 CPU validator, gpu_bf16 on a bf16 GPU.
+    thresholds: ProofThresholds = field(default_factory=ProofThresholds.cpu_fp32)
+    # Gumbel-score slack (logits / T units) when re-checking sampled tokens, in [0, 1]. Float32 CPU decode and
+    # prefill logits differ by ~1e-6 while the smallest honest best-vs-second gap seen was 2.4e-4: 1e-4 keeps a
+    # near-tie from slashing an honest node, and gives a cheater a free choice in ~1e-4 of the tokens.
+    sampling_margin: float = 1e-4
+    # Largest |recorded - recomputed| log-prob, in (0, 1]. Measured on float32 CPU: at most 9.5e-7.
+    logprob_atol: float = 1e-4
+    max_file_bytes: int = 64 << 20  # larger uploads are refused unread (reason 2), in [1, MAX_FILE_BYTES]
+    max_rows: int = DEFAULT_MAX_ROWS  # rows per file, >= 1
+    max_tokens: int = DEFAULT_MAX_TOKENS  # list values per file (prompt + output tokens + log-probs), >= 1
+    prefill_batch_size: int = 8  # rows recomputed per forward pass, in [1, MAX_PREFILL_BATCH]
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.async_level) and 0 <= self.async_level <= MAX_ASYNC_LEVEL):
+            raise ValidatorConfigError("async_level", self.async_level, f"an integer in [0, {MAX_ASYNC_LEVEL}]")
+        if not isinstance(self.thresholds, ProofThresholds):
+            raise ValidatorConfigError("thresholds", self.thresholds, "a node.proofs.ProofThresholds")
+        if not (_is_number(self.sampling_margin) and 0 <= self.sampling_margin <= 1):
+            raise ValidatorConfigError("sampling_margin", self.sampling_margin, "a number in [0, 1]")
+        if not (_is_number(self.logprob_atol) and 0 < self.logprob_atol <= 1):
+            raise ValidatorConfigError("logprob_atol", self.logprob_atol, "a number in (0, 1]")
+        if not (_is_int(self.max_file_bytes) and 1 <= self.max_file_bytes <= MAX_FILE_BYTES):
+            raise ValidatorConfigError("max_file_bytes", self.max_file_bytes, f"an integer in [1, {MAX_FILE_BYTES}]")
+        for name in ("max_rows", "max_tokens"):
+            if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
+                raise ValidatorConfigError(name, getattr(self, name), "an integer >= 1")
+        if not (_is_int(self.prefill_batch_size) and 1 <= self.prefill_batch_size <= MAX_PREFILL_BATCH):
+            raise ValidatorConfigError(
+                "prefill_batch_size", self.prefill_batch_size, f"an integer in [1, {MAX_PREFILL_BATCH}]"
+            )

@@ -1,0 +1,149 @@
+"""`verify_file`: one rollout file in, one verdict out. The function the validator daemon calls per submission.
+
+Checks run cheapest first and stop at the first rejection (DESIGN section 7):
+
+    size, work_key -> format, metadata -> step -> assignment -> sampling_sanity -> rewards -> model
+
+Everything before `model` costs milliseconds; `model` prefills every row once with the checkpoint and
+compares the TOPLOC proofs (reason 7), the sampled tokens and the log-probs (reason 5).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TypeVar
+
+from node.generation.generate import sampling_params
+from node.model.loading import LoadedModel
+from node.rollouts import work_units
+from node.tasks.sources import TaskSource, open_source
+from node.tasks.spec import TaskSpec, spec_hash
+from validator import checks
+from validator.config import ValidatorConfig
+from validator.verdict import Verdict, accept
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the chain and the pool say about a submission; None skips the comparison (offline checks)."""
+
+    work_key: bytes | None = None  # the submitted workKey: sha256 of the file
+    node: str | None = None  # the on-chain submitter
+    pool_id: int | None = None
+    units: int | None = None  # the submitted work units
+    current_step: int | None = None  # the pool's current policy step
+
+    def __post_init__(self) -> None:
+        if self.work_key is not None and len(self.work_key) != 32:
+            raise ValueError(f"Expected.work_key must be 32 bytes, got {len(self.work_key)}")
+        for name in ("pool_id", "units", "current_step"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"Expected.{name} must be >= 0, got {value}")
+
+
+class _Timer:
+    """Seconds spent per check, in the order the checks ran."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+
+    def run(self, name: str, check: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return check()
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - started
+
+
+def verify_file(
+    data: bytes,
+    *,
+    spec: TaskSpec,
+    checkpoint: LoadedModel,
+    config: ValidatorConfig | None = None,
+    expected: Expected | None = None,
+    source: TaskSource | None = None,
+) -> Verdict:
+    """The verdict on one file's bytes. `checkpoint` holds the weights of the file's policy step.
+
+    `source` is the task's opened problem source (opened from `spec` when None; a daemon opens it once).
+    A bad file never raises: it gets a rejecting verdict. Only validator-side failures raise (a task source
+    whose scorer cannot run, say the code sandbox without Docker).
+    """
+    config = config or ValidatorConfig()
+    expected = expected or Expected()
+    timer = _Timer()
+    verdict = _run_checks(data, spec, checkpoint, config, expected, source, timer)
+    return verdict.with_timings(timer.timings)
+
+
+def _run_checks(
+    data: bytes,
+    spec: TaskSpec,
+    checkpoint: LoadedModel,
+    config: ValidatorConfig,
+    expected: Expected,
+    source: TaskSource | None,
+    timer: _Timer,
+) -> Verdict:
+    if verdict := timer.run(checks.SIZE, lambda: checks.check_size(data, config.max_file_bytes)):
+        return verdict
+    if verdict := timer.run(checks.WORK_KEY, lambda: checks.check_work_key(data, expected.work_key)):
+        return verdict
+    parsed = timer.run(checks.FORMAT, lambda: checks.parse_file(data, config))
+    if isinstance(parsed, Verdict):
+        return parsed
+    meta, rows = parsed.meta, parsed.rows
+    if verdict := timer.run(
+        checks.METADATA,
+        lambda: checks.check_metadata(
+            parsed,
+            task_spec_hash=spec_hash(spec),
+            sampling=sampling_params(spec),
+            pool_id=expected.pool_id,
+            node=expected.node,
+            units=expected.units,
+        ),
+    ):
+        return verdict
+    step = rows[0].step  # the metadata check made every row's step equal
+    if verdict := timer.run(checks.STEP, lambda: checks.check_step(step, expected.current_step, config.async_level)):
+        return verdict
+    task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))
+    plan = timer.run(
+        checks.ASSIGNMENT, lambda: checks.assigned_plan(rows, meta, step, spec, task, checkpoint.tokenizer)
+    )
+    if isinstance(plan, Verdict):
+        return plan
+    if verdict := timer.run(
+        checks.SAMPLING_SANITY,
+        lambda: checks.check_sampling_sanity(
+            rows,
+            max_tokens=meta.sampling.max_tokens,
+            vocab_size=checkpoint.vocab_size,
+            eos_token_ids=checkpoint.eos_token_ids,
+        ),
+    ):
+        return verdict
+    if verdict := timer.run(checks.REWARDS, lambda: checks.check_rewards(rows, plan, spec, task, checkpoint.tokenizer)):
+        return verdict
+    headroom = timer.run(checks.MODEL, lambda: checks.check_model(rows, meta, checkpoint, config))
+    if isinstance(headroom, Verdict):
+        return headroom
+    return accept(
+        f"{len(rows)} rows in {len(plan)} groups passed every check",
+        work_key="0x" + parsed.work_key.hex(),
+        pool_id=meta.pool_id,
+        node=meta.node,
+        step=step,
+        counter=meta.counter,
+        rows=len(rows),
+        groups=len(plan),
+        units=work_units(rows),
+        proof_worst=asdict(headroom),  # the largest TOPLOC statistics of any chunk: the margin to the thresholds
+    )
