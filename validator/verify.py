@@ -20,7 +20,7 @@ from node.model.loading import LoadedModel
 from node.rollouts import work_units
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, spec_hash
-from validator import checks
+from validator import checks, recompute
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict, accept
 
@@ -132,7 +132,7 @@ def _run_checks(
         return verdict
     if verdict := timer.run(checks.REWARDS, lambda: checks.check_rewards(rows, plan, spec, task, checkpoint.tokenizer)):
         return verdict
-    headroom = timer.run(checks.MODEL, lambda: checks.check_model(rows, meta, checkpoint, config))
+    headroom = timer.run(checks.MODEL, lambda: recompute.check_model(rows, meta, checkpoint, config))
     if isinstance(headroom, Verdict):
         return headroom
     return accept(

@@ -1,0 +1,98 @@
+"""What proofs cost, from one run: proof building against generation, validation against generation, and
+proof size. Run: `.venv/bin/python benchmarks/proofs.py [--model DIR] [--prompts 16] [--group 4]`.
+
+Generation here is the worker's whole sampling loop (TorchBackend, KV cache); proof building is
+`node.proofs.build_proof` over every row's hidden states; validation is `validator.verify.verify_file`
+on the written file, every check included (format, assignment, rewards, prefill, TOPLOC, sampling).
+Each phase runs `--repeats` times and the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from node.generation.generate import Generated, generate_rollouts, sampling_params
+from node.generation.plan import Job, plan_rollouts
+from node.inference.base import GenerationRequest
+from node.inference.torch_backend import TorchBackend
+from node.model.loading import load_model
+from node.model.tiny import init_model
+from node.proofs import PROOF_CHUNK, build_proof
+from node.rollouts import encode_rollouts
+from node.tasks.sources import open_source
+from node.tasks.spec import load_task_spec
+from validator.config import ValidatorConfig
+from validator.verify import Expected, verify_file
+
+REPO = Path(__file__).resolve().parent.parent
+NODE = "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65"
+
+
+def median_seconds(action, repeats: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
+    parser.add_argument("--task", type=Path, default=REPO / "configs" / "tasks" / "default.toml")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady numbers on a busy machine)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model or init_model(Path(scratch) / "tiny", seed=0)
+        loaded = load_model(model_dir)
+        spec = load_task_spec(args.task)
+        source = open_source(spec)
+        backend = TorchBackend.from_loaded(loaded, max_batch_size=16)
+        job = Job(pool_id=1, node=NODE, step=0, counter=0, prompts=args.prompts, group_size=args.group)
+        plan = plan_rollouts(job, spec, source, loaded.tokenizer)
+        requests = [GenerationRequest(list(p.prompt_tokens), seed) for p in plan for seed in p.seeds]
+
+        generation_s, completions = median_seconds(
+            lambda: backend.generate(requests, sampling_params(spec)), args.repeats
+        )
+        proof_s, proofs = median_seconds(lambda: [build_proof(c.hidden) for c in completions], args.repeats)  # type: ignore[union-attr]
+        generated: Generated = generate_rollouts(job, spec, source, loaded, backend)
+        data = encode_rollouts(generated.meta, generated.rows)
+        config = ValidatorConfig()
+        expected = Expected(node=NODE, pool_id=1, current_step=0)
+        validation_s, verdict = median_seconds(
+            lambda: verify_file(data, spec=spec, checkpoint=loaded, config=config, expected=expected, source=source),
+            args.repeats,
+        )
+
+    tokens = sum(len(row.output_tokens) for row in generated.rows)
+    chunks = sum(-(-len(row.output_tokens) // PROOF_CHUNK) for row in generated.rows)
+    proof_bytes = sum(len(p) for p in proofs)  # type: ignore[union-attr]
+    print(
+        f"file: {len(generated.rows)} completions ({args.prompts} prompts x {args.group}), {tokens} output tokens, "
+        f"{len(data):,} bytes; model {loaded.hidden_size} hidden, {args.threads} thread(s); verdict "
+        f"{'accepted' if verdict.accepted else 'REJECTED ' + str(verdict.reason)}"
+    )  # type: ignore[union-attr]
+    print(f"{'phase':<28}{'seconds':>10}{'/ generation':>15}")
+    print(f"{'generation':<28}{generation_s:>10.3f}{1.0:>15.3f}")
+    print(f"{'proof building':<28}{proof_s:>10.4f}{proof_s / generation_s:>15.4f}   goal < 0.02")
+    print(f"{'validation (all checks)':<28}{validation_s:>10.3f}{validation_s / generation_s:>15.3f}")
+    print(
+        f"proof bytes per {PROOF_CHUNK} tokens: {proof_bytes / chunks:.0f} ({proof_bytes:,} bytes over {chunks} chunks)"
+    )
+
+
+if __name__ == "__main__":
+    main()
