@@ -31,12 +31,9 @@ def forward_hidden(
     Works for any `*ForCausalLM` whose body is `model.model` and head `model.lm_head` (Qwen2, Llama, ...).
     """
     body = model.get_decoder()
+    cache = {} if past_key_values is None else {"past_key_values": past_key_values}  # None is deprecated there
     out = body(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past_key_values,
-        use_cache=use_cache,
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **cache
     )
     hidden = out.last_hidden_state  # (B, T, H)
     logits = model.get_output_embeddings()(hidden).float()  # (B, T, V)
