@@ -22,7 +22,7 @@ from node.generation.plan import Job, plan_rollouts
 from node.inference.base import GenerationRequest
 from node.inference.torch_backend import TorchBackend
 from node.model.loading import load_model
-from node.model.tiny import init_model
+from node.model.tiny import TinyModelConfig, init_model
 from node.proofs import PROOF_CHUNK, build_proof
 from node.rollouts import encode_rollouts
 from node.tasks.sources import open_source
@@ -31,6 +31,14 @@ from validator.config import ValidatorConfig
 from validator.verify import Expected, verify_file
 
 REPO = Path(__file__).resolve().parent.parent
+# A proof's cost is per 32-token chunk and independent of the model, while generation grows with it: the
+# embedded 1.2M-parameter model is the worst case, `--size 25m` shows a model where a token costs something.
+SIZES = {
+    "tiny": TinyModelConfig(),
+    "25m": TinyModelConfig(
+        hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
+    ),
+}
 NODE = "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65"
 
 
@@ -45,7 +53,8 @@ def median_seconds(action, repeats: int) -> tuple[float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="model directory (default: a fresh tiny model)")
+    parser.add_argument("--model", type=Path, help="model directory (default: a fresh model of --size)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="shape of the fresh model")
     parser.add_argument("--task", type=Path, default=REPO / "configs" / "tasks" / "default.toml")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group", type=int, default=4)
@@ -55,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model or init_model(Path(scratch) / "tiny", seed=0)
+        model_dir = args.model or init_model(Path(scratch) / "model", seed=0, config=SIZES[args.size])
         loaded = load_model(model_dir)
         spec = load_task_spec(args.task)
         source = open_source(spec)
