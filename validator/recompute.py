@@ -59,12 +59,17 @@ def prefill_outputs(
             input_ids[i, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.int64)
             mask[i, width - len(sequence) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        longest = max(len(row.output_tokens) for row in batch)
         out = forward_hidden(
-            model, input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)
+            model,
+            input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            logits_last=longest,  # (B, longest, V): the head only where outputs were sampled
         )
         for i, row in enumerate(batch):
             n_out = len(row.output_tokens)
-            yield start + i, out.hidden[i, width - n_out :], out.logits[i, width - n_out :]  # (n, H), (n, V)
+            yield start + i, out.hidden[i, width - n_out :], out.logits[i, longest - n_out :]  # (n, H), (n, V)
 
 
 @dataclass(frozen=True)

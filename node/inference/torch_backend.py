@@ -104,7 +104,9 @@ class TorchBackend:
         seeds = torch.tensor([seed_to_int64(r.seed) for r in requests], dtype=torch.int64, device=self.device)
         next_position = torch.tensor(lengths, dtype=torch.int64, device=self.device).unsqueeze(-1)  # (B, 1)
 
-        out = forward_hidden(self.model, input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = forward_hidden(
+            self.model, input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_last=1
+        )
         cache = out.past_key_values
         logits, hidden = out.logits[:, -1], out.hidden[:, -1]  # (b, V), (b, H): they sample output token 0
         rows = list(range(batch))  # batch index -> request index of the rows still generating
