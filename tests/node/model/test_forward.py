@@ -14,7 +14,7 @@ def test_logits_last_gives_the_tail_of_the_full_logits() -> None:
     full = forward_hidden(model, ids)
     tail = forward_hidden(model, ids, logits_last=3)
     assert tail.logits.shape == (2, 3, full.logits.shape[-1])
-    assert torch.equal(tail.logits, full.logits[:, -3:])
+    assert torch.allclose(tail.logits, full.logits[:, -3:], atol=1e-5)  # same math, other BLAS blocking
     assert torch.equal(tail.hidden, full.hidden)  # hidden states stay complete: proofs need every position
 
 
