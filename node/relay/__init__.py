@@ -1,0 +1,79 @@
+"""SHARDCAST: checkpoint distribution through relays (DESIGN section 9), and the relay package's exception tree.
+
+Every error raised by `node.relay` derives from `RelayError`; the leaves carry the step, file and shard index a
+person needs to find the offending bytes. The modules: `manifest` (what a checkpoint version is, pure),
+`store` (versions on a relay's disk, and the client-side assembler of a partial download).
+"""
+
+from __future__ import annotations
+
+from node.errors import NodeError
+
+
+class RelayError(NodeError):
+    """Base of every error raised by the relay package."""
+
+
+class ManifestError(RelayError):
+    """A manifest (or the checkpoint directory it is built from) is malformed, unsafe or over a limit."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"bad manifest: {reason}")
+        self.reason = reason
+
+
+class ShardHashMismatch(RelayError):
+    """A shard's bytes do not hash to the manifest's sha256; nothing was written."""
+
+    def __init__(self, file: str, index: int, expected: str, actual: str) -> None:
+        super().__init__(f"shard {file}[{index}] hash mismatch: expected {expected}, got {actual}")
+        self.file, self.index, self.expected, self.actual = file, index, expected, actual
+
+
+class FileHashMismatch(RelayError):
+    """A whole file does not hash (or size) to the manifest's value although its shards did, or its source did not."""
+
+    def __init__(self, file: str, expected: str, actual: str) -> None:
+        super().__init__(f"file {file} hash mismatch: expected {expected}, got {actual}")
+        self.file, self.expected, self.actual = file, expected, actual
+
+
+class UnknownShard(RelayError):
+    """A (file, index) that the manifest does not list."""
+
+    def __init__(self, file: str, index: int) -> None:
+        super().__init__(f"no shard {file}[{index}] in the manifest")
+        self.file, self.index = file, index
+
+
+class VersionNotFound(RelayError):
+    """The store holds no version with this step."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"no version {step} in the store")
+        self.step = step
+
+
+class VersionExists(RelayError):
+    """The store already holds this step with a different manifest."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"version {step} already stored with a different manifest")
+        self.step = step
+
+
+class IncompleteCheckpoint(RelayError):
+    """`finish()` was called while shards are still missing."""
+
+    def __init__(self, missing: list[tuple[str, int]]) -> None:
+        shown = ", ".join(f"{f}[{i}]" for f, i in missing[:5])
+        super().__init__(f"{len(missing)} shards missing ({shown}{', ...' if len(missing) > 5 else ''})")
+        self.missing = missing
+
+
+class TargetExists(RelayError):
+    """The final checkpoint path already exists; it is never overwritten."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} already exists; remove it or choose another --out")
+        self.path = path

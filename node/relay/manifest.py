@@ -1,0 +1,258 @@
+"""Checkpoint manifests: which files a version holds, and the sha256 of each file and of each of its shards.
+
+A file of `size` bytes is cut into `ceil(size / shard_size)` shards; shard i covers `[i * shard_size, ...)` and
+only the last one may be shorter (an empty file has no shards). The canonical encoding is JSON with sorted keys,
+no whitespace and lower-case hex hashes; `manifest_hash` (sha256 of those bytes) is what the trainer signs as
+`Checkpoint(poolId, step, manifestHash)` (DESIGN section 5). `parse_manifest` reads bytes from an untrusted
+relay: it checks every key, type, range and shard boundary, and bounds the work before doing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.relay import ManifestError
+
+FORMAT_VERSION = 1
+DEFAULT_SHARD_SIZE = 8 * 1024 * 1024
+MIN_SHARD_SIZE = 1024
+MAX_SHARD_SIZE = 1024 * 1024 * 1024
+MAX_NAME_BYTES = 255
+_READ_CHUNK = 1024 * 1024  # bounds memory while hashing shards larger than this
+_HEX = frozenset("0123456789abcdef")
+_MAX_DEPTH = 8  # a manifest nests 5 deep; deeper input is refused before json.loads can overflow the C stack
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    index: int
+    offset: int
+    size: int
+    sha256: bytes  # 32 raw bytes; hex on the wire
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    name: str
+    size: int
+    sha256: bytes
+    shards: tuple[ShardInfo, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    pool_id: int  # uint256
+    step: int  # uint64
+    shard_size: int
+    files: tuple[ManifestFile, ...]
+    format_version: int = FORMAT_VERSION
+
+    def file(self, name: str) -> ManifestFile | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def check_name(name: str) -> None:
+    """Refuse a file name that could leave the version directory or hide in it (shared by build and parse)."""
+    if not name or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise ManifestError(f"file name {name!r} is empty or longer than {MAX_NAME_BYTES} bytes")
+    if name.startswith(".") or ".." in name or "/" in name or "\\" in name or any(ord(c) < 0x20 for c in name):
+        raise ManifestError(f"unsafe file name {name!r}")
+
+
+def _hash_file(path: Path, name: str, shard_size: int) -> ManifestFile:
+    """One pass over the file: the whole-file hash and each shard's hash grow from the same reads."""
+    whole = hashlib.sha256()
+    shards: list[ShardInfo] = []
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            shard = hashlib.sha256()
+            size = 0
+            while size < shard_size:
+                chunk = f.read(min(_READ_CHUNK, shard_size - size))
+                if not chunk:
+                    break
+                shard.update(chunk)
+                whole.update(chunk)
+                size += len(chunk)
+            if size == 0:
+                break
+            shards.append(ShardInfo(len(shards), offset, size, shard.digest()))
+            offset += size
+            if size < shard_size:
+                break
+    return ManifestFile(name, offset, whole.digest(), tuple(shards))
+
+
+def build_manifest(
+    checkpoint_dir: str | os.PathLike[str], *, pool_id: int, step: int, shard_size: int = DEFAULT_SHARD_SIZE
+) -> Manifest:
+    """Manifest of every regular file directly in `checkpoint_dir`, sorted by name.
+
+    Requirements: no subdirectories, symlinks or other non-regular entries, and only safe names (`check_name`).
+    """
+    _check_int("pool_id", pool_id, 0, 2**256 - 1)
+    _check_int("step", step, 0, 2**64 - 1)
+    _check_int("shard_size", shard_size, MIN_SHARD_SIZE, MAX_SHARD_SIZE)
+    root = Path(checkpoint_dir)
+    files: list[ManifestFile] = []
+    with os.scandir(root) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            check_name(entry.name)
+            if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                raise ManifestError(f"{entry.name!r} in {root} is not a regular file (symlink or directory?)")
+            files.append(_hash_file(Path(entry.path), entry.name, shard_size))
+    return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files))
+
+
+def _to_json(m: Manifest) -> dict[str, Any]:
+    return {
+        "format_version": m.format_version,
+        "pool_id": m.pool_id,
+        "step": m.step,
+        "shard_size": m.shard_size,
+        "files": [
+            {
+                "name": f.name,
+                "size": f.size,
+                "sha256": f.sha256.hex(),
+                "shards": [
+                    {"index": s.index, "offset": s.offset, "size": s.size, "sha256": s.sha256.hex()} for s in f.shards
+                ],
+            }
+            for f in m.files
+        ],
+    }
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    """Canonical bytes: sorted keys, no whitespace, ASCII only (non-ASCII names are \\u-escaped)."""
+    return json.dumps(_to_json(m), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def manifest_hash(m: Manifest) -> bytes:
+    """sha256 of the canonical encoding: the `manifestHash` the trainer signs."""
+    return hashlib.sha256(encode_manifest(m)).digest()
+
+
+def _check_int(what: str, value: object, lo: int, hi: int) -> int:
+    if type(value) is not int or not lo <= value <= hi:  # `type is` refuses bools, which JSON-wise are not ints
+        raise ManifestError(f"{what} must be an integer in [{lo}, {hi}], got {value!r:.80}")
+    return value
+
+
+def _check_obj(what: str, value: object, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{what} must be an object")
+    if set(value) != keys:
+        raise ManifestError(f"{what} keys must be exactly {sorted(keys)}, got {sorted(value)[:20]}")
+    return value
+
+
+def _check_hex(what: str, value: object) -> bytes:
+    if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
+        raise ManifestError(f"{what} must be 64 lower-case hex characters, got {value!r:.80}")
+    return bytes.fromhex(value)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ManifestError("duplicate key in an object")
+    return obj
+
+
+def _no_constant(name: str) -> None:
+    raise ManifestError(f"{name} is not valid JSON")
+
+
+def _no_float(text: str) -> None:
+    raise ManifestError(f"{text:.40} is not an integer; the manifest holds integers only")
+
+
+def parse_manifest(
+    data: bytes, *, max_bytes: int = 1024 * 1024, max_files: int = 1000, max_total_bytes: int = 64 * 1024**3
+) -> Manifest:
+    """Strictly parse untrusted manifest bytes; any problem raises `ManifestError` with the reason."""
+    if len(data) > max_bytes:
+        raise ManifestError(f"{len(data)} bytes is over the {max_bytes}-byte limit")
+    depth = 0
+    for token in _JSON_TOKEN.finditer(data):
+        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token.group(), 0)
+        if depth > _MAX_DEPTH:
+            raise ManifestError(f"nested deeper than {_MAX_DEPTH} levels")
+    try:
+        raw = json.loads(
+            data.decode("utf-8"),
+            object_pairs_hook=_no_duplicate_keys,
+            parse_constant=_no_constant,
+            parse_float=_no_float,
+        )
+    except ManifestError:
+        raise
+    except (
+        UnicodeDecodeError,
+        ValueError,
+        RecursionError,
+    ) as e:  # JSONDecodeError and int-digit limits are ValueErrors
+        raise ManifestError(f"not JSON: {e}") from None
+    top = _check_obj("manifest", raw, {"format_version", "pool_id", "step", "shard_size", "files"})
+    _check_int("format_version", top["format_version"], FORMAT_VERSION, FORMAT_VERSION)
+    pool_id = _check_int("pool_id", top["pool_id"], 0, 2**256 - 1)
+    step = _check_int("step", top["step"], 0, 2**64 - 1)
+    shard_size = _check_int("shard_size", top["shard_size"], MIN_SHARD_SIZE, MAX_SHARD_SIZE)
+    raw_files = top["files"]
+    if not isinstance(raw_files, list) or len(raw_files) > max_files:
+        raise ManifestError(f"files must be a list of at most {max_files} entries")
+    files: list[ManifestFile] = []
+    names: set[str] = set()
+    total = 0
+    for i, rf in enumerate(raw_files):
+        obj = _check_obj(f"files[{i}]", rf, {"name", "size", "sha256", "shards"})
+        name = obj["name"]
+        if not isinstance(name, str):
+            raise ManifestError(f"files[{i}].name must be a string")
+        check_name(name)
+        if name in names:
+            raise ManifestError(f"duplicate file name {name!r}")
+        names.add(name)
+        size = _check_int(f"{name}.size", obj["size"], 0, max_total_bytes)
+        total += size
+        if total > max_total_bytes:
+            raise ManifestError(f"total size is over the {max_total_bytes}-byte limit")
+        files.append(
+            ManifestFile(
+                name,
+                size,
+                _check_hex(f"{name}.sha256", obj["sha256"]),
+                _parse_shards(name, obj["shards"], size, shard_size),
+            )
+        )
+    return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files))
+
+
+def _parse_shards(name: str, raw: object, size: int, shard_size: int) -> tuple[ShardInfo, ...]:
+    count = -(-size // shard_size)
+    if not isinstance(raw, list) or len(raw) != count:
+        raise ManifestError(f"{name} must have exactly {count} shards for {size} bytes")
+    shards: list[ShardInfo] = []
+    for i, rs in enumerate(raw):
+        obj = _check_obj(f"{name}.shards[{i}]", rs, {"index", "offset", "size", "sha256"})
+        offset = i * shard_size
+        want = min(shard_size, size - offset)  # every shard full, only the last one shorter
+        _check_int(f"{name}.shards[{i}].index", obj["index"], i, i)
+        _check_int(f"{name}.shards[{i}].offset", obj["offset"], offset, offset)
+        _check_int(f"{name}.shards[{i}].size", obj["size"], want, want)
+        shards.append(ShardInfo(i, offset, want, _check_hex(f"{name}.shards[{i}].sha256", obj["sha256"])))
+    return tuple(shards)

@@ -1,0 +1,312 @@
+"""Checkpoint bytes on disk: the version store of an origin or relay, and the client's partial download.
+
+`ShardStore` keeps versions under `root/v/<step>/` (`manifest.json` plus `files/<name>`). A version is
+copied into `root/tmp/` first, every shard checked against the manifest while copying, fsynced, and renamed
+into place, so `versions()` never lists a half-written one. Shards are verified on write only: after that
+the store trusts its own disk and serves bytes without re-hashing them (clients verify every shard anyway).
+One process owns a root; leftovers in `root/tmp/` from a crash are removed when the store is opened.
+
+`PartialCheckpoint` assembles one version on a client from verified shards in any order, in
+`<target>.partial/`, with a journal of the shards written so a restarted process resumes; `finish()`
+checks whole files and renames the directory to `<target>`, so the final path never holds a partial
+checkpoint. The journal and a copy of the manifest live inside the partial directory under dot-names,
+which no manifest file can have; they are removed just before the rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from node.relay import (
+    FileHashMismatch,
+    IncompleteCheckpoint,
+    RelayError,
+    ShardHashMismatch,
+    TargetExists,
+    UnknownShard,
+    VersionExists,
+    VersionNotFound,
+)
+from node.relay.manifest import Manifest, ManifestFile, ShardInfo, encode_manifest, parse_manifest
+
+MANIFEST_NAME = "manifest.json"
+JOURNAL_NAME = ".shardcast-journal"  # "<index>\t<file>\n" per shard written; names hold no tab or newline
+PARTIAL_MANIFEST_NAME = ".shardcast-manifest.json"
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes the names in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _pread_exact(path: Path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        data = os.pread(f.fileno(), size, offset)
+    if len(data) != size:
+        raise RelayError(f"{path}: short read at offset {offset} ({len(data)} of {size} bytes)")
+    return data
+
+
+def _check_shard(file: str, shard: ShardInfo, data: bytes) -> None:
+    actual = hashlib.sha256(data).digest()
+    if len(data) != shard.size or actual != shard.sha256:
+        raise ShardHashMismatch(file, shard.index, shard.sha256.hex(), actual.hex())
+
+
+def _copy_verified(src: Path, dst: Path, mf: ManifestFile) -> None:
+    """Copy shard by shard, refusing any shard, size or whole-file hash that differs from the manifest."""
+    whole = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        for shard in mf.shards:
+            data = fin.read(shard.size)
+            _check_shard(mf.name, shard, data)
+            whole.update(data)
+            fout.write(data)
+        if fin.read(1):
+            raise FileHashMismatch(mf.name, f"{mf.size} bytes", f"more than {mf.size} bytes")
+        fout.flush()
+        os.fsync(fout.fileno())
+    if whole.digest() != mf.sha256:
+        raise FileHashMismatch(mf.name, mf.sha256.hex(), whole.hexdigest())
+
+
+class ShardStore:
+    """The versions an origin or relay serves, each verified against its manifest when stored."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._versions = self.root / "v"
+        self._tmp = self.root / "tmp"
+        self._versions.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self._tmp, ignore_errors=True)  # half-copied or half-pruned versions of a crashed run
+        self._tmp.mkdir()
+        self._manifests: dict[int, Manifest] = {}
+
+    def put_version(self, manifest: Manifest, source_dir: str | os.PathLike[str]) -> None:
+        """Copy `source_dir`'s files into the store as version `manifest.step`.
+
+        Requirements: every shard and file of the source matches the manifest (else `ShardHashMismatch` or
+        `FileHashMismatch`, and nothing is stored); a step already stored has the same manifest (else
+        `VersionExists`; the same manifest again is a no-op).
+        """
+        final = self._versions / str(manifest.step)
+        if final.exists():
+            if self.manifest(manifest.step) != manifest:
+                raise VersionExists(manifest.step)
+            return
+        tmp = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{manifest.step}."))
+        try:
+            (tmp / "files").mkdir()
+            for mf in manifest.files:
+                _copy_verified(Path(source_dir) / mf.name, tmp / "files" / mf.name, mf)
+            _write_durably(tmp / MANIFEST_NAME, encode_manifest(manifest))
+            _fsync_path(tmp / "files")
+            _fsync_path(tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_path(self._versions)
+        self._manifests[manifest.step] = manifest
+
+    def versions(self) -> list[int]:
+        """Stored steps, ascending."""
+        return sorted(int(p.name) for p in self._versions.iterdir() if p.name.isdigit() and p.name == str(int(p.name)))
+
+    def manifest(self, step: int) -> Manifest:
+        if step not in self._manifests:
+            try:
+                data = (self._versions / str(step) / MANIFEST_NAME).read_bytes()
+            except FileNotFoundError:
+                raise VersionNotFound(step) from None
+            # our own disk, written by put_version: no hostile-input limits
+            self._manifests[step] = parse_manifest(data, max_bytes=len(data), max_files=2**31, max_total_bytes=2**63)
+        return self._manifests[step]
+
+    def manifest_bytes(self, step: int) -> bytes:
+        """The canonical manifest bytes, as served at `/v/{step}/manifest.json`."""
+        return encode_manifest(self.manifest(step))
+
+    def shard_location(self, step: int, file: str, index: int) -> tuple[Path, int, int]:
+        """(path, offset, size) of a shard, for a server that sends it straight from the file."""
+        mf = self.manifest(step).file(file)
+        if mf is None or not 0 <= index < len(mf.shards):
+            raise UnknownShard(file, index)
+        shard = mf.shards[index]
+        return self._versions / str(step) / "files" / file, shard.offset, shard.size
+
+    def read_shard(self, step: int, file: str, index: int) -> bytes:
+        """A shard's bytes, trusted without re-hashing (they were verified when the version was stored)."""
+        return _pread_exact(*self.shard_location(step, file, index))
+
+    def prune(self, keep_last: int) -> list[int]:
+        """Delete all but the newest `keep_last` versions; returns the steps deleted."""
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        old = self.versions()[:-keep_last]
+        for step in old:
+            # rename first, so a crash mid-delete never leaves a half version listed (readers keep open files)
+            trash = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"pruned.{step}.")) / "v"
+            os.rename(self._versions / str(step), trash)
+            self._manifests.pop(step, None)
+            shutil.rmtree(trash.parent)
+        return old
+
+
+class PartialCheckpoint:
+    """A checkpoint being downloaded into `<target>.partial/`, resumable, published by `finish()`.
+
+    `write_shard` may be called from several threads. Opening a partial directory left by another
+    manifest (another step) discards it and starts over.
+    """
+
+    def __init__(self, target_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+        self.target = Path(target_dir)
+        self.partial = self.target.with_name(self.target.name + ".partial")
+        self.manifest = manifest
+        if self.target.exists():
+            raise TargetExists(str(self.target))
+        self._shards = {(f.name, s.index): s for f in manifest.files for s in f.shards}
+        self._done: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._finished = False
+        encoded = encode_manifest(manifest)
+        marker = self.partial / PARTIAL_MANIFEST_NAME
+        if self.partial.exists() and not (marker.is_file() and marker.read_bytes() == encoded):
+            shutil.rmtree(self.partial)
+        if self.partial.exists():
+            self._resume()
+        else:
+            self.partial.mkdir(parents=True)
+            _write_durably(marker, encoded)
+        for mf in manifest.files:
+            with open(self.partial / mf.name, "ab") as f:  # creates it; sparse until shards arrive
+                if os.fstat(f.fileno()).st_size != mf.size:
+                    f.truncate(mf.size)
+        self._journal: TextIO | None = None
+        self._rewrite_journal()
+
+    def _resume(self) -> None:
+        """Keep only journalled shards whose bytes still hash right: a crash may have torn the last writes."""
+        try:
+            lines = (self.partial / JOURNAL_NAME).read_text(encoding="utf-8").split("\n")[:-1]  # drop a torn tail
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            index, _, file = line.partition("\t")
+            shard = self._shards.get((file, int(index))) if index.isdigit() else None
+            if shard is None or (file, shard.index) in self._done:
+                continue
+            path = self.partial / file
+            if path.is_file() and path.stat().st_size >= shard.offset + shard.size:
+                data = _pread_exact(path, shard.offset, shard.size)
+                if hashlib.sha256(data).digest() == shard.sha256:
+                    self._done.add((file, shard.index))
+
+    def _rewrite_journal(self) -> None:
+        """Replace the journal with exactly the verified shards, and reopen it for appending."""
+        if self._journal is not None:
+            self._journal.close()
+        text = "".join(f"{i}\t{f}\n" for f, i in sorted(self._done))
+        tmp = self.partial / (JOURNAL_NAME + ".tmp")
+        _write_durably(tmp, text.encode("utf-8"))
+        os.replace(tmp, self.partial / JOURNAL_NAME)
+        self._journal = open(self.partial / JOURNAL_NAME, "a", encoding="utf-8")  # noqa: SIM115 (closed by finish)
+
+    def write_shard(self, file: str, index: int, data: bytes) -> bool:
+        """Check `data` against the manifest and write it in place; False if the shard was already done.
+
+        A shard that fails its hash raises `ShardHashMismatch` and writes nothing.
+        """
+        shard = self._shards.get((file, index))
+        if shard is None:
+            raise UnknownShard(file, index)
+        _check_shard(file, shard, data)
+        with self._lock:
+            if self._finished:
+                raise RelayError(f"{self.target} is already finished")
+            if (file, index) in self._done:
+                return False
+        fd = os.open(self.partial / file, os.O_WRONLY)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], shard.offset + written)
+        finally:
+            os.close(fd)
+        with self._lock:
+            # no fsync here: a power cut can tear the data under a journal line, and resume re-hashes it
+            assert self._journal is not None
+            self._journal.write(f"{index}\t{file}\n")
+            self._journal.flush()
+            self._done.add((file, index))
+        return True
+
+    def missing(self) -> list[tuple[str, int]]:
+        """Shards not yet written, in manifest order."""
+        with self._lock:
+            return [
+                (f.name, s.index) for f in self.manifest.files for s in f.shards if (f.name, s.index) not in self._done
+            ]
+
+    @property
+    def done_bytes(self) -> int:
+        with self._lock:
+            return sum(self._shards[key].size for key in self._done)
+
+    def finish(self) -> Path:
+        """Verify every file, fsync, and rename `<target>.partial` to `<target>`; returns the target.
+
+        Requirements: no shard missing (`IncompleteCheckpoint`); every whole-file hash right
+        (`FileHashMismatch`; shards that no longer verify become missing again); the target absent (`TargetExists`).
+        """
+        missing = self.missing()
+        if missing:
+            raise IncompleteCheckpoint(missing)
+        if self.target.exists():
+            raise TargetExists(str(self.target))
+        for mf in self.manifest.files:
+            self._verify_file(mf)
+        with self._lock:
+            self._finished = True
+            if self._journal is not None:
+                self._journal.close()
+        (self.partial / JOURNAL_NAME).unlink()
+        (self.partial / PARTIAL_MANIFEST_NAME).unlink()
+        _fsync_path(self.partial)
+        os.rename(self.partial, self.target)
+        _fsync_path(self.target.parent)
+        return self.target
+
+    def _verify_file(self, mf: ManifestFile) -> None:
+        whole = hashlib.sha256()
+        with open(self.partial / mf.name, "rb+") as f:
+            while chunk := f.read(1024 * 1024):
+                whole.update(chunk)
+            os.fsync(f.fileno())
+        if whole.digest() == mf.sha256:
+            return
+        with self._lock:  # find the shards that went bad so missing() asks for them again
+            for shard in mf.shards:
+                data = _pread_exact(self.partial / mf.name, shard.offset, shard.size)
+                if hashlib.sha256(data).digest() != shard.sha256:
+                    self._done.discard((mf.name, shard.index))
+            self._rewrite_journal()
+        raise FileHashMismatch(mf.name, mf.sha256.hex(), whole.hexdigest())

@@ -1,0 +1,385 @@
+"""EIP-712 off-chain messages (DESIGN section 5): typed messages, sign/recover, signed HTTP requests.
+
+Every message is signed under the domain `PrimeNode`, version `1`, this chain's id and the ComputePool
+address, so a signature made for one chain or one deployment never verifies on another.
+
+HTTP requests carry a `Request` signature in four headers. A server checks, in this order: the headers are
+present and well formed, the timestamp is within `max_skew` of its clock (either direction), the signature
+recovers to `X-Prime-Address` (the body is bound through its sha256, so a tampered body recovers another
+address), and only then that the (signer, nonce) pair is new. Nonces are recorded after the signature
+check so that unauthenticated traffic can neither burn a signer's nonces nor fill the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import re
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from eth_account import Account
+from eth_account.messages import SignableMessage, encode_typed_data
+from eth_account.signers.local import LocalAccount
+from eth_keys.exceptions import BadSignature
+from eth_utils import is_address, is_checksum_address, keccak, to_checksum_address
+from eth_utils.exceptions import ValidationError
+
+from node.errors import NodeError
+
+DOMAIN_NAME = "PrimeNode"
+DOMAIN_VERSION = "1"
+SIGNATURE_LENGTH = 65
+DEFAULT_MAX_SKEW = 300  # seconds, DESIGN section 5
+
+HEADER_ADDRESS = "X-Prime-Address"
+HEADER_SIGNATURE = "X-Prime-Signature"
+HEADER_TIMESTAMP = "X-Prime-Timestamp"
+HEADER_NONCE = "X-Prime-Nonce"
+REQUEST_HEADERS = (HEADER_ADDRESS, HEADER_SIGNATURE, HEADER_TIMESTAMP, HEADER_NONCE)
+
+_UINT8_MAX, _UINT64_MAX, _UINT256_MAX = 2**8 - 1, 2**64 - 1, 2**256 - 1
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_TIMESTAMP = re.compile(r"[0-9]{1,20}")
+_NONCE = re.compile(r"0x[0-9a-fA-F]{32}")
+_SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")
+
+
+class SignatureError(NodeError):
+    """A message, signature or domain that is invalid; `context` holds the offending values."""
+
+    def __init__(self, message: str, **context: object) -> None:
+        detail = ", ".join(f"{key}={value!r}" for key, value in context.items())
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.context = context
+
+
+class AuthFailure(StrEnum):
+    """Why `verify_request` refused a request."""
+
+    MISSING_HEADER = "missing_header"
+    MALFORMED_HEADER = "malformed_header"
+    TIMESTAMP_SKEW = "timestamp_skew"
+    BAD_SIGNATURE = "bad_signature"  # not a recoverable 65-byte signature
+    SIGNER_MISMATCH = "signer_mismatch"  # recovers to another address: wrong key, domain, method, path or body
+    REPLAYED_NONCE = "replayed_nonce"
+    NONCE_CACHE_FULL = "nonce_cache_full"
+
+
+class RequestAuthError(SignatureError):
+    """A signed HTTP request that must be refused; `code` says why."""
+
+    def __init__(self, code: AuthFailure, message: str, **context: object) -> None:
+        super().__init__(message, code=code.value, **context)
+        self.code = code
+
+
+def _check_uint(name: str, value: object, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise SignatureError(f"{name} must be an integer in [0, {maximum}]", field=name, value=value)
+
+
+def _check_bytes(name: str, value: object, length: int) -> None:
+    if not isinstance(value, bytes) or len(value) != length:
+        raise SignatureError(f"{name} must be {length} bytes", field=name, value=value)
+
+
+def _check_checksum_address(name: str, value: object) -> None:
+    if not isinstance(value, str) or not is_checksum_address(value):
+        raise SignatureError(f"{name} must be a checksummed address", field=name, value=value)
+
+
+@dataclass(frozen=True)
+class SigningDomain:
+    """The EIP-712 domain: PrimeNode/1 on `chain_id`, verified by the ComputePool at `verifying_contract`."""
+
+    chain_id: int
+    verifying_contract: str
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chain_id, bool) or not isinstance(self.chain_id, int) or self.chain_id <= 0:
+            raise SignatureError("chain_id must be a positive integer", field="chain_id", value=self.chain_id)
+        _check_checksum_address("verifying_contract", self.verifying_contract)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": DOMAIN_NAME,
+            "version": DOMAIN_VERSION,
+            "chainId": self.chain_id,
+            "verifyingContract": self.verifying_contract,
+        }
+
+
+_DOMAIN_TYPE = [
+    {"name": "name", "type": "string"},
+    {"name": "version", "type": "string"},
+    {"name": "chainId", "type": "uint256"},
+    {"name": "verifyingContract", "type": "address"},
+]
+
+
+class TypedMessage:
+    """Base of the typed messages: `FIELDS` maps each dataclass attribute, in order, to (EIP-712 name, type)."""
+
+    TYPE_NAME: ClassVar[str]
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]]  # (attribute, EIP-712 name, EIP-712 type)
+
+    @classmethod
+    def type_string(cls) -> str:
+        """The EIP-712 encodeType string, e.g. `Checkpoint(uint256 poolId,uint64 step,bytes32 manifestHash)`."""
+        return f"{cls.TYPE_NAME}({','.join(f'{kind} {name}' for _, name, kind in cls.FIELDS)})"
+
+    def typed_data(self, domain: SigningDomain) -> dict[str, Any]:
+        """The full EIP-712 message as eth_account's `encode_typed_data(full_message=...)` takes it."""
+        return {
+            "types": {
+                "EIP712Domain": _DOMAIN_TYPE,
+                self.TYPE_NAME: [{"name": name, "type": kind} for _, name, kind in self.FIELDS],
+            },
+            "primaryType": self.TYPE_NAME,
+            "domain": domain.as_dict(),
+            "message": {name: getattr(self, attr) for attr, name, _ in self.FIELDS},
+        }
+
+
+@dataclass(frozen=True)
+class Request(TypedMessage):
+    """An HTTP request: `method` (upper case) on `path`, sha256 of its body, unix `timestamp`, random `nonce`."""
+
+    signer: str
+    method: str
+    path: str
+    body_hash: bytes
+    timestamp: int
+    nonce: bytes
+
+    TYPE_NAME: ClassVar[str] = "Request"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("signer", "signer", "address"),
+        ("method", "method", "string"),
+        ("path", "path", "string"),
+        ("body_hash", "bodyHash", "bytes32"),
+        ("timestamp", "timestamp", "uint64"),
+        ("nonce", "nonce", "bytes16"),
+    )
+
+    def __post_init__(self) -> None:
+        _check_checksum_address("signer", self.signer)
+        if not isinstance(self.method, str) or not _METHOD.fullmatch(self.method):
+            raise SignatureError("method must be an upper-case HTTP method", field="method", value=self.method)
+        if not isinstance(self.path, str) or not self.path.startswith("/") or any(c.isspace() for c in self.path):
+            raise SignatureError("path must start with '/' and hold no whitespace", field="path", value=self.path)
+        _check_bytes("body_hash", self.body_hash, 32)
+        _check_uint("timestamp", self.timestamp, _UINT64_MAX)
+        _check_bytes("nonce", self.nonce, 16)
+
+
+@dataclass(frozen=True)
+class Checkpoint(TypedMessage):
+    """A pool trainer's claim that `manifest_hash` is the checkpoint manifest of `step` in pool `pool_id`."""
+
+    pool_id: int
+    step: int
+    manifest_hash: bytes
+
+    TYPE_NAME: ClassVar[str] = "Checkpoint"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pool_id", "poolId", "uint256"),
+        ("step", "step", "uint64"),
+        ("manifest_hash", "manifestHash", "bytes32"),
+    )
+
+    def __post_init__(self) -> None:
+        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
+        _check_uint("step", self.step, _UINT64_MAX)
+        _check_bytes("manifest_hash", self.manifest_hash, 32)
+
+
+@dataclass(frozen=True)
+class Attestation(TypedMessage):
+    """A validator's verdict on work `work_key` of pool `pool_id`; `reason` is a DESIGN section 5 code."""
+
+    pool_id: int
+    work_key: bytes
+    accepted: bool
+    reason: int
+
+    TYPE_NAME: ClassVar[str] = "Attestation"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pool_id", "poolId", "uint256"),
+        ("work_key", "workKey", "bytes32"),
+        ("accepted", "accepted", "bool"),
+        ("reason", "reason", "uint8"),
+    )
+
+    def __post_init__(self) -> None:
+        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
+        _check_bytes("work_key", self.work_key, 32)
+        if not isinstance(self.accepted, bool):
+            raise SignatureError("accepted must be a bool", field="accepted", value=self.accepted)
+        _check_uint("reason", self.reason, _UINT8_MAX)
+
+
+def _signable(message: TypedMessage, domain: SigningDomain) -> SignableMessage:
+    return encode_typed_data(full_message=message.typed_data(domain))
+
+
+def digest(message: TypedMessage, domain: SigningDomain) -> bytes:
+    """The 32-byte EIP-712 digest keccak(0x19 0x01 domainSeparator hashStruct(message))."""
+    signable = _signable(message, domain)
+    return bytes(keccak(b"\x19" + signable.version + signable.header + signable.body))
+
+
+def sign(message: TypedMessage, account: LocalAccount, domain: SigningDomain) -> bytes:
+    """The 65-byte signature (r, s, v) of `message` by `account` under `domain`."""
+    return bytes(account.sign_message(_signable(message, domain)).signature)
+
+
+def recover(message: TypedMessage, signature: bytes, domain: SigningDomain) -> str:
+    """The checksummed address that signed `message` under `domain`; any other domain gives another address."""
+    if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LENGTH:
+        raise SignatureError(f"signature must be {SIGNATURE_LENGTH} bytes", signature=signature)
+    try:
+        signer = Account.recover_message(_signable(message, domain), signature=signature)
+    except (BadSignature, ValidationError, ValueError) as exc:
+        raise SignatureError(f"unrecoverable signature: {exc}", signature="0x" + signature.hex()) from exc
+    return to_checksum_address(signer)
+
+
+class NonceCache:
+    """Remembers each (signer, nonce) for `ttl` seconds after it is first seen, at most `max_entries` at once.
+
+    `ttl` must cover the whole timestamp window (2 * max_skew): a request accepted at `now` carries a
+    timestamp >= now - max_skew and stays acceptable until timestamp + max_skew <= now + 2 * max_skew.
+    When full of live entries the cache refuses new nonces instead of evicting one: forgetting a live nonce
+    would let its request be replayed, while refusing only delays honest clients until entries expire.
+    Thread-safe: one lock guards the dict and the expiry heap.
+    """
+
+    def __init__(self, ttl: float = 2 * DEFAULT_MAX_SKEW, max_entries: int = 100_000) -> None:
+        if ttl <= 0 or max_entries <= 0:
+            raise SignatureError("NonceCache needs ttl > 0 and max_entries > 0", ttl=ttl, max_entries=max_entries)
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._expiry: dict[tuple[str, bytes], float] = {}
+        self._heap: list[tuple[float, tuple[str, bytes]]] = []  # one (expiry, key) per live entry
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._expiry)
+
+    def add(self, signer: str, nonce: bytes, now: float) -> None:
+        """Records (signer, nonce) at `now`; raises RequestAuthError if it is live already or the cache is full."""
+        key = (signer, nonce)
+        with self._lock:
+            self._evict_expired(now)
+            if key in self._expiry:
+                raise RequestAuthError(
+                    AuthFailure.REPLAYED_NONCE, "nonce already used", signer=signer, nonce="0x" + nonce.hex()
+                )
+            if len(self._expiry) >= self.max_entries:
+                raise RequestAuthError(
+                    AuthFailure.NONCE_CACHE_FULL, "too many live nonces, retry later", max_entries=self.max_entries
+                )
+            expiry = now + self.ttl
+            self._expiry[key] = expiry
+            heapq.heappush(self._heap, (expiry, key))
+
+    def _evict_expired(self, now: float) -> None:
+        while self._heap and self._heap[0][0] <= now:
+            _, key = heapq.heappop(self._heap)
+            del self._expiry[key]
+
+
+def sign_request(
+    account: LocalAccount,
+    domain: SigningDomain,
+    method: str,
+    path: str,
+    body: bytes,
+    *,
+    now: int | None = None,
+    nonce: bytes | None = None,
+) -> dict[str, str]:
+    """The four X-Prime-* headers authenticating `method path` with `body` as `account`."""
+    request = Request(
+        signer=account.address,
+        method=method.upper(),
+        path=path,
+        body_hash=hashlib.sha256(body).digest(),
+        timestamp=int(time.time()) if now is None else now,
+        nonce=secrets.token_bytes(16) if nonce is None else nonce,
+    )
+    return {
+        HEADER_ADDRESS: request.signer,
+        HEADER_SIGNATURE: "0x" + sign(request, account, domain).hex(),
+        HEADER_TIMESTAMP: str(request.timestamp),
+        HEADER_NONCE: "0x" + request.nonce.hex(),
+    }
+
+
+def verify_request(
+    headers: Mapping[str, str],
+    domain: SigningDomain,
+    method: str,
+    path: str,
+    body: bytes,
+    *,
+    now: float,
+    max_skew: float = DEFAULT_MAX_SKEW,
+    nonces: NonceCache,
+) -> str:
+    """The checksummed signer of a request signed by `sign_request`; RequestAuthError with a `code` otherwise.
+
+    Header names match case-insensitively. Role checks are the caller's: this only says who signed.
+    """
+    if nonces.ttl < 2 * max_skew:
+        raise SignatureError("nonce ttl must cover the timestamp window", ttl=nonces.ttl, max_skew=max_skew)
+    by_name = {name.lower(): value for name, value in headers.items()}
+    values: dict[str, str] = {}
+    for name in REQUEST_HEADERS:
+        value = by_name.get(name.lower())
+        if value is None:
+            raise RequestAuthError(AuthFailure.MISSING_HEADER, "missing header", header=name)
+        values[name] = value.strip()
+
+    address, signature, timestamp, nonce = (values[name] for name in REQUEST_HEADERS)
+    # lower case or a valid EIP-55 checksum: a mixed-case address with a wrong checksum is a typo, not a signer
+    if not is_address(address) or (address != address.lower() and not is_checksum_address(address)):
+        raise RequestAuthError(AuthFailure.MALFORMED_HEADER, "not an address", header=HEADER_ADDRESS, value=address)
+    for name, pattern in ((HEADER_SIGNATURE, _SIGNATURE), (HEADER_TIMESTAMP, _TIMESTAMP), (HEADER_NONCE, _NONCE)):
+        if not pattern.fullmatch(values[name]):
+            raise RequestAuthError(AuthFailure.MALFORMED_HEADER, "malformed header", header=name, value=values[name])
+    seconds = int(timestamp)
+    if seconds > _UINT64_MAX:
+        raise RequestAuthError(AuthFailure.MALFORMED_HEADER, "timestamp out of range", header=HEADER_TIMESTAMP)
+    if abs(now - seconds) > max_skew:
+        raise RequestAuthError(
+            AuthFailure.TIMESTAMP_SKEW, "timestamp too far from server clock", timestamp=seconds, now=now
+        )
+
+    claimed = to_checksum_address(address)
+    request = Request(
+        signer=claimed,
+        method=method.upper(),
+        path=path,
+        body_hash=hashlib.sha256(body).digest(),
+        timestamp=seconds,
+        nonce=bytes.fromhex(nonce[2:]),
+    )
+    try:
+        signer = recover(request, bytes.fromhex(signature[2:]), domain)
+    except SignatureError as exc:
+        raise RequestAuthError(AuthFailure.BAD_SIGNATURE, str(exc), signer=claimed) from exc
+    if signer != claimed:
+        raise RequestAuthError(
+            AuthFailure.SIGNER_MISMATCH, "signature is not by the claimed address", claimed=claimed, recovered=signer
+        )
+    nonces.add(signer, request.nonce, now)
+    return signer
