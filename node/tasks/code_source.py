@@ -27,7 +27,6 @@ Determinism: worker and validator agree as long as programs stay far from the li
 from __future__ import annotations
 
 import hashlib
-import json
 import keyword
 import re
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, Literal
 from node.sandbox import SandboxInputError, SandboxLimits, SandboxResult, run_code
 from node.sandbox.runner import MAX_STDIN_BYTES
 from node.tasks.errors import TaskSpecError, UnknownProblem
-from node.tasks.fields import Fields
+from node.tasks.fields import Fields, parse_problem_rows
 from node.tasks.sources import Problem
 
 if TYPE_CHECKING:
@@ -100,23 +99,8 @@ def parse_code_source(path: Path, fields: Fields) -> CodeSourceSpec:
 
 def parse_code_jsonl(path: Path, data: bytes) -> tuple[CodeProblemRow, ...]:
     """Rows of the format above; blank lines are skipped, ids must be unique, every problem needs a test."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TaskSpecError(path, "encoding", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    rows: list[CodeProblemRow] = []
-    seen: set[str] = set()
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"line {number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskSpecError(path, where, f"not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise TaskSpecError(path, where, "must be a JSON object")
-        row = Fields(path, where, obj)
+
+    def parse_row(row: Fields, where: str) -> CodeProblemRow:
         problem = CodeProblemRow(
             id=row.text("id", nonempty=True),
             question=row.text("question", nonempty=True),
@@ -125,13 +109,9 @@ def parse_code_jsonl(path: Path, data: bytes) -> tuple[CodeProblemRow, ...]:
             solution=row.text("solution", default=""),
         )
         row.done()
-        if problem.id in seen:
-            raise TaskSpecError(path, f"{where}.id", f"duplicate id {problem.id!r}")
-        seen.add(problem.id)
-        rows.append(problem)
-    if not rows:
-        raise TaskSpecError(path, "file", "holds no problems")
-    return tuple(rows)
+        return problem
+
+    return parse_problem_rows(path, data, parse_row)
 
 
 def _parse_tests(path: Path, where: str, raw: object) -> tuple[CodeTest, ...]:

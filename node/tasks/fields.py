@@ -6,9 +6,11 @@ wrong kind explicitly, so `size = true` is an error instead of a dataset of one 
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from node.tasks.errors import TaskSpecError
 
@@ -102,3 +104,44 @@ def _is_scalar(value: object) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return isinstance(value, bool | int | str)
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Identified)
+
+
+def parse_problem_rows(path: Path, data: bytes, parse_row: Callable[[Fields, str], T]) -> tuple[T, ...]:
+    """The problems of a JSONL file: one JSON object a line (blank lines skipped), unique `id`s, at least one.
+
+    `parse_row(fields, where)` turns one line's object into a row (it must have an `id`) and calls `done()`;
+    every problem raises `TaskSpecError` naming the file and the line.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskSpecError(path, "encoding", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    rows: list[T] = []
+    seen: set[str] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"line {number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskSpecError(path, where, f"not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise TaskSpecError(path, where, "must be a JSON object")
+        row = parse_row(Fields(path, where, obj), where)
+        problem_id = row.id
+        if problem_id in seen:
+            raise TaskSpecError(path, f"{where}.id", f"duplicate id {problem_id!r}")
+        seen.add(problem_id)
+        rows.append(row)
+    if not rows:
+        raise TaskSpecError(path, "file", "holds no problems")
+    return tuple(rows)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from node.tasks.errors import TaskSpecError
-from node.tasks.fields import Fields, frozen_config
+from node.tasks.fields import Fields, frozen_config, parse_problem_rows
 
 if TYPE_CHECKING:
     from node.tasks.code_source import CodeSourceSpec
@@ -167,35 +167,17 @@ def _parse_source(path: Path, table: dict[str, Any]) -> SourceSpec:
 
 def _parse_math_jsonl(path: Path, data: bytes) -> tuple[MathProblemRow, ...]:
     """Rows of `{"id": str, "question": str, "answer": str}`; blank lines are skipped, ids must be unique."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TaskSpecError(path, "encoding", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    rows: list[MathProblemRow] = []
-    seen: set[str] = set()
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskSpecError(path, f"line {number}", f"not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise TaskSpecError(path, f"line {number}", "must be a JSON object")
-        row = Fields(path, f"line {number}", obj)
+
+    def parse_row(row: Fields, where: str) -> MathProblemRow:
         problem = MathProblemRow(
             id=row.text("id", nonempty=True),
             question=row.text("question", nonempty=True),
             answer=row.text("answer", nonempty=True),
         )
         row.done()
-        if problem.id in seen:
-            raise TaskSpecError(path, f"line {number}.id", f"duplicate id {problem.id!r}")
-        seen.add(problem.id)
-        rows.append(problem)
-    if not rows:
-        raise TaskSpecError(path, "file", "holds no problems")
-    return tuple(rows)
+        return problem
+
+    return parse_problem_rows(path, data, parse_row)
 
 
 def _parse_prompt(fields: Fields) -> PromptSpec:
