@@ -191,5 +191,4 @@ def test_proof_size_and_build_time_for_1000_tokens(record_property: Callable[[st
     record_property("proof_bytes_per_32_tokens", bytes_per_chunk)
     record_property("build_seconds_1000_tokens", seconds)
     print(f"\nproof: {bytes_per_chunk:.0f} bytes per {PROOF_CHUNK} tokens, {1000 * seconds:.1f} ms for 1000 tokens")
-    assert bytes_per_chunk == 258
-    assert seconds < 1.0  # measured about 15 ms on 2 CPU cores
+    assert bytes_per_chunk == 258  # the time is reported (benchmarks/proofs.py measures it), never asserted

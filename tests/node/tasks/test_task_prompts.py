@@ -97,4 +97,4 @@ def test_extract_answer_is_linear_on_huge_text() -> None:
     started = time.perf_counter()
     assert extract_answer(text) is None
     assert extract_answer(text + "</answer>") == "x" * 1_000_000
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 10.0  # a hang guard: a quadratic scan would take hours here
