@@ -11,12 +11,13 @@ import typer
 from ledger.cli.common import configure_logging
 from node.cli.generate import generate_app
 from node.cli.keys import keys_app
+from node.cli.relay import relay_app
 from node.cli.worker import worker_app
 
 app = typer.Typer(
     name="prime-node",
     no_args_is_help=True,
-    help="Run a prime-node: keys, stake and node registration, pool membership, rewards, rollouts.",
+    help="Run a prime-node: keys, stake and node registration, pool membership, rewards, rollouts, checkpoints.",
 )
 
 
@@ -30,6 +31,7 @@ def _setup() -> None:
 app.add_typer(keys_app, name="keys")
 app.add_typer(worker_app)
 app.add_typer(generate_app)
+app.add_typer(relay_app)
 
 
 if __name__ == "__main__":

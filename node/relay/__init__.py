@@ -77,3 +77,38 @@ class TargetExists(RelayError):
     def __init__(self, path: str) -> None:
         super().__init__(f"{path} already exists; remove it or choose another --out")
         self.path = path
+
+
+class ShardPending(RelayError):
+    """A shard of a version this relay is still mirroring has not arrived yet; ask again shortly."""
+
+    def __init__(self, step: int, file: str, index: int) -> None:
+        super().__init__(f"shard {file}[{index}] of version {step} is not mirrored yet")
+        self.step, self.file, self.index = step, file, index
+
+
+class UntrustedManifest(RelayError):
+    """A manifest whose signature does not recover to the expected trainer, or that is for another pool or step."""
+
+    def __init__(self, step: int, reason: str, source: str = "") -> None:
+        where = f" from {source}" if source else ""
+        super().__init__(f"manifest of step {step}{where} refused: {reason}")
+        self.step, self.reason, self.source = step, reason, source
+
+
+class SourceError(RelayError):
+    """A source (origin or relay) failed a request: unreachable, an HTTP error, or bytes that did not verify."""
+
+    def __init__(self, source: str, reason: str, *, busy_for: float | None = None) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source, self.reason = source, reason
+        self.busy_for = busy_for  # set when the source asked to be retried later (HTTP 429/503): not a failure
+
+
+class DownloadFailed(RelayError):
+    """No source could deliver the checkpoint; `errors` says what each source did."""
+
+    def __init__(self, step: int, errors: list[str]) -> None:
+        shown = "; ".join(errors[-5:]) or "no source has it"
+        super().__init__(f"could not download step {step}: {shown}")
+        self.step, self.errors = step, errors

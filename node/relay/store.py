@@ -20,24 +20,37 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
 from node.relay import (
     FileHashMismatch,
     IncompleteCheckpoint,
+    ManifestError,
     RelayError,
     ShardHashMismatch,
+    ShardPending,
     TargetExists,
     UnknownShard,
     VersionExists,
     VersionNotFound,
 )
-from node.relay.manifest import Manifest, ManifestFile, ShardInfo, encode_manifest, parse_manifest
+from node.relay.manifest import (
+    Manifest,
+    ManifestFile,
+    ShardInfo,
+    build_manifest,
+    check_name,
+    encode_manifest,
+    parse_manifest,
+)
 
-MANIFEST_NAME = "manifest.json"
 JOURNAL_NAME = ".shardcast-journal"  # "<index>\t<file>\n" per shard written; names hold no tab or newline
 PARTIAL_MANIFEST_NAME = ".shardcast-manifest.json"
+SIGNATURE_NAME = ".shardcast-signature"
+
+Signer = Callable[[Manifest], bytes]
 
 
 def _fsync_path(path: Path) -> None:
@@ -88,7 +101,14 @@ def _copy_verified(src: Path, dst: Path, mf: ManifestFile) -> None:
 
 
 class ShardStore:
-    """The versions an origin or relay serves, each verified against its manifest when stored."""
+    """The versions an origin or relay serves, each verified against its manifest before it is served.
+
+    Layout: `root/v/<step>/` holds the checkpoint's files plus the canonical manifest and the trainer's
+    signature under dot-names (no manifest file can have one). A relay mirrors a version into
+    `root/v/<step>.partial/` (a `PartialCheckpoint` that keeps the metadata), serving each shard as soon as
+    it is verified; `finish_version` renames it into place. Listing and lookups run on the server's event
+    loop; the copies, hashes and renames run in worker threads.
+    """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -98,42 +118,122 @@ class ShardStore:
         shutil.rmtree(self._tmp, ignore_errors=True)  # half-copied or half-pruned versions of a crashed run
         self._tmp.mkdir()
         self._manifests: dict[int, Manifest] = {}
+        self._incoming: dict[int, PartialCheckpoint] = {}
 
-    def put_version(self, manifest: Manifest, source_dir: str | os.PathLike[str]) -> None:
-        """Copy `source_dir`'s files into the store as version `manifest.step`.
+    # --- writing -------------------------------------------------------------------------------------
+
+    def put_version(self, manifest: Manifest, source_dir: str | os.PathLike[str], signature: bytes = b"") -> None:
+        """Copy `source_dir`'s files into the store as version `manifest.step`, with the trainer's signature.
 
         Requirements: every shard and file of the source matches the manifest (else `ShardHashMismatch` or
         `FileHashMismatch`, and nothing is stored); a step already stored has the same manifest (else
         `VersionExists`; the same manifest again is a no-op).
         """
-        final = self._versions / str(manifest.step)
-        if final.exists():
-            if self.manifest(manifest.step) != manifest:
-                raise VersionExists(manifest.step)
+        if self._stored(manifest):
             return
         tmp = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{manifest.step}."))
         try:
-            (tmp / "files").mkdir()
             for mf in manifest.files:
-                _copy_verified(Path(source_dir) / mf.name, tmp / "files" / mf.name, mf)
-            _write_durably(tmp / MANIFEST_NAME, encode_manifest(manifest))
-            _fsync_path(tmp / "files")
-            _fsync_path(tmp)
-            os.rename(tmp, final)
+                _copy_verified(Path(source_dir) / mf.name, tmp / mf.name, mf)
+            self._install(tmp, manifest, signature)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+    def publish_dir(
+        self, checkpoint_dir: str | os.PathLike[str], *, pool_id: int, step: int, shard_size: int, sign: Signer
+    ) -> Manifest:
+        """Copy a trusted checkpoint directory in, build its manifest from the copy, sign it, and store it.
+
+        One read of the source (a kernel copy) and one hashing pass over the copy: the origin's path.
+        `sign(manifest)` returns the trainer's 65-byte signature.
+        """
+        tmp = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{step}."))
+        try:
+            for entry in sorted(os.scandir(checkpoint_dir), key=lambda e: e.name):
+                check_name(entry.name)
+                if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                    raise ManifestError(f"{entry.name!r} in {checkpoint_dir} is not a regular file")
+                shutil.copyfile(entry.path, tmp / entry.name)
+            manifest = build_manifest(tmp, pool_id=pool_id, step=step, shard_size=shard_size)
+            if self._stored(manifest):
+                shutil.rmtree(tmp)
+                return manifest
+            for mf in manifest.files:
+                _fsync_path(tmp / mf.name)
+            self._install(tmp, manifest, sign(manifest))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return manifest
+
+    def _stored(self, manifest: Manifest) -> bool:
+        """True if this exact version is already stored; `VersionExists` if the step holds another manifest."""
+        if not (self._versions / str(manifest.step)).exists():
+            return False
+        if self.manifest(manifest.step) != manifest:
+            raise VersionExists(manifest.step)
+        return True
+
+    def _install(self, tmp: Path, manifest: Manifest, signature: bytes) -> None:
+        _write_durably(tmp / PARTIAL_MANIFEST_NAME, encode_manifest(manifest))
+        _write_durably(tmp / SIGNATURE_NAME, signature)
+        _fsync_path(tmp)
+        os.rename(tmp, self._versions / str(manifest.step))
         _fsync_path(self._versions)
         self._manifests[manifest.step] = manifest
 
+    def begin_version(self, manifest: Manifest, signature: bytes) -> PartialCheckpoint:
+        """Start (or resume) mirroring a version; its shards are served as soon as they are written.
+
+        Requirements: the step is not stored yet (`VersionExists` otherwise, whatever its manifest).
+        """
+        if (self._versions / str(manifest.step)).exists():
+            raise VersionExists(manifest.step)
+        current = self._incoming.get(manifest.step)
+        if current is not None:
+            if current.manifest != manifest:
+                raise VersionExists(manifest.step)
+            if not current.closed:
+                return current
+        partial = PartialCheckpoint(self._versions / str(manifest.step), manifest, metadata={SIGNATURE_NAME: signature})
+        self._incoming[manifest.step] = partial
+        return partial
+
+    def incoming_version(self, step: int) -> PartialCheckpoint | None:
+        return self._incoming.get(step)
+
+    def finish_version(self, partial: PartialCheckpoint) -> None:
+        """Verify and rename a mirrored version into place (slow: hashes every file; run it in a thread)."""
+        partial.finish()
+        _fsync_path(self._versions)
+        self._manifests[partial.manifest.step] = partial.manifest
+        self._incoming.pop(partial.manifest.step, None)
+
+    def abandon_version(self, step: int) -> None:
+        """Forget a version being mirrored and delete its partial directory."""
+        partial = self._incoming.pop(step, None)
+        if partial is not None:
+            partial.close()
+        shutil.rmtree(self._versions / f"{step}.partial", ignore_errors=True)
+
+    # --- reading -------------------------------------------------------------------------------------
+
     def versions(self) -> list[int]:
-        """Stored steps, ascending."""
-        return sorted(int(p.name) for p in self._versions.iterdir() if p.name.isdigit() and p.name == str(int(p.name)))
+        """Complete steps, ascending."""
+        return sorted(int(p.name) for p in self._versions.iterdir() if _is_step(p.name))
+
+    def incoming(self) -> list[int]:
+        """Steps being mirrored, ascending."""
+        return sorted(self._incoming)
 
     def manifest(self, step: int) -> Manifest:
+        partial = self._incoming.get(step)
+        if partial is not None:
+            return partial.manifest
         if step not in self._manifests:
             try:
-                data = (self._versions / str(step) / MANIFEST_NAME).read_bytes()
+                data = (self._versions / str(step) / PARTIAL_MANIFEST_NAME).read_bytes()
             except FileNotFoundError:
                 raise VersionNotFound(step) from None
             # our own disk, written by put_version: no hostile-input limits
@@ -144,43 +244,88 @@ class ShardStore:
         """The canonical manifest bytes, as served at `/v/{step}/manifest.json`."""
         return encode_manifest(self.manifest(step))
 
-    def shard_location(self, step: int, file: str, index: int) -> tuple[Path, int, int]:
-        """(path, offset, size) of a shard, for a server that sends it straight from the file."""
+    def signature(self, step: int) -> bytes:
+        """The trainer's signature of the version's manifest, as stored with it (empty if it had none)."""
+        partial = self._incoming.get(step)
+        if partial is not None:
+            return partial.metadata[SIGNATURE_NAME]
+        try:
+            return (self._versions / str(step) / SIGNATURE_NAME).read_bytes()
+        except FileNotFoundError:
+            raise VersionNotFound(step) from None
+
+    def shard_location(self, step: int, file: str, index: int) -> tuple[list[Path], int, int]:
+        """(paths to try in order, offset, size) of a stored shard, for a server that reads it from the file.
+
+        A shard of a version being mirrored raises `ShardPending` until it is written. Its version may be
+        renamed into place between this call and the read, hence two paths: the partial one, then the final.
+        """
         mf = self.manifest(step).file(file)
         if mf is None or not 0 <= index < len(mf.shards):
             raise UnknownShard(file, index)
         shard = mf.shards[index]
-        return self._versions / str(step) / "files" / file, shard.offset, shard.size
+        final = self._versions / str(step) / file
+        partial = self._incoming.get(step)
+        if partial is None:
+            return [final], shard.offset, shard.size
+        if not partial.has(file, index):
+            raise ShardPending(step, file, index)
+        return [partial.partial / file, final], shard.offset, shard.size
 
     def read_shard(self, step: int, file: str, index: int) -> bytes:
-        """A shard's bytes, trusted without re-hashing (they were verified when the version was stored)."""
-        return _pread_exact(*self.shard_location(step, file, index))
+        """A shard's bytes, trusted without re-hashing (they were verified when they were written)."""
+        paths, offset, size = self.shard_location(step, file, index)
+        for path in paths[:-1]:
+            try:
+                return _pread_exact(path, offset, size)
+            except FileNotFoundError:
+                continue
+        return _pread_exact(paths[-1], offset, size)
+
+    # --- pruning -------------------------------------------------------------------------------------
 
     def prune(self, keep_last: int) -> list[int]:
-        """Delete all but the newest `keep_last` versions; returns the steps deleted."""
+        """Delete all but the newest `keep_last` versions, complete or being mirrored; returns the steps deleted."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
-        old = self.versions()[:-keep_last]
+        partials = {int(p.name.split(".")[0]) for p in self._versions.glob("*.partial") if _is_step(p.name[:-8])}
+        everything = sorted(set(self.versions()) | partials | set(self._incoming))
+        old = everything[:-keep_last]
         for step in old:
-            # rename first, so a crash mid-delete never leaves a half version listed (readers keep open files)
-            trash = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"pruned.{step}.")) / "v"
-            os.rename(self._versions / str(step), trash)
+            if step in partials or step in self._incoming:
+                self.abandon_version(step)
+            if (self._versions / str(step)).exists():
+                # rename first, so a crash mid-delete never leaves a half version listed (readers keep open files)
+                trash = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"pruned.{step}.")) / "v"
+                os.rename(self._versions / str(step), trash)
+                shutil.rmtree(trash.parent)
             self._manifests.pop(step, None)
-            shutil.rmtree(trash.parent)
         return old
+
+
+def _is_step(name: str) -> bool:
+    return name.isdigit() and name == str(int(name))
 
 
 class PartialCheckpoint:
     """A checkpoint being downloaded into `<target>.partial/`, resumable, published by `finish()`.
 
     `write_shard` may be called from several threads. Opening a partial directory left by another
-    manifest (another step) discards it and starts over.
+    manifest (another step) discards it and starts over. With `metadata` (dot-name -> bytes), those files
+    and the manifest copy stay in the published directory: that is how a relay's store keeps a version.
     """
 
-    def __init__(self, target_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+    def __init__(
+        self, target_dir: str | os.PathLike[str], manifest: Manifest, *, metadata: Mapping[str, bytes] | None = None
+    ) -> None:
         self.target = Path(target_dir)
         self.partial = self.target.with_name(self.target.name + ".partial")
         self.manifest = manifest
+        self.metadata = dict(metadata or {})
+        self._keep_metadata = metadata is not None
+        for name in self.metadata:
+            if not name.startswith(".") or "/" in name or name in (JOURNAL_NAME, PARTIAL_MANIFEST_NAME):
+                raise ValueError(f"metadata name {name!r} must be a new dot-name")
         if self.target.exists():
             raise TargetExists(str(self.target))
         self._shards = {(f.name, s.index): s for f in manifest.files for s in f.shards}
@@ -196,6 +341,8 @@ class PartialCheckpoint:
         else:
             self.partial.mkdir(parents=True)
             _write_durably(marker, encoded)
+        for name, data in self.metadata.items():
+            _write_durably(self.partial / name, data)
         for mf in manifest.files:
             with open(self.partial / mf.name, "ab") as f:  # creates it; sparse until shards arrive
                 if os.fstat(f.fileno()).st_size != mf.size:
@@ -259,6 +406,23 @@ class PartialCheckpoint:
             self._done.add((file, index))
         return True
 
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._finished
+
+    def has(self, file: str, index: int) -> bool:
+        """True once the shard is written and verified."""
+        with self._lock:
+            return (file, index) in self._done
+
+    def close(self) -> None:
+        """Stop writing (an abandoned download); the partial directory stays for a later resume."""
+        with self._lock:
+            self._finished = True
+            if self._journal is not None:
+                self._journal.close()
+
     def missing(self) -> list[tuple[str, int]]:
         """Shards not yet written, in manifest order."""
         with self._lock:
@@ -289,7 +453,8 @@ class PartialCheckpoint:
             if self._journal is not None:
                 self._journal.close()
         (self.partial / JOURNAL_NAME).unlink()
-        (self.partial / PARTIAL_MANIFEST_NAME).unlink()
+        if not self._keep_metadata:
+            (self.partial / PARTIAL_MANIFEST_NAME).unlink()
         _fsync_path(self.partial)
         os.rename(self.partial, self.target)
         _fsync_path(self.target.parent)

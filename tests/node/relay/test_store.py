@@ -72,8 +72,8 @@ def test_store_round_trip_serves_every_shard(tmp_path: Path, source: Path, manif
     reopened = ShardStore(tmp_path / "store")  # manifest read back from disk
     assert reopened.manifest(10) == manifest
     assert reopened.manifest_bytes(10) == encode_manifest(manifest)
-    path, offset, size = reopened.shard_location(10, "model.safetensors", 3)
-    assert (offset, size) == (3 * SHARD, SHARD) and path.is_file()
+    paths, offset, size = reopened.shard_location(10, "model.safetensors", 3)
+    assert (offset, size) == (3 * SHARD, SHARD) and paths[0].is_file()
 
 
 def test_store_refuses_a_corrupt_source_and_stores_nothing(tmp_path: Path, source: Path, manifest: Manifest) -> None:

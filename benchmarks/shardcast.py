@@ -1,0 +1,559 @@
+"""Checkpoint broadcast time, ours against Prime Intellect's `shardcast` 0.3.2 and a raw HTTP GET, from one run.
+
+Run: `.venv/bin/python benchmarks/shardcast.py [--size-mib 512] [--clients 1,4]` (`--size-mib 64` for a quick
+check). The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast,
+outside the project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's
+downloader).
+
+Topology, the same for both systems: one origin, one relay reading from it, N clients reading from the relay, each
+a separate process on this machine, over 127.0.0.1. The payload is one file of random bytes (`--size-mib`); each
+system starts from fresh, empty data directories.
+- ours: `prime-node origin` (watching a folder, `--dev-key 0`), `prime-node relay`, and N `prime-node
+  fetch-weights --step 1`; the checkpoint directory `step_1/` (the one file) is renamed into the watched folder.
+- shardcast: an `OriginServer` that `broadcast()`s the file (default 50 MB shards), a `MiddleNode`, and N
+  `ClientNode`s that poll for version `v1` and `download_version()` it (which checks the blake3 of the result).
+- raw: an aiohttp server returning the file with `web.FileResponse` (sendfile) and one client process doing one
+  GET, writing 1 MiB chunks to disk: the local limit for moving these bytes once (no relay, no hashing, no fsync).
+
+Timing rule. Every relay and client is started and ready before the file is handed over (shardcast's clients
+report ready once their downloader is set up, ours get `--settle` seconds after both servers answer /health, the
+raw client waits for a line on stdin). The clock starts when the version is available at the origin: shardcast's
+`broadcast()` returned (sharded, distribution file written), or our origin printed "published step 1" (sharded,
+hashed, manifest signed); for raw, when the client is told to GET. It stops when the last client process exits
+successfully, which happens only after it has the whole file on disk and has verified it. The "handoff" column
+starts the clock earlier, when the file was given to the origin (the `broadcast()` call, the rename into the
+watched folder), so it adds each origin's own sharding and hashing. After timing, every client's file is compared
+with the input by sha256.
+
+Shardcast is given its fastest sensible settings: the relay checks upstream every 0.1 s (its `check_interval`,
+30 s by default; constructed directly, since its CLI takes whole seconds), clients poll the relay's version list
+every 0.1 s (prime-rl polls every 5 s), and a shard not there yet is retried after 1 s instead of 2 s then 15 s
+(SHARDCAST_FAST_RETRY_INTERVAL=SHARDCAST_SLOW_RETRY_INTERVAL=1, the smallest these integer settings allow
+without a busy loop: each retry starts a `wget`). Two of its quirks are worked around in a small wrapper that
+replaces two methods without touching the installed files: every downloader writes its start-up probe to
+/tmp/dummy.bin and the version list to a file inside the installed package, so concurrent clients race; the
+wrapper points both at the process's own working directory. Each server's data directory holds the `data1.bin`
+probe it expects.
+
+A benchmark, not a test: a missed goal prints "NO" and still exits 0. Only a failure to run at all (install,
+a process that dies, a wrong byte) exits 1, with the tail of that process's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARDCAST = "shardcast==0.3.2"
+CACHE = Path.home() / ".cache" / "prime-node" / "bench-shardcast" / "0.3.2"
+TRAINER = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil key 0, what `--dev-key 0` signs as
+POOL = 1
+FILE = "model.safetensors"
+POLL = 0.01  # how often this process looks at its children
+# The EIP-712 domain needs only the chain id and the ComputePool address: no chain runs.
+DEPLOYMENT = {
+    "chain_id": 31337,
+    "rpc_url": "http://127.0.0.1:8545",
+    "block": 0,
+    "contracts": {
+        "StakeToken": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
+        "NodeRegistry": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
+        "ComputePool": "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0",
+        "WorkLedger": "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9",
+    },
+}
+GOAL_SPEEDUP = 4.0  # ours >= 4x faster than shardcast 0.3.2 at N=4
+GOAL_RAW_SHARE = 0.5  # ours >= 50% of the raw GET's speed at N=1
+
+# One shardcast process: `sc_child.py origin|relay|client ...`, run in its own working directory.
+SC_CHILD = '''\
+"""One shardcast 0.3.2 process for benchmarks/shardcast.py: origin, relay or client."""
+
+import sys
+import time
+from pathlib import Path
+
+import shardcast.client as sc_client
+from shardcast.client_node import ClientNode
+from shardcast.envs import SHARDCAST_DISTRIBUTION_FILE
+from shardcast.middle_node import MiddleNode
+from shardcast.origin_server import OriginServer
+
+HERE = Path.cwd()
+
+
+def _init_server_metrics(self):
+    # shardcast's own body, with the probe under this process's directory instead of the shared /tmp/dummy.bin
+    probe = HERE / "probe.bin"
+    for server in self.servers:
+        if not self._download_file(server, "data1.bin", probe):
+            raise RuntimeError(f"Failed to download dummy file from {server}")
+        probe.unlink()
+
+
+def download_distribution_file(self):
+    # shardcast's own body, with the temporary copy here instead of next to the installed package
+    temp = HERE / "temp_distribution.txt"
+    if self.download_file(SHARDCAST_DISTRIBUTION_FILE, str(temp), update_metrics=False, log_error_on_failure=False):
+        content = temp.read_text()
+        temp.unlink()
+        return content
+    return None
+
+
+sc_client.ShardDownloader._init_server_metrics = _init_server_metrics
+sc_client.ShardDownloader.download_distribution_file = download_distribution_file
+
+role, args = sys.argv[1], sys.argv[2:]
+if role == "origin":
+    data, port, shard_size = args[0], int(args[1]), int(args[2])
+    origin = OriginServer(data, port)
+    print("ready", flush=True)
+    path = sys.stdin.readline().strip()
+    handed = time.time()
+    version = origin.broadcast(path, shard_size)
+    print(f"published {version} {handed} {time.time()}", flush=True)
+elif role == "relay":
+    upstream, data, port, interval = args[0], args[1], int(args[2]), float(args[3])
+    MiddleNode([upstream], data, port, check_interval=interval)
+    print("ready", flush=True)
+elif role == "client":
+    server, out, version, poll = args[0], Path(args[1]), args[2], float(args[3])
+    client = ClientNode([server], str(HERE / "downloads"))
+    print("ready", flush=True)
+    while version not in client.list_available_versions():
+        time.sleep(poll)
+    sys.exit(0 if client.download_version(version, str(out)) else 1)
+while True:
+    time.sleep(3600)
+'''
+
+RAW_SERVER = """\
+import sys
+from aiohttp import web
+
+path, port = sys.argv[1], int(sys.argv[2])
+
+
+async def send_file(request):
+    return web.FileResponse(path)
+
+
+app = web.Application()
+app.router.add_get("/file", send_file)
+web.run_app(app, host="127.0.0.1", port=port, print=None)
+"""
+
+RAW_CLIENT = """\
+import asyncio
+import sys
+
+import aiohttp
+
+
+async def main(url, out):
+    async with aiohttp.ClientSession() as session:
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        async with session.get(url) as response:
+            response.raise_for_status()
+            with open(out, "wb") as f:
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    f.write(chunk)
+
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+class BenchmarkError(Exception):
+    """The benchmark could not run: a process died, timed out, or delivered wrong bytes."""
+
+
+@dataclass
+class Result:
+    system: str
+    clients: int
+    handed: float  # wall time the file was given to the origin
+    published: float  # wall time the version became available at the origin
+    finished: list[float] = field(default_factory=list)  # wall time each client process exited
+
+    @property
+    def seconds(self) -> float:
+        return max(self.finished) - self.published
+
+    @property
+    def from_handoff(self) -> float:
+        return max(self.finished) - self.handed
+
+
+class Processes:
+    """The children of one measurement; each in its own process group, so `wget`s go with their parent."""
+
+    def __init__(self, logs: Path, timeout: float) -> None:
+        self.logs = logs
+        self.timeout = timeout
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(
+        self, name: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None, stdin: bool = False
+    ) -> subprocess.Popen[bytes]:
+        cwd.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{name}.out").open("wb") as out, (self.logs / f"{name}.err").open("wb") as err:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        self.running[name] = proc
+        return proc
+
+    def tell(self, name: str, line: str) -> None:
+        stdin = self.running[name].stdin
+        assert stdin is not None
+        stdin.write(line.encode() + b"\n")
+        stdin.flush()
+
+    def log(self, name: str, stream: str = "err") -> str:
+        return (self.logs / f"{name}.{stream}").read_text(errors="replace")
+
+    def failure(self, name: str, what: str) -> BenchmarkError:
+        tail = "\n".join(self.log(name).splitlines()[-25:])
+        return BenchmarkError(f"{name}: {what}\n--- last lines of its stderr ---\n{tail}")
+
+    def check_alive(self) -> None:
+        for name, proc in self.running.items():
+            if proc.poll() is not None:
+                raise self.failure(name, f"exited with status {proc.returncode} while it was needed")
+
+    def wait_until(self, what: str, done: Callable[[], bool]) -> None:
+        deadline = time.time() + self.timeout
+        while not done():
+            self.check_alive()
+            if time.time() > deadline:
+                raise BenchmarkError(f"timed out waiting for {what}")
+            time.sleep(POLL)
+
+    def wait_for_line(self, name: str, text: str, stream: str = "out") -> str:
+        """The first line of the child's stdout (or stderr) that contains `text`, once there is one."""
+        found: list[str] = []
+
+        def seen() -> bool:
+            found.extend(line for line in self.log(name, stream).splitlines() if text in line)
+            return bool(found)
+
+        self.wait_until(f"{name} to print {text!r}", seen)
+        return found[0]
+
+    def wait_for_exits(self, names: list[str]) -> list[float]:
+        """Wall time at which each named process exited; any failure or the timeout raises."""
+        exited: dict[str, float] = {}
+        deadline = time.time() + self.timeout
+        while len(exited) < len(names):
+            for name in names:
+                proc = self.running[name]
+                if name not in exited and proc.poll() is not None:
+                    exited[name] = time.time()
+                    if proc.returncode != 0:
+                        raise self.failure(name, f"exited with status {proc.returncode}")
+            others = {n: p for n, p in self.running.items() if n not in names}
+            for name, proc in others.items():
+                if proc.poll() is not None:
+                    raise self.failure(name, f"exited with status {proc.returncode} during the transfer")
+            if time.time() > deadline:
+                late = [n for n in names if n not in exited]
+                raise BenchmarkError(f"timed out after {self.timeout:.0f} s waiting for {', '.join(late)}")
+            time.sleep(POLL)
+        return [exited[n] for n in names]
+
+    def stop_all(self) -> None:
+        for proc in self.running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.running.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            if proc.stdin:
+                proc.stdin.close()
+        self.running.clear()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return int(response.status) == 200
+    except OSError:
+        return False
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_input(path: Path, size: int) -> str:
+    """A file of `size` random bytes; returns its sha256."""
+    digest = hashlib.sha256()
+    with path.open("wb") as f:
+        for offset in range(0, size, 1 << 24):
+            chunk = os.urandom(min(1 << 24, size - offset))
+            digest.update(chunk)
+            f.write(chunk)
+    return digest.hexdigest()
+
+
+def install_shardcast() -> Path:
+    """shardcast 0.3.2 and blake3 under CACHE (once), for PYTHONPATH; the project's environment is untouched."""
+    if not (CACHE / "shardcast" / "__init__.py").exists():
+        print(f"installing {SHARDCAST} into {CACHE} ...", file=sys.stderr)
+        staging = CACHE.with_name(CACHE.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        done = subprocess.run([*pip, "--target", str(staging), SHARDCAST, "blake3"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BenchmarkError(f"pip could not install {SHARDCAST}:\n{done.stderr[-3000:]}")
+        shutil.rmtree(CACHE, ignore_errors=True)
+        staging.rename(CACHE)
+    if shutil.which("wget") is None:
+        raise BenchmarkError("shardcast downloads with wget: install it (apt-get install wget)")
+    return CACHE
+
+
+def verify(outputs: list[Path], expected: str, system: str) -> None:
+    for out in outputs:
+        if not out.is_file():
+            raise BenchmarkError(f"{system}: {out} is missing after its client exited 0")
+        if sha256_of(out) != expected:
+            raise BenchmarkError(f"{system}: {out} differs from the input (sha256)")
+
+
+def measure_raw(work: Path, source: Path, expected: str, procs: Processes) -> Result:
+    (work / "raw_server.py").write_text(RAW_SERVER)
+    (work / "raw_client.py").write_text(RAW_CLIENT)
+    port = free_port()
+    procs.start("raw-server", [sys.executable, str(work / "raw_server.py"), str(source), str(port)], work)
+    procs.wait_until("the raw server", lambda: answers(f"http://127.0.0.1:{port}/file"))
+    out = work / "client" / FILE
+    argv = [sys.executable, str(work / "raw_client.py"), f"http://127.0.0.1:{port}/file", str(out)]
+    procs.start("raw-client", argv, work / "client", stdin=True)
+    procs.wait_for_line("raw-client", "ready")
+    started = time.time()
+    procs.tell("raw-client", "go")
+    result = Result("raw aiohttp GET", 1, started, started, procs.wait_for_exits(["raw-client"]))
+    verify([out], expected, result.system)
+    return result
+
+
+def measure_shardcast(
+    work: Path, source: Path, expected: str, clients: int, shard_size: int, settle: float, procs: Processes
+) -> Result:
+    child = work / "sc_child.py"
+    child.write_text(SC_CHILD)
+    env = {
+        "PYTHONPATH": str(install_shardcast()),
+        "SHARDCAST_FAST_RETRY_INTERVAL": "1",
+        "SHARDCAST_SLOW_RETRY_INTERVAL": "1",
+        "SHARDCAST_LOG_LEVEL": "INFO",
+    }
+    origin_port, relay_port = free_port(), free_port()
+    origin_data, relay_data = work / "origin" / "data", work / "relay" / "data"
+    for data in (origin_data, relay_data):
+        data.mkdir(parents=True)
+        (data / "data1.bin").write_bytes(b"probe")  # every shardcast downloader fetches it first
+    run = [sys.executable, str(child)]
+    procs.start(
+        "origin",
+        [*run, "origin", str(origin_data), str(origin_port), str(shard_size)],
+        work / "origin",
+        env,
+        stdin=True,
+    )
+    procs.wait_for_line("origin", "ready")
+    origin_url, relay_url = f"http://127.0.0.1:{origin_port}", f"http://127.0.0.1:{relay_port}"
+    procs.start("relay", [*run, "relay", origin_url, str(relay_data), str(relay_port), "0.1"], work / "relay", env)
+    procs.wait_for_line("relay", "ready")
+    names, outputs = [f"client-{i}" for i in range(clients)], []
+    for name in names:
+        out = work / name / FILE
+        outputs.append(out)
+        procs.start(name, [*run, "client", relay_url, str(out), "v1", "0.1"], work / name, env)
+    for name in names:
+        procs.wait_for_line(name, "ready")
+    time.sleep(settle)
+    procs.tell("origin", str(source))
+    _, _, handed, published = procs.wait_for_line("origin", "published").split()
+    result = Result("shardcast 0.3.2", clients, float(handed), float(published), procs.wait_for_exits(names))
+    verify(outputs, expected, result.system)
+    return result
+
+
+def measure_ours(
+    work: Path, source: Path, expected: str, clients: int, shard_size: int | None, settle: float, procs: Processes
+) -> Result:
+    deployment = work / "deployment.json"
+    deployment.write_text(json.dumps(DEPLOYMENT))
+    staging, watch = work / "staging" / "step_1", work / "checkpoints"
+    staging.mkdir(parents=True)
+    watch.mkdir()
+    os.link(source, staging / FILE)  # same file system: the checkpoint appears without a copy
+    prime_node = [sys.executable, "-m", "node.cli.main"]
+    origin_port, relay_port = free_port(), free_port()
+    origin_url, relay_url = f"http://127.0.0.1:{origin_port}", f"http://127.0.0.1:{relay_port}"
+    origin = [*prime_node, "origin", "--data", str(work / "origin"), "--port", str(origin_port)]
+    origin += ["--host", "127.0.0.1", "--watch", str(watch), "--pool", str(POOL), "--dev-key", "0"]
+    origin += ["--deployment", str(deployment)]
+    if shard_size:
+        origin += ["--shard-size", str(shard_size)]
+    procs.start("origin", origin, REPO)
+    procs.wait_until("our origin's /health", lambda: answers(f"{origin_url}/health"))
+    relay = [*prime_node, "relay", "--data", str(work / "relay"), "--port", str(relay_port), "--host", "127.0.0.1"]
+    relay += ["--upstream", origin_url, "--trainer", TRAINER, "--deployment", str(deployment)]
+    procs.start("relay", relay, REPO)
+    procs.wait_until("our relay's /health", lambda: answers(f"{relay_url}/health"))
+    names, outputs = [f"client-{i}" for i in range(clients)], []
+    for name in names:
+        outputs.append(work / name / "step_1" / FILE)
+        fetch = [*prime_node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--step", "1"]
+        fetch += ["--out", str(work / name), "--deployment", str(deployment), "--pool", str(POOL), "--quiet"]
+        procs.start(name, fetch, REPO)
+    time.sleep(settle)
+    procs.check_alive()
+    handed = time.time()
+    staging.rename(watch / "step_1")
+    procs.wait_for_line("origin", "published step 1", stream="err")
+    published = time.time()
+    result = Result("ours", clients, handed, published, procs.wait_for_exits(names))
+    verify(outputs, expected, result.system)
+    return result
+
+
+def measure(args: argparse.Namespace, root: Path) -> list[Result]:
+    size = args.size_mib << 20
+    source = root / "input.bin"
+    print(f"writing {args.size_mib} MiB of random bytes ...", file=sys.stderr)
+    expected = write_input(source, size)
+    systems = ["raw", *(f"{s}:{n}" for n in args.clients for s in ("shardcast", "ours"))]
+    if args.skip_ours:
+        systems = [s for s in systems if not s.startswith("ours")]
+    results = []
+    for system in systems:
+        name, _, n = system.partition(":")
+        work = root / system.replace(":", "-")
+        (work / "logs").mkdir(parents=True)
+        procs = Processes(work / "logs", args.timeout)
+        print(f"measuring {name}{f' with {n} clients' if n else ''} ...", file=sys.stderr)
+        try:
+            if name == "raw":
+                results.append(measure_raw(work, source, expected, procs))
+            elif name == "shardcast":
+                results.append(
+                    measure_shardcast(work, source, expected, int(n), args.shardcast_shard_size, args.settle, procs)
+                )
+            else:
+                results.append(measure_ours(work, source, expected, int(n), args.shard_size, args.settle, procs))
+        finally:
+            procs.stop_all()
+        if not args.keep:
+            shutil.rmtree(work)  # free the page cache and disk before the next system
+    return results
+
+
+def print_table(results: list[Result], size: int) -> None:
+    mib = size / (1 << 20)
+    header = f"{'system':<18}{'clients':>8}{'seconds':>10}{'MiB/s per client':>18}{'from handoff':>14}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        handoff = f"{r.from_handoff:.2f}" if r.handed != r.published else "-"
+        print(f"{r.system:<18}{r.clients:>8}{r.seconds:>10.2f}{mib / r.seconds:>18.0f}{handoff:>14}")
+    print()
+    by_key = {(r.system, r.clients): r for r in results}
+    raw = by_key.get(("raw aiohttp GET", 1))
+    header = f"{'ratio':<40}{'value':>8}{'goal':>10}  goal met"
+    print(header)
+    print("-" * len(header))
+    missed = []
+    for n in sorted({r.clients for r in results if r.system == "ours"}):
+        ours, theirs = by_key.get(("ours", n)), by_key.get(("shardcast 0.3.2", n))
+        if ours and theirs:
+            speedup = theirs.seconds / ours.seconds
+            goal = GOAL_SPEEDUP if n == 4 else None
+            met = "-" if goal is None else ("yes" if speedup >= goal else "NO")
+            if met == "NO":
+                missed.append(f"speedup at N={n}")
+            goal_text = f">= {goal:.0f}x" if goal else "-"
+            print(f"{f'ours vs shardcast, N={n} (speedup)':<40}{speedup:>7.1f}x{goal_text:>10}  {met}")
+    ours_1 = by_key.get(("ours", 1))
+    if raw and ours_1:
+        share = raw.seconds / ours_1.seconds
+        met = "yes" if share >= GOAL_RAW_SHARE else "NO"
+        if met == "NO":
+            missed.append("share of raw at N=1")
+        goal_text = f">= {GOAL_RAW_SHARE:.0%}"
+        print(f"{'ours vs raw GET, N=1 (share of speed)':<40}{share:>8.0%}{goal_text:>10}  {met}")
+    print()
+    if not any(r.system == "ours" for r in results):
+        print("ours was not measured: no goal checked")
+    else:
+        print(f"goals missed: {', '.join(missed)}" if missed else "all goals met")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size-mib", type=int, default=512, help="size of the broadcast file (default 512)")
+    parser.add_argument("--clients", default="1,4", help="client counts to measure, comma-separated (default 1,4)")
+    parser.add_argument("--shard-size", type=int, help="our origin's --shard-size in bytes (default: its own)")
+    parser.add_argument("--shardcast-shard-size", type=int, default=50_000_000, help="default 50_000_000, its own")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds between starting clients and handoff")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
+    parser.add_argument("--skip-ours", action="store_true", help="measure raw and shardcast only")
+    parser.add_argument("--keep", action="store_true", help="keep the data and logs (printed path)")
+    args = parser.parse_args()
+    args.clients = [int(n) for n in args.clients.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="bench-shardcast-"))
+    try:
+        results = measure(args, root)
+    except BenchmarkError as exc:
+        print(f"shardcast benchmark could not run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep:
+            print(f"data and logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print_table(results, args.size_mib << 20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""`prime-node origin`, `prime-node relay` and `prime-node fetch-weights`: SHARDCAST from the command line.
+
+The origin serves the trainer's checkpoints, signed; relays mirror them from upstream servers and serve
+them on; fetch-weights downloads a version from several servers at once and checks the trainer's signature.
+The signing domain (chain id and ComputePool address) comes from the deployment file; no chain is contacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ledger.cli.common import (
+    DEFAULT_DEPLOYMENT,
+    CommandError,
+    DeploymentOption,
+    DevKeyOption,
+    KeystoreOption,
+    parse_address,
+    require_signer,
+    stderr_console,
+    stdout_console,
+)
+from node.cli.errors import node_cli_errors
+
+if TYPE_CHECKING:
+    from node.relay.server import ServerLimits
+    from node.signing import SigningDomain
+
+relay_app = typer.Typer()
+
+DataOption = Annotated[Path, typer.Option("--data", metavar="DIR", help="Directory of the versions this server holds.")]
+PortOption = Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port to listen on (0: any free one).")]
+HostOption = Annotated[str, typer.Option("--host", help="Address to listen on; 0.0.0.0 for every interface.")]
+KeepOption = Annotated[int, typer.Option("--keep", min=1, metavar="N", help="Versions kept; older ones are deleted.")]
+MaxConnectionsOption = Annotated[
+    int, typer.Option("--max-connections", min=1, metavar="N", help="Requests served at once, all clients together.")
+]
+MaxPerClientOption = Annotated[
+    int, typer.Option("--max-per-client", min=1, metavar="N", help="Requests served at once to one client address.")
+]
+ClientRateOption = Annotated[
+    float, typer.Option("--client-rate", min=0, metavar="MB/S", help="Bytes/s to one client address (0: no limit).")
+]
+
+
+def _domain(deployment: Path) -> SigningDomain:
+    from ledger.deployment import Deployment
+    from node.signing import SigningDomain
+
+    loaded = Deployment.load(deployment)
+    return SigningDomain(loaded.chain_id, loaded.address("ComputePool"))
+
+
+def _limits(max_connections: int, max_per_client: int, client_rate: float) -> ServerLimits:
+    from node.relay.server import ServerLimits
+
+    return ServerLimits(
+        max_connections=max_connections, max_per_client=max_per_client, client_rate=client_rate * 1_000_000
+    )
+
+
+def _run_until_signal(main: Coroutine[Any, Any, None]) -> None:
+    """Run a server coroutine until SIGINT or SIGTERM, then let it clean up."""
+
+    async def runner() -> None:
+        task = asyncio.create_task(main)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(runner())
+
+
+@relay_app.command()
+def origin(
+    data: DataOption,
+    watch: Annotated[
+        Path, typer.Option("--watch", metavar="DIR", help="Folder whose new step_<N>/ checkpoints are published.")
+    ],
+    pool: Annotated[int, typer.Option("--pool", min=0, metavar="ID", help="Pool the checkpoints belong to.")],
+    port: PortOption = 8700,
+    host: HostOption = "127.0.0.1",
+    keep: KeepOption = 3,
+    shard_size: Annotated[int, typer.Option("--shard-size", min=1024, metavar="BYTES", help="Shard size.")] = 8
+    * 1024
+    * 1024,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+    max_connections: MaxConnectionsOption = 256,
+    max_per_client: MaxPerClientOption = 32,
+    client_rate: ClientRateOption = 0.0,
+) -> None:
+    """Serve signed checkpoints: publish every step_<N>/ directory that appears in --watch (rename it in)."""
+    with node_cli_errors():
+        domain = _domain(deployment)
+        account = require_signer(keystore, dev_key, chain_id=domain.chain_id)
+        if not watch.is_dir():
+            raise CommandError(f"--watch {watch} is not a directory")
+        limits = _limits(max_connections, max_per_client, client_rate)
+        from node.relay.origin import Origin
+        from node.relay.server import ShardServer
+        from node.relay.store import ShardStore
+
+        async def main() -> None:
+            server = ShardServer(ShardStore(data), role="origin", limits=limits)
+            bound = await server.start(host, port)
+            stderr_console().print(f"origin of pool {pool} on http://{host}:{bound}, trainer {account.address}")
+            source = Origin(server, account=account, domain=domain, pool_id=pool, keep=keep, shard_size=shard_size)
+            try:
+                await source.watch(watch)
+            finally:
+                await server.stop()
+
+        _run_until_signal(main())
+
+
+@relay_app.command()
+def relay(
+    data: DataOption,
+    upstream: Annotated[
+        list[str], typer.Option("--upstream", metavar="URL", help="Origin or relay to mirror from (repeatable).")
+    ],
+    port: PortOption = 8701,
+    host: HostOption = "127.0.0.1",
+    keep: KeepOption = 3,
+    trainer: Annotated[
+        str | None,
+        typer.Option("--trainer", metavar="ADDR", help="Mirror only versions this trainer signed (recommended)."),
+    ] = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, max=64, help="Shards fetched at once.")] = 8,
+    max_connections: MaxConnectionsOption = 256,
+    max_per_client: MaxPerClientOption = 32,
+    client_rate: ClientRateOption = 0.0,
+) -> None:
+    """Mirror checkpoints from upstream servers and serve them, each shard verified before it is served."""
+    with node_cli_errors():
+        policy = None
+        if trainer is not None:
+            from node.relay.trust import TrustPolicy
+
+            policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"))
+        limits = _limits(max_connections, max_per_client, client_rate)
+        from node.relay.mirror import Mirror
+        from node.relay.server import ShardServer
+        from node.relay.store import ShardStore
+
+        async def main() -> None:
+            server = ShardServer(ShardStore(data), role="relay", limits=limits)
+            mirror = Mirror(server, upstream, policy=policy, keep=keep, parallel=parallel)
+            bound = await server.start(host, port)
+            trust = f"trainer {policy.trainer}" if policy else "no --trainer: clients check signatures"
+            stderr_console().print(f"relay on http://{host}:{bound}, mirroring {', '.join(upstream)} ({trust})")
+            try:
+                await mirror.run()
+            finally:
+                await server.stop()
+
+        _run_until_signal(main())
+
+
+def _parse_step(text: str) -> int | None:
+    if text == "latest":
+        return None
+    if not text.isdigit():
+        raise CommandError(f"--step must be 'latest' or a step number, got {text!r}")
+    return int(text)
+
+
+@relay_app.command("fetch-weights")
+def fetch_weights(
+    source: Annotated[list[str], typer.Option("--source", metavar="URL", help="Relay or origin (repeatable).")],
+    trainer: Annotated[str, typer.Option("--trainer", metavar="ADDR", help="Address that must sign the manifest.")],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="The checkpoint lands in DIR/step_<N>/.")],
+    step: Annotated[str, typer.Option("--step", metavar="latest|N", help="Which version.")] = "latest",
+    pool: Annotated[
+        int | None, typer.Option("--pool", min=0, metavar="ID", help="Refuse a manifest of another pool.")
+    ] = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, max=64, help="Shards fetched at once.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Download a checkpoint from several servers at once, verify it, publish it atomically; print its path."""
+    with node_cli_errors():
+        wanted = _parse_step(step)
+        from node.relay.trust import TrustPolicy
+
+        policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"), pool)
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        from node.relay.client import fetch_checkpoint
+
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        with Progress(*columns, console=stderr_console(), transient=True, disable=quiet) as bar:
+            task = bar.add_task("resolving", total=None)
+
+            def started(manifest: Any, done: int) -> None:
+                bar.update(task, description=f"step {manifest.step}", total=manifest.total_size, completed=done)
+
+            path = asyncio.run(
+                fetch_checkpoint(
+                    source,
+                    policy,
+                    out,
+                    step=wanted,
+                    parallel=parallel,
+                    on_start=started,
+                    on_progress=lambda n: bar.advance(task, n),
+                )
+            )
+        stdout_console().print(str(path), soft_wrap=True)
+        sys.stdout.flush()

@@ -1,0 +1,84 @@
+"""Counters and gauges rendered in the Prometheus text format, for every daemon's `GET /metrics`.
+
+A deliberately small registry: metric families with optional labels, updated from one event loop (or
+under the GIL from threads: each update is a single dict operation), rendered on request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _format_labels(labels: LabelKey) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+
+
+def _format_value(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class Metric:
+    """One metric family: `counter` (only `inc`) or `gauge` (`set`, `inc`, or a callback read at render time)."""
+
+    def __init__(self, name: str, kind: str, help_text: str, read: Callable[[], float] | None = None) -> None:
+        if kind not in ("counter", "gauge"):
+            raise ValueError(f"metric kind must be counter or gauge, got {kind!r}")
+        self.name, self.kind, self.help = name, kind, help_text
+        self._values: dict[LabelKey, float] = {}
+        self._read = read
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if self.kind == "counter" and amount < 0:
+            raise ValueError(f"counter {self.name} cannot decrease")
+        key = tuple(sorted(labels.items()))
+        self._values[key] = self._values.get(key, 0.0) + amount
+
+    def set(self, value: float, **labels: str) -> None:
+        if self.kind != "gauge":
+            raise ValueError(f"{self.name} is a counter; only gauges can be set")
+        self._values[tuple(sorted(labels.items()))] = value
+
+    def value(self, **labels: str) -> float:
+        if self._read is not None:
+            return self._read()
+        return self._values.get(tuple(sorted(labels.items())), 0.0)
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        if self._read is not None:
+            lines.append(f"{self.name} {_format_value(self._read())}")
+        else:
+            values = self._values or {(): 0.0}
+            lines += [f"{self.name}{_format_labels(k)} {_format_value(v)}" for k, v in sorted(values.items())]
+        return lines
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._metrics: dict[str, Metric] = {}
+
+    def counter(self, name: str, help_text: str) -> Metric:
+        return self._add(Metric(name, "counter", help_text))
+
+    def gauge(self, name: str, help_text: str, read: Callable[[], float] | None = None) -> Metric:
+        return self._add(Metric(name, "gauge", help_text, read))
+
+    def _add(self, metric: Metric) -> Metric:
+        if metric.name in self._metrics:
+            raise ValueError(f"metric {metric.name} is already registered")
+        self._metrics[metric.name] = metric
+        return metric
+
+    def render(self) -> str:
+        return "\n".join(line for m in self._metrics.values() for line in m.render()) + "\n"

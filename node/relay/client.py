@@ -1,0 +1,387 @@
+"""The SHARDCAST client: find a trusted version, download its shards from several sources, publish it.
+
+Protocol calls (`list_versions`, `fetch_manifest`) read untrusted servers with size limits and strict
+parsing. `Downloader` spreads shards over sources in parallel, choosing a source at random with weight
+proportional to its measured throughput (shared among its transfers in flight), so a fast relay carries
+most of the load while a slow one still helps. A transfer that breaks keeps the bytes it received and asks
+another source for the rest (HTTP Range). A shard that fails its hash bans the sources it came from for the
+rest of the download and is fetched again elsewhere; a source that errors backs off, and is dropped after
+repeated failures. Shards go into a `PartialCheckpoint`, so a killed download resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from node.relay import (
+    DownloadFailed,
+    ManifestError,
+    RelayError,
+    ShardHashMismatch,
+    SourceError,
+    UntrustedManifest,
+)
+from node.relay.manifest import Manifest, parse_manifest
+from node.relay.server import SIGNATURE_HEADER
+from node.relay.store import PartialCheckpoint
+from node.relay.trust import TrustPolicy
+
+log = logging.getLogger(__name__)
+
+MAX_VERSIONS_BYTES = 1024 * 1024
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_FAILURES = 5  # consecutive transport failures before a source is dropped from a download
+MAX_ATTEMPTS = 60  # requests for one shard before the download gives up (busy answers included)
+STEP_DIR_PREFIX = "step_"
+Progress = Callable[[int], None]  # bytes just verified and written
+ShardDone = Callable[[], Awaitable[None]]
+
+
+def client_timeout(read: float = 30.0) -> aiohttp.ClientTimeout:
+    """Connect fast or fail; a read may wait for a relay still mirroring the shard (its wait is 20 s)."""
+    return aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0, sock_read=read)
+
+
+@dataclass
+class Source:
+    """One origin or relay, and what this process has measured of it."""
+
+    url: str
+    throughput: float = 0.0  # bytes/s, exponentially weighted; 0 until measured
+    in_flight: int = 0
+    failures: int = 0  # consecutive
+    retry_at: float = 0.0  # monotonic time before which it is not asked again
+    banned: str | None = None  # why it is out of this download
+    received: int = 0
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise RelayError(f"source {self.url!r} must be an http:// or https:// URL")
+
+    def succeeded(self, size: int, seconds: float) -> None:
+        rate = size / max(seconds, 1e-6)
+        self.throughput = rate if self.throughput == 0 else 0.7 * self.throughput + 0.3 * rate
+        self.failures = 0
+        self.received += size
+
+    def failed(self, error: SourceError) -> None:
+        """Back off: for as long as a busy source asked, else exponentially; drop it after repeated failures."""
+        if error.busy_for is not None:
+            self.retry_at = time.monotonic() + error.busy_for
+            return
+        self.failures += 1
+        self.retry_at = time.monotonic() + 0.2 * 2 ** min(self.failures, 5)
+        if self.failures >= MAX_FAILURES:
+            self.banned = f"{self.failures} failures in a row, the last: {error.reason}"
+
+
+@dataclass(frozen=True)
+class VersionList:
+    latest: int | None
+    complete: frozenset[int]
+    incoming: frozenset[int]
+
+    @property
+    def steps(self) -> frozenset[int]:
+        return self.complete | self.incoming
+
+
+def _step(value: object) -> int:
+    if type(value) is not int or not 0 <= value < 2**64:
+        raise ValueError(f"not a step: {value!r:.40}")
+    return value
+
+
+async def _read_limited(response: aiohttp.ClientResponse, limit: int, what: str, source: str) -> bytes:
+    body = await response.content.read(limit + 1)
+    if len(body) > limit:
+        raise SourceError(source, f"{what} is over {limit} bytes")
+    return body
+
+
+async def list_versions(
+    session: aiohttp.ClientSession, source: Source, *, after: int | None = None, wait: float = 0.0
+) -> VersionList:
+    """The source's versions; with `after`, waits up to `wait` s for one newer than `after` (long-poll)."""
+    params = {} if after is None else {"after": str(after), "wait": str(wait)}
+    try:
+        async with session.get(
+            f"{source.url}/versions", params=params, timeout=client_timeout(wait + 10.0)
+        ) as response:
+            if response.status != 200:
+                raise SourceError(source.url, f"/versions answered HTTP {response.status}")
+            body = await _read_limited(response, MAX_VERSIONS_BYTES, "/versions", source.url)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise SourceError(source.url, f"/versions failed: {exc or type(exc).__name__}") from None
+    try:
+        raw = json.loads(body)
+        complete = {_step(v["step"]) for v in raw["versions"] if v["complete"] is True}
+        incoming = {_step(v["step"]) for v in raw["versions"] if v["complete"] is False}
+        latest = None if raw["latest"] is None else _step(raw["latest"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SourceError(source.url, f"/versions is malformed: {exc}") from None
+    return VersionList(latest, frozenset(complete), frozenset(incoming))
+
+
+async def fetch_manifest(
+    session: aiohttp.ClientSession, source: Source, step: int, policy: TrustPolicy | None
+) -> tuple[Manifest, bytes]:
+    """Version `step`'s manifest and signature from `source`, checked against `policy` when one is given.
+
+    Raises `SourceError` for transport and format problems, `UntrustedManifest` for a bad signature.
+    """
+    try:
+        async with session.get(f"{source.url}/v/{step}/manifest.json", timeout=client_timeout()) as response:
+            if response.status != 200:
+                raise SourceError(source.url, f"manifest of step {step} answered HTTP {response.status}")
+            body = await _read_limited(response, MAX_MANIFEST_BYTES, "manifest", source.url)
+            signature_hex = response.headers.get(SIGNATURE_HEADER, "")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise SourceError(source.url, f"manifest of step {step} failed: {exc or type(exc).__name__}") from None
+    try:
+        manifest = parse_manifest(body, max_bytes=MAX_MANIFEST_BYTES)
+    except ManifestError as exc:
+        raise SourceError(source.url, str(exc)) from None
+    try:
+        signature = bytes.fromhex(signature_hex.removeprefix("0x"))
+    except ValueError:
+        raise UntrustedManifest(step, f"{SIGNATURE_HEADER} is not hex", source.url) from None
+    if policy is not None:
+        policy.check(manifest, signature, step=step, source=source.url)
+    elif manifest.step != step:
+        raise UntrustedManifest(step, f"it is the manifest of step {manifest.step}", source.url)
+    return manifest, signature
+
+
+@dataclass
+class _Transfer:
+    """One shard being fetched: the bytes so far and the sources they came from."""
+
+    file: str
+    index: int
+    size: int
+    data: bytearray = field(default_factory=bytearray)
+    sources: set[str] = field(default_factory=set)
+
+
+class Downloader:
+    """Downloads the missing shards of one manifest into a `PartialCheckpoint` from several sources."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        sources: Sequence[Source],
+        *,
+        parallel: int = 8,
+        on_progress: Progress | None = None,
+        on_shard: ShardDone | None = None,
+    ) -> None:
+        if not sources:
+            raise RelayError("no source to download from")
+        if parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {parallel}")
+        self.session = session
+        self.sources = list(sources)
+        self.parallel = parallel
+        self.on_progress = on_progress
+        self.on_shard = on_shard
+        self.errors: list[str] = []
+
+    async def download(self, sink: PartialCheckpoint) -> None:
+        """Fetch every missing shard; raises `DownloadFailed` when no usable source is left."""
+        shards = {(f.name, s.index): s.size for f in sink.manifest.files for s in f.shards}
+        queue = deque(sink.missing())
+        step = sink.manifest.step
+
+        async def worker() -> None:
+            while queue:
+                file, index = queue.popleft()
+                await self._fetch(sink, _Transfer(file, index, shards[(file, index)]), step)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.parallel, max(1, len(queue))))]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    def _pick(self) -> Source | None:
+        """A usable source at random, weighted by throughput per transfer in flight; None if all are out."""
+        usable = [s for s in self.sources if s.banned is None]
+        if not usable:
+            return None
+        now = time.monotonic()
+        ready = [s for s in usable if s.retry_at <= now] or [min(usable, key=lambda s: s.retry_at)]
+        known = [s.throughput for s in ready if s.throughput > 0]
+        prior = max(known) if known else 1.0  # an unmeasured source is tried as if it were the best
+        weights = [(s.throughput or prior) / (1 + s.in_flight) for s in ready]
+        return random.choices(ready, weights=weights)[0]
+
+    def _ban(self, source: Source, reason: str) -> None:
+        if source.banned is None:
+            source.banned = reason
+            log.warning("dropping source %s: %s", source.url, reason)
+        self.errors.append(f"{source.url}: {reason}")
+
+    async def _fetch(self, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
+        for _ in range(MAX_ATTEMPTS):
+            source = self._pick()
+            if source is None:
+                break
+            delay = source.retry_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            started, before = time.monotonic(), len(transfer.data)
+            source.in_flight += 1
+            try:
+                await self._receive(source, transfer, step)
+            except SourceError as exc:
+                self.errors.append(str(exc))
+                source.failed(exc)
+                if source.banned:
+                    self._ban(source, source.banned)
+                continue
+            finally:
+                source.in_flight -= 1
+            try:
+                await asyncio.to_thread(sink.write_shard, transfer.file, transfer.index, bytes(transfer.data))
+            except ShardHashMismatch as exc:
+                for url in transfer.sources:  # any of them may have sent the bad bytes
+                    bad = next(s for s in self.sources if s.url == url)
+                    self._ban(bad, f"sent shard {transfer.file}[{transfer.index}] that failed its sha256 ({exc})")
+                transfer.data.clear()
+                transfer.sources.clear()
+                continue
+            source.succeeded(len(transfer.data) - before, time.monotonic() - started)
+            if self.on_progress is not None:
+                self.on_progress(transfer.size)
+            if self.on_shard is not None:
+                await self.on_shard()
+            return
+        raise DownloadFailed(step, self.errors)
+
+    async def _receive(self, source: Source, transfer: _Transfer, step: int) -> None:
+        """Append the rest of the shard from `source` to `transfer.data` (a Range request if some bytes are in)."""
+        url = f"{source.url}/v/{step}/shards/{transfer.file}/{transfer.index}"
+        have = len(transfer.data)
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            async with self.session.get(url, headers=headers, timeout=client_timeout()) as response:
+                if response.status in (429, 503):
+                    raise SourceError(source.url, f"busy (HTTP {response.status})", busy_for=_retry_after(response))
+                if response.status == 404:
+                    self._ban(source, f"does not have shard {transfer.file}[{transfer.index}] of step {step}")
+                    raise SourceError(source.url, "HTTP 404")
+                if response.status == 200 and have:
+                    transfer.data.clear()  # the server ignored the Range: take the whole shard
+                    have = 0
+                elif response.status not in (200, 206):
+                    raise SourceError(source.url, f"shard {transfer.file}[{transfer.index}]: HTTP {response.status}")
+                transfer.sources.add(source.url)
+                async for chunk in response.content.iter_chunked(1024 * 1024):
+                    if len(transfer.data) + len(chunk) > transfer.size:
+                        transfer.data.clear()
+                        transfer.sources.clear()
+                        self._ban(source, f"sent more than {transfer.size} bytes for {transfer.file}[{transfer.index}]")
+                        raise SourceError(source.url, "oversized shard")
+                    transfer.data += chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SourceError(
+                source.url, f"shard {transfer.file}[{transfer.index}]: {exc or type(exc).__name__}"
+            ) from None
+        if len(transfer.data) < transfer.size:
+            raise SourceError(source.url, f"shard {transfer.file}[{transfer.index}] ended early")
+
+
+def _retry_after(response: aiohttp.ClientResponse) -> float:
+    try:
+        return min(10.0, max(0.1, float(response.headers.get("Retry-After", "1"))))
+    except ValueError:
+        return 1.0
+
+
+async def resolve_version(
+    session: aiohttp.ClientSession, sources: Sequence[Source], policy: TrustPolicy, step: int | None
+) -> tuple[Manifest, bytes, list[Source]]:
+    """The trusted manifest of `step` (None: the newest step any source offers with a valid signature).
+
+    Returns it with its signature and the sources that list it. A source whose manifest is not the
+    trainer's is banned; a source claiming a newer step it cannot back up is skipped for that step.
+    """
+    listings = await asyncio.gather(*(list_versions(session, s) for s in sources), return_exceptions=True)
+    offers: dict[int, list[Source]] = {}
+    errors: list[str] = []
+    for source, listing in zip(sources, listings, strict=True):
+        if isinstance(listing, BaseException):
+            errors.append(str(listing))
+            continue
+        for s in listing.steps:
+            offers.setdefault(s, []).append(source)
+    candidates = [step] if step is not None else sorted(offers, reverse=True)
+    for candidate in candidates[:8]:  # bound the work a source advertising junk steps can cause
+        for source in offers.get(candidate, []):
+            if source.banned:
+                continue
+            try:
+                manifest, signature = await fetch_manifest(session, source, candidate, policy)
+            except UntrustedManifest as exc:
+                source.banned = str(exc)
+                errors.append(str(exc))
+                continue
+            except SourceError as exc:
+                errors.append(str(exc))
+                continue
+            having = [s for s in offers[candidate] if s.banned is None]
+            return manifest, signature, having
+    raise DownloadFailed(step if step is not None else -1, errors or ["no source offers a version"])
+
+
+async def fetch_checkpoint(
+    sources: Sequence[str],
+    policy: TrustPolicy,
+    out_dir: str | Path,
+    *,
+    step: int | None = None,
+    parallel: int = 8,
+    on_start: Callable[[Manifest, int], None] | None = None,
+    on_progress: Progress | None = None,
+) -> Path:
+    """Download a trusted checkpoint to `out_dir/step_<N>/`, atomically; returns that path.
+
+    An existing `step_<N>` is returned as is (it was published only after every byte verified).
+    `on_start(manifest, bytes_already_done)` is called once the manifest is trusted.
+    """
+    pool = [Source(url) for url in sources]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        manifest, _, having = await resolve_version(session, pool, policy, step)
+        target = Path(out_dir) / f"{STEP_DIR_PREFIX}{manifest.step}"
+        if target.exists():
+            return target
+        sink = PartialCheckpoint(target, manifest)
+        try:
+            if on_start is not None:
+                on_start(manifest, sink.done_bytes)
+            downloader = Downloader(session, having, parallel=parallel, on_progress=on_progress)
+            for _ in range(2):  # a second round only if a whole-file check sends shards back
+                await downloader.download(sink)
+                try:
+                    return await asyncio.to_thread(sink.finish)
+                except RelayError as exc:
+                    if not sink.missing():
+                        raise
+                    log.warning("re-fetching shards after a failed file check: %s", exc)
+            raise DownloadFailed(manifest.step, downloader.errors)
+        finally:
+            sink.close()

@@ -1,0 +1,80 @@
+"""The origin: the trainer's side of SHARDCAST. It shards, signs and serves each new checkpoint.
+
+`publish(checkpoint_dir, step)` copies the checkpoint into the store, builds the manifest from the copy,
+signs `Checkpoint(poolId, step, manifestHash)` with the trainer's key, wakes every long-poll, and prunes to
+the last `keep` versions. `watch(folder)` publishes each `step_<N>/` directory that appears in a folder,
+for a trainer that writes checkpoints to disk (it must rename a finished directory into place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+
+from node.relay.manifest import DEFAULT_SHARD_SIZE, Manifest
+from node.relay.server import ShardServer
+from node.relay.trust import sign_manifest
+from node.signing import SigningDomain
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"step_([0-9]{1,19})")
+
+
+class Origin:
+    def __init__(
+        self,
+        server: ShardServer,
+        *,
+        account: LocalAccount,
+        domain: SigningDomain,
+        pool_id: int,
+        keep: int = 3,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.server = server
+        self.store = server.store
+        self.account, self.domain, self.pool_id = account, domain, pool_id
+        self.keep, self.shard_size = keep, shard_size
+
+    async def publish(self, checkpoint_dir: str | Path, step: int) -> Manifest:
+        """Make `checkpoint_dir` version `step`; republishing the same bytes is a no-op, other bytes an error."""
+        manifest = await asyncio.to_thread(
+            self.store.publish_dir,
+            checkpoint_dir,
+            pool_id=self.pool_id,
+            step=step,
+            shard_size=self.shard_size,
+            sign=lambda m: sign_manifest(m, self.account, self.domain),
+        )
+        pruned = await asyncio.to_thread(self.store.prune, self.keep)
+        await self.server.notify()
+        log.info(
+            "published step %d (%d files, %d bytes); pruned %s",
+            step,
+            len(manifest.files),
+            manifest.total_size,
+            pruned or "nothing",
+        )
+        return manifest
+
+    async def watch(self, folder: str | Path, *, interval: float = 0.1) -> None:
+        """Publish every `step_<N>` directory in `folder` newer than the newest stored step, oldest first."""
+        root = Path(folder)
+        while True:
+            stored = self.store.versions()
+            newest = stored[-1] if stored else -1
+            found = sorted(
+                int(m.group(1))
+                for p in root.iterdir()
+                if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and int(m.group(1)) > newest
+            )
+            for step in found:
+                await self.publish(root / f"step_{step}", step)
+            await asyncio.sleep(interval)

@@ -1,0 +1,331 @@
+"""The SHARDCAST HTTP server shared by origins and relays (DESIGN section 9), on aiohttp.
+
+Endpoints: `GET /versions` (long-poll with `?after=N&wait=S`), `GET /v/{step}/manifest.json` (canonical
+bytes, the trainer's signature in `X-Shardcast-Signature`), `GET /v/{step}/shards/{file}/{index}` (Range
+supported; a shard still being mirrored is awaited up to `pending_wait`), `GET /health`, `GET /metrics`.
+
+The server only reads the store. Whoever writes to it (an `Origin` publishing, a `Mirror` copying from
+upstream) calls `notify()` afterwards, which wakes long-polls and requests waiting for a shard.
+
+Limits against greedy or hostile clients: requests in flight overall and per client address, a request
+rate per client address, and optionally a byte rate per client address (a token bucket shared by that
+address's connections). Every refusal is a JSON error with a 4xx/5xx status and counted in `/metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from node.metrics import Registry
+from node.relay import ManifestError, ShardPending, UnknownShard, VersionNotFound
+from node.relay.manifest import check_name
+from node.relay.store import ShardStore
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Shardcast-Signature"
+CHUNK = 1024 * 1024
+_STEP = re.compile(r"[0-9]{1,20}")
+_RANGE = re.compile(r"bytes=([0-9]{1,20})-([0-9]{0,20})")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Bounds on what clients may ask of one server."""
+
+    max_connections: int = 256  # requests in flight, all clients together; more get 503
+    max_per_client: int = 32  # requests in flight per client address; more get 429
+    requests_per_s: float = 200.0  # request rate per client address (burst of twice this); more get 429
+    client_rate: float = 0.0  # bytes/s sent to one client address, 0 for no limit
+    pending_wait: float = 20.0  # seconds a request waits for a shard that is still being mirrored
+    max_wait: float = 60.0  # longest long-poll on /versions
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_per_client < 1 or self.requests_per_s <= 0:
+            raise ValueError("max_connections, max_per_client and requests_per_s must be positive")
+        if self.client_rate < 0 or self.pending_wait < 0 or self.max_wait < 0:
+            raise ValueError("client_rate, pending_wait and max_wait must not be negative")
+
+
+class TokenBucket:
+    """`rate` tokens per second, at most `burst` saved; `take` waits (async) for a debt to be paid off."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = burst
+        self.stamp = time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def try_take(self, amount: float) -> bool:
+        self._refill()
+        if self.tokens < amount:
+            return False
+        self.tokens -= amount
+        return True
+
+    async def take(self, amount: float) -> None:
+        self._refill()
+        self.tokens -= amount  # may go negative: this caller (and the next ones) wait for the debt
+        if self.tokens < 0:
+            await asyncio.sleep(-self.tokens / self.rate)
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class ShardServer:
+    """Serves one `ShardStore`; `role` ("origin" or "relay") is reported by /health."""
+
+    def __init__(self, store: ShardStore, *, role: str, limits: ServerLimits | None = None) -> None:
+        self.store = store
+        self.role = role
+        self.limits = limits or ServerLimits()
+        self._changed = asyncio.Condition()
+        self._in_flight: dict[str, int] = {}
+        self._total_in_flight = 0
+        self._request_buckets: dict[str, TokenBucket] = {}
+        self._byte_buckets: dict[str, TokenBucket] = {}
+        self._runner: web.AppRunner | None = None
+        self.started = time.time()
+
+        self.metrics = Registry()
+        self._requests = self.metrics.counter("shardcast_requests_total", "HTTP requests by endpoint and status.")
+        self._bytes_sent = self.metrics.counter("shardcast_bytes_sent_total", "Shard bytes sent to clients.")
+        self._refused = self.metrics.counter("shardcast_refused_total", "Requests refused by a limit, by limit.")
+        self.metrics.gauge("shardcast_in_flight", "Requests being served now.", lambda: self._total_in_flight)
+        self.metrics.gauge("shardcast_versions", "Complete versions held.", lambda: len(self.store.versions()))
+        self.metrics.gauge("shardcast_incoming_versions", "Versions being mirrored.", lambda: len(store.incoming()))
+        self.metrics.gauge(
+            "shardcast_latest_step",
+            "Newest step held (complete or being mirrored), -1 if none.",
+            lambda: -1 if self.latest() is None else float(self.latest() or 0),
+        )
+
+        self.app = web.Application(middlewares=[self._limits_middleware])
+        self.app.add_routes(
+            [
+                web.get("/versions", self._versions),
+                web.get("/v/{step}/manifest.json", self._manifest),
+                web.get("/v/{step}/shards/{file}/{index}", self._shard),
+                web.get("/health", self._health),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+
+    # --- life cycle ----------------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (port 0 picks a free one); returns the port."""
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        return int(self._runner.addresses[-1][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def notify(self) -> None:
+        """Wake long-polls and shard waits: the store has a new version or a new shard."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    def latest(self) -> int | None:
+        steps = self.store.versions() + self.store.incoming()
+        return max(steps) if steps else None
+
+    # --- limits --------------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _limits_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        client = request.remote or "?"
+        endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
+        bucket = self._request_buckets.get(client)
+        if bucket is None:
+            if len(self._request_buckets) > 10_000:  # forget idle clients rather than grow without bound
+                self._request_buckets.clear()
+            bucket = self._request_buckets[client] = TokenBucket(
+                self.limits.requests_per_s, 2 * self.limits.requests_per_s
+            )
+        response: web.StreamResponse
+        if self._total_in_flight >= self.limits.max_connections:
+            response = _error(503, "server busy: too many requests in flight", **{"Retry-After": "1"})
+            self._refused.inc(limit="connections")
+        elif self._in_flight.get(client, 0) >= self.limits.max_per_client:
+            response = _error(429, f"at most {self.limits.max_per_client} requests in flight per client")
+            self._refused.inc(limit="per_client")
+        elif not bucket.try_take(1):
+            response = _error(429, f"over {self.limits.requests_per_s:g} requests/s", **{"Retry-After": "1"})
+            self._refused.inc(limit="rate")
+        else:
+            self._total_in_flight += 1
+            self._in_flight[client] = self._in_flight.get(client, 0) + 1
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                response = exc
+            finally:
+                self._total_in_flight -= 1
+                left = self._in_flight[client] - 1
+                if left:
+                    self._in_flight[client] = left
+                else:
+                    del self._in_flight[client]
+        self._requests.inc(endpoint=endpoint, status=str(response.status))
+        return response
+
+    async def _send(self, response: web.StreamResponse, client: str, data: bytes) -> None:
+        if self.limits.client_rate > 0:
+            bucket = self._byte_buckets.get(client)
+            if bucket is None:
+                bucket = self._byte_buckets[client] = TokenBucket(self.limits.client_rate, self.limits.client_rate)
+            await bucket.take(len(data))
+        await response.write(data)
+        self._bytes_sent.inc(len(data))
+
+    # --- handlers ------------------------------------------------------------------------------------
+
+    def _versions_body(self) -> dict[str, object]:
+        complete, incoming = self.store.versions(), self.store.incoming()
+        listed = [{"step": s, "complete": True} for s in complete] + [{"step": s, "complete": False} for s in incoming]
+        return {"latest": self.latest(), "versions": sorted(listed, key=lambda v: int(str(v["step"])))}
+
+    async def _versions(self, request: web.Request) -> web.Response:
+        after_text, wait_text = request.query.get("after"), request.query.get("wait", "0")
+        if after_text is not None and not _STEP.fullmatch(after_text):
+            return _error(400, "after must be a step number")
+        try:
+            wait = min(float(wait_text), self.limits.max_wait)
+        except ValueError:
+            return _error(400, "wait must be a number of seconds")
+        if after_text is not None and wait > 0:
+            after = int(after_text)
+
+            def newer() -> bool:
+                latest = self.latest()
+                return latest is not None and latest > after
+
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait_for(newer), timeout=wait)
+        return web.json_response(self._versions_body())
+
+    def _step(self, request: web.Request) -> int:
+        text = request.match_info["step"]
+        if not _STEP.fullmatch(text):
+            raise web.HTTPNotFound(text=json.dumps({"error": "no such step"}), content_type="application/json")
+        return int(text)
+
+    async def _manifest(self, request: web.Request) -> web.Response:
+        step = self._step(request)
+        try:
+            body, signature = self.store.manifest_bytes(step), self.store.signature(step)
+        except VersionNotFound:
+            return _error(404, f"no version {step} here")
+        return web.Response(
+            body=body, content_type="application/json", headers={SIGNATURE_HEADER: "0x" + signature.hex()}
+        )
+
+    async def _shard(self, request: web.Request) -> web.StreamResponse:
+        step = self._step(request)
+        file, index_text = request.match_info["file"], request.match_info["index"]
+        try:
+            check_name(file)
+        except ManifestError:
+            return _error(404, "no such file")
+        if not _STEP.fullmatch(index_text):
+            return _error(404, "no such shard")
+        try:
+            paths, offset, size = await self._locate(step, file, int(index_text))
+        except VersionNotFound:
+            return _error(404, f"no version {step} here")
+        except UnknownShard:
+            return _error(404, f"no shard {file}[{index_text}] in version {step}")
+        except ShardPending:
+            return _error(503, "shard not mirrored yet", **{"Retry-After": "1"})
+        start, end = 0, size  # [start, end) within the shard
+        status, headers = 200, {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        if "Range" in request.headers:
+            match = _RANGE.fullmatch(request.headers["Range"].strip())
+            if match is None or int(match.group(1)) >= size:
+                return _error(416, f"range must be bytes=a-[b] within {size} bytes", **{"Content-Range": f"*/{size}"})
+            start = int(match.group(1))
+            end = min(size, int(match.group(2)) + 1) if match.group(2) else size
+            if end <= start:
+                return _error(416, "empty range", **{"Content-Range": f"*/{size}"})
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        fd = self._open(paths)
+        try:
+            response = web.StreamResponse(status=status, headers=headers)
+            response.content_length = end - start
+            await response.prepare(request)
+            loop = asyncio.get_running_loop()
+            client = request.remote or "?"
+            position = start
+            while position < end:
+                n = min(CHUNK, end - position)
+                data = await loop.run_in_executor(None, os.pread, fd, n, offset + position)
+                if len(data) != n:
+                    raise OSError(f"short read of {paths[-1]} at {offset + position}")
+                await self._send(response, client, data)
+                position += n
+            await response.write_eof()
+            return response
+        finally:
+            os.close(fd)
+
+    async def _locate(self, step: int, file: str, index: int) -> tuple[list[os.PathLike[str]], int, int]:
+        """The shard's location, waiting up to `pending_wait` while it is still being mirrored."""
+        deadline = time.monotonic() + self.limits.pending_wait
+        while True:
+            try:
+                paths, offset, size = self.store.shard_location(step, file, index)
+                return list(paths), offset, size
+            except ShardPending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                async with self._changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), timeout=left)
+
+    @staticmethod
+    def _open(paths: list[os.PathLike[str]]) -> int:
+        for path in paths[:-1]:
+            try:
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # the version was renamed into place meanwhile
+                continue
+        return os.open(paths[-1], os.O_RDONLY)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "role": self.role,
+                "uptime_s": round(time.time() - self.started, 1),
+                **self._versions_body(),
+            }
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
