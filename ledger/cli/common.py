@@ -81,6 +81,13 @@ def configure_logging() -> None:
             logging.getLogger(package).setLevel(logging.DEBUG)
 
 
+def configure_daemon_logging(level: int = logging.INFO) -> None:
+    """For long-running commands: timestamped logs of the prime packages on stderr (debug with PRIME_DEBUG=1)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for package in ("ledger", "node", "trainer", "validator"):
+        logging.getLogger(package).setLevel(logging.DEBUG if debug_enabled() else level)
+
+
 # --- printing ----------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from collections.abc import Coroutine
@@ -23,6 +24,7 @@ from ledger.cli.common import (
     DeploymentOption,
     DevKeyOption,
     KeystoreOption,
+    configure_daemon_logging,
     parse_address,
     require_signer,
     stderr_console,
@@ -103,6 +105,7 @@ def origin(
 ) -> None:
     """Serve signed checkpoints: publish every step_<N>/ directory that appears in --watch (rename it in)."""
     with node_cli_errors():
+        configure_daemon_logging()
         domain = _domain(deployment)
         account = require_signer(keystore, dev_key, chain_id=domain.chain_id)
         if not watch.is_dir():
@@ -146,6 +149,7 @@ def relay(
 ) -> None:
     """Mirror checkpoints from upstream servers and serve them, each shard verified before it is served."""
     with node_cli_errors():
+        configure_daemon_logging()
         policy = None
         if trainer is not None:
             from node.relay.trust import TrustPolicy
@@ -187,13 +191,21 @@ def fetch_weights(
     pool: Annotated[
         int | None, typer.Option("--pool", min=0, metavar="ID", help="Refuse a manifest of another pool.")
     ] = None,
+    after: Annotated[
+        int | None,
+        typer.Option("--after", min=0, metavar="N", help="Wait for a version newer than N, then fetch the newest."),
+    ] = None,
+    wait: Annotated[float, typer.Option("--wait", min=0, metavar="S", help="Longest wait for --after.")] = 3600.0,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     parallel: Annotated[int, typer.Option("--parallel", min=1, max=64, help="Shards fetched at once.")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Download a checkpoint from several servers at once, verify it, publish it atomically; print its path."""
     with node_cli_errors():
+        configure_daemon_logging(logging.WARNING)  # a dropped source is worth a line; progress is the bar
         wanted = _parse_step(step)
+        if after is not None and wanted is not None:
+            raise CommandError("--after waits for the newest version: use it with --step latest")
         from node.relay.trust import TrustPolicy
 
         policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"), pool)
@@ -214,6 +226,8 @@ def fetch_weights(
                     policy,
                     out,
                     step=wanted,
+                    after=after,
+                    wait=wait,
                     parallel=parallel,
                     on_start=started,
                     on_progress=lambda n: bar.advance(task, n),

@@ -312,10 +312,38 @@ def _retry_after(response: aiohttp.ClientResponse) -> float:
         return 1.0
 
 
+async def wait_for_newer(
+    session: aiohttp.ClientSession, sources: Sequence[Source], after: int, *, timeout: float
+) -> None:
+    """Long-poll every source until one lists a step newer than `after`; `DownloadFailed` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        polls = [asyncio.ensure_future(list_versions(session, s, after=after, wait=min(30.0, left))) for s in sources]
+        try:
+            for next_done in asyncio.as_completed(polls):
+                try:
+                    listing = await next_done
+                except SourceError:
+                    continue
+                if listing.latest is not None and listing.latest > after:
+                    return
+        finally:
+            for poll in polls:
+                poll.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
+        await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # every source failed or timed out
+    raise DownloadFailed(after + 1, [f"no version newer than {after} appeared within {timeout:g} s"])
+
+
 async def resolve_version(
-    session: aiohttp.ClientSession, sources: Sequence[Source], policy: TrustPolicy, step: int | None
+    session: aiohttp.ClientSession,
+    sources: Sequence[Source],
+    policy: TrustPolicy,
+    step: int | None,
+    *,
+    newer_than: int = -1,
 ) -> tuple[Manifest, bytes, list[Source]]:
-    """The trusted manifest of `step` (None: the newest step any source offers with a valid signature).
+    """The trusted manifest of `step` (None: the newest step above `newer_than` with a valid signature).
 
     Returns it with its signature and the sources that list it. A source whose manifest is not the
     trainer's is banned; a source claiming a newer step it cannot back up is skipped for that step.
@@ -329,7 +357,7 @@ async def resolve_version(
             continue
         for s in listing.steps:
             offers.setdefault(s, []).append(source)
-    candidates = [step] if step is not None else sorted(offers, reverse=True)
+    candidates = [step] if step is not None else sorted((s for s in offers if s > newer_than), reverse=True)
     for candidate in candidates[:8]:  # bound the work a source advertising junk steps can cause
         for source in offers.get(candidate, []):
             if source.banned:
@@ -354,18 +382,24 @@ async def fetch_checkpoint(
     out_dir: str | Path,
     *,
     step: int | None = None,
+    after: int | None = None,
+    wait: float = 3600.0,
     parallel: int = 8,
     on_start: Callable[[Manifest, int], None] | None = None,
     on_progress: Progress | None = None,
 ) -> Path:
     """Download a trusted checkpoint to `out_dir/step_<N>/`, atomically; returns that path.
 
-    An existing `step_<N>` is returned as is (it was published only after every byte verified).
+    An existing `step_<N>` is returned as is (it was published only after every byte verified). With
+    `after`, it first waits up to `wait` s for a version newer than `after` and takes the newest such one.
     `on_start(manifest, bytes_already_done)` is called once the manifest is trusted.
     """
     pool = [Source(url) for url in sources]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        manifest, _, having = await resolve_version(session, pool, policy, step)
+        if after is not None:
+            await wait_for_newer(session, pool, after, timeout=wait)
+        newer_than = -1 if after is None else after
+        manifest, _, having = await resolve_version(session, pool, policy, step, newer_than=newer_than)
         target = Path(out_dir) / f"{STEP_DIR_PREFIX}{manifest.step}"
         if target.exists():
             return target
