@@ -9,7 +9,8 @@ Topology, the same for both systems: one origin, one relay reading from it, N cl
 a separate process on this machine, over 127.0.0.1. The payload is one file of random bytes (`--size-mib`); each
 system starts from fresh, empty data directories.
 - ours: `prime-node origin` (watching a folder, `--dev-key 0`), `prime-node relay`, and N `prime-node
-  fetch-weights --step 1`; the checkpoint directory `step_1/` (the one file) is renamed into the watched folder.
+  fetch-weights --after 0` (each long-polls the relay for a version newer than 0); the checkpoint directory
+  `step_1/` (the one file) is renamed into the watched folder.
 - shardcast: an `OriginServer` that `broadcast()`s the file (default 50 MB shards), a `MiddleNode`, and N
   `ClientNode`s that poll for version `v1` and `download_version()` it (which checks the blake3 of the result).
 - raw: an aiohttp server returning the file with `web.FileResponse` (sendfile) and one client process doing one
@@ -443,7 +444,7 @@ def measure_ours(
     names, outputs = [f"client-{i}" for i in range(clients)], []
     for name in names:
         outputs.append(work / name / "step_1" / FILE)
-        fetch = [*prime_node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--step", "1"]
+        fetch = [*prime_node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--after", "0"]
         fetch += ["--out", str(work / name), "--deployment", str(deployment), "--pool", str(POOL), "--quiet"]
         procs.start(name, fetch, REPO)
     time.sleep(settle)
@@ -463,8 +464,7 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
     print(f"writing {args.size_mib} MiB of random bytes ...", file=sys.stderr)
     expected = write_input(source, size)
     systems = ["raw", *(f"{s}:{n}" for n in args.clients for s in ("shardcast", "ours"))]
-    if args.skip_ours:
-        systems = [s for s in systems if not s.startswith("ours")]
+    systems = [s for s in systems if s.partition(":")[0] in args.systems]
     results = []
     for system in systems:
         name, _, n = system.partition(":")
@@ -488,6 +488,37 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
     return results
 
 
+def ratios(results: list[Result]) -> list[tuple[str, str, str, bool | None]]:
+    """(what, value, goal, goal met or None) for each comparison the measured systems allow."""
+    by_key = {(r.system, r.clients): r for r in results}
+    rows: list[tuple[str, str, str, bool | None]] = []
+    for n in sorted({r.clients for r in results}):
+        ours, theirs = by_key.get(("ours", n)), by_key.get(("shardcast 0.3.2", n))
+        if ours and theirs:
+            speedup = theirs.seconds / ours.seconds
+            goal = f">= {GOAL_SPEEDUP:.0f}x" if n == 4 else "-"
+            rows.append(
+                (
+                    f"ours vs shardcast, N={n} (speedup)",
+                    f"{speedup:.1f}x",
+                    goal,
+                    speedup >= GOAL_SPEEDUP if n == 4 else None,
+                )
+            )
+    raw, ours_1 = by_key.get(("raw aiohttp GET", 1)), by_key.get(("ours", 1))
+    if raw and ours_1:
+        share = raw.seconds / ours_1.seconds
+        rows.append(
+            (
+                "ours vs raw GET, N=1 (share of speed)",
+                f"{share:.0%}",
+                f">= {GOAL_RAW_SHARE:.0%}",
+                share >= GOAL_RAW_SHARE,
+            )
+        )
+    return rows
+
+
 def print_table(results: list[Result], size: int) -> None:
     mib = size / (1 << 20)
     header = f"{'system':<18}{'clients':>8}{'seconds':>10}{'MiB/s per client':>18}{'from handoff':>14}"
@@ -496,36 +527,19 @@ def print_table(results: list[Result], size: int) -> None:
     for r in results:
         handoff = f"{r.from_handoff:.2f}" if r.handed != r.published else "-"
         print(f"{r.system:<18}{r.clients:>8}{r.seconds:>10.2f}{mib / r.seconds:>18.0f}{handoff:>14}")
+    rows = ratios(results)
+    if not rows:
+        return
     print()
-    by_key = {(r.system, r.clients): r for r in results}
-    raw = by_key.get(("raw aiohttp GET", 1))
     header = f"{'ratio':<40}{'value':>8}{'goal':>10}  goal met"
     print(header)
     print("-" * len(header))
-    missed = []
-    for n in sorted({r.clients for r in results if r.system == "ours"}):
-        ours, theirs = by_key.get(("ours", n)), by_key.get(("shardcast 0.3.2", n))
-        if ours and theirs:
-            speedup = theirs.seconds / ours.seconds
-            goal = GOAL_SPEEDUP if n == 4 else None
-            met = "-" if goal is None else ("yes" if speedup >= goal else "NO")
-            if met == "NO":
-                missed.append(f"speedup at N={n}")
-            goal_text = f">= {goal:.0f}x" if goal else "-"
-            print(f"{f'ours vs shardcast, N={n} (speedup)':<40}{speedup:>7.1f}x{goal_text:>10}  {met}")
-    ours_1 = by_key.get(("ours", 1))
-    if raw and ours_1:
-        share = raw.seconds / ours_1.seconds
-        met = "yes" if share >= GOAL_RAW_SHARE else "NO"
-        if met == "NO":
-            missed.append("share of raw at N=1")
-        goal_text = f">= {GOAL_RAW_SHARE:.0%}"
-        print(f"{'ours vs raw GET, N=1 (share of speed)':<40}{share:>8.0%}{goal_text:>10}  {met}")
+    for what, value, goal, met in rows:
+        print(f"{what:<40}{value:>8}{goal:>10}  {'-' if met is None else 'yes' if met else 'NO'}")
+    checked = [(what, met) for what, _, _, met in rows if met is not None]
+    missed = [what.partition(" (")[0] for what, met in checked if not met]
     print()
-    if not any(r.system == "ours" for r in results):
-        print("ours was not measured: no goal checked")
-    else:
-        print(f"goals missed: {', '.join(missed)}" if missed else "all goals met")
+    print(f"goals missed: {'; '.join(missed)}" if missed else "all goals met" if checked else "no goal checked")
 
 
 def main() -> int:
@@ -536,10 +550,11 @@ def main() -> int:
     parser.add_argument("--shardcast-shard-size", type=int, default=50_000_000, help="default 50_000_000, its own")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between starting clients and handoff")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
-    parser.add_argument("--skip-ours", action="store_true", help="measure raw and shardcast only")
+    parser.add_argument("--systems", default="raw,shardcast,ours", help="which to measure (default: all three)")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs (printed path)")
     args = parser.parse_args()
     args.clients = [int(n) for n in args.clients.split(",")]
+    args.systems = args.systems.split(",")
     root = Path(tempfile.mkdtemp(prefix="bench-shardcast-"))
     try:
         results = measure(args, root)

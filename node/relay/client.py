@@ -31,7 +31,7 @@ from node.relay import (
     SourceError,
     UntrustedManifest,
 )
-from node.relay.manifest import Manifest, parse_manifest
+from node.relay.manifest import Manifest, check_json_depth, parse_manifest
 from node.relay.server import SIGNATURE_HEADER
 from node.relay.store import PartialCheckpoint
 from node.relay.trust import TrustPolicy
@@ -125,11 +125,12 @@ async def list_versions(
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise SourceError(source.url, f"/versions failed: {exc or type(exc).__name__}") from None
     try:
+        check_json_depth(body, 4)
         raw = json.loads(body)
         complete = {_step(v["step"]) for v in raw["versions"] if v["complete"] is True}
         incoming = {_step(v["step"]) for v in raw["versions"] if v["complete"] is False}
         latest = None if raw["latest"] is None else _step(raw["latest"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ManifestError, ValueError, KeyError, TypeError) as exc:
         raise SourceError(source.url, f"/versions is malformed: {exc}") from None
     return VersionList(latest, frozenset(complete), frozenset(incoming))
 

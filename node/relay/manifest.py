@@ -181,17 +181,22 @@ def _no_float(text: str) -> None:
     raise ManifestError(f"{text:.40} is not an integer; the manifest holds integers only")
 
 
+def check_json_depth(data: bytes, limit: int) -> None:
+    """Refuse JSON nested deeper than `limit` before `json.loads` sees it: deep nesting crashes its C parser."""
+    depth = 0
+    for token in _JSON_TOKEN.finditer(data):
+        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token.group(), 0)
+        if depth > limit:
+            raise ManifestError(f"nested deeper than {limit} levels")
+
+
 def parse_manifest(
     data: bytes, *, max_bytes: int = 1024 * 1024, max_files: int = 1000, max_total_bytes: int = 64 * 1024**3
 ) -> Manifest:
     """Strictly parse untrusted manifest bytes; any problem raises `ManifestError` with the reason."""
     if len(data) > max_bytes:
         raise ManifestError(f"{len(data)} bytes is over the {max_bytes}-byte limit")
-    depth = 0
-    for token in _JSON_TOKEN.finditer(data):
-        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token.group(), 0)
-        if depth > _MAX_DEPTH:
-            raise ManifestError(f"nested deeper than {_MAX_DEPTH} levels")
+    check_json_depth(data, _MAX_DEPTH)
     try:
         raw = json.loads(
             data.decode("utf-8"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -35,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Shardcast-Signature"
 CHUNK = 1024 * 1024
-_STEP = re.compile(r"[0-9]{1,20}")
+_STEP = re.compile(r"0|[1-9][0-9]{0,19}")  # canonical decimal: one URL per step
 _RANGE = re.compile(r"bytes=([0-9]{1,20})-([0-9]{0,20})")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -170,7 +169,9 @@ class ShardServer:
             response = _error(503, "server busy: too many requests in flight", **{"Retry-After": "1"})
             self._refused.inc(limit="connections")
         elif self._in_flight.get(client, 0) >= self.limits.max_per_client:
-            response = _error(429, f"at most {self.limits.max_per_client} requests in flight per client")
+            response = _error(
+                429, f"at most {self.limits.max_per_client} requests in flight per client", **{"Retry-After": "1"}
+            )
             self._refused.inc(limit="per_client")
         elif not bucket.try_take(1):
             response = _error(429, f"over {self.limits.requests_per_s:g} requests/s", **{"Retry-After": "1"})
@@ -180,8 +181,8 @@ class ShardServer:
             self._in_flight[client] = self._in_flight.get(client, 0) + 1
             try:
                 response = await handler(request)
-            except web.HTTPException as exc:
-                response = exc
+            except web.HTTPException as exc:  # aiohttp's own answers: no route (404), wrong method (405)
+                response = _error(exc.status, exc.reason)
             finally:
                 self._total_in_flight -= 1
                 left = self._in_flight[client] - 1
@@ -196,7 +197,8 @@ class ShardServer:
         if self.limits.client_rate > 0:
             bucket = self._byte_buckets.get(client)
             if bucket is None:
-                bucket = self._byte_buckets[client] = TokenBucket(self.limits.client_rate, self.limits.client_rate)
+                burst = min(self.limits.client_rate, CHUNK)  # the limit holds from the first megabyte on
+                bucket = self._byte_buckets[client] = TokenBucket(self.limits.client_rate, burst)
             await bucket.take(len(data))
         await response.write(data)
         self._bytes_sent.inc(len(data))
@@ -228,14 +230,15 @@ class ShardServer:
                     await asyncio.wait_for(self._changed.wait_for(newer), timeout=wait)
         return web.json_response(self._versions_body())
 
-    def _step(self, request: web.Request) -> int:
+    @staticmethod
+    def _step(request: web.Request) -> int | None:
         text = request.match_info["step"]
-        if not _STEP.fullmatch(text):
-            raise web.HTTPNotFound(text=json.dumps({"error": "no such step"}), content_type="application/json")
-        return int(text)
+        return int(text) if _STEP.fullmatch(text) else None
 
     async def _manifest(self, request: web.Request) -> web.Response:
         step = self._step(request)
+        if step is None:
+            return _error(404, "no such step")
         try:
             body, signature = self.store.manifest_bytes(step), self.store.signature(step)
         except VersionNotFound:
@@ -246,6 +249,8 @@ class ShardServer:
 
     async def _shard(self, request: web.Request) -> web.StreamResponse:
         step = self._step(request)
+        if step is None:
+            return _error(404, "no such step")
         file, index_text = request.match_info["file"], request.match_info["index"]
         try:
             check_name(file)
@@ -266,11 +271,13 @@ class ShardServer:
         if "Range" in request.headers:
             match = _RANGE.fullmatch(request.headers["Range"].strip())
             if match is None or int(match.group(1)) >= size:
-                return _error(416, f"range must be bytes=a-[b] within {size} bytes", **{"Content-Range": f"*/{size}"})
+                return _error(
+                    416, f"range must be bytes=a-[b] within {size} bytes", **{"Content-Range": f"bytes */{size}"}
+                )
             start = int(match.group(1))
             end = min(size, int(match.group(2)) + 1) if match.group(2) else size
             if end <= start:
-                return _error(416, "empty range", **{"Content-Range": f"*/{size}"})
+                return _error(416, "empty range", **{"Content-Range": f"bytes */{size}"})
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         fd = self._open(paths)

@@ -98,7 +98,12 @@ def test_publish_dir_again_with_the_same_bytes_is_a_no_op(
 ) -> None:
     publish(store, source, 10)
     calls: list[Manifest] = []
-    again = store.publish_dir(source, pool_id=POOL, step=10, shard_size=SHARD, sign=lambda m: calls.append(m) or b"")
+
+    def recording_sign(m: Manifest) -> bytes:
+        calls.append(m)
+        return b"\x00" * 65
+
+    again = store.publish_dir(source, pool_id=POOL, step=10, shard_size=SHARD, sign=recording_sign)
     assert again == manifest and calls == []  # not signed again, the stored signature kept
     assert store.signature(10) == sign(manifest) and store.versions() == [10]
     assert list((tmp_path / "store" / "tmp").iterdir()) == []
@@ -152,7 +157,10 @@ def test_an_incoming_version_raises_shard_pending_until_each_shard_is_written(
     assert partial.write_shard("model.safetensors", 2, data)
     assert partial.has("model.safetensors", 2)
     paths, offset, size = store.shard_location(10, "model.safetensors", 2)
-    assert paths == [tmp_path / "store" / "v" / "10.partial" / "model.safetensors", tmp_path / "store" / "v" / "10" / "model.safetensors"]
+    assert paths == [
+        tmp_path / "store" / "v" / "10.partial" / "model.safetensors",
+        tmp_path / "store" / "v" / "10" / "model.safetensors",
+    ]
     assert (offset, size) == (2 * SHARD, SHARD)
     assert store.read_shard(10, "model.safetensors", 2) == data
     with pytest.raises(ShardPending):

@@ -1,0 +1,313 @@
+"""The SHARDCAST client against real servers on loopback, honest ones and hostile ones.
+
+Honest servers are `ShardServer`s over real stores; hostile ones are small aiohttp apps that answer the
+same routes with what a broken or malicious peer could send (a connection cut mid-shard, extra bytes,
+junk listings, a manifest signed by someone else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from eth_account import Account
+
+from node.relay import DownloadFailed, SourceError
+from node.relay.client import Downloader, Source, fetch_checkpoint, list_versions, resolve_version, wait_for_newer
+from node.relay.manifest import Manifest, encode_manifest
+from node.relay.server import SIGNATURE_HEADER, ServerLimits, ShardServer
+from node.relay.store import PartialCheckpoint, ShardStore
+from node.relay.trust import TrustPolicy, sign_manifest
+from node.signing import SigningDomain
+
+MIB = 1024 * 1024
+SHARD = 256 * 1024
+DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
+TRAINER = Account.from_key(b"\x01" * 32)
+MALLORY = Account.from_key(b"\x02" * 32)
+POLICY = TrustPolicy(DOMAIN, TRAINER.address, pool_id=7)
+
+
+def make_checkpoint(path: Path, size: int, seed: int) -> Path:
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(random.Random(seed).randbytes(size))
+    (path / "config.json").write_text(f'{{"seed": {seed}}}')
+    return path
+
+
+def publish(store: ShardStore, checkpoint: Path, step: int, signer: Account = TRAINER) -> Manifest:
+    return store.publish_dir(
+        checkpoint, pool_id=7, step=step, shard_size=SHARD, sign=lambda m: sign_manifest(m, signer, DOMAIN)
+    )
+
+
+async def serve(app: web.Application) -> tuple[str, web.AppRunner]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{runner.addresses[-1][1]}", runner
+
+
+async def honest(store: ShardStore, limits: ServerLimits | None = None) -> tuple[str, ShardServer]:
+    server = ShardServer(store, role="origin", limits=limits)
+    port = await server.start("127.0.0.1", 0)
+    return f"http://127.0.0.1:{port}", server
+
+
+def hostile(store: ShardStore, shard: Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]) -> web.Application:
+    """An app that lists and describes `store` honestly but answers shard requests with `shard(request, data)`."""
+
+    async def versions(request: web.Request) -> web.Response:
+        steps = store.versions()
+        return web.json_response({"latest": steps[-1], "versions": [{"step": s, "complete": True} for s in steps]})
+
+    async def manifest(request: web.Request) -> web.Response:
+        step = int(request.match_info["step"])
+        headers = {SIGNATURE_HEADER: "0x" + store.signature(step).hex()}
+        return web.Response(body=store.manifest_bytes(step), headers=headers)
+
+    async def shard_route(request: web.Request) -> web.StreamResponse:
+        m = request.match_info
+        return await shard(request, store.read_shard(int(m["step"]), m["file"], int(m["index"])))
+
+    app = web.Application()
+    app.add_routes(
+        [
+            web.get("/versions", versions),
+            web.get("/v/{step}/manifest.json", manifest),
+            web.get("/v/{step}/shards/{file}/{index}", shard_route),
+        ]
+    )
+    return app
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return make_checkpoint(tmp_path / "ckpt", 4 * MIB + 123, seed=1)
+
+
+def assert_same(got: Path, want: Path) -> None:
+    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
+    for p in want.iterdir():
+        assert hashlib.sha256((got / p.name).read_bytes()).digest() == hashlib.sha256(p.read_bytes()).digest()
+
+
+def test_the_faster_source_carries_most_of_the_download(tmp_path: Path) -> None:
+    big = make_checkpoint(tmp_path / "big", 8 * MIB, seed=4)
+
+    async def scenario() -> tuple[Source, Source]:
+        stores = [ShardStore(tmp_path / name) for name in ("fast", "slow")]
+        for store in stores:
+            publish(store, big, 1)
+        fast_url, fast = await honest(stores[0])
+        slow_url, slow = await honest(stores[1], ServerLimits(client_rate=500_000))
+        sources = [Source(fast_url), Source(slow_url)]
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, having = await resolve_version(session, sources, POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                await Downloader(session, having, parallel=4).download(sink)
+                sink.finish()
+        finally:
+            await fast.stop()
+            await slow.stop()
+        return sources[0], sources[1]
+
+    random.seed(1)
+    fast, slow = asyncio.run(scenario())
+    assert_same(tmp_path / "out", big)
+    assert fast.received + slow.received >= 8 * MIB
+    assert fast.received > 3 * slow.received  # 0.5 MB/s (after a 0.5 MB burst) against loopback speed
+    assert fast.throughput > 10 * slow.throughput
+
+
+def test_a_transfer_cut_mid_shard_resumes_with_a_range_request_elsewhere(tmp_path: Path, checkpoint: Path) -> None:
+    async def cut_halfway(request: web.Request, data: bytes) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = len(data)
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        assert request.transport is not None
+        request.transport.close()  # the peer vanishes half way through
+        return response
+
+    async def scenario() -> tuple[Source, float]:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        bad_url, bad_runner = await serve(hostile(store, cut_halfway))
+        good_url, good = await honest(store)
+        bad = Source(bad_url, throughput=1e12)  # measured as very fast: it is asked first
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, _ = await resolve_version(session, [Source(good_url)], POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                await Downloader(session, [bad, Source(good_url)], parallel=1).download(sink)
+                sink.finish()
+            ranged = good.metrics.render().count('status="206"')
+        finally:
+            await bad_runner.cleanup()
+            await good.stop()
+        return bad, ranged
+
+    bad, ranged = asyncio.run(scenario())
+    assert_same(tmp_path / "out", checkpoint)
+    assert ranged == 1  # the good server answered Range requests (206) for the halves the bad one left
+    assert bad.failures >= 1 and bad.received == 0 and bad.retry_at > 0  # backing off, not trusted with more
+
+
+def test_a_source_sending_extra_bytes_is_dropped(tmp_path: Path, checkpoint: Path) -> None:
+    async def padded(request: web.Request, data: bytes) -> web.StreamResponse:
+        return web.Response(body=data + b"\x00" * 4096)
+
+    async def scenario() -> tuple[Source, Source]:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        bad_url, bad_runner = await serve(hostile(store, padded))
+        good_url, good = await honest(store)
+        sources = [Source(bad_url, throughput=1e12), Source(good_url)]
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, _ = await resolve_version(session, sources, POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                await Downloader(session, sources, parallel=2).download(sink)
+                sink.finish()
+        finally:
+            await bad_runner.cleanup()
+            await good.stop()
+        return sources[0], sources[1]
+
+    bad, good = asyncio.run(scenario())
+    assert_same(tmp_path / "out", checkpoint)
+    assert bad.banned is not None and "more than" in bad.banned
+    assert good.banned is None
+
+
+def test_when_every_source_is_bad_the_download_fails_with_the_reasons(tmp_path: Path, checkpoint: Path) -> None:
+    async def flipped(request: web.Request, data: bytes) -> web.StreamResponse:
+        return web.Response(body=bytes([data[0] ^ 1]) + data[1:])
+
+    async def scenario() -> None:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        url, runner = await serve(hostile(store, flipped))
+        try:
+            await fetch_checkpoint([url], POLICY, tmp_path / "out", step=1)
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(DownloadFailed, match="failed its sha256"):
+        asyncio.run(scenario())
+    assert not (tmp_path / "out" / "step_1").exists()  # only the .partial directory, never the final path
+
+
+def test_latest_skips_a_newer_step_that_the_trainer_did_not_sign(tmp_path: Path, checkpoint: Path) -> None:
+    async def scenario() -> tuple[Manifest, list[Source]]:
+        honest_store, forged_store = ShardStore(tmp_path / "honest"), ShardStore(tmp_path / "forged")
+        publish(honest_store, checkpoint, 1)
+        publish(forged_store, make_checkpoint(tmp_path / "evil", 1000, seed=2), 9, signer=MALLORY)
+        honest_url, honest_server = await honest(honest_store)
+        forged_url, forged_server = await honest(forged_store)
+        sources = [Source(forged_url), Source(honest_url)]
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, _ = await resolve_version(session, sources, POLICY, None)
+        finally:
+            await honest_server.stop()
+            await forged_server.stop()
+        return manifest, sources
+
+    manifest, sources = asyncio.run(scenario())
+    assert manifest.step == 1
+    assert sources[0].banned is not None and f"not by the trainer {TRAINER.address}" in sources[0].banned
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'{"latest": 1}',
+        b'{"latest": -1, "versions": []}',
+        b'{"latest": true, "versions": []}',
+        b'{"latest": 1, "versions": [{"step": "1", "complete": true}]}',
+        b"[" * 100_000,
+        b" " * (2 * MIB),
+    ],
+)
+def test_a_malformed_versions_listing_is_a_source_error(body: bytes) -> None:
+    async def scenario() -> None:
+        app = web.Application()
+
+        async def versions(request: web.Request) -> web.Response:
+            return web.Response(body=body)
+
+        app.add_routes([web.get("/versions", versions)])
+        url, runner = await serve(app)
+        try:
+            async with aiohttp.ClientSession() as session:
+                await list_versions(session, Source(url))
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(SourceError):
+        asyncio.run(scenario())
+
+
+def test_a_manifest_that_does_not_match_its_signature_is_refused(tmp_path: Path, checkpoint: Path) -> None:
+    async def scenario() -> None:
+        store = ShardStore(tmp_path / "store")
+        manifest = publish(store, checkpoint, 1)
+        app = web.Application()
+
+        async def tampered(request: web.Request) -> web.Response:  # honest signature, one hash changed
+            files = list(manifest.files)
+            files[0] = files[0].__class__(files[0].name, files[0].size, b"\x00" * 32, files[0].shards)
+            body = encode_manifest(Manifest(manifest.pool_id, 1, manifest.shard_size, tuple(files)))
+            return web.Response(body=body, headers={SIGNATURE_HEADER: "0x" + store.signature(1).hex()})
+
+        async def versions(request: web.Request) -> web.Response:
+            return web.json_response({"latest": 1, "versions": [{"step": 1, "complete": True}]})
+
+        app.add_routes([web.get("/versions", versions), web.get("/v/{step}/manifest.json", tampered)])
+        url, runner = await serve(app)
+        try:
+            async with aiohttp.ClientSession() as session:
+                await resolve_version(session, [Source(url)], POLICY, None)
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(DownloadFailed, match="not by the trainer"):
+        asyncio.run(scenario())
+
+
+def test_waiting_for_a_newer_version_returns_when_it_is_published(tmp_path: Path, checkpoint: Path) -> None:
+    async def scenario() -> Path:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        url, server = await honest(store)
+        try:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(DownloadFailed, match="no version newer than 1"):
+                    await wait_for_newer(session, [Source(url)], 1, timeout=0.3)
+
+            async def publish_later() -> None:
+                await asyncio.sleep(0.3)
+                await asyncio.to_thread(publish, store, make_checkpoint(tmp_path / "two", 5000, seed=3), 2)
+                await server.notify()
+
+            later = asyncio.create_task(publish_later())
+            path = await fetch_checkpoint([url], POLICY, tmp_path / "out", after=1, wait=30)
+            await later
+            return path
+        finally:
+            await server.stop()
+
+    path = asyncio.run(scenario())
+    assert path == tmp_path / "out" / "step_2"
+    assert_same(path, tmp_path / "two")
