@@ -31,6 +31,7 @@ from ledger.cli.common import (
     stdout_console,
 )
 from node.cli.errors import node_cli_errors
+from node.relay.manifest import DEFAULT_SHARD_SIZE
 
 if TYPE_CHECKING:
     from node.relay.server import ServerLimits
@@ -93,9 +94,9 @@ def origin(
     port: PortOption = 8700,
     host: HostOption = "127.0.0.1",
     keep: KeepOption = 3,
-    shard_size: Annotated[int, typer.Option("--shard-size", min=1024, metavar="BYTES", help="Shard size.")] = 8
-    * 1024
-    * 1024,
+    shard_size: Annotated[
+        int, typer.Option("--shard-size", min=1024, max=1024**3, metavar="BYTES", help="Shard size.")
+    ] = DEFAULT_SHARD_SIZE,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,

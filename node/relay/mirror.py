@@ -15,7 +15,7 @@ import logging
 import aiohttp
 
 from node.relay import RelayError, SourceError, UntrustedManifest, VersionExists
-from node.relay.client import Downloader, Source, fetch_manifest, list_versions
+from node.relay.client import MAX_FAILURES, Downloader, Source, fetch_manifest, list_versions
 from node.relay.server import ShardServer
 from node.relay.trust import TrustPolicy
 
@@ -72,6 +72,8 @@ class Mirror:
                 after = None  # ask for the current list once it answers again
                 continue
             backoff = 0.5
+            if upstream.failures >= MAX_FAILURES:  # dropped for failing to answer; it answers again
+                upstream.failures, upstream.banned = 0, None
             self._offers[upstream.url] = listing.steps
             after = listing.latest if listing.latest is not None else -1
             self._start_new(listing.steps)

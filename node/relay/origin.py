@@ -15,6 +15,7 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
+from node.relay import RelayError
 from node.relay.manifest import DEFAULT_SHARD_SIZE, Manifest
 from node.relay.server import ShardServer
 from node.relay.trust import sign_manifest
@@ -67,6 +68,7 @@ class Origin:
     async def watch(self, folder: str | Path, *, interval: float = 0.1) -> None:
         """Publish every `step_<N>` directory in `folder` newer than the newest stored step, oldest first."""
         root = Path(folder)
+        refused: set[int] = set()  # steps whose directory could not be published; not retried
         while True:
             stored = self.store.versions()
             newest = stored[-1] if stored else -1
@@ -76,5 +78,11 @@ class Origin:
                 if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and int(m.group(1)) > newest
             )
             for step in found:
-                await self.publish(root / f"step_{step}", step)
+                if step in refused:
+                    continue
+                try:
+                    await self.publish(root / f"step_{step}", step)
+                except (RelayError, OSError) as exc:
+                    refused.add(step)
+                    log.error("cannot publish %s: %s", root / f"step_{step}", exc)
             await asyncio.sleep(interval)

@@ -1,0 +1,59 @@
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+from eth_account import Account
+
+from node.relay.origin import Origin
+from node.relay.server import ShardServer
+from node.relay.store import ShardStore
+from node.relay.trust import TrustPolicy
+from node.signing import SigningDomain
+
+DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
+TRAINER = Account.from_key(b"\x01" * 32)
+
+
+def write_step(folder: Path, step: int, payload: bytes, *, subdir: bool = False) -> None:
+    staging = folder.parent / f"staging_{step}"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(payload)
+    if subdir:
+        (staging / "nested").mkdir()
+    os.rename(staging, folder / f"step_{step}")
+
+
+def test_watch_publishes_new_steps_signed_skips_a_bad_one_and_prunes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    store = ShardStore(tmp_path / "store")
+
+    async def scenario() -> None:
+        server = ShardServer(store, role="origin")
+        origin = Origin(server, account=TRAINER, domain=DOMAIN, pool_id=3, keep=2, shard_size=1024)
+        watcher = asyncio.create_task(origin.watch(folder, interval=0.02))
+        try:
+            write_step(folder, 1, b"one" * 1000)
+            write_step(folder, 2, b"two", subdir=True)  # not a flat directory of files: refused, not fatal
+            write_step(folder, 3, b"three" * 1000)
+            write_step(folder, 4, b"four" * 1000)
+            for _ in range(200):
+                if store.versions() == [3, 4]:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    asyncio.run(scenario())
+    assert store.versions() == [3, 4]  # 1 published then pruned (keep=2), 2 refused
+    assert "cannot publish" in caplog.text and "step_2" in caplog.text
+    policy = TrustPolicy(DOMAIN, TRAINER.address, pool_id=3)
+    for step in (3, 4):
+        policy.check(store.manifest(step), store.signature(step), step=step)
+    assert store.read_shard(4, "model.safetensors", 0) == (b"four" * 1000)[:1024]
