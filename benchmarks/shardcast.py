@@ -1,9 +1,11 @@
 """Checkpoint broadcast time, ours against Prime Intellect's `shardcast` 0.3.2 and a raw HTTP GET, from one run.
 
-Run: `.venv/bin/python benchmarks/shardcast.py [--size-mib 512] [--clients 1,4]` (`--size-mib 64` for a quick
-check). The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast,
-outside the project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's
-downloader).
+Run: `.venv/bin/python benchmarks/shardcast.py [--size-mib 512] [--clients 1,4] [--repeats 1]` (`--size-mib 64`
+for a quick check). Goals: ours at least 4x faster than shardcast 0.3.2 with 4 clients, and at least half the raw
+GET's speed with 1 client.
+
+The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast, outside the
+project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's downloader).
 
 Topology, the same for both systems: one origin, one relay reading from it, N clients reading from the relay, each
 a separate process on this machine, over 127.0.0.1. The payload is one file of random bytes (`--size-mib`); each
@@ -17,14 +19,18 @@ system starts from fresh, empty data directories.
   GET, writing 1 MiB chunks to disk: the local limit for moving these bytes once (no relay, no hashing, no fsync).
 
 Timing rule. Every relay and client is started and ready before the file is handed over (shardcast's clients
-report ready once their downloader is set up, ours get `--settle` seconds after both servers answer /health, the
-raw client waits for a line on stdin). The clock starts when the version is available at the origin: shardcast's
-`broadcast()` returned (sharded, distribution file written), or our origin printed "published step 1" (sharded,
-hashed, manifest signed); for raw, when the client is told to GET. It stops when the last client process exits
-successfully, which happens only after it has the whole file on disk and has verified it. The "handoff" column
-starts the clock earlier, when the file was given to the origin (the `broadcast()` call, the rename into the
-watched folder), so it adds each origin's own sharding and hashing. After timing, every client's file is compared
-with the input by sha256.
+report ready once their downloader is set up, ours once the relay's /metrics counts all their long-polls in
+flight, the raw client waits for a line on stdin), and `--settle` seconds more pass. The clock starts when the
+version is available at the origin: shardcast's `broadcast()` returned (sharded, distribution file written; the
+origin process reports the time), or our origin logged "published step 1" (sharded, hashed, manifest signed; seen
+within 10 ms); for raw, when the client is told to GET. It stops when the last client process exits successfully,
+which happens only after it has the whole file on disk and has verified it. The "handoff" column starts the clock
+earlier, when the file was given to the origin (the `broadcast()` call, the rename into the watched folder), so it
+adds each origin's own sharding and hashing. After timing, every client's file is compared with the input by
+sha256. "CPU s" is the CPU time all of a system's processes (and their `wget`s) used while the clock ran: on a
+machine with few cores, a system whose CPU seconds approach cores x seconds is CPU-bound. With `--repeats`, every
+measurement runs that many rounds (interleaved) and the run with the median time is reported. All clients share
+the address 127.0.0.1, so per-client-address limits of a server apply to all of them together.
 
 Shardcast is given its fastest sensible settings: the relay checks upstream every 0.1 s (its `check_interval`,
 30 s by default; constructed directly, since its CLI takes whole seconds), clients poll the relay's version list
@@ -55,7 +61,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +71,7 @@ TRAINER = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil key 0, what `--d
 POOL = 1
 FILE = "model.safetensors"
 POLL = 0.01  # how often this process looks at its children
+TICKS = os.sysconf("SC_CLK_TCK")
 # The EIP-712 domain needs only the chain id and the ComputePool address: no chain runs.
 DEPLOYMENT = {
     "chain_id": 31337,
@@ -191,7 +198,8 @@ class Result:
     clients: int
     handed: float  # wall time the file was given to the origin
     published: float  # wall time the version became available at the origin
-    finished: list[float] = field(default_factory=list)  # wall time each client process exited
+    finished: list[float]  # wall time each client process exited
+    cpu: float  # CPU seconds all the system's processes used from `published` to the last exit
 
     @property
     def seconds(self) -> float:
@@ -209,6 +217,8 @@ class Processes:
         self.logs = logs
         self.timeout = timeout
         self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.cpu: dict[str, float] = {}  # CPU seconds each child (and its waited-for children) used, last seen
+        self.cpu_at_mark: dict[str, float] = {}
 
     def start(
         self, name: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None, stdin: bool = False
@@ -226,6 +236,22 @@ class Processes:
             )
         self.running[name] = proc
         return proc
+
+    def sample_cpu(self) -> None:
+        for name, proc in self.running.items():
+            try:  # the fields after "(comm)": utime, stime, cutime, cstime are the 12th to 15th
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # already reaped: its last sample stands
+            self.cpu[name] = sum(int(f) for f in fields[11:15]) / TICKS
+
+    def mark(self) -> None:
+        """Start counting CPU time here (the version is available at the origin)."""
+        self.sample_cpu()
+        self.cpu_at_mark = dict(self.cpu)
+
+    def cpu_since_mark(self) -> float:
+        return sum(used - self.cpu_at_mark.get(name, 0.0) for name, used in self.cpu.items())
 
     def tell(self, name: str, line: str) -> None:
         stdin = self.running[name].stdin
@@ -269,6 +295,7 @@ class Processes:
         exited: dict[str, float] = {}
         deadline = time.time() + self.timeout
         while len(exited) < len(names):
+            self.sample_cpu()  # before poll() reaps an exited child and its /proc entry goes
             for name in names:
                 proc = self.running[name]
                 if name not in exited and proc.poll() is not None:
@@ -312,6 +339,16 @@ def answers(url: str) -> bool:
             return int(response.status) == 200
     except OSError:
         return False
+
+
+def in_flight(server: str) -> int:
+    """Requests our server is answering now, from its /metrics (this one included)."""
+    with urllib.request.urlopen(f"{server}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values = [line.split()[-1] for line in text.splitlines() if line.startswith("shardcast_in_flight ")]
+    if not values:
+        raise BenchmarkError(f"{server}/metrics has no shardcast_in_flight gauge")
+    return int(float(values[0]))
 
 
 def sha256_of(path: Path) -> str:
@@ -368,9 +405,11 @@ def measure_raw(work: Path, source: Path, expected: str, procs: Processes) -> Re
     argv = [sys.executable, str(work / "raw_client.py"), f"http://127.0.0.1:{port}/file", str(out)]
     procs.start("raw-client", argv, work / "client", stdin=True)
     procs.wait_for_line("raw-client", "ready")
+    procs.mark()
     started = time.time()
     procs.tell("raw-client", "go")
-    result = Result("raw aiohttp GET", 1, started, started, procs.wait_for_exits(["raw-client"]))
+    finished = procs.wait_for_exits(["raw-client"])
+    result = Result("raw aiohttp GET", 1, started, started, finished, procs.cpu_since_mark())
     verify([out], expected, result.system)
     return result
 
@@ -413,7 +452,9 @@ def measure_shardcast(
     time.sleep(settle)
     procs.tell("origin", str(source))
     _, _, handed, published = procs.wait_for_line("origin", "published").split()
-    result = Result("shardcast 0.3.2", clients, float(handed), float(published), procs.wait_for_exits(names))
+    procs.mark()
+    finished = procs.wait_for_exits(names)
+    result = Result("shardcast 0.3.2", clients, float(handed), float(published), finished, procs.cpu_since_mark())
     verify(outputs, expected, result.system)
     return result
 
@@ -447,13 +488,17 @@ def measure_ours(
         fetch = [*prime_node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--after", "0"]
         fetch += ["--out", str(work / name), "--deployment", str(deployment), "--pool", str(POOL), "--quiet"]
         procs.start(name, fetch, REPO)
+    # ready: every client's long-poll is waiting at the relay (the /metrics request is in flight too)
+    procs.wait_until("our clients to long-poll the relay", lambda: in_flight(relay_url) > clients)
     time.sleep(settle)
     procs.check_alive()
     handed = time.time()
     staging.rename(watch / "step_1")
     procs.wait_for_line("origin", "published step 1", stream="err")
     published = time.time()
-    result = Result("ours", clients, handed, published, procs.wait_for_exits(names))
+    procs.mark()
+    finished = procs.wait_for_exits(names)
+    result = Result("ours", clients, handed, published, finished, procs.cpu_since_mark())
     verify(outputs, expected, result.system)
     return result
 
@@ -466,12 +511,12 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
     systems = ["raw", *(f"{s}:{n}" for n in args.clients for s in ("shardcast", "ours"))]
     systems = [s for s in systems if s.partition(":")[0] in args.systems]
     results = []
-    for system in systems:
+    for round_, system in ((r, s) for r in range(args.repeats) for s in systems):
         name, _, n = system.partition(":")
-        work = root / system.replace(":", "-")
+        work = root / f"{system.replace(':', '-')}-{round_}"
         (work / "logs").mkdir(parents=True)
         procs = Processes(work / "logs", args.timeout)
-        print(f"measuring {name}{f' with {n} clients' if n else ''} ...", file=sys.stderr)
+        print(f"round {round_ + 1}: measuring {name}{f' with {n} clients' if n else ''} ...", file=sys.stderr)
         try:
             if name == "raw":
                 results.append(measure_raw(work, source, expected, procs))
@@ -486,6 +531,14 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
         if not args.keep:
             shutil.rmtree(work)  # free the page cache and disk before the next system
     return results
+
+
+def medians(results: list[Result]) -> list[Result]:
+    """Per system and client count, the run with the median time (the slower middle one of an even count)."""
+    groups: dict[tuple[str, int], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.system, r.clients), []).append(r)
+    return [sorted(runs, key=lambda r: r.seconds)[len(runs) // 2] for runs in groups.values()]
 
 
 def ratios(results: list[Result]) -> list[tuple[str, str, str, bool | None]]:
@@ -519,14 +572,22 @@ def ratios(results: list[Result]) -> list[tuple[str, str, str, bool | None]]:
     return rows
 
 
-def print_table(results: list[Result], size: int) -> None:
+def print_table(all_results: list[Result], size: int, repeats: int) -> None:
+    results = medians(all_results)
     mib = size / (1 << 20)
-    header = f"{'system':<18}{'clients':>8}{'seconds':>10}{'MiB/s per client':>18}{'from handoff':>14}"
+    if repeats > 1:
+        print(f"median of {repeats} runs; all times: see the last column")
+    header = f"{'system':<18}{'clients':>8}{'seconds':>9}{'MiB/s/client':>14}{'from handoff':>14}{'CPU s':>8}"
+    header += "  all runs" if repeats > 1 else ""
     print(header)
     print("-" * len(header))
     for r in results:
         handoff = f"{r.from_handoff:.2f}" if r.handed != r.published else "-"
-        print(f"{r.system:<18}{r.clients:>8}{r.seconds:>10.2f}{mib / r.seconds:>18.0f}{handoff:>14}")
+        line = f"{r.system:<18}{r.clients:>8}{r.seconds:>9.2f}{mib / r.seconds:>14.0f}{handoff:>14}{r.cpu:>8.1f}"
+        if repeats > 1:
+            runs = [x.seconds for x in all_results if (x.system, x.clients) == (r.system, r.clients)]
+            line += "  " + " ".join(f"{t:.2f}" for t in runs)
+        print(line)
     rows = ratios(results)
     if not rows:
         return
@@ -549,6 +610,7 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, help="our origin's --shard-size in bytes (default: its own)")
     parser.add_argument("--shardcast-shard-size", type=int, default=50_000_000, help="default 50_000_000, its own")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between starting clients and handoff")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of every measurement; medians reported")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one measurement may take")
     parser.add_argument("--systems", default="raw,shardcast,ours", help="which to measure (default: all three)")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs (printed path)")
@@ -566,7 +628,7 @@ def main() -> int:
             print(f"data and logs kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print_table(results, args.size_mib << 20)
+    print_table(results, args.size_mib << 20, args.repeats)
     return 0
 
 

@@ -12,6 +12,7 @@ repeated failures. Shards go into a `PartialCheckpoint`, so a killed download re
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
@@ -20,6 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -38,6 +40,7 @@ from node.relay.trust import TrustPolicy
 
 log = logging.getLogger(__name__)
 
+CHUNK = 1024 * 1024  # bytes hashed and written at a time
 MAX_VERSIONS_BYTES = 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 MAX_FAILURES = 5  # consecutive transport failures before a source is dropped from a download
@@ -167,13 +170,26 @@ async def fetch_manifest(
 
 @dataclass
 class _Transfer:
-    """One shard being fetched: the bytes so far and the sources they came from."""
+    """One shard being fetched: its bytes so far are on disk and in `hasher`; `pending` is not yet written."""
 
     file: str
     index: int
     size: int
-    data: bytearray = field(default_factory=bytearray)
+    received: int = 0  # bytes hashed and written
+    hasher: Any = field(default_factory=hashlib.sha256)
+    pending: list[bytes] = field(default_factory=list)  # received, not yet hashed and written: no copies
+    pending_bytes: int = 0
     sources: set[str] = field(default_factory=set)
+
+    def restart(self) -> None:
+        self.received, self.hasher = 0, hashlib.sha256()
+        self.pending, self.pending_bytes = [], 0
+        self.sources.clear()
+
+
+def new_session() -> aiohttp.ClientSession:
+    """A session without a connection cap (the downloader bounds itself) and reads of up to a shard chunk."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), read_bufsize=CHUNK)
 
 
 class Downloader:
@@ -244,10 +260,10 @@ class Downloader:
             delay = source.retry_at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            started, before = time.monotonic(), len(transfer.data)
+            started, before = time.monotonic(), transfer.received
             source.in_flight += 1
             try:
-                await self._receive(source, transfer, step)
+                await self._receive(source, sink, transfer, step)
             except SourceError as exc:
                 self.errors.append(str(exc))
                 source.failed(exc)
@@ -257,15 +273,14 @@ class Downloader:
             finally:
                 source.in_flight -= 1
             try:
-                await asyncio.to_thread(sink.write_shard, transfer.file, transfer.index, bytes(transfer.data))
+                sink.commit(transfer.file, transfer.index, transfer.hasher.digest())
             except ShardHashMismatch as exc:
                 for url in transfer.sources:  # any of them may have sent the bad bytes
                     bad = next(s for s in self.sources if s.url == url)
                     self._ban(bad, f"sent shard {transfer.file}[{transfer.index}] that failed its sha256 ({exc})")
-                transfer.data.clear()
-                transfer.sources.clear()
+                transfer.restart()
                 continue
-            source.succeeded(len(transfer.data) - before, time.monotonic() - started)
+            source.succeeded(transfer.received - before, time.monotonic() - started)
             if self.on_progress is not None:
                 self.on_progress(transfer.size)
             if self.on_shard is not None:
@@ -273,37 +288,56 @@ class Downloader:
             return
         raise DownloadFailed(step, self.errors)
 
-    async def _receive(self, source: Source, transfer: _Transfer, step: int) -> None:
-        """Append the rest of the shard from `source` to `transfer.data` (a Range request if some bytes are in)."""
+    @staticmethod
+    def _write(sink: PartialCheckpoint, transfer: _Transfer, chunks: list[bytes], size: int) -> None:
+        for chunk in chunks:
+            transfer.hasher.update(chunk)
+        sink.write_unverified(transfer.file, transfer.index, transfer.received, chunks)
+        transfer.received += size
+
+    async def _absorb(self, sink: PartialCheckpoint, transfer: _Transfer) -> None:
+        """Hash and write the pending chunks in a worker thread (both release the GIL), in arrival order."""
+        chunks, size = transfer.pending, transfer.pending_bytes
+        transfer.pending, transfer.pending_bytes = [], 0
+        if chunks:
+            await asyncio.to_thread(self._write, sink, transfer, chunks, size)
+
+    async def _receive(self, source: Source, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
+        """Stream the rest of the shard from `source` to disk (a Range request if some bytes are in)."""
+        what = f"shard {transfer.file}[{transfer.index}]"
         url = f"{source.url}/v/{step}/shards/{transfer.file}/{transfer.index}"
-        have = len(transfer.data)
-        headers = {"Range": f"bytes={have}-"} if have else {}
+        headers = {"Range": f"bytes={transfer.received}-"} if transfer.received else {}
         try:
             async with self.session.get(url, headers=headers, timeout=client_timeout()) as response:
                 if response.status in (429, 503):
                     raise SourceError(source.url, f"busy (HTTP {response.status})", busy_for=_retry_after(response))
                 if response.status == 404:
-                    self._ban(source, f"does not have shard {transfer.file}[{transfer.index}] of step {step}")
+                    self._ban(source, f"does not have {what} of step {step}")
                     raise SourceError(source.url, "HTTP 404")
-                if response.status == 200 and have:
-                    transfer.data.clear()  # the server ignored the Range: take the whole shard
-                    have = 0
-                elif response.status not in (200, 206):
-                    raise SourceError(source.url, f"shard {transfer.file}[{transfer.index}]: HTTP {response.status}")
+                if response.status == 200 and transfer.received:
+                    transfer.restart()  # the server ignored the Range: take the whole shard
+                elif response.status == 206:
+                    if not response.headers.get("Content-Range", "").startswith(f"bytes {transfer.received}-"):
+                        raise SourceError(source.url, f"{what}: a 206 for another range than asked")
+                elif response.status != 200:
+                    raise SourceError(source.url, f"{what}: HTTP {response.status}")
                 transfer.sources.add(source.url)
-                async for chunk in response.content.iter_chunked(1024 * 1024):
-                    if len(transfer.data) + len(chunk) > transfer.size:
-                        transfer.data.clear()
-                        transfer.sources.clear()
-                        self._ban(source, f"sent more than {transfer.size} bytes for {transfer.file}[{transfer.index}]")
+                async for chunk in response.content.iter_any():  # the buffers as received, never joined
+                    if transfer.received + transfer.pending_bytes + len(chunk) > transfer.size:
+                        transfer.restart()
+                        self._ban(source, f"sent more than {transfer.size} bytes for {what}")
                         raise SourceError(source.url, "oversized shard")
-                    transfer.data += chunk
+                    transfer.pending.append(chunk)
+                    transfer.pending_bytes += len(chunk)
+                    if transfer.pending_bytes >= CHUNK:
+                        await self._absorb(sink, transfer)
+                await self._absorb(sink, transfer)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise SourceError(
-                source.url, f"shard {transfer.file}[{transfer.index}]: {exc or type(exc).__name__}"
-            ) from None
-        if len(transfer.data) < transfer.size:
-            raise SourceError(source.url, f"shard {transfer.file}[{transfer.index}] ended early")
+            if transfer.pending:  # keep what arrived: the next source is asked only for the rest
+                await self._absorb(sink, transfer)
+            raise SourceError(source.url, f"{what}: {exc or type(exc).__name__}") from None
+        if transfer.received < transfer.size:
+            raise SourceError(source.url, f"{what} ended early")
 
 
 def _retry_after(response: aiohttp.ClientResponse) -> float:
@@ -396,7 +430,7 @@ async def fetch_checkpoint(
     `on_start(manifest, bytes_already_done)` is called once the manifest is trusted.
     """
     pool = [Source(url) for url in sources]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with new_session() as session:
         if after is not None:
             await wait_for_newer(session, pool, after, timeout=wait)
         newer_than = -1 if after is None else after
@@ -412,7 +446,7 @@ async def fetch_checkpoint(
             for _ in range(2):  # a second round only if a whole-file check sends shards back
                 await downloader.download(sink)
                 try:
-                    return await asyncio.to_thread(sink.finish)
+                    return await asyncio.to_thread(sink.finish, verify_files=False)
                 except RelayError as exc:
                     if not sink.missing():
                         raise

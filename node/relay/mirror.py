@@ -15,7 +15,7 @@ import logging
 import aiohttp
 
 from node.relay import RelayError, SourceError, UntrustedManifest, VersionExists
-from node.relay.client import MAX_FAILURES, Downloader, Source, fetch_manifest, list_versions
+from node.relay.client import MAX_FAILURES, Downloader, Source, fetch_manifest, list_versions, new_session
 from node.relay.server import ShardServer
 from node.relay.trust import TrustPolicy
 
@@ -50,7 +50,7 @@ class Mirror:
 
     async def run(self) -> None:
         """Follow every upstream until cancelled."""
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as self._session:
+        async with new_session() as self._session:
             try:
                 await asyncio.gather(*(self._follow(upstream) for upstream in self.upstreams))
             finally:

@@ -237,6 +237,23 @@ def test_long_poll_wait_is_capped_by_max_wait(store: ShardStore, manifest: Manif
     serve(store, scenario, limits=ServerLimits(max_wait=0.3))
 
 
+def test_long_poll_after_minus_one_waits_for_the_first_version(tmp_path: Path) -> None:
+    empty = ShardStore(tmp_path / "empty")
+    first = make_checkpoint(tmp_path / "first", seed=5)
+
+    async def scenario(s: Served) -> None:
+        poll = asyncio.create_task(s.get("/versions?after=-1&wait=30"))
+        await s.until_in_flight(1)
+        await asyncio.sleep(0.2)
+        assert not poll.done()  # an empty store has nothing newer than -1 yet
+        await asyncio.to_thread(publish, empty, first, 0)
+        await s.server.notify()
+        reply = await asyncio.wait_for(poll, timeout=10)
+        assert reply.status == 200 and reply.json()["latest"] == 0
+
+    serve(empty, scenario)
+
+
 def test_long_poll_after_an_older_step_returns_at_once(store: ShardStore, manifest: Manifest) -> None:
     async def scenario(s: Served) -> None:
         started = time.monotonic()
@@ -247,7 +264,7 @@ def test_long_poll_after_an_older_step_returns_at_once(store: ShardStore, manife
     serve(store, scenario)
 
 
-@pytest.mark.parametrize("query", ["after=ten&wait=1", "after=-1&wait=1", "after=1&wait=soon"])
+@pytest.mark.parametrize("query", ["after=ten&wait=1", "after=-2&wait=1", "after=010&wait=1", "after=1&wait=soon"])
 def test_versions_refuses_a_malformed_query(store: ShardStore, query: str) -> None:
     async def scenario(s: Served) -> None:
         reply = await s.get(f"/versions?{query}")
