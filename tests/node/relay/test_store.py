@@ -1,4 +1,5 @@
 import dataclasses
+import hashlib
 import os
 import random
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 from node.relay import (
     FileHashMismatch,
     IncompleteCheckpoint,
+    RelayError,
     ShardHashMismatch,
     TargetExists,
     UnknownShard,
@@ -298,3 +300,35 @@ def test_an_existing_target_is_never_overwritten(tmp_path: Path, source: Path, m
     assert list((tmp_path / "ckpt").iterdir()) == []
     os.rmdir(tmp_path / "ckpt")
     assert_same_tree(pc.finish(), source)
+
+
+# ---- streaming writes: write_unverified + commit ----
+
+
+def test_streamed_shard_is_committed_only_with_the_right_hash(tmp_path: Path, source: Path, manifest: Manifest) -> None:
+    partial = PartialCheckpoint(tmp_path / "out", manifest)
+    data = shard_bytes(source, manifest, "model.safetensors", 2)
+    partial.write_unverified("model.safetensors", 2, 0, [data[:1000], data[1000:5000]])
+    partial.write_unverified("model.safetensors", 2, 5000, [data[5000:]])
+    with pytest.raises(ShardHashMismatch):
+        partial.commit("model.safetensors", 2, hashlib.sha256(b"other").digest())
+    assert not partial.has("model.safetensors", 2)
+    partial.commit("model.safetensors", 2, hashlib.sha256(data).digest())
+    assert partial.has("model.safetensors", 2)
+    with pytest.raises(RelayError, match="already written"):  # a done shard is never overwritten
+        partial.write_unverified("model.safetensors", 2, 0, [b"x"])
+    with pytest.raises(RelayError, match="do not fit"):
+        partial.write_unverified("model.safetensors", 3, SHARD - 1, [b"ab"])
+    for file, index in all_shards(manifest):
+        if (file, index) != ("model.safetensors", 2):
+            partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
+    assert_same_tree(partial.finish(verify_files=False), source)
+
+
+def test_uncommitted_streamed_bytes_are_not_trusted_on_resume(tmp_path: Path, source: Path, manifest: Manifest) -> None:
+    partial = PartialCheckpoint(tmp_path / "out", manifest)
+    data = shard_bytes(source, manifest, "model.safetensors", 0)
+    partial.write_unverified("model.safetensors", 0, 0, [data])  # all bytes in, but the process dies before commit
+    partial.close()
+    resumed = PartialCheckpoint(tmp_path / "out", manifest)
+    assert ("model.safetensors", 0) in resumed.missing()
