@@ -322,7 +322,7 @@ class Downloader:
                 elif response.status != 200:
                     raise SourceError(source.url, f"{what}: HTTP {response.status}")
                 transfer.sources.add(source.url)
-                async for chunk in response.content.iter_any():  # the buffers as received, never joined
+                async for chunk, _ in response.content.iter_chunks():  # the buffers as received, never joined
                     if transfer.received + transfer.pending_bytes + len(chunk) > transfer.size:
                         transfer.restart()
                         self._ban(source, f"sent more than {transfer.size} bytes for {what}")
