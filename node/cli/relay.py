@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -215,10 +216,13 @@ def fetch_weights(
         from node.relay.client import fetch_checkpoint
 
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        fetched: list[tuple[Any, int]] = []  # (manifest, bytes already there) once a download starts
+        started_at = time.monotonic()
         with Progress(*columns, console=stderr_console(), transient=True, disable=quiet) as bar:
             task = bar.add_task("resolving", total=None)
 
             def started(manifest: Any, done: int) -> None:
+                fetched.append((manifest, done))
                 bar.update(task, description=f"step {manifest.step}", total=manifest.total_size, completed=done)
 
             path = asyncio.run(
@@ -234,5 +238,17 @@ def fetch_weights(
                     on_progress=lambda n: bar.advance(task, n),
                 )
             )
+        if not quiet:
+            if fetched:
+                manifest, resumed = fetched[0]
+                seconds = time.monotonic() - started_at
+                moved = (manifest.total_size - resumed) / 1e6
+                note = f", {resumed / 1e6:,.1f} MB resumed from an earlier run" if resumed else ""
+                stderr_console().print(
+                    f"step {manifest.step}: {len(manifest.files)} files, {moved:,.1f} MB in {seconds:.2f} s "
+                    f"({moved / max(seconds, 1e-3):,.0f} MB/s){note}; every shard verified, signed by {policy.trainer}"
+                )
+            else:
+                stderr_console().print(f"{path} is already here (published only after every shard verified)")
         stdout_console().print(str(path), soft_wrap=True)
         sys.stdout.flush()

@@ -108,7 +108,8 @@ class SourceError(RelayError):
 class DownloadFailed(RelayError):
     """No source could deliver the checkpoint; `errors` says what each source did."""
 
-    def __init__(self, step: int, errors: list[str]) -> None:
+    def __init__(self, step: int | None, errors: list[str]) -> None:
         shown = "; ".join(errors[-5:]) or "no source has it"
-        super().__init__(f"could not download step {step}: {shown}")
+        what = "the newest version" if step is None else f"step {step}"
+        super().__init__(f"could not download {what}: {shown}")
         self.step, self.errors = step, errors

@@ -367,7 +367,7 @@ async def wait_for_newer(
                 poll.cancel()
             await asyncio.gather(*polls, return_exceptions=True)
         await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # every source failed or timed out
-    raise DownloadFailed(after + 1, [f"no version newer than {after} appeared within {timeout:g} s"])
+    raise DownloadFailed(None, [f"no version newer than {after} appeared within {timeout:g} s"])
 
 
 async def resolve_version(
@@ -408,7 +408,8 @@ async def resolve_version(
                 continue
             having = [s for s in offers[candidate] if s.banned is None]
             return manifest, signature, having
-    raise DownloadFailed(step if step is not None else -1, errors or ["no source offers a version"])
+    newer = f" newer than {newer_than}" if newer_than >= 0 else ""
+    raise DownloadFailed(step, errors or [f"no source offers a version{newer}"])
 
 
 async def fetch_checkpoint(
