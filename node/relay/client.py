@@ -15,6 +15,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import mmap
+import os
 import random
 import time
 from collections import deque
@@ -32,10 +34,11 @@ from node.relay import (
     ShardHashMismatch,
     SourceError,
     UntrustedManifest,
+    splice,
 )
 from node.relay.manifest import Manifest, check_json_depth, parse_manifest
 from node.relay.server import SIGNATURE_HEADER
-from node.relay.store import PartialCheckpoint
+from node.relay.store import PartialCheckpoint, start_writeback
 from node.relay.trust import TrustPolicy
 
 log = logging.getLogger(__name__)
@@ -214,6 +217,8 @@ class Downloader:
         self.on_progress = on_progress
         self.on_shard = on_shard
         self.errors: list[str] = []
+        self._splice = splice.ConnectionPool() if splice.AVAILABLE else None
+        self._no_splice: set[str] = set()  # sources whose answers the splice path cannot take
 
     async def download(self, sink: PartialCheckpoint) -> None:
         """Fetch every missing shard; raises `DownloadFailed` when no usable source is left."""
@@ -233,6 +238,8 @@ class Downloader:
             for task in workers:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
+            if self._splice is not None:
+                self._splice.close()
 
     def _pick(self) -> Source | None:
         """A usable source at random, weighted by throughput per transfer in flight; None if all are out."""
@@ -303,24 +310,88 @@ class Downloader:
             await asyncio.to_thread(self._write, sink, transfer, chunks, size)
 
     async def _receive(self, source: Source, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
-        """Stream the rest of the shard from `source` to disk (a Range request if some bytes are in)."""
+        """Move the rest of the shard from `source` to disk (a Range request if some bytes are in): by splice
+        where it can, through aiohttp otherwise."""
+        if self._splice is not None and source.url not in self._no_splice:
+            try:
+                await self._receive_spliced(self._splice, source, sink, transfer, step)
+                return
+            except splice.Unsupported:
+                self._no_splice.add(source.url)
+        await self._receive_aiohttp(source, sink, transfer, step)
+
+    def _check_status(self, source: Source, transfer: _Transfer, step: int, status: int, headers: Any) -> None:
+        """Raise for an answer that carries no usable shard bytes; restart the transfer if Range was ignored."""
+        what = f"shard {transfer.file}[{transfer.index}]"
+        if status in (429, 503):
+            raise SourceError(source.url, f"busy (HTTP {status})", busy_for=_retry_after(headers))
+        if status == 404:
+            self._ban(source, f"does not have {what} of step {step}")
+            raise SourceError(source.url, "HTTP 404")
+        if status == 200 and transfer.received:
+            transfer.restart()  # the server ignored the Range: take the whole shard
+        elif status == 206:
+            if not headers.get("Content-Range", "").startswith(f"bytes {transfer.received}-"):
+                raise SourceError(source.url, f"{what}: a 206 for another range than asked")
+        elif status != 200:
+            raise SourceError(source.url, f"{what}: HTTP {status}")
+
+    async def _receive_spliced(
+        self, pool: splice.ConnectionPool, source: Source, sink: PartialCheckpoint, transfer: _Transfer, step: int
+    ) -> None:
+        what = f"shard {transfer.file}[{transfer.index}]"
+        url = f"{source.url}/v/{step}/shards/{transfer.file}/{transfer.index}"
+        headers = {"Range": f"bytes={transfer.received}-"} if transfer.received else {}
+        try:
+            response = await pool.get(url, headers)
+        except (OSError, TimeoutError) as exc:
+            raise SourceError(source.url, f"{what}: {exc or type(exc).__name__}") from None
+        if response.status not in (200, 206):
+            await response.discard()
+        try:
+            self._check_status(source, transfer, step, response.status, _CaseInsensitive(response.headers))
+        except SourceError:
+            response.close()
+            raise
+        if transfer.received + response.length > transfer.size:
+            await response.discard()
+            transfer.restart()
+            self._ban(source, f"sent more than {transfer.size} bytes for {what}")
+            raise SourceError(source.url, "oversized shard")
+        transfer.sources.add(source.url)
+        path, shard_offset, _ = sink.shard_target(transfer.file, transfer.index)
+        start = transfer.received
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
+
+                def hash_range(offset: int, n: int) -> None:  # in a worker thread; hashlib releases the GIL
+                    at = shard_offset + start + offset
+                    with memoryview(mapped) as view:
+                        transfer.hasher.update(view[at : at + n])
+                    start_writeback(fd, at, n)
+                    transfer.received += n
+
+                async def absorb(offset: int, n: int) -> None:
+                    await asyncio.to_thread(hash_range, offset, n)
+
+                try:
+                    await response.splice_into(fd, shard_offset + start, absorb, CHUNK)
+                except (OSError, TimeoutError) as exc:
+                    raise SourceError(source.url, f"{what}: {exc or type(exc).__name__}") from None
+        finally:
+            os.close(fd)
+        if transfer.received < transfer.size:
+            raise SourceError(source.url, f"{what} ended early")
+
+    async def _receive_aiohttp(self, source: Source, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
+        """Stream the rest of the shard through aiohttp: hashed and written chunk by chunk."""
         what = f"shard {transfer.file}[{transfer.index}]"
         url = f"{source.url}/v/{step}/shards/{transfer.file}/{transfer.index}"
         headers = {"Range": f"bytes={transfer.received}-"} if transfer.received else {}
         try:
             async with self.session.get(url, headers=headers, timeout=client_timeout()) as response:
-                if response.status in (429, 503):
-                    raise SourceError(source.url, f"busy (HTTP {response.status})", busy_for=_retry_after(response))
-                if response.status == 404:
-                    self._ban(source, f"does not have {what} of step {step}")
-                    raise SourceError(source.url, "HTTP 404")
-                if response.status == 200 and transfer.received:
-                    transfer.restart()  # the server ignored the Range: take the whole shard
-                elif response.status == 206:
-                    if not response.headers.get("Content-Range", "").startswith(f"bytes {transfer.received}-"):
-                        raise SourceError(source.url, f"{what}: a 206 for another range than asked")
-                elif response.status != 200:
-                    raise SourceError(source.url, f"{what}: HTTP {response.status}")
+                self._check_status(source, transfer, step, response.status, response.headers)
                 transfer.sources.add(source.url)
                 async for chunk, _ in response.content.iter_chunks():  # the buffers as received, never joined
                     if transfer.received + transfer.pending_bytes + len(chunk) > transfer.size:
@@ -340,9 +411,16 @@ class Downloader:
             raise SourceError(source.url, f"{what} ended early")
 
 
-def _retry_after(response: aiohttp.ClientResponse) -> float:
+class _CaseInsensitive(dict[str, str]):
+    """Lower-case header names read with any case, like aiohttp's headers."""
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(key.lower(), default)
+
+
+def _retry_after(headers: Any) -> float:
     try:
-        return min(10.0, max(0.1, float(response.headers.get("Retry-After", "1"))))
+        return min(10.0, max(0.1, float(headers.get("Retry-After", "1"))))
     except ValueError:
         return 1.0
 

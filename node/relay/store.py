@@ -76,6 +76,12 @@ def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
 _start_writeback = _load_sync_file_range() if sys.platform == "linux" else None
 
 
+def start_writeback(fd: int, offset: int, size: int) -> None:
+    """Start writing a just-written range to disk without waiting (nothing where sync_file_range is missing)."""
+    if _start_writeback is not None:
+        _start_writeback(fd, offset, size)
+
+
 def _fsync_path(path: Path) -> None:
     """fsync a file or a directory (a directory's fsync makes the names in it durable)."""
     fd = os.open(path, os.O_RDONLY)
@@ -452,10 +458,20 @@ class PartialCheckpoint:
                 while rest:
                     n = os.pwrite(fd, rest, shard.offset + at + written)
                     rest, written = rest[n:], written + n
-            if _start_writeback is not None:
-                _start_writeback(fd, shard.offset + at, size)
+            start_writeback(fd, shard.offset + at, size)
         finally:
             os.close(fd)
+
+    def shard_target(self, file: str, index: int) -> tuple[Path, int, int]:
+        """(path, offset, size) where a shard not yet done is to be written by a caller that writes it itself
+        (the splice path); it then calls `commit` like a `write_unverified` caller."""
+        shard = self._shards.get((file, index))
+        if shard is None:
+            raise UnknownShard(file, index)
+        with self._lock:
+            if self._finished or (file, index) in self._done:
+                raise RelayError(f"shard {file}[{index}] is already written (or the checkpoint finished)")
+        return self.partial / file, shard.offset, shard.size
 
     def commit(self, file: str, index: int, sha256: bytes) -> None:
         """Mark a shard written with `write_unverified` as done, if `sha256` (of all its bytes) is the manifest's.

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from eth_account import Account
 
-from node.relay import DownloadFailed, SourceError
+from node.relay import DownloadFailed, SourceError, splice
 from node.relay.client import Downloader, Source, fetch_checkpoint, list_versions, resolve_version, wait_for_newer
 from node.relay.manifest import Manifest, encode_manifest
 from node.relay.server import SIGNATURE_HEADER, ServerLimits, ShardServer
@@ -86,6 +86,15 @@ def hostile(store: ShardStore, shard: Callable[[web.Request, bytes], Awaitable[w
         ]
     )
     return app
+
+
+@pytest.fixture(autouse=True, params=["splice", "aiohttp"])
+def transfer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs over both ways of moving shard bytes: zero-copy splice (Linux) and aiohttp."""
+    if request.param == "splice" and not splice.AVAILABLE:
+        pytest.skip("splice(2) is Linux-only")
+    monkeypatch.setattr(splice, "AVAILABLE", request.param == "splice")
+    return str(request.param)
 
 
 @pytest.fixture
@@ -311,3 +320,31 @@ def test_waiting_for_a_newer_version_returns_when_it_is_published(tmp_path: Path
     path = asyncio.run(scenario())
     assert path == tmp_path / "out" / "step_2"
     assert_same(path, tmp_path / "two")
+
+
+def test_a_chunked_response_falls_back_from_splice_to_aiohttp(tmp_path: Path, checkpoint: Path) -> None:
+    async def chunked(request: web.Request, data: bytes) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(data)
+        return response
+
+    async def scenario() -> Downloader:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        url, runner = await serve(hostile(store, chunked))
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                downloader = Downloader(session, having, parallel=2)
+                await downloader.download(sink)
+                sink.finish()
+        finally:
+            await runner.cleanup()
+        return downloader
+
+    downloader = asyncio.run(scenario())
+    assert_same(tmp_path / "out", checkpoint)
+    assert downloader.errors == []
