@@ -1,0 +1,164 @@
+"""A relay's mirror against a real origin server in the same event loop: late upstreams, pruning, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from eth_account import Account
+
+from node.relay.mirror import Mirror
+from node.relay.origin import Origin
+from node.relay.server import ShardServer
+from node.relay.store import ShardStore
+from node.relay.trust import TrustPolicy
+from node.signing import SigningDomain
+
+DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
+TRAINER = Account.from_key(b"\x01" * 32)
+POLICY = TrustPolicy(DOMAIN, TRAINER.address, pool_id=2)
+SHARD = 64 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def checkpoint(path: Path, seed: int, size: int = 300_000) -> Path:
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def with_origin(root: Path, port: int, body: Callable[[Origin], Awaitable[None]]) -> None:
+    server = ShardServer(ShardStore(root / "origin"), role="origin")
+    await server.start("127.0.0.1", port)
+    origin = Origin(server, account=TRAINER, domain=DOMAIN, pool_id=2, keep=5, shard_size=SHARD)
+    try:
+        await body(origin)
+    finally:
+        await server.stop()
+
+
+def test_a_relay_started_before_its_upstream_mirrors_once_it_answers(tmp_path: Path) -> None:
+    port = free_port()
+    relay_store = ShardStore(tmp_path / "relay")
+
+    async def scenario() -> None:
+        relay = ShardServer(relay_store, role="relay")
+        mirror = Mirror(relay, [f"http://127.0.0.1:{port}"], policy=POLICY, keep=2)
+        task = asyncio.create_task(mirror.run())
+        try:
+            await asyncio.sleep(1.0)  # the upstream refuses connections meanwhile: the mirror backs off, keeps trying
+
+            async def body(origin: Origin) -> None:
+                await origin.publish(checkpoint(tmp_path / "c1", seed=1), 1)
+                await until(lambda: relay_store.versions() == [1])
+
+            await with_origin(tmp_path, port, body)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+    assert (
+        relay_store.read_shard(1, "model.safetensors", 0)
+        == (tmp_path / "c1" / "model.safetensors").read_bytes()[:SHARD]
+    )
+
+
+def test_a_relay_keeps_the_newest_versions_and_drops_older_ones(tmp_path: Path) -> None:
+    port = free_port()
+    relay_store = ShardStore(tmp_path / "relay")
+
+    async def scenario() -> None:
+        relay = ShardServer(relay_store, role="relay")
+        mirror = Mirror(relay, [f"http://127.0.0.1:{port}"], policy=POLICY, keep=2)
+
+        async def body(origin: Origin) -> None:
+            task = asyncio.create_task(mirror.run())
+            try:
+                for step in (1, 2, 3):
+                    await origin.publish(checkpoint(tmp_path / f"c{step}", seed=step), step)
+                    await until(lambda step=step: step in relay_store.versions())  # type: ignore[misc]
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        await with_origin(tmp_path, port, body)
+
+    asyncio.run(scenario())
+    assert relay_store.versions() == [2, 3]
+    assert sorted(p.name for p in (tmp_path / "relay" / "v").iterdir()) == ["2", "3"]
+    assert no_partial_directory_left(relay_store)
+
+
+def no_partial_directory_left(store: ShardStore) -> bool:
+    return all(not p.name.endswith(".partial") for p in (store.root / "v").iterdir())
+
+
+def test_a_restarted_relay_resumes_a_half_mirrored_version(tmp_path: Path) -> None:
+    port = free_port()
+    source = checkpoint(tmp_path / "c1", seed=7, size=40 * SHARD)
+
+    async def scenario() -> tuple[int, int]:
+        async def body(origin: Origin) -> None:
+            await origin.publish(source, 1)
+            first_store = ShardStore(tmp_path / "relay")
+            relay = ShardServer(first_store, role="relay")
+            mirror = Mirror(relay, [f"http://127.0.0.1:{port}"], policy=POLICY, parallel=1)
+            task = asyncio.create_task(mirror.run())
+            partial = None
+            try:
+                await until(lambda: first_store.incoming_version(1) is not None)
+                partial = first_store.incoming_version(1)
+                assert partial is not None
+                await until(lambda: len(partial.missing()) < 30)  # type: ignore[union-attr]
+            finally:
+                task.cancel()  # the relay stops mid-version
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert (tmp_path / "relay" / "v" / "1.partial").is_dir() and first_store.versions() == []
+
+            second_store = ShardStore(tmp_path / "relay")  # a new process on the same data directory
+            relay2 = ShardServer(second_store, role="relay")
+            mirror2 = Mirror(relay2, [f"http://127.0.0.1:{port}"], policy=POLICY)
+            before = origin.server.metrics.render()
+            task2 = asyncio.create_task(mirror2.run())
+            try:
+                await until(lambda: second_store.versions() == [1])
+            finally:
+                task2.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task2
+            after = origin.server.metrics.render()
+            sent.extend([_bytes_sent(before), _bytes_sent(after)])
+
+        sent: list[float] = []
+        await with_origin(tmp_path, port, body)
+        return int(sent[0]), int(sent[1])
+
+    before, after = asyncio.run(scenario())
+    assert after - before < 40 * SHARD  # the second relay fetched only what the first had not verified
+    assert (tmp_path / "relay" / "v" / "1" / "model.safetensors").read_bytes() == (
+        source / "model.safetensors"
+    ).read_bytes()
+
+
+def _bytes_sent(metrics: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("shardcast_bytes_sent"))
