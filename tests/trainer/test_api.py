@@ -1,0 +1,248 @@
+"""The coordinator API on a real aiohttp server: every refusal of issue 5's acceptance 6 has its own 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from eth_account import Account
+
+from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
+from node.signing import Attestation, SigningDomain, sign, sign_request
+from trainer.api import ApiConfig, CoordinatorApi, PoolState
+from trainer.inbox import RolloutInbox
+from trainer.roles import StaticRoles
+
+DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
+POOL = 4
+WORKER = Account.from_key(b"\x11" * 32)
+STRANGER = Account.from_key(b"\x12" * 32)
+VALIDATOR = Account.from_key(b"\x13" * 32)
+TRAINER = Account.from_key(b"\x14" * 32)
+
+
+def rollout_bytes(node: str = WORKER.address, pool: int = POOL, rows: int = 4) -> bytes:
+    rng = random.Random(rows)
+    meta = RolloutMeta(
+        pool_id=pool,
+        node=node,
+        manifest_hash=b"\x01" * 32,
+        sampling=SamplingMeta(temperature=1.0, top_p=1.0, max_tokens=16),
+        task_spec_hash=b"\x02" * 32,
+        model_hash=b"\x03" * 32,
+        counter=0,
+        created_by="prime-node test",
+    )
+    return encode_rollouts(
+        meta,
+        [
+            RolloutRow(
+                problem_id=f"p/{i // 2}",
+                group=i // 2,
+                input_tokens=[rng.randrange(96) for _ in range(4)],
+                output_tokens=[rng.randrange(96) for _ in range(3)],
+                output_logprobs=[-0.5, -0.25, -1.0],
+                finish_reason="stop",
+                reward=float(i % 2),
+                task_reward=float(i % 2),
+                length_penalty=0.0,
+                target_length=NO_TARGET_LENGTH,
+                seed=i,
+                step=0,
+                proofs=b"\x00" * 258,
+            )
+            for i in range(rows)
+        ],
+    )
+
+
+@dataclass
+class Reply:
+    status: int
+    body: dict[str, Any]
+
+
+class Client:
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session, self.url = session, url
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        signer: Any = WORKER,
+        headers: dict[str, str] | None = None,
+        now: int | None = None,
+        nonce: bytes | None = None,
+    ) -> Reply:
+        signed = {} if signer is None else sign_request(signer, DOMAIN, method, path, body, now=now, nonce=nonce)
+        async with self.session.request(method, self.url + path, data=body, headers=signed | (headers or {})) as r:
+            return Reply(r.status, json.loads(await r.read() or b"{}"))
+
+
+def run(tmp_path: Path, scenario: Callable[[Client, CoordinatorApi], Awaitable[None]], **config: Any) -> None:
+    async def main() -> None:
+        api = CoordinatorApi(
+            domain=DOMAIN,
+            state=PoolState(pool_id=POOL, trainer=TRAINER.address),
+            roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
+            inbox=RolloutInbox(tmp_path / "inbox"),
+            attestations=tmp_path / "attestations.jsonl",
+            config=ApiConfig(**config),
+        )
+        runner = web.AppRunner(api.app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                await scenario(Client(session, f"http://127.0.0.1:{runner.addresses[-1][1]}"), api)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def upload_path(data: bytes) -> str:
+    return f"/v1/rollouts/{hashlib.sha256(data).hexdigest()}"
+
+
+def test_a_member_uploads_once_and_the_same_bytes_again_change_nothing(tmp_path: Path) -> None:
+    data = rollout_bytes()
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        first = await client.send("PUT", upload_path(data), data)
+        again = await client.send("PUT", upload_path(data), data)
+        assert (first.status, first.body["created"]) == (201, True)
+        assert (again.status, again.body["created"]) == (200, False)
+        async with client.session.get(client.url + upload_path(data)) as response:
+            assert response.status == 200 and await response.read() == data
+
+    run(tmp_path, scenario)
+    assert RolloutInbox(tmp_path / "inbox").uploads() == [hashlib.sha256(data).digest()]
+
+
+def test_each_bad_request_gets_its_own_refusal(tmp_path: Path) -> None:
+    data = rollout_bytes()
+    path = upload_path(data)
+    limit = max(len(data), len(rollout_bytes(node=STRANGER.address)), len(rollout_bytes(pool=POOL + 1))) + 10
+    big = b"\0" * (limit + 1)
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        refusals = {
+            "unsigned": await client.send("PUT", path, data, signer=None),
+            "expired": await client.send("PUT", path, data, now=int(time.time()) - 3600),
+            "non-member": await client.send("PUT", path, data, signer=STRANGER),
+            "mismatched hash": await client.send("PUT", upload_path(data + b"x"), data),
+            "oversized": await client.send("PUT", upload_path(big), big),
+            "malformed": await client.send("PUT", upload_path(b"not parquet"), b"not parquet"),
+            "another node's file": await client.send(
+                "PUT", upload_path(rollout_bytes(node=STRANGER.address)), rollout_bytes(node=STRANGER.address)
+            ),
+            "another pool's file": await client.send(
+                "PUT", upload_path(rollout_bytes(pool=POOL + 1)), rollout_bytes(pool=POOL + 1)
+            ),
+        }
+        nonce = b"\x07" * 16
+        fresh = await client.send("POST", "/v1/tasks", b"{}", nonce=nonce)
+        refusals["replayed nonce"] = await client.send("POST", "/v1/tasks", b"{}", nonce=nonce)
+        assert fresh.status == 200
+        expected = {
+            "unsigned": (401, "missing_header"),
+            "expired": (401, "timestamp_skew"),
+            "non-member": (403, "not_member"),
+            "mismatched hash": (400, "hash_mismatch"),
+            "oversized": (413, "too_large"),
+            "malformed": (422, "malformed_file"),
+            "another node's file": (403, "wrong_node"),
+            "another pool's file": (422, "wrong_pool"),
+            "replayed nonce": (409, "replayed_nonce"),
+        }
+        got = {name: (reply.status, reply.body.get("error")) for name, reply in refusals.items()}
+        assert got == expected
+        assert all(reply.body.get("message") for reply in refusals.values())
+
+    run(tmp_path, scenario, max_upload_bytes=limit)
+    assert RolloutInbox(tmp_path / "inbox").uploads() == []  # nothing refused was stored
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    data = rollout_bytes()
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        reply = await client.send("PUT", upload_path(data), data)
+        assert (reply.status, reply.body["error"]) == (413, "too_large")
+
+    run(tmp_path, scenario, max_upload_bytes=len(data) - 1)
+
+
+def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        api.state.step = 3
+        first = await client.send("POST", "/v1/tasks", b"{}")
+        second = await client.send("POST", "/v1/tasks", b"{}")
+        assert (first.body["counter"], second.body["counter"]) == (0, 1)
+        assert first.body["step"] == 3 and first.body["node"] == WORKER.address
+        stranger = await client.send("POST", "/v1/tasks", b"{}", signer=STRANGER)
+        assert stranger.status == 403
+
+    run(tmp_path, scenario)
+
+
+def test_only_validators_attest_and_only_with_their_own_signature(tmp_path: Path) -> None:
+    work_key = b"\x42" * 32
+
+    def attestation(signer: Any, accepted: bool = False, reason: int = 7) -> bytes:
+        message = Attestation(pool_id=POOL, work_key=work_key, accepted=accepted, reason=reason)
+        signature = sign(message, signer, DOMAIN)
+        return json.dumps(
+            {
+                "work_key": "0x" + work_key.hex(),
+                "accepted": accepted,
+                "reason": reason,
+                "signature": "0x" + signature.hex(),
+            }
+        ).encode()
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        ok = await client.send("POST", "/v1/attestations", attestation(VALIDATOR), signer=VALIDATOR)
+        worker = await client.send("POST", "/v1/attestations", attestation(WORKER), signer=WORKER)
+        forged = await client.send("POST", "/v1/attestations", attestation(STRANGER), signer=VALIDATOR)
+        junk = await client.send("POST", "/v1/attestations", b"{", signer=VALIDATOR)
+        assert ok.status == 201
+        assert (worker.status, worker.body["error"]) == (403, "not_validator")
+        assert (forged.status, forged.body["error"]) == (400, "bad_attestation")
+        assert (junk.status, junk.body["error"]) == (400, "bad_attestation")
+
+    run(tmp_path, scenario)
+    records = [json.loads(line) for line in (tmp_path / "attestations.jsonl").read_text().splitlines()]
+    assert records == [
+        {
+            "work_key": "0x" + work_key.hex(),
+            "accepted": False,
+            "reason": 7,
+            "validator": VALIDATOR.address,
+            "signature": records[0]["signature"],
+        }
+    ]
+
+
+@pytest.mark.parametrize("path", ["/v1/rollouts/XYZ", "/v1/rollouts/" + "A" * 64, "/v1/rollouts/" + "0" * 63])
+def test_a_bad_upload_name_is_refused(tmp_path: Path, path: str) -> None:
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        reply = await client.send("PUT", path, b"data")
+        assert (reply.status, reply.body["error"]) == (400, "bad_name")
+
+    run(tmp_path, scenario)

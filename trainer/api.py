@@ -1,0 +1,264 @@
+"""The coordinator API the trainer serves (DESIGN section 8), on aiohttp.
+
+| route | who | what |
+|---|---|---|
+| `GET /v1/pool`, `GET /v1/step` | anyone | the pool's id, trainer and current policy step |
+| `POST /v1/tasks` | signed, a pool member | the next assignment for the signing node |
+| `PUT /v1/rollouts/{sha256}` | signed, a pool member | upload a rollout file; content-addressed, idempotent |
+| `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators) |
+| `POST /v1/attestations` | signed, a validator | a signed verdict on a work key |
+| `GET /metrics` | anyone | Prometheus text |
+
+Every signed request carries the EIP-712 `Request` headers (DESIGN section 5). The order of checks on an upload
+is cheapest first: the declared size, the bounded body read, the signature (timestamp, signer, nonce), the
+signer's role, the body's sha256 against the name, then the file's format and its node and pool. Each refusal
+is a 4xx JSON body `{"error": code, "message": text}` with its own code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+from eth_utils import is_checksum_address
+
+from node.metrics import Registry
+from node.rollouts.reader import read_rollouts
+from node.rollouts.schema import RolloutFormatError
+from node.signing import (
+    Attestation,
+    AuthFailure,
+    NonceCache,
+    RequestAuthError,
+    SignatureError,
+    SigningDomain,
+    recover,
+    verify_request,
+)
+from trainer.inbox import RolloutInbox
+from trainer.roles import Roles
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_AUTH_STATUS = {
+    AuthFailure.MISSING_HEADER: 401,
+    AuthFailure.MALFORMED_HEADER: 400,
+    AuthFailure.TIMESTAMP_SKEW: 401,
+    AuthFailure.BAD_SIGNATURE: 401,
+    AuthFailure.SIGNER_MISMATCH: 401,
+    AuthFailure.REPLAYED_NONCE: 409,
+    AuthFailure.NONCE_CACHE_FULL: 503,
+}
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """Limits of the coordinator API."""
+
+    max_upload_bytes: int = 64 * 1024 * 1024  # the pool's file-size limit
+    max_json_bytes: int = 64 * 1024
+    max_skew: float = 300.0  # seconds a signed request's timestamp may be off (DESIGN section 5)
+    prompts_per_task: int = 8
+    group_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
+            raise ValueError("upload and JSON limits and max_skew must be positive")
+        if self.prompts_per_task < 1 or self.group_size < 1:
+            raise ValueError("prompts_per_task and group_size must be at least 1")
+
+
+@dataclass
+class PoolState:
+    """What the trainer publishes about itself; `step` moves as training goes."""
+
+    pool_id: int
+    trainer: str
+    step: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # next assignment counter per node
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _json_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+class CoordinatorApi:
+    def __init__(
+        self,
+        *,
+        domain: SigningDomain,
+        state: PoolState,
+        roles: Roles,
+        inbox: RolloutInbox,
+        attestations: Path,
+        config: ApiConfig | None = None,
+        on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
+        self.attestations = attestations
+        self.config = config or ApiConfig()
+        self.on_upload = on_upload
+        self.nonces = NonceCache(ttl=2 * self.config.max_skew)
+        self.metrics = Registry()
+        self._requests = self.metrics.counter("coordinator_requests_total", "API requests by route and status.")
+        self._uploads = self.metrics.counter("coordinator_uploads_total", "Rollout files stored.")
+        self.metrics.gauge("coordinator_step", "Current policy step.", lambda: self.state.step)
+        self.app = web.Application(middlewares=[self._errors], client_max_size=self.config.max_upload_bytes + 1)
+        self.app.add_routes(
+            [
+                web.get("/v1/pool", self._pool),
+                web.get("/v1/step", self._step),
+                web.post("/v1/tasks", self._tasks),
+                web.put("/v1/rollouts/{sha256}", self._upload),
+                web.get("/v1/rollouts/{sha256}", self._download),
+                web.post("/v1/attestations", self._attest),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = _json_error(exc.status, exc.code, exc.message)
+        except web.HTTPException as exc:  # no route, wrong method, body over client_max_size
+            response = _json_error(exc.status, "http", exc.reason)
+        self._requests.inc(route=route, status=str(response.status))
+        return response
+
+    # --- request checks ------------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request, limit: int) -> bytes:
+        if request.content_length is not None and request.content_length > limit:
+            raise ApiError(413, "too_large", f"body of {request.content_length} bytes is over the {limit}-byte limit")
+        body = await request.content.read(limit + 1)
+        if len(body) > limit:
+            raise ApiError(413, "too_large", f"body is over the {limit}-byte limit")
+        return body
+
+    def _signer(self, request: web.Request, body: bytes) -> str:
+        try:
+            return verify_request(
+                request.headers,
+                self.domain,
+                request.method,
+                request.raw_path,
+                body,
+                now=time.time(),
+                max_skew=self.config.max_skew,
+                nonces=self.nonces,
+            )
+        except RequestAuthError as exc:
+            raise ApiError(_AUTH_STATUS[exc.code], exc.code.value, str(exc)) from None
+
+    async def _member(self, request: web.Request, body: bytes) -> str:
+        signer = self._signer(request, body)
+        if not await self.roles.is_member(signer):
+            raise ApiError(403, "not_member", f"{signer} is not a member of pool {self.state.pool_id}")
+        return signer
+
+    # --- handlers ------------------------------------------------------------------------------------
+
+    async def _pool(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"pool_id": self.state.pool_id, "trainer": self.state.trainer, "step": self.state.step}
+        )
+
+    async def _step(self, request: web.Request) -> web.Response:
+        return web.json_response({"step": self.state.step})
+
+    async def _tasks(self, request: web.Request) -> web.Response:
+        body = await self._body(request, self.config.max_json_bytes)
+        node = await self._member(request, body)
+        counter = self.state.counters.get(node, 0)
+        self.state.counters[node] = counter + 1
+        return web.json_response(
+            {
+                "pool_id": self.state.pool_id,
+                "node": node,
+                "step": self.state.step,
+                "counter": counter,
+                "prompts": self.config.prompts_per_task,
+                "group_size": self.config.group_size,
+            }
+        )
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        name = request.match_info["sha256"]
+        if not _SHA256.fullmatch(name):
+            raise ApiError(400, "bad_name", "the path must be /v1/rollouts/<64 lower-case hex digits of sha256>")
+        body = await self._body(request, self.config.max_upload_bytes)
+        node = await self._member(request, body)
+        work_key, actual = bytes.fromhex(name), hashlib.sha256(body).digest()
+        if actual != work_key:
+            raise ApiError(400, "hash_mismatch", f"the body's sha256 is {actual.hex()}, not {name}")
+        if self.inbox.has(work_key):
+            return web.json_response({"work_key": "0x" + name, "created": False})
+        try:
+            parsed = read_rollouts(body, max_bytes=self.config.max_upload_bytes)
+        except RolloutFormatError as exc:
+            raise ApiError(422, "malformed_file", str(exc)) from None
+        if parsed.meta.node != node:
+            raise ApiError(403, "wrong_node", f"the file is for node {parsed.meta.node}; {node} signed the upload")
+        if parsed.meta.pool_id != self.state.pool_id:
+            raise ApiError(422, "wrong_pool", f"the file is for pool {parsed.meta.pool_id}, not {self.state.pool_id}")
+        created = self.inbox.put(work_key, body, node)
+        if created:
+            self._uploads.inc()
+            if self.on_upload is not None:
+                await self.on_upload(work_key, node)
+        return web.json_response({"work_key": "0x" + name, "created": created}, status=201 if created else 200)
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["sha256"]
+        if not _SHA256.fullmatch(name) or not self.inbox.has(bytes.fromhex(name)):
+            raise ApiError(404, "not_found", f"no rollout file {name}")
+        return web.FileResponse(self.inbox.path(bytes.fromhex(name)))
+
+    async def _attest(self, request: web.Request) -> web.Response:
+        body = await self._body(request, self.config.max_json_bytes)
+        signer = self._signer(request, body)
+        if not await self.roles.is_validator(signer):
+            raise ApiError(403, "not_validator", f"{signer} is not a validator of pool {self.state.pool_id}")
+        try:
+            raw = json.loads(body)
+            attestation = Attestation(
+                pool_id=self.state.pool_id,
+                work_key=bytes.fromhex(str(raw["work_key"]).removeprefix("0x")),
+                accepted=raw["accepted"],
+                reason=raw["reason"],
+            )
+            signature = bytes.fromhex(str(raw["signature"]).removeprefix("0x"))
+            attester = recover(attestation, signature, self.domain)
+        except (ValueError, KeyError, TypeError, SignatureError) as exc:
+            raise ApiError(400, "bad_attestation", f"not a signed attestation: {exc}") from None
+        if attester != signer or not is_checksum_address(attester):
+            raise ApiError(400, "bad_attestation", f"the attestation is signed by {attester}, the request by {signer}")
+        with self.attestations.open("a", encoding="utf-8") as log:
+            record = {
+                "work_key": "0x" + attestation.work_key.hex(),
+                "accepted": attestation.accepted,
+                "reason": attestation.reason,
+                "validator": signer,
+                "signature": "0x" + signature.hex(),
+            }
+            log.write(json.dumps(record, sort_keys=True) + "\n")
+        return web.json_response({"recorded": True}, status=201)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain")
