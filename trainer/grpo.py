@@ -1,0 +1,189 @@
+"""The GRPO objective of INTELLECT-2 (DESIGN section 8) as pure functions over CPU tensors.
+
+Per group of G completions of one problem, rewards become advantages; per generated token, the policy's
+new log-prob against the generating policy's gives a ratio, and the loss is the two-sided clipped surrogate
+
+    ratio   = exp(logp_new - logp_old)
+    loss_t  = -min(min(ratio, delta) * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+            + kl_coef * k3(logp_ref, logp_new) - entropy_coef * entropy_t
+    loss    = sum(loss_t over counted tokens) / number of counted tokens
+
+`delta` bounds the ratio when A < 0: plain PPO clipping leaves `ratio * A` unbounded below for a negative
+advantage, so one token whose probability exploded could dominate the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer.errors import TrainerError
+
+ADVANTAGE_EPS = 1e-6  # added to the group's std so an almost-uniform group gives small, finite advantages
+
+
+class GRPOError(TrainerError, ValueError):
+    """A GRPO config or input the loss cannot use; the message names the offending value or shape."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Clipping and regularisation of the GRPO loss (defaults: INTELLECT-2).
+
+    eps_low, eps_high: the trust band [1 - eps_low, 1 + eps_high] for the ratio (>= 0; eps_low < 1).
+    delta: cap on the ratio in the unclipped term, bounding the loss of negative advantages (> 1).
+    entropy_coef: weight of the entropy bonus subtracted from the loss (>= 0; 0 = off).
+    kl_coef: weight of the k3 KL to the reference policy added to the loss (>= 0; 0 = off).
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    delta: float = 4.0
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        values = (self.eps_low, self.eps_high, self.delta, self.entropy_coef, self.kl_coef)
+        if not all(math.isfinite(v) for v in values):
+            raise GRPOError(f"GRPO config values must be finite: {self}")
+        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
+            raise GRPOError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
+        if self.delta <= 1:
+            raise GRPOError(f"delta must exceed 1, got {self.delta}")
+        if self.entropy_coef < 0 or self.kl_coef < 0:
+            raise GRPOError(f"coefficients must be >= 0, got entropy {self.entropy_coef}, kl {self.kl_coef}")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The loss to backpropagate and what to log about it; statistics are over counted tokens only."""
+
+    loss: Tensor  # scalar, carries the graph of logp_new (and entropy, if given)
+    clipped_fraction: float  # share of tokens whose chosen term is not ratio * A (clip or delta cap active)
+    mean_ratio: float
+    kl: float  # mean k3 KL to the reference; 0.0 when logp_ref is not given
+    entropy: float  # mean entropy; 0.0 when entropy is not given
+    tokens: int
+
+
+def _check_rewards(rewards: Tensor) -> Tensor:
+    if rewards.dim() != 1 or rewards.numel() == 0:
+        raise GRPOError(f"rewards must be a non-empty 1-D tensor (G,), got shape {tuple(rewards.shape)}")
+    if not torch.isfinite(rewards).all():
+        raise GRPOError(f"rewards must be finite, got {rewards.tolist()}")
+    return rewards.to(torch.float32)
+
+
+def group_advantages(rewards: Tensor) -> Tensor:
+    """(G,) rewards of one group -> (G,) advantages `(r - mean) / (std + 1e-6)`.
+
+    std is the population std (`unbiased=False`, divide by G), as in INTELLECT-2 / prime-rl: the group is the
+    whole population whose rewards are being centred, not a sample of a larger one, and a group of one gets
+    advantage 0 instead of the NaN a sample std (divide by G - 1) would give.
+    """
+    r = _check_rewards(rewards)
+    return (r - r.mean()) / (r.std(unbiased=False) + ADVANTAGE_EPS)
+
+
+def keep_group(rewards: Tensor) -> bool:
+    """True unless every reward of the group is the same float (such a group has zero advantages, no signal).
+
+    Equality is exact, with no tolerance: rewards are mostly discrete (0/1 plus a length penalty), and a group
+    whose rewards differ only slightly already gets small advantages from the `+ 1e-6` in the denominator, so
+    a tolerance would only add a threshold to tune.
+    """
+    r = _check_rewards(rewards)
+    return bool((r != r[0]).any())
+
+
+def filter_groups(groups: Sequence[Tensor]) -> list[int]:
+    """The online filter: indices of the groups (each (G,) rewards) that `keep_group` keeps, in order."""
+    return [i for i, rewards in enumerate(groups) if keep_group(rewards)]
+
+
+def _check_tokens(name: str, x: Tensor, shape: torch.Size, counted: Tensor) -> Tensor:
+    """Check a (B, T) per-token tensor and zero its uncounted positions, so padding cannot leak NaN/inf."""
+    if x.shape != shape:
+        raise GRPOError(f"{name} must have shape {tuple(shape)} like logp_new, got {tuple(x.shape)}")
+    if not torch.isfinite(x[counted]).all():
+        raise GRPOError(f"{name} has non-finite values on counted tokens")
+    return torch.where(counted, x, torch.zeros((), dtype=x.dtype))
+
+
+def grpo_token_loss(
+    logp_new: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: GRPOConfig,
+    *,
+    logp_ref: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
+    """The GRPO loss over a batch of B completions padded to T tokens (formulas in the module docstring).
+
+    logp_new (B, T): log-probs of the generated tokens under the policy being trained (with grad).
+    logp_old (B, T): the same under the policy that generated them; treated as a constant.
+    advantages (B,): one per completion, broadcast over its tokens.
+    mask (B, T): bool or 0/1, true for completion tokens that count; other positions may hold anything.
+    logp_ref (B, T): reference-policy log-probs for the k3 KL `exp(ref - new) - (ref - new) - 1`.
+    entropy (B, T): per-token entropy of the policy for the bonus.
+
+    Normalisation is per token over the whole batch (sum / counted tokens), not a mean of per-sequence means:
+    every token weighs the same, so a long completion's tokens are not down-weighted against a short one's.
+    """
+    if logp_new.dim() != 2:
+        raise GRPOError(f"logp_new must be (B, T), got shape {tuple(logp_new.shape)}")
+    B, T = logp_new.shape  # batch, time
+    if mask.shape != logp_new.shape:
+        raise GRPOError(f"mask must have shape {(B, T)} like logp_new, got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise GRPOError("mask must be bool or hold only 0 and 1")
+    counted = mask.to(torch.bool)  # (B, T)
+    tokens = int(counted.sum())
+    if tokens == 0:
+        raise GRPOError("mask counts no tokens; the loss would be 0/0")
+    if advantages.shape != (B,):
+        raise GRPOError(f"advantages must have shape {(B,)}, got {tuple(advantages.shape)}")
+    if not torch.isfinite(advantages).all():
+        raise GRPOError(f"advantages must be finite, got {advantages.tolist()}")
+
+    new = _check_tokens("logp_new", logp_new, logp_new.shape, counted)  # (B, T)
+    old = _check_tokens("logp_old", logp_old.detach(), logp_new.shape, counted)  # (B, T)
+    adv = advantages.detach().to(new.dtype).unsqueeze(1)  # (B, 1), broadcast over T
+
+    ratio = torch.exp(new - old)  # (B, T)
+    unclipped = ratio * adv
+    capped = torch.clamp(ratio, max=cfg.delta) * adv
+    clipped = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high) * adv
+    chosen = torch.minimum(capped, clipped)  # (B, T)
+    loss_tok = -chosen
+
+    kl_mean = 0.0
+    if logp_ref is not None:
+        ref = _check_tokens("logp_ref", logp_ref.detach(), logp_new.shape, counted)
+        kl_tok = torch.exp(ref - new) - (ref - new) - 1  # (B, T), k3: >= 0, unbiased for KL(new || ref)
+        loss_tok = loss_tok + cfg.kl_coef * kl_tok
+        kl_mean = kl_tok.detach()[counted].mean().item()
+    entropy_mean = 0.0
+    if entropy is not None:
+        ent = _check_tokens("entropy", entropy, logp_new.shape, counted)
+        loss_tok = loss_tok - cfg.entropy_coef * ent
+        entropy_mean = ent.detach()[counted].mean().item()
+
+    loss = torch.where(counted, loss_tok, torch.zeros((), dtype=loss_tok.dtype)).sum() / tokens
+    with torch.no_grad():
+        # exact float comparison is sound: when no clip is active, `chosen` is computed by the same ops as `unclipped`
+        was_clipped = (chosen != unclipped)[counted]
+        return LossOutput(
+            loss=loss,
+            clipped_fraction=float(was_clipped.float().mean()),
+            mean_ratio=float(ratio[counted].mean()),
+            kl=kl_mean,
+            entropy=entropy_mean,
+            tokens=tokens,
+        )
