@@ -1,0 +1,282 @@
+"""Rollout files to micro-batches: the async window, the online filter, padding, and the trainer's log-probs."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from node.inference.base import GenerationRequest
+from node.inference.sampler import SamplingParams
+from node.inference.torch_backend import TorchBackend
+from node.model.tiny import build_model
+from node.rollouts import RolloutMeta, RolloutRow, SamplingMeta, write_rollouts
+from trainer.data import (
+    DuplicateRolloutError,
+    FutureRolloutError,
+    MixedStepError,
+    Sample,
+    StaleFile,
+    UnreadableRolloutError,
+    build_samples,
+    collate,
+    load_accepted,
+    recompute_logprobs,
+    rewards_all_equal,
+    with_old_logprobs,
+)
+from trainer.errors import TrainerError
+
+NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
+PAD = 0
+
+
+def make_meta(temperature: float = 1.0) -> RolloutMeta:
+    return RolloutMeta(
+        pool_id=7,
+        node=NODE,
+        manifest_hash=b"\x01" * 32,
+        sampling=SamplingMeta(temperature=temperature, top_p=1.0, max_tokens=16),
+        task_spec_hash=b"\x02" * 32,
+        model_hash=b"\x03" * 32,
+        counter=0,
+        created_by="prime-node test",
+    )
+
+
+def make_row(
+    group: int, reward: float, *, step: int = 5, prompt: Sequence[int] = (1, 2, 3), **changes: Any
+) -> RolloutRow:
+    output = changes.pop("output_tokens", [4, 5])
+    fields: dict[str, Any] = {
+        "problem_id": f"p/{group}",
+        "group": group,
+        "input_tokens": list(prompt),
+        "output_tokens": output,
+        "output_logprobs": changes.pop("output_logprobs", [-1.0] * len(output)),
+        "finish_reason": "stop",
+        "reward": reward,
+        "task_reward": reward,
+        "length_penalty": 0.0,
+        "target_length": -1,
+        "seed": group,
+        "step": step,
+        "proofs": b"\x00",  # the format only asks for non-empty proofs; nothing here checks them
+    }
+    return RolloutRow(**(fields | changes))
+
+
+def write(path: Path, rows: list[RolloutRow], temperature: float = 1.0) -> Path:
+    write_rollouts(path, make_meta(temperature), rows)
+    return path
+
+
+def centred(rewards: Sequence[float]) -> list[float]:
+    """A simple stand-in for the GRPO advantage: reward minus the group mean."""
+    mean = statistics.fmean(rewards)
+    return [r - mean for r in rewards]
+
+
+def sample(prompt: list[int], output: list[int], advantage: float = 1.0, old: list[float] | None = None) -> Sample:
+    return Sample(prompt, output, old, advantage, reward=0.0, group_key="00:0", step=0, work_key=b"\x00")
+
+
+@pytest.fixture(scope="module")
+def model() -> PreTrainedModel:
+    return build_model(seed=0)
+
+
+# --- the async window -------------------------------------------------------------------------------------
+
+
+def test_window_keeps_steps_back_to_the_async_level_and_reports_older_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = [write(tmp_path / f"s{step}.parquet", [make_row(0, 1.0, step=step)]) for step in (2, 3, 4, 5)]
+    with caplog.at_level(logging.WARNING, logger="trainer.data"):
+        result = load_accepted(paths, current_step=5, async_level=2)
+    assert [file.rows[0].step for file in result.files] == [3, 4, 5]  # s - 2 .. s, in the order given
+    assert result.stale == [StaleFile(paths[0], 2)]  # s - 3: reported, never trained on
+    assert "s2.parquet" in caplog.text and "[3, 5]" in caplog.text
+
+
+def test_async_level_zero_accepts_only_the_current_step(tmp_path: Path) -> None:
+    paths = [write(tmp_path / f"s{step}.parquet", [make_row(0, 1.0, step=step)]) for step in (4, 5)]
+    result = load_accepted(paths, current_step=5, async_level=0)
+    assert [file.rows[0].step for file in result.files] == [5]
+    assert [stale.step for stale in result.stale] == [4]
+
+
+def test_a_file_from_a_future_step_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "future.parquet", [make_row(0, 1.0, step=6)])
+    with pytest.raises(FutureRolloutError, match="claims step 6, ahead of the trainer's step 5") as caught:
+        load_accepted([path], current_step=5, async_level=2)
+    assert (caught.value.path, caught.value.step) == (path, 6)
+    assert isinstance(caught.value, TrainerError)
+
+
+def test_a_file_mixing_steps_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "mixed.parquet", [make_row(0, 1.0, step=4), make_row(0, 0.0, step=5)])
+    with pytest.raises(MixedStepError, match=r"several policy steps \[4, 5\]"):
+        load_accepted([path], current_step=5, async_level=2)
+
+
+def test_an_unreadable_file_is_a_trainer_error_naming_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "junk.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(UnreadableRolloutError, match=r"junk\.parquet"):
+        load_accepted([path], current_step=5, async_level=2)
+
+
+# --- samples and the online filter ---------------------------------------------------------------------------
+
+
+def test_groups_whose_rewards_are_all_equal_are_dropped(tmp_path: Path) -> None:
+    rows = [make_row(0, 1.0), make_row(0, 0.0), make_row(1, 1.0), make_row(1, 1.0), make_row(2, 0.5)]
+    (file,) = load_accepted([write(tmp_path / "r.parquet", rows)], current_step=5, async_level=0).files
+    built = build_samples([file], centred)
+    assert (built.groups_kept, built.groups_dropped) == (1, 2)  # group 1 all 1.0, group 2 a single row
+    assert [(s.reward, s.advantage) for s in built.samples] == [(1.0, 0.5), (0.0, -0.5)]
+    assert {s.group_key for s in built.samples} == {file.work_key.hex() + ":0"}
+    assert all(s.work_key == file.work_key and s.step == 5 and s.old_logprobs is None for s in built.samples)
+
+
+def test_groups_of_two_files_stay_apart_and_keep_file_then_row_order(tmp_path: Path) -> None:
+    first = write(tmp_path / "a.parquet", [make_row(0, 1.0), make_row(0, 0.0, prompt=[9])])
+    second = write(tmp_path / "b.parquet", [make_row(0, 2.0, prompt=[8]), make_row(0, 0.0, prompt=[7])])
+    files = load_accepted([first, second], current_step=5, async_level=0).files
+    built = build_samples(files, centred)
+    assert built.groups_kept == 2  # group 0 of each file is its own group
+    assert [s.input_tokens for s in built.samples] == [[1, 2, 3], [9], [8], [7]]
+    assert [s.advantage for s in built.samples] == [0.5, -0.5, 1.0, -1.0]
+
+
+def test_the_same_file_twice_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "r.parquet", [make_row(0, 1.0), make_row(0, 0.0)])
+    files = load_accepted([path, path], current_step=5, async_level=0).files
+    with pytest.raises(DuplicateRolloutError):
+        build_samples(files, centred)
+
+
+def test_rewards_all_equal_compares_exactly() -> None:
+    assert rewards_all_equal([]) and rewards_all_equal([0.5]) and rewards_all_equal([1.0, 1.0, 1.0])
+    assert rewards_all_equal([0.0, -0.0])
+    assert not rewards_all_equal([1.0, 1.0, 0.999])
+
+
+# --- collate ----------------------------------------------------------------------------------------------
+
+
+def test_collate_pads_on_the_right_with_hand_checked_tensors() -> None:
+    batch = collate([sample([1, 2, 3], [4, 5], 0.5), sample([6], [7, 8, 9], -1.0)], pad_id=PAD)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert batch.targets.tolist() == [[2, 3, 4, 5, 0], [7, 8, 9, 0, 0]]
+    assert batch.loss_mask.tolist() == [[False, False, True, True, False], [True, True, True, False, False]]
+    assert batch.advantages.tolist() == [0.5, -1.0]
+    assert batch.old_logprobs is None
+    assert batch.input_ids.dtype == torch.int64 and batch.loss_mask.dtype == torch.bool
+
+
+def test_loss_mask_selects_exactly_the_output_token_predictions() -> None:
+    samples = [sample([5] * p, list(range(10, 10 + o))) for p, o in [(1, 1), (4, 2), (2, 7), (6, 3)]]
+    batch = collate(samples, pad_id=PAD)
+    B, T = batch.input_ids.shape
+    assert (B, T) == (4, 9)
+    for b, s in enumerate(samples):
+        assert batch.targets[b][batch.loss_mask[b]].tolist() == s.output_tokens
+        # the token before each target is the one the logits at that position saw last
+        assert (
+            batch.input_ids[b][batch.loss_mask[b]].tolist()
+            == [*s.input_tokens, *s.output_tokens][-len(s.output_tokens) - 1 : -1]
+        )
+
+
+def test_collate_places_old_logprobs_at_the_loss_positions() -> None:
+    batch = collate([sample([1, 2], [3, 4], old=[-0.5, -0.25]), sample([1], [2], old=[-2.0])], pad_id=PAD)
+    assert batch.old_logprobs is not None
+    assert batch.old_logprobs.tolist() == [[0.0, -0.5, -0.25, 0.0], [-2.0, 0.0, 0.0, 0.0]]
+
+
+def test_collate_refuses_a_batch_with_only_some_old_logprobs() -> None:
+    with pytest.raises(ValueError, match="every sample"):
+        collate([sample([1], [2], old=[-1.0]), sample([1], [2])], pad_id=PAD)
+
+
+@pytest.mark.parametrize(("prompt", "output"), [([], [2]), ([1], [])])
+def test_collate_refuses_an_empty_prompt_or_completion(prompt: list[int], output: list[int]) -> None:
+    with pytest.raises(ValueError, match="non-empty prompt and completion"):
+        collate([sample([1], [2]), sample(prompt, output)], pad_id=PAD)
+
+
+# --- the trainer's log-probs ----------------------------------------------------------------------------------
+
+
+def unpadded_logprobs(model: PreTrainedModel, s: Sample) -> torch.Tensor:
+    """Log-probs of the output tokens from a batch of one, with no padding and no mask."""
+    ids = torch.tensor([s.input_tokens + s.output_tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()  # (L, V)
+    logprobs = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)  # (L-1,)
+    return logprobs[len(s.input_tokens) - 1 :]
+
+
+def test_recompute_logprobs_equals_an_unpadded_forward_of_each_sequence(model: PreTrainedModel) -> None:
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 9), (12, 2), (1, 5), (7, 7)]
+    samples = [
+        sample(torch.randint(1, 250, (p,), generator=g).tolist(), torch.randint(1, 250, (o,), generator=g).tolist())
+        for p, o in shapes
+    ]
+    batch = collate(samples, pad_id=PAD)
+    logprobs = recompute_logprobs(model, batch)  # (B, T)
+    assert logprobs.shape == batch.input_ids.shape and not logprobs.requires_grad
+    assert torch.all(logprobs[~batch.loss_mask] == 0)
+    for b, s in enumerate(samples):
+        torch.testing.assert_close(logprobs[b][batch.loss_mask[b]], unpadded_logprobs(model, s), atol=1e-5, rtol=0)
+
+
+def test_recompute_logprobs_keeps_the_graph_when_asked(model: PreTrainedModel) -> None:
+    logprobs = recompute_logprobs(model, collate([sample([1, 2], [3])], pad_id=PAD), no_grad=False)
+    assert logprobs.requires_grad
+
+
+def test_with_old_logprobs_fills_one_value_per_output_token(model: PreTrainedModel) -> None:
+    samples = [sample([1, 2, 3], [4, 5]), sample([6], [7, 8, 9])]
+    batch = collate(samples, pad_id=PAD)
+    logprobs = recompute_logprobs(model, batch)
+    filled = with_old_logprobs(samples, batch, logprobs)
+    assert [len(s.old_logprobs or []) for s in filled] == [2, 3]
+    again = collate(filled, pad_id=PAD)
+    assert again.old_logprobs is not None and torch.equal(again.old_logprobs, logprobs)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recomputed_logprobs_match_what_the_same_model_recorded_while_generating(
+    tmp_path: Path, model: PreTrainedModel, temperature: float
+) -> None:
+    config = model.config
+    backend = TorchBackend(model, [config.eos_token_id], pad_token_id=config.pad_token_id, max_batch_size=4)
+    prompts = [[70, 71, 72, 73], [80, 81], [90, 91, 92, 93, 94, 95]]
+    requests = [GenerationRequest(prompt, seed) for prompt in prompts for seed in (1, 2)]
+    completions = backend.generate(requests, SamplingParams(temperature=temperature, top_p=1.0, max_tokens=10))
+    rows = [
+        make_row(i // 2, float(i % 2), prompt=c.prompt_tokens, output_tokens=c.output_tokens,
+                 output_logprobs=c.logprobs, finish_reason=c.finish_reason)
+        for i, c in enumerate(completions)
+    ]  # fmt: skip
+    path = write(tmp_path / "generated.parquet", rows, temperature)
+    built = build_samples(load_accepted([path], current_step=5, async_level=0).files, centred)
+    assert built.groups_kept == 3
+    batch = collate(built.samples, pad_id=config.pad_token_id)
+    logprobs = recompute_logprobs(model, batch, temperature=temperature)
+    for b, row in enumerate(rows):
+        recorded = torch.tensor(row.output_logprobs)  # float32 as stored
+        torch.testing.assert_close(logprobs[b][batch.loss_mask[b]], recorded, atol=1e-5, rtol=0)
