@@ -53,10 +53,15 @@ class ConnectionPool:
         self._pipe: tuple[int, int] | None = None
 
     def close(self) -> None:
+        """Close idle connections and the pipe; the pool can be used again afterwards."""
         for sockets in self._idle.values():
             for sock in sockets:
                 sock.close()
         self._idle.clear()
+        if self._pipe is not None:
+            for fd in self._pipe:
+                os.close(fd)
+            self._pipe = None
 
     async def _connect(self, host: str, port: int) -> socket.socket:
         idle = self._idle.get((host, port))

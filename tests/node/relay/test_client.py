@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -348,3 +349,24 @@ def test_a_chunked_response_falls_back_from_splice_to_aiohttp(tmp_path: Path, ch
     downloader = asyncio.run(scenario())
     assert_same(tmp_path / "out", checkpoint)
     assert downloader.errors == []
+
+
+def test_a_downloader_leaves_no_file_descriptor_open(tmp_path: Path, checkpoint: Path) -> None:
+    async def scenario() -> None:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        url, server = await honest(store)
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
+                for attempt in range(3):
+                    sink = PartialCheckpoint(tmp_path / f"out{attempt}", manifest)
+                    await Downloader(session, having, parallel=4).download(sink)
+                    sink.finish()
+                    if attempt == 0:
+                        baseline = len(os.listdir("/proc/self/fd"))
+                assert len(os.listdir("/proc/self/fd")) <= baseline  # pipes and sockets of each download closed
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
