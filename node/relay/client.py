@@ -349,7 +349,7 @@ class Downloader:
         if response.status not in (200, 206):
             await response.discard()
         try:
-            self._check_status(source, transfer, step, response.status, _CaseInsensitive(response.headers))
+            self._check_status(source, transfer, step, response.status, response.headers)
         except SourceError:
             response.close()
             raise
@@ -409,13 +409,6 @@ class Downloader:
             raise SourceError(source.url, f"{what}: {exc or type(exc).__name__}") from None
         if transfer.received < transfer.size:
             raise SourceError(source.url, f"{what} ended early")
-
-
-class _CaseInsensitive(dict[str, str]):
-    """Lower-case header names read with any case, like aiohttp's headers."""
-
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return super().get(key.lower(), default)
 
 
 def _retry_after(headers: Any) -> float:

@@ -114,7 +114,7 @@ class ShardServer:
         self.metrics.gauge(
             "shardcast_latest_step",
             "Newest step held (complete or being mirrored), -1 if none.",
-            lambda: -1 if self.latest() is None else float(self.latest() or 0),
+            lambda: float(max([-1, *self.store.versions(), *self.store.incoming()])),
         )
 
         self.app = web.Application(middlewares=[self._limits_middleware])
@@ -225,9 +225,9 @@ class ShardServer:
     # --- handlers ------------------------------------------------------------------------------------
 
     def _versions_body(self) -> dict[str, object]:
-        complete, incoming = self.store.versions(), self.store.incoming()
-        listed = [{"step": s, "complete": True} for s in complete] + [{"step": s, "complete": False} for s in incoming]
-        return {"latest": self.latest(), "versions": sorted(listed, key=lambda v: int(str(v["step"])))}
+        complete = set(self.store.versions())
+        steps = sorted(complete | set(self.store.incoming()))
+        return {"latest": self.latest(), "versions": [{"step": s, "complete": s in complete} for s in steps]}
 
     async def _versions(self, request: web.Request) -> web.Response:
         after_text, wait_text = request.query.get("after"), request.query.get("wait", "0")

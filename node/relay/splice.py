@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from multidict import CIMultiDict
+
 from node.relay import RelayError
 
 PIPE_SIZE = 1024 * 1024
@@ -40,7 +42,7 @@ class Unsupported(RelayError):
 @dataclass(frozen=True)
 class Reply:
     status: int
-    headers: dict[str, str]  # lower-case names
+    headers: CIMultiDict[str]  # names match in any case, as in aiohttp
     length: int
 
 
@@ -110,15 +112,15 @@ class ConnectionPool:
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             raise ConnectionError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        headers: dict[str, str] = {}
+        headers: CIMultiDict[str] = CIMultiDict()
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep:
                 raise ConnectionError(f"malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+            headers[name.strip()] = value.strip()
+        if "chunked" in headers.get("Transfer-Encoding", "").lower():
             raise Unsupported("a chunked response")
-        length_text = headers.get("content-length", "")
+        length_text = headers.get("Content-Length", "")
         if not length_text.isdigit():
             raise Unsupported("a response without Content-Length")
         return Reply(int(parts[1]), headers, int(length_text)), rest
@@ -166,7 +168,7 @@ class Response:
         self._stray = False
 
     def _keep_alive(self) -> bool:
-        return self.headers.get("connection", "").lower() != "close"
+        return self.headers.get("Connection", "").lower() != "close"
 
     def close(self) -> None:
         """Drop the connection without reading the body (idempotent)."""
