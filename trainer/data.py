@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
 from trainer.errors import TrainerError
+from trainer.grpo import keep_group
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,8 @@ class SampleSet:
 
 
 def rewards_all_equal(rewards: Sequence[float]) -> bool:
-    """True when a group carries no learning signal (DESIGN section 8's online filter); exact comparison."""
-    return len(set(rewards)) <= 1
+    """True when a group carries no learning signal: the online filter of `trainer.grpo.keep_group`."""
+    return len(rewards) == 0 or not keep_group(torch.tensor(rewards, dtype=torch.float32))
 
 
 def build_samples(files: Sequence[RolloutFile], advantage_fn: AdvantageFn) -> SampleSet:
