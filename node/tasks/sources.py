@@ -70,8 +70,16 @@ _FACTORIES: dict[str, Callable[[TaskSpec], TaskSource]] = {
 
 
 def open_source(spec: TaskSpec) -> TaskSource:
-    """The source for a spec, chosen by its `source.type` (the spec loader has already validated it)."""
-    return _FACTORIES[spec.source.type](spec)
+    """The source for a spec, chosen by its `source.type` (the spec loader has already validated it).
+
+    A spec with a problem list gets the source restricted to those problems, in the list's order.
+    """
+    source = _FACTORIES[spec.source.type](spec)
+    if spec.problem_list is None:
+        return source
+    from node.tasks.filtered_source import FilteredSource  # lazy: it imports this module
+
+    return FilteredSource(source, spec.name, spec.problem_list.ids)
 
 
 def clamp_score(value: float) -> float:

@@ -2,12 +2,12 @@
 
 A spec is parsed and validated once, at load, into frozen dataclasses; every later step (assignment, prompts,
 scoring) reads only those. `spec_hash` binds a rollout file to the exact task it was scored with: it covers every
-parsed field and the bytes of a referenced JSONL file, but not where the files lie on disk.
+parsed field, the bytes of a referenced JSONL file and the ids of a problem list, but not where the files lie on disk.
 
 Layout (see configs/tasks/default.toml):
 
     name = "basic-arithmetic"
-    [source]              # type = "reasoning_gym" | "math_jsonl" (a "code" source is added later)
+    [source]              # type = "reasoning_gym" | "math_jsonl" | "code"; optional problems = "ids.txt"
     [prompt]              # system, answer_format, thinking_budget = false | [32, 64, 128]
     [reward]              # length_mode = "none" | "exact" | "max" | "clip", alpha, delta
     [sampling]            # temperature, top_p, max_tokens
@@ -27,6 +27,7 @@ from node.tasks.fields import Fields, frozen_config, parse_problem_rows
 
 if TYPE_CHECKING:
     from node.tasks.code_source import CodeSourceSpec
+    from node.tasks.filtered_source import ProblemListSpec
 
 SPEC_FORMAT = "prime-node/task-spec/v1"
 LengthMode = Literal["none", "exact", "max", "clip"]
@@ -109,6 +110,7 @@ class TaskSpec:
     reward: RewardSpec
     sampling: SamplingSpec
     path: Path = field(compare=False)  # the TOML file it was loaded from; not part of the hash
+    problem_list: ProblemListSpec | None = None  # `[source] problems`: the only problems the task uses, in order
 
 
 def load_task_spec(path: str | Path) -> TaskSpec:
@@ -122,18 +124,27 @@ def load_task_spec(path: str | Path) -> TaskSpec:
         raise TaskSpecError(path, "file", f"not readable TOML ({exc})") from None
     top = Fields(path, "", raw)
     name = top.text("name", nonempty=True)
-    source = _parse_source(path, top.table("source"))
+    source, problem_list = _parse_source(path, top.table("source"))
     prompt = _parse_prompt(Fields(path, "prompt", top.table("prompt")))
     reward = _parse_reward(Fields(path, "reward", top.table("reward", required=False)))
     sampling = _parse_sampling(Fields(path, "sampling", top.table("sampling")))
     top.done()
     _check_consistency(path, prompt, reward, sampling)
-    return TaskSpec(name=name, source=source, prompt=prompt, reward=reward, sampling=sampling, path=path.resolve())
+    return TaskSpec(
+        name=name,
+        source=source,
+        prompt=prompt,
+        reward=reward,
+        sampling=sampling,
+        path=path.resolve(),
+        problem_list=problem_list,
+    )
 
 
-def _parse_source(path: Path, table: dict[str, Any]) -> SourceSpec:
+def _parse_source(path: Path, table: dict[str, Any]) -> tuple[SourceSpec, ProblemListSpec | None]:
     fields = Fields(path, "source", table)
     kind = fields.text("type")
+    listed = fields.text("problems", nonempty=True) if "problems" in table else None
     source: SourceSpec
     if kind == "reasoning_gym":
         source = ReasoningGymSourceSpec(
@@ -162,7 +173,11 @@ def _parse_source(path: Path, table: dict[str, Any]) -> SourceSpec:
     else:
         raise TaskSpecError(path, "source.type", f"must be 'reasoning_gym', 'math_jsonl' or 'code', got {kind!r}")
     fields.done()
-    return source
+    if listed is None:
+        return source, None
+    from node.tasks.filtered_source import parse_problem_list  # lazy: filtered_source imports this module
+
+    return source, parse_problem_list(path, listed, source)
 
 
 def _parse_math_jsonl(path: Path, data: bytes) -> tuple[MathProblemRow, ...]:
@@ -240,7 +255,10 @@ def _is_int(value: object) -> bool:
 
 
 def canonical_spec(spec: TaskSpec) -> dict[str, Any]:
-    """The hashed form: every parsed field; a JSONL file by its content hash, never by its path."""
+    """The hashed form: every parsed field; a JSONL file by its content hash, never by its path.
+
+    A problem list adds `source.problems_sha256` (of its ids in order); a spec without one hashes as it always did.
+    """
     source: dict[str, Any]
     if isinstance(spec.source, ReasoningGymSourceSpec):
         source = {
@@ -252,6 +270,8 @@ def canonical_spec(spec: TaskSpec) -> dict[str, Any]:
         }
     else:
         source = {"type": spec.source.type, "content_sha256": spec.source.content_sha256.hex()}
+    if spec.problem_list is not None:
+        source["problems_sha256"] = spec.problem_list.sha256.hex()
     return {
         "format": SPEC_FORMAT,
         "name": spec.name,
