@@ -104,11 +104,13 @@ class CoordinatorApi:
         attestations: Path,
         config: ApiConfig | None = None,
         on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
+        on_assign: Callable[[str, int], None] | None = None,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
         self.attestations = attestations
         self.config = config or ApiConfig()
         self.on_upload = on_upload
+        self.on_assign = on_assign  # (node, counter handed out): lets the trainer persist counters before answering
         self.nonces = NonceCache(ttl=2 * self.config.max_skew)
         self.metrics = Registry()
         self._requests = self.metrics.counter("coordinator_requests_total", "API requests by route and status.")
@@ -187,6 +189,8 @@ class CoordinatorApi:
         node = await self._member(request, body)
         counter = self.state.counters.get(node, 0)
         self.state.counters[node] = counter + 1
+        if self.on_assign is not None:
+            self.on_assign(node, counter)
         return web.json_response(
             {
                 "pool_id": self.state.pool_id,

@@ -12,7 +12,14 @@ from typing import Annotated
 
 import typer
 
-from ledger.cli.common import JsonOption, configure_logging, print_json, stdout_console
+from ledger.cli.common import (
+    JsonOption,
+    configure_daemon_logging,
+    configure_logging,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
 from node.cli.errors import node_cli_errors
 
 app = typer.Typer(
@@ -128,3 +135,208 @@ def sft_command(
             console.print(
                 f"pass rate on {len(held_out)} held-out problems: {before.rate:.1%} before, {after.rate:.1%} after"
             )
+
+
+@app.command("run")
+def run_command(
+    config: Annotated[Path, typer.Option("--config", metavar="FILE", help="trainer.toml (see configs/trainer.toml).")],
+    local_workers: Annotated[
+        int | None,
+        typer.Option("--local-workers", min=1, max=256, metavar="N", help="Local mode: start N trusted workers."),
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, metavar="S", help="Train until policy step S.")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", metavar="DIR", help="Replaces [run] dir.")] = None,
+    dev_key: Annotated[
+        int | None,
+        typer.Option("--dev-key", min=0, max=9, metavar="I", help="Network mode on a local devnet: anvil account I."),
+    ] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Serve the coordinator API and the SHARDCAST origin, and train with GRPO until the last step.
+
+    It resumes from the newest full state in the run folder. Each step appends a line to metrics.jsonl.
+    """
+    with node_cli_errors():
+        configure_daemon_logging()
+        from trainer.config import load_run_config
+
+        loaded = load_run_config(config, local_workers=local_workers, steps=steps, run_dir=run_dir)
+        import asyncio
+
+        from trainer.run import local_network, network_from_pool, run_training
+
+        if loaded.local:
+            network, keys = local_network(loaded.run_dir, loaded.local_workers)
+        else:
+            network, keys = network_from_pool(loaded, dev_key), []
+        console = stderr_console()
+
+        def on_ready(api_url: str, origin_url: str) -> None:
+            mode = f"local mode, {len(keys)} workers" if keys else f"pool {network.pool_id}"
+            console.print(f"coordinator {api_url}, origin {origin_url}, trainer {network.account.address} ({mode})")
+
+        def on_step(record: dict[str, object]) -> None:
+            if json_output:
+                return
+            evaluated = record.get("eval_pass_rate")
+            console.print(
+                f"step {record['step']:>4}  reward {record['reward_mean']:.3f}  pass {record['pass_rate']:6.1%}"
+                f"  loss {record['loss'] if record['loss'] is None else format(record['loss'], '+.4f')}"
+                f"  files {record['files']:>3}  idle {record['idle_seconds']:5.1f} s"
+                f"  train {record['train_seconds']:5.1f} s"
+                + (f"  eval {evaluated:6.1%}" if isinstance(evaluated, float) else "")
+            )
+
+        summary = asyncio.run(run_training(loaded, network, worker_keys=keys, on_step=on_step, on_ready=on_ready))
+        result = {
+            "run_dir": str(summary.run_dir),
+            "start_step": summary.start_step,
+            "final_step": summary.final_step,
+            "seconds": round(summary.seconds, 1),
+            "idle_seconds": round(summary.idle_seconds, 1),
+            "stale_files": summary.stale_files,
+            "metrics": str(summary.run_dir / "metrics.jsonl"),
+        }
+        if json_output:
+            print_json(result)
+            return
+        share = summary.idle_seconds / summary.seconds if summary.seconds else 0.0
+        stdout_console().print(
+            f"trained steps {summary.start_step} -> {summary.final_step} in {summary.seconds:.0f} s "
+            f"(idle {summary.idle_seconds:.0f} s = {share:.0%} waiting for data, {summary.stale_files} stale files); "
+            f"metrics in {result['metrics']}"
+        )
+
+
+@app.command("plot")
+def plot_command(
+    metrics: Annotated[
+        Path,
+        typer.Option("--metrics", metavar="FILE", help="A run's metrics JSONL, one line a step.", show_default=False),
+    ],
+    out: Annotated[Path, typer.Option("--out", metavar="PNG", help="Image to write (atomically).", show_default=False)],
+    title: Annotated[str | None, typer.Option("--title", metavar="TEXT", help="Title above the figure.")] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Draw a run's reward curve to PNG: reward mean, pass rate and held-out evaluations against step."""
+    configure_logging()
+    with node_cli_errors():
+        import warnings
+
+        from ledger.cli.common import warn
+        from trainer.plot import NoMetricsError, PartialLastLineWarning, plot_metrics, read_metrics
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PartialLastLineWarning)
+            records = read_metrics(metrics)
+        for warning in caught:
+            warn(f"warning: {warning.message}")
+        if not records:
+            raise NoMetricsError(f"{metrics} holds no metrics records yet: has training finished a step?")
+        summary = plot_metrics(records, out, title=title)
+        path = summary.path.resolve()
+        if json_output:
+            print_json(
+                {
+                    "path": str(path),
+                    "steps": summary.steps,
+                    "eval_points": summary.eval_points,
+                    "first_step": summary.first_step,
+                    "last_step": summary.last_step,
+                    "first_pass_rate": summary.first_pass_rate,
+                    "last_pass_rate": summary.last_pass_rate,
+                }
+            )
+            return
+        console = stdout_console()
+        console.print(
+            f"plotted {summary.steps} steps ({summary.first_step} to {summary.last_step}), "
+            f"{summary.eval_points} held-out evaluations"
+        )
+        console.print(
+            f"pass rate: {summary.first_pass_rate:.1%} at step {summary.first_step}, "
+            f"{summary.last_pass_rate:.1%} at step {summary.last_step}"
+        )
+        console.print(f"path:      {path}")
+
+
+@app.command("filter")
+def filter_command(
+    model: Annotated[Path, typer.Option("--model", metavar="DIR", help="Base model whose pass rates decide.")],
+    task: Annotated[Path, typer.Option("--task", metavar="SPEC", help="Task spec (TOML) to filter.")],
+    out: Annotated[Path, typer.Option("--out", metavar="NEW_SPEC", help="The filtered spec to write (TOML).")],
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="G", help="Completions per problem.")] = 8,
+    low: Annotated[float, typer.Option("--min", min=0.0, max=1.0, help="Lowest pass rate kept (inclusive).")] = 0.1,
+    high: Annotated[float, typer.Option("--max", min=0.0, max=1.0, help="Highest pass rate kept (inclusive).")] = 0.9,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, metavar="N", help="Measure only the first N problems.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the sampled completions.")] = 0,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace NEW_SPEC and its list.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Keep the problems whose pass rate under MODEL lies in [--min, --max]; write them as a new task spec."""
+    configure_logging()
+    with node_cli_errors():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from node.model.loading import load_model
+        from node.tasks.sources import open_source
+        from node.tasks.spec import load_task_spec, spec_hash
+        from trainer.offline_filter import (
+            PassBand,
+            check_outputs,
+            measure_pass_rates,
+            problem_list_path,
+            rate_histogram,
+            select_in_band,
+            write_filtered_spec,
+        )
+
+        band = PassBand(low, high)
+        check_outputs(task, out, overwrite=overwrite)
+        spec = load_task_spec(task)
+        source = open_source(spec)
+        problem_ids = source.problem_ids()[:limit] if limit is not None else source.problem_ids()
+        loaded = load_model(model)
+        columns = (TextColumn("pass rates"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, transient=True, disable=json_output) as bar:
+            progress = bar.add_task("sample", total=len(problem_ids) * samples)
+            started = time.perf_counter()
+            rates = measure_pass_rates(
+                loaded,
+                spec,
+                source,
+                problem_ids,
+                samples=samples,
+                seed=seed,
+                progress=lambda n: bar.update(progress, advance=n),
+            )
+            seconds = time.perf_counter() - started
+        kept = select_in_band(rates, band)
+        new_spec = write_filtered_spec(task, kept, out, overwrite=overwrite)
+        histogram = rate_histogram(rates)
+        summary = {
+            "spec": str(new_spec.path),
+            "problems": str(problem_list_path(out).resolve()),
+            "measured": len(rates),
+            "kept": len(kept),
+            "samples": samples,
+            "band": [band.low, band.high],
+            "histogram": {f"{rate:g}": count for rate, count in histogram},
+            "spec_hash": "0x" + spec_hash(new_spec).hex(),
+            "seconds": round(seconds, 1),
+        }
+        if json_output:
+            print_json(summary)
+            return
+        console = stdout_console()
+        console.print(f"measured {len(rates)} problems x {samples} samples in {seconds:.1f} s")
+        width = max(count for _, count in histogram)
+        for rate, count in histogram:
+            mark = "kept" if rate in band else ""
+            console.print(f"  pass rate {rate:5.3f}  {count:6d}  {'#' * max(1, round(40 * count / width)):40s}  {mark}")
+        console.print(f"kept {len(kept)} of {len(rates)} with pass rate in [{band.low:g}, {band.high:g}]")
+        console.print(f"spec:      {summary['spec']}")
+        console.print(f"problems:  {summary['problems']}")
+        console.print(f"spec hash: {summary['spec_hash']}")

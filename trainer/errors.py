@@ -1,7 +1,12 @@
-"""The trainer package's exception tree: every error it raises derives from `TrainerError`."""
+"""The trainer package's exception tree: every error it raises derives from `TrainerError`.
+
+It is a `NodeError` so that every command's `node_cli_errors` prints a trainer failure as one line.
+"""
 
 from __future__ import annotations
 
+from node.errors import NodeError
 
-class TrainerError(Exception):
+
+class TrainerError(NodeError):
     """Base of every error raised by the trainer package."""

@@ -1,0 +1,100 @@
+"""A node's client of the trainer's coordinator API (DESIGN section 8): signed requests, typed answers.
+
+Every signed request carries the EIP-712 `Request` headers of `node.signing.sign_request`, over the exact path
+and body sent. A 4xx answer raises `CoordinatorRefused` with the server's error code and message; a connection
+failure or a 5xx raises `CoordinatorUnavailable`, which a caller may retry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from eth_account.signers.local import LocalAccount
+
+from node.errors import NodeError
+from node.generation.plan import Job
+from node.signing import SigningDomain, sign_request
+
+_MAX_ANSWER = 64 * 1024
+
+
+class CoordinatorError(NodeError):
+    """A request to the coordinator failed."""
+
+
+class CoordinatorUnavailable(CoordinatorError):
+    """The coordinator could not be reached or answered 5xx; worth retrying."""
+
+
+class CoordinatorRefused(CoordinatorError):
+    """The coordinator refused the request (4xx) with a JSON error."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"coordinator refused ({status} {code}): {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(frozen=True)
+class Upload:
+    work_key: bytes
+    created: bool  # False: the coordinator already held these exact bytes
+
+
+class CoordinatorClient:
+    def __init__(self, session: aiohttp.ClientSession, url: str, account: LocalAccount, domain: SigningDomain) -> None:
+        self.session, self.url, self.account, self.domain = session, url.rstrip("/"), account, domain
+
+    async def _call(self, method: str, path: str, body: bytes = b"", *, signed: bool) -> dict[str, Any]:
+        headers = sign_request(self.account, self.domain, method, path, body) if signed else {}
+        try:
+            async with self.session.request(method, self.url + path, data=body or None, headers=headers) as response:
+                raw = await response.content.read(_MAX_ANSWER + 1)
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise CoordinatorUnavailable(f"{method} {self.url}{path}: {exc}") from exc
+        if len(raw) > _MAX_ANSWER:
+            raise CoordinatorUnavailable(f"{method} {path}: answer over {_MAX_ANSWER} bytes")
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if status >= 500:
+            raise CoordinatorUnavailable(f"{method} {path}: HTTP {status}")
+        if status >= 400:
+            error = answer if isinstance(answer, dict) else {}
+            raise CoordinatorRefused(status, str(error.get("error", "http")), str(error.get("message", raw[:200])))
+        if not isinstance(answer, dict):
+            raise CoordinatorUnavailable(f"{method} {path}: the answer is not a JSON object")
+        return answer
+
+    async def step(self) -> int:
+        answer = await self._call("GET", "/v1/step", signed=False)
+        step = answer.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise CoordinatorUnavailable(f"/v1/step answered {answer!r}")
+        return step
+
+    async def request_task(self) -> Job:
+        """The next assignment for this node; the coordinator chooses the step and the counter."""
+        answer = await self._call("POST", "/v1/tasks", b"{}", signed=True)
+        try:
+            job = Job(
+                pool_id=int(answer["pool_id"]),
+                node=str(answer["node"]),
+                step=int(answer["step"]),
+                counter=int(answer["counter"]),
+                prompts=int(answer["prompts"]),
+                group_size=int(answer["group_size"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CoordinatorUnavailable(f"/v1/tasks answered an invalid task {answer!r}: {exc}") from None
+        if job.node != self.account.address:
+            raise CoordinatorUnavailable(f"/v1/tasks answered a task for {job.node}, not {self.account.address}")
+        return job
+
+    async def upload(self, work_key: bytes, data: bytes) -> Upload:
+        answer = await self._call("PUT", f"/v1/rollouts/{work_key.hex()}", data, signed=True)
+        return Upload(work_key, bool(answer.get("created", False)))

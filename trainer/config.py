@@ -1,0 +1,174 @@
+"""`trainer.toml`: every setting of `prime-train run`, validated with one-line errors naming file and field.
+
+configs/trainer.toml documents each field. Relative paths are resolved against the TOML file's folder, so a
+config and the model and task it names can move together.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from node.tasks.errors import TaskSpecError
+from node.tasks.fields import Fields
+from trainer.api import ApiConfig
+from trainer.errors import TrainerError
+from trainer.grpo import GRPOConfig
+from trainer.learner import LearnerConfig
+
+
+class TrainerConfigError(TrainerError, ValueError):
+    """trainer.toml is missing, unreadable, or holds a bad value."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """The pool on chain (network mode): who may upload is asked of ComputePool, files count once attested."""
+
+    id: int
+    deployment: Path
+    rpc_url: str | None = None
+    keystore: Path | None = None  # the trainer's key; `--dev-key` on the command line for a local devnet
+    min_attestations: int = 1  # accepting validator verdicts a file needs (and no rejection) before training
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_dir: Path  # state, checkpoints, inbox, metrics, logs
+    model: Path  # the initial policy (Hugging Face layout)
+    task: Path  # task spec (TOML)
+    steps: int = 20  # train until this policy step exists
+    rollouts_per_step: int = 256  # completions that must be available before a step trains
+    max_files_per_step: int = 256
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    host: str = "127.0.0.1"
+    api_port: int = 8600
+    shardcast_port: int = 8700
+    keep_versions: int = 4  # checkpoint versions the origin serves (at least async_level + 2)
+    eval_every: int = 0  # steps between held-out evaluations; 0 = never
+    eval_problems: int = 128
+    local_workers: int = 0  # > 0: local mode, the trainer starts and trusts its own workers
+    worker_threads: int = 1  # torch threads per local worker
+    train_threads: int = 0  # torch threads of the trainer; 0 = torch's default
+    pool: PoolConfig | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.rollouts_per_step < 1 or self.max_files_per_step < 1:
+            raise ValueError("steps, rollouts_per_step and max_files_per_step must be at least 1")
+        if self.keep_versions < self.learner.async_level + 2:
+            raise ValueError(
+                f"keep_versions ({self.keep_versions}) must be at least async_level + 2 "
+                f"({self.learner.async_level + 2}): workers may still be fetching a policy inside the window"
+            )
+        if self.local_workers == 0 and self.pool is None:
+            raise ValueError("set [local] workers > 0 for local mode, or a [pool] table for the network")
+
+    @property
+    def local(self) -> bool:
+        return self.local_workers > 0
+
+
+def load_run_config(path: str | Path, **overrides: Any) -> RunConfig:
+    """Reads trainer.toml; `overrides` (command-line flags, None = not given) replace RunConfig fields."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TrainerConfigError(f"{path}: not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise TrainerConfigError(f"{path}: not readable TOML ({exc})") from None
+    try:
+        config = _parse(path, raw)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(config, **given) if given else config
+    except TaskSpecError as exc:
+        raise TrainerConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise TrainerConfigError(f"{path}: {exc}") from None
+
+
+def _path(base: Path, text: str) -> Path:
+    candidate = Path(text).expanduser()
+    return candidate if candidate.is_absolute() else (base / candidate).resolve()
+
+
+def _parse(path: Path, raw: dict[str, Any]) -> RunConfig:
+    base = path.resolve().parent
+    top = Fields(path, "", raw)
+    run = Fields(path, "run", top.table("run"))
+    data = Fields(path, "data", top.table("data", required=False))
+    optim = Fields(path, "optim", top.table("optim", required=False))
+    loss = Fields(path, "loss", top.table("loss", required=False))
+    coord = Fields(path, "coordinator", top.table("coordinator", required=False))
+    shardcast = Fields(path, "shardcast", top.table("shardcast", required=False))
+    evaluation = Fields(path, "eval", top.table("eval", required=False))
+    local = Fields(path, "local", top.table("local", required=False))
+    pool_table = top.table("pool", required=False)
+    top.done()
+
+    grpo = GRPOConfig(
+        eps_low=loss.number("eps_low", 0.2, minimum=0, maximum=1),
+        eps_high=loss.number("eps_high", 0.2, minimum=0),
+        delta=loss.number("delta", 4.0, minimum=1),
+        entropy_coef=loss.number("entropy_coef", 0.0, minimum=0),
+        kl_coef=loss.number("kl_coef", 0.0, minimum=0),
+    )
+    learner = LearnerConfig(
+        lr=optim.number("lr", 3e-4, minimum=1e-9, maximum=0.5),
+        warmup_steps=optim.integer("warmup_steps", 3, minimum=0),
+        weight_decay=optim.number("weight_decay", 0.0, minimum=0),
+        beta1=optim.number("beta1", 0.9, minimum=0, maximum=0.9999),
+        beta2=optim.number("beta2", 0.99, minimum=0, maximum=0.9999),
+        grad_clip=optim.number("grad_clip", 1.0, minimum=1e-6),
+        micro_batch_tokens=optim.integer("micro_batch_tokens", 8192, minimum=2),
+        async_level=data.integer("async_level", 1, minimum=0, maximum=64),
+        temperature=1.0,  # set from the task spec by the run; kept out of the TOML so the two cannot disagree
+        loss=grpo,
+        seed=run.integer("seed", 0, minimum=0),
+    )
+    api = ApiConfig(
+        max_upload_bytes=coord.integer("max_upload_bytes", 64 << 20, minimum=1024),
+        max_skew=coord.number("max_skew", 300.0, minimum=1),
+        prompts_per_task=coord.integer("prompts_per_task", 8, minimum=1, maximum=4096),
+        group_size=coord.integer("group_size", 8, minimum=2, maximum=1024),
+    )
+    pool = None
+    if pool_table:
+        fields = Fields(path, "pool", pool_table)
+        keystore = fields.text("keystore", "")
+        pool = PoolConfig(
+            id=fields.integer("id", minimum=0),
+            deployment=_path(base, fields.text("deployment", nonempty=True)),
+            rpc_url=fields.text("rpc_url", "") or None,
+            keystore=_path(base, keystore) if keystore else None,
+            min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=64),
+        )
+        fields.done()
+    config = RunConfig(
+        run_dir=_path(base, run.text("dir", nonempty=True)),
+        model=_path(base, run.text("model", nonempty=True)),
+        task=_path(base, run.text("task", nonempty=True)),
+        steps=run.integer("steps", 20, minimum=1),
+        seed=learner.seed,
+        train_threads=run.integer("threads", 0, minimum=0, maximum=1024),
+        rollouts_per_step=data.integer("rollouts_per_step", 256, minimum=1),
+        max_files_per_step=data.integer("max_files_per_step", 256, minimum=1),
+        learner=learner,
+        api=api,
+        host=coord.text("host", "127.0.0.1", nonempty=True),
+        api_port=coord.integer("port", 8600, minimum=0, maximum=65535),
+        shardcast_port=shardcast.integer("port", 8700, minimum=0, maximum=65535),
+        keep_versions=shardcast.integer("keep", 4, minimum=1, maximum=1000),
+        eval_every=evaluation.integer("every", 0, minimum=0),
+        eval_problems=evaluation.integer("problems", 128, minimum=1, maximum=100_000),
+        local_workers=local.integer("workers", 0, minimum=0, maximum=256),
+        worker_threads=local.integer("threads", 1, minimum=1, maximum=256),
+        pool=pool,
+    )
+    for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
+        table.done()
+    return config

@@ -1,0 +1,144 @@
+"""A local-mode worker: `python -m trainer.local_worker`, started by `prime-train run --local-workers N`.
+
+It runs the worker's loop without a chain: ask the coordinator for a task, make sure it holds the weights of the
+task's step (fetched through SHARDCAST from the trainer's origin, signature checked), generate the file with the
+logic of `prime-node generate` (proofs included), upload it signed. The worker daemon of the network
+(`prime-node start`) adds registration, stake and on-chain submission around the same loop.
+
+It exits 0 on SIGTERM or SIGINT (after the file in progress), and when the coordinator has been unreachable for
+`--patience` seconds (the trainer finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from eth_account import Account
+
+from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable
+from node.generation.generate import generate_file
+from node.inference.torch_backend import TorchBackend
+from node.model.loading import LoadedModel, load_model
+from node.relay.client import fetch_checkpoint, new_session
+from node.relay.manifest import manifest_hash
+from node.relay.trust import TrustPolicy
+from node.signing import SigningDomain
+from node.tasks.sources import open_source
+from node.tasks.spec import load_task_spec
+
+log = logging.getLogger("trainer.local_worker")
+
+
+class Weights:
+    """The policy this worker holds: the newest step it fetched, loaded, with the manifest hash it came under."""
+
+    def __init__(self, root: Path, sources: list[str], policy: TrustPolicy) -> None:
+        self.root, self.sources, self.policy = root, sources, policy
+        self.step: int | None = None
+        self.loaded: LoadedModel | None = None
+        self.manifest_hash = b""
+
+    async def hold(self, step: int) -> LoadedModel:
+        if self.step == step and self.loaded is not None:
+            return self.loaded
+        hashes: list[bytes] = []
+        path = await fetch_checkpoint(
+            self.sources, self.policy, self.root, step=step, on_start=lambda m, _: hashes.append(manifest_hash(m))
+        )
+        sidecar = self.root / f"step_{step}.manifest-hash"
+        if hashes:
+            sidecar.write_text(hashes[0].hex())
+        self.manifest_hash = bytes.fromhex(sidecar.read_text().strip())
+        self.loaded = await asyncio.to_thread(load_model, path)
+        self.step = step
+        for old in self.root.glob("step_*"):  # keep only what is in use
+            if old.name not in (f"step_{step}", f"step_{step}.manifest-hash"):
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        return self.loaded
+
+
+async def run(args: argparse.Namespace) -> int:
+    account = Account.from_key(bytes.fromhex(Path(args.key_file).read_text().strip().removeprefix("0x")))
+    domain = SigningDomain(args.chain_id, args.contract)
+    spec = load_task_spec(args.task)
+    source = open_source(spec)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    weights = Weights(work / "weights", [args.origin], TrustPolicy(domain, args.trainer, args.pool))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    files = 0
+    unreachable_since: float | None = None
+    async with new_session() as session:
+        coordinator = CoordinatorClient(session, args.coordinator, account, domain)
+        while not stop.is_set():
+            try:
+                job = await coordinator.request_task()
+                loaded = await weights.hold(job.step)
+                backend = TorchBackend.from_loaded(loaded, max_batch_size=args.batch_size)
+                with tempfile.TemporaryDirectory(dir=work) as tmp:
+                    written = await asyncio.to_thread(
+                        generate_file,
+                        Path(tmp) / "rollouts.parquet",
+                        job,
+                        spec,
+                        source,
+                        loaded,
+                        backend,
+                        manifest_hash=weights.manifest_hash,
+                    )
+                    await coordinator.upload(written.work_key, written.path.read_bytes())
+                files += 1
+                unreachable_since = None
+                log.info("uploaded 0x%s (step %d, counter %d)", written.work_key.hex()[:12], job.step, job.counter)
+            except CoordinatorRefused as exc:
+                log.error("%s", exc)
+                return 1
+            except (CoordinatorUnavailable, OSError) as exc:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > args.patience:
+                    log.info("the coordinator has been unreachable for %.0f s; stopping (%s)", args.patience, exc)
+                    break
+                await asyncio.sleep(0.5)
+            except Exception as exc:  # a fetch that failed (version pruned, origin restarting): ask again
+                log.warning("retrying after: %s", exc)
+                await asyncio.sleep(0.5)
+    log.info("stopped after %d files", files)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.local_worker", description=__doc__)
+    parser.add_argument("--coordinator", required=True, help="URL of the coordinator API")
+    parser.add_argument("--origin", required=True, help="URL of the trainer's SHARDCAST origin")
+    parser.add_argument("--trainer", required=True, help="address that signs the checkpoints")
+    parser.add_argument("--pool", type=int, required=True)
+    parser.add_argument("--chain-id", type=int, required=True)
+    parser.add_argument("--contract", required=True, help="verifying contract of the signing domain")
+    parser.add_argument("--key-file", required=True, help="file holding this worker's private key (hex)")
+    parser.add_argument("--task", required=True, help="task spec (TOML)")
+    parser.add_argument("--work", required=True, help="folder for weights and files in progress")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
+    parser.add_argument("--patience", type=float, default=10.0, help="seconds without a coordinator before exiting")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The trainer's step loop, independent of where files come from: choose files, train, checkpoint, log.
+
+At policy step s the loop trains on accepted files whose step lies in [s - k, s] (k = async level) and that no
+earlier step consumed. It waits until `rollouts_per_step` completions are available; the wait is the trainer's
+idle time, logged per step. Files older than s - k are consumed without training (logged as stale), so a slow
+worker's late file can never be trained on, however late it arrives.
+
+After each update it writes, in this order:
+1. the rollout checkpoint `checkpoints/step_<s+1>/` (Hugging Face layout, what workers load);
+2. the full training state `state/step_<s+1>.pt` (weights, optimiser, kept past policies, RNG, consumed work
+   keys, assignment counters), written to a temporary name, fsynced, then renamed: a crash leaves either the
+   old state or the new one;
+3. one line of `metrics.jsonl` and one of `trained.jsonl` (the work keys of the step).
+A restart loads the newest state; a file consumed by a step whose state was saved is never trained on again,
+and a step whose state was not saved is trained again from the previous state, on the files available then.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.model.loading import LoadedModel
+from node.model.tiny import save_model_dir
+from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
+from node.tasks.sources import TaskSource
+from node.tasks.spec import TaskSpec
+from trainer.data import DEFAULT_MAX_FILE_BYTES
+from trainer.errors import TrainerError
+from trainer.evaluate import pass_rate
+from trainer.learner import Learner, StepStats
+
+log = logging.getLogger(__name__)
+
+STATE_FORMAT = 1
+KEEP_STATES = 2
+
+
+class StateError(TrainerError):
+    """A saved training state cannot be used to resume this run."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def trained(self) -> Path:
+        return self.root / "trained.jsonl"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step}"
+
+
+@dataclass
+class Candidate:
+    path: Path
+    file: RolloutFile
+    step: int
+
+
+@dataclass
+class Selection:
+    files: list[RolloutFile]
+    rows: int
+    stale: int  # files consumed without training in this selection
+
+
+@dataclass
+class LoopCounters:
+    consumed: set[bytes] = field(default_factory=set)  # work keys trained on or skipped as stale
+    stale_files: int = 0
+    idle_seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _fsync_write(path: Path, write: Callable[[Any], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+
+
+class TrainingLoop:
+    """Owns the learner between steps; every method runs on the training thread (they block)."""
+
+    def __init__(
+        self,
+        learner: Learner,
+        loaded: LoadedModel,
+        spec: TaskSpec,
+        source: TaskSource,
+        paths: RunPaths,
+        *,
+        rollouts_per_step: int,
+        max_files_per_step: int,
+        eval_every: int = 0,
+        eval_problems: int = 128,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    ) -> None:
+        self.learner, self.loaded, self.spec, self.source, self.paths = learner, loaded, spec, source, paths
+        self.rollouts_per_step, self.max_files_per_step = rollouts_per_step, max_files_per_step
+        self.eval_every, self.eval_problems, self.max_file_bytes = eval_every, eval_problems, max_file_bytes
+        self.counters = LoopCounters()
+        self.assignment_counters: dict[str, int] = {}
+        self._parsed: dict[Path, Candidate | None] = {}  # None: unreadable, refused once and never re-read
+        for folder in (paths.root, paths.state, paths.checkpoints):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    # --- resume -------------------------------------------------------------------------------------
+
+    def states(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.paths.state.glob("step_*.pt"):
+            number = path.stem.removeprefix("step_")
+            if number.isdigit():
+                found.append((int(number), path))
+        return sorted(found)
+
+    def resume(self) -> bool:
+        """Loads the newest saved state, if any; True when it did."""
+        states = self.states()
+        if not states:
+            return False
+        step, path = states[-1]
+        try:
+            saved = torch.load(path, weights_only=True)
+        except Exception as exc:
+            raise StateError(f"cannot read the training state {path}: {exc}") from exc
+        if saved.get("format") != STATE_FORMAT or saved.get("step") != step:
+            raise StateError(f"{path} is not a training state of format {STATE_FORMAT} for step {step}")
+        self.learner.load_state_dict(saved["learner"])
+        self.counters.consumed = {bytes.fromhex(k) for k in saved["consumed"]}
+        self.counters.stale_files = int(saved["stale_files"])
+        self.counters.idle_seconds = float(saved["idle_seconds"])
+        self.assignment_counters = {str(k): int(v) for k, v in saved["assignment_counters"].items()}
+        log.info("resumed from %s: policy step %d, %d files consumed", path, step, len(self.counters.consumed))
+        return True
+
+    # --- data ---------------------------------------------------------------------------------------
+
+    def _candidate(self, path: Path) -> Candidate | None:
+        if path in self._parsed:
+            return self._parsed[path]
+        try:
+            file = read_rollouts(path, max_bytes=self.max_file_bytes)
+        except RolloutFormatError as exc:
+            log.error("never training on %s: %s", path, exc)
+            self._parsed[path] = None
+            return None
+        steps = {row.step for row in file.rows}
+        candidate = Candidate(path, file, steps.pop()) if len(steps) == 1 else None
+        if candidate is None:
+            log.error("never training on %s: its rows claim several policy steps", path)
+        self._parsed[path] = candidate
+        return candidate
+
+    def select(self, paths: Iterable[Path]) -> Selection:
+        """The files to train the current step on, among accepted `paths`; consumes the stale ones it meets."""
+        step, oldest = self.learner.step, self.learner.step - self.learner.config.async_level
+        ready: list[Candidate] = []
+        stale = 0
+        for path in paths:
+            candidate = self._candidate(path)
+            if candidate is None or candidate.file.work_key in self.counters.consumed:
+                continue
+            if candidate.step < oldest:
+                log.warning(
+                    "not training on %s: step %d is older than the window [%d, %d]", path, candidate.step, oldest, step
+                )
+                self.counters.consumed.add(candidate.file.work_key)
+                self.counters.stale_files += 1
+                stale += 1
+            elif candidate.step <= step:
+                ready.append(candidate)
+        ready.sort(key=lambda c: (c.step, c.file.work_key))
+        chosen = ready[: self.max_files_per_step]
+        return Selection([c.file for c in chosen], sum(len(c.file.rows) for c in chosen), stale)
+
+    def forget(self, files: Iterable[RolloutFile]) -> None:
+        keys = {f.work_key for f in files}
+        self._parsed = {p: c for p, c in self._parsed.items() if c is None or c.file.work_key not in keys}
+
+    # --- a step -------------------------------------------------------------------------------------
+
+    def train(self, files: list[RolloutFile], *, idle_seconds: float) -> dict[str, Any]:
+        """Trains one step, writes the checkpoint and the state; returns the metrics record."""
+        stats: StepStats = self.learner.train_step(files)
+        self.counters.consumed.update(f.work_key for f in files)
+        self.counters.idle_seconds += idle_seconds
+        self.forget(files)
+        self.save_checkpoint()
+        self.save_state()
+        record = stats.as_record()
+        record["train_seconds"] = record.pop("seconds")
+        record.update(
+            seconds=round(time.monotonic() - self.counters.started, 3),
+            idle_seconds=round(idle_seconds, 3),
+            idle_seconds_total=round(self.counters.idle_seconds, 3),
+            stale_files_total=self.counters.stale_files,
+        )
+        if self.eval_every and stats.step % self.eval_every == 0:
+            record["eval_pass_rate"] = self.evaluate()
+        _append_line(self.paths.metrics, record)
+        _append_line(self.paths.trained, {"step": stats.step, "work_keys": ["0x" + f.work_key.hex() for f in files]})
+        return record
+
+    def evaluate(self) -> float:
+        """Pass rate on the last `eval_problems` problems of the task, one sample each at the task's sampling."""
+        ids = list(self.source.problem_ids())[-self.eval_problems :]
+        self.loaded.model.eval()
+        return pass_rate(self.loaded, self.spec, self.source, ids, seed=10_000 + self.learner.step).rate
+
+    def save_checkpoint(self) -> Path:
+        """The current policy as `checkpoints/step_<s>/`; the older ones beyond the last two are removed."""
+        target = self.paths.checkpoint(self.learner.step)
+        save_model_dir(self.loaded.model, self.loaded.tokenizer, target, overwrite=True)
+        for path in self.paths.checkpoints.glob("step_*"):
+            number = path.name.removeprefix("step_")
+            if number.isdigit() and int(number) < self.learner.step - 1:
+                _remove_tree(path)
+        return target
+
+    def save_state(self) -> Path:
+        step = self.learner.step
+        state = {
+            "format": STATE_FORMAT,
+            "step": step,
+            "learner": self.learner.state_dict(),
+            "consumed": sorted(k.hex() for k in self.counters.consumed),
+            "stale_files": self.counters.stale_files,
+            "idle_seconds": self.counters.idle_seconds,
+            "assignment_counters": dict(self.assignment_counters),
+        }
+        path = self.paths.state / f"step_{step}.pt"
+        _fsync_write(path, lambda handle: torch.save(state, handle))
+        for _, old in self.states()[:-KEEP_STATES]:
+            old.unlink(missing_ok=True)
+        return path
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

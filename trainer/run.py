@@ -1,0 +1,320 @@
+"""`prime-train run`: the coordinator API, the SHARDCAST origin and the step loop in one process.
+
+Network mode ([pool] in trainer.toml): members come from ComputePool, and a file is trained on once
+`min_attestations` validators accepted it and none rejected it. Local mode (`--local-workers N`): no chain; the
+trainer makes a key for itself and for each of N worker processes (`trainer.local_worker`), admits exactly those
+workers, and trusts their uploads. Both sign checkpoints and requests under an EIP-712 domain: the pool's
+ComputePool in network mode, `LOCAL_DOMAIN` in local mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+
+from node.model.loading import load_model
+from node.signing import SigningDomain
+from node.tasks.sources import open_source
+from node.tasks.spec import load_task_spec
+from trainer.api import CoordinatorApi, PoolState
+from trainer.config import RunConfig
+from trainer.inbox import RolloutInbox
+from trainer.learner import Learner
+from trainer.loop import RunPaths, TrainingLoop
+from trainer.roles import Roles, StaticRoles
+
+log = logging.getLogger(__name__)
+
+# local mode has no chain: anvil's chain id and no verifying contract; nothing signed here is valid on a chain
+LOCAL_DOMAIN = SigningDomain(31337, "0x0000000000000000000000000000000000000000")
+LOCAL_POOL_ID = 0
+
+
+@dataclass(frozen=True)
+class Network:
+    """Who the run trusts: its signing key and domain, who may upload, and which uploads count as accepted."""
+
+    account: LocalAccount
+    domain: SigningDomain
+    pool_id: int
+    roles: Roles
+    accepted: Callable[[RolloutInbox, Path], list[Path]]  # files of the inbox that may be trained on
+
+
+def _key_file(path: Path) -> LocalAccount:
+    """The key stored in `path`, created (mode 0600) on first use so that restarts keep their identities."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = Account.create().key.hex()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key.removeprefix("0x") + "\n")
+    return Account.from_key(bytes.fromhex(path.read_text().strip().removeprefix("0x")))
+
+
+def every_upload(inbox: RolloutInbox, attestations: Path) -> list[Path]:
+    return [inbox.path(k) for k in inbox.uploads()]
+
+
+def attested(min_attestations: int) -> Callable[[RolloutInbox, Path], list[Path]]:
+    """Uploads accepted by at least `min_attestations` distinct validators and rejected by none."""
+
+    def accepted(inbox: RolloutInbox, attestations: Path) -> list[Path]:
+        accepts: dict[str, set[str]] = {}
+        rejected: set[str] = set()
+        with contextlib.suppress(FileNotFoundError), attestations.open(encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                    key, verdict, validator = record["work_key"], record["accepted"], record["validator"]
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut by a crash
+                if verdict is True:
+                    accepts.setdefault(key, set()).add(validator)
+                else:
+                    rejected.add(key)
+        keys = [k for k, v in accepts.items() if len(v) >= min_attestations and k not in rejected]
+        return [p for p in (inbox.path(bytes.fromhex(k.removeprefix("0x"))) for k in keys) if p.is_file()]
+
+    return accepted
+
+
+def local_network(run_dir: Path, workers: int) -> tuple[Network, list[Path]]:
+    keys = run_dir / "keys"
+    trainer = _key_file(keys / "trainer.key")
+    worker_keys = [keys / f"worker-{i}.key" for i in range(workers)]
+    members = frozenset(_key_file(path).address for path in worker_keys)
+    network = Network(trainer, LOCAL_DOMAIN, LOCAL_POOL_ID, StaticRoles(members=members), every_upload)
+    return network, worker_keys
+
+
+@dataclass
+class RunSummary:
+    start_step: int
+    final_step: int
+    steps_trained: int
+    seconds: float
+    idle_seconds: float
+    stale_files: int
+    first: dict[str, Any] | None
+    last: dict[str, Any] | None
+    run_dir: Path
+
+
+class LocalWorkers:
+    """The worker processes of local mode; their output goes to `logs/worker-<i>.log`."""
+
+    def __init__(self, config: RunConfig, network: Network, keys: list[Path], api_url: str, origin_url: str) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        logs = config.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = os.environ | {"OMP_NUM_THREADS": str(config.worker_threads), "TOKENIZERS_PARALLELISM": "false"}
+        for i, key in enumerate(keys):
+            command = [
+                sys.executable, "-m", "trainer.local_worker",
+                "--coordinator", api_url, "--origin", origin_url,
+                "--trainer", network.account.address, "--pool", str(network.pool_id),
+                "--chain-id", str(network.domain.chain_id), "--contract", network.domain.verifying_contract,
+                "--key-file", str(key), "--task", str(config.task),
+                "--work", str(config.run_dir / "workers" / f"worker-{i}"),
+                "--threads", str(config.worker_threads),
+            ]  # fmt: skip
+            with (logs / f"worker-{i}.log").open("ab") as out:
+                self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env))
+
+    def check(self) -> None:
+        dead = [(i, p.returncode) for i, p in enumerate(self.processes) if p.poll() is not None]
+        if dead and len(dead) == len(self.processes):
+            raise RuntimeError(f"every local worker exited ({dead}); see the logs/ folder of the run")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + 10
+        for process in self.processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+async def run_training(
+    config: RunConfig,
+    network: Network,
+    *,
+    worker_keys: Sequence[Path] = (),
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_ready: Callable[[str, str], None] | None = None,
+) -> RunSummary:
+    """Serves and trains until policy step `config.steps` exists; returns what happened."""
+    from node.relay.origin import Origin
+    from node.relay.server import ShardServer
+    from node.relay.store import ShardStore
+
+    paths = RunPaths(config.run_dir)
+    spec = load_task_spec(config.task)
+    source = open_source(spec)
+    loaded = await asyncio.to_thread(load_model, config.model)
+    learner_config = replace(config.learner, temperature=spec.sampling.temperature or 1.0)
+    pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
+    learner = Learner(loaded.model, learner_config, pad_id=pad_id)
+    loop = TrainingLoop(
+        learner,
+        loaded,
+        spec,
+        source,
+        paths,
+        rollouts_per_step=config.rollouts_per_step,
+        max_files_per_step=config.max_files_per_step,
+        eval_every=config.eval_every,
+        eval_problems=config.eval_problems,
+        max_file_bytes=config.api.max_upload_bytes,
+    )
+    await asyncio.to_thread(loop.resume)
+    start_step = learner.step
+    if not paths.checkpoint(learner.step).is_dir():
+        await asyncio.to_thread(loop.save_checkpoint)
+
+    counters_file = config.run_dir / "counters.json"
+    if counters_file.exists():  # handed out after the last saved state: never hand them out again
+        saved = json.loads(counters_file.read_text())
+        for node, counter in saved.items():
+            loop.assignment_counters[node] = max(loop.assignment_counters.get(node, 0), int(counter))
+    state = PoolState(network.pool_id, network.account.address, learner.step, dict(loop.assignment_counters))
+
+    def persist_counter(node: str, counter: int) -> None:
+        loop.assignment_counters[node] = counter + 1
+        tmp = counters_file.with_name(".counters.json.tmp")
+        tmp.write_text(json.dumps(loop.assignment_counters, sort_keys=True))
+        os.replace(tmp, counters_file)
+
+    arrived = asyncio.Event()
+
+    async def on_upload(work_key: bytes, node: str) -> None:
+        arrived.set()
+
+    inbox = RolloutInbox(config.run_dir / "inbox")
+    attestations = config.run_dir / "attestations.jsonl"
+    api = CoordinatorApi(
+        domain=network.domain,
+        state=state,
+        roles=network.roles,
+        inbox=inbox,
+        attestations=attestations,
+        config=config.api,
+        on_upload=on_upload,
+        on_assign=persist_counter,
+    )
+    api.metrics.gauge(
+        "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
+    )
+    last: dict[str, Any] = {}
+
+    def last_value(name: str) -> Callable[[], float]:
+        return lambda: float(last.get(name) or 0.0)
+
+    for name in ("reward_mean", "pass_rate", "loss", "grad_norm", "clipped_fraction", "tokens_per_s"):
+        api.metrics.gauge(f"trainer_{name}", f"{name} of the last step.", last_value(name))
+
+    runner = web.AppRunner(api.app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    await web.TCPSite(runner, config.host, config.api_port, reuse_address=True).start()
+    api_url = f"http://{config.host}:{runner.addresses[-1][1]}"
+    server = ShardServer(ShardStore(config.run_dir / "origin"), role="origin")
+    origin_url = f"http://{config.host}:{await server.start(config.host, config.shardcast_port)}"
+    origin = Origin(
+        server, account=network.account, domain=network.domain, pool_id=network.pool_id, keep=config.keep_versions
+    )
+    workers: LocalWorkers | None = None
+    first: dict[str, Any] | None = None
+    started = time.monotonic()
+    try:
+        await origin.publish(paths.checkpoint(learner.step), learner.step)
+        log.info("coordinator on %s, origin on %s, policy step %d", api_url, origin_url, learner.step)
+        if on_ready is not None:
+            on_ready(api_url, origin_url)
+        if worker_keys:
+            workers = LocalWorkers(config, network, list(worker_keys), api_url, origin_url)
+        with torch_threads(config.train_threads):
+            while learner.step < config.steps:
+                waited = time.monotonic()
+                while True:
+                    selection = loop.select(network.accepted(inbox, attestations))
+                    if selection.rows >= config.rollouts_per_step:
+                        break
+                    if workers is not None:
+                        workers.check()
+                    arrived.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(arrived.wait(), timeout=0.5)
+                idle = time.monotonic() - waited
+                record = await asyncio.to_thread(loop.train, selection.files, idle_seconds=idle)
+                await origin.publish(paths.checkpoint(learner.step), learner.step)
+                state.step = learner.step
+                last.clear()
+                last.update(record)
+                first = first or dict(record)
+                if on_step is not None:
+                    on_step(record)
+    finally:
+        if workers is not None:
+            workers.stop()
+        await runner.cleanup()
+        await server.stop()
+    return RunSummary(
+        start_step=start_step,
+        final_step=learner.step,
+        steps_trained=learner.step - start_step,
+        seconds=time.monotonic() - started,
+        idle_seconds=loop.counters.idle_seconds,
+        stale_files=loop.counters.stale_files,
+        first=first,
+        last=dict(last) or None,
+        run_dir=config.run_dir,
+    )
+
+
+def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
+    """Network mode: the pool's ComputePool decides membership; validators' attestations decide acceptance."""
+    from ledger.cli.common import open_ledger
+    from trainer.config import TrainerConfigError
+    from trainer.roles import LedgerRoles
+
+    pool = config.pool
+    if pool is None:
+        raise TrainerConfigError("network mode needs a [pool] table in trainer.toml")
+    ledger = open_ledger(pool.deployment, pool.rpc_url, pool.keystore, dev_key)
+    account = ledger.account
+    if account is None:
+        raise TrainerConfigError("network mode needs the trainer's key: [pool] keystore or --dev-key")
+    domain = SigningDomain(ledger.deployment.chain_id, ledger.deployment.address("ComputePool"))
+    return Network(account, domain, pool.id, LedgerRoles(ledger, pool.id), attested(pool.min_attestations))
