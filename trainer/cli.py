@@ -146,6 +146,10 @@ def run_command(
     ] = None,
     steps: Annotated[int | None, typer.Option("--steps", min=1, metavar="S", help="Train until policy step S.")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", metavar="DIR", help="Replaces [run] dir.")] = None,
+    max_minutes: Annotated[
+        float | None,
+        typer.Option("--max-minutes", min=0.01, metavar="M", help="Stop after the step that ends past M minutes."),
+    ] = None,
     dev_key: Annotated[
         int | None,
         typer.Option("--dev-key", min=0, max=9, metavar="I", help="Network mode on a local devnet: anvil account I."),
@@ -160,7 +164,9 @@ def run_command(
         configure_daemon_logging()
         from trainer.config import load_run_config
 
-        loaded = load_run_config(config, local_workers=local_workers, steps=steps, run_dir=run_dir)
+        loaded = load_run_config(
+            config, local_workers=local_workers, steps=steps, run_dir=run_dir, max_minutes=max_minutes
+        )
         import asyncio
 
         from trainer.run import local_network, network_from_pool, run_training
@@ -204,6 +210,84 @@ def run_command(
         stdout_console().print(
             f"trained steps {summary.start_step} -> {summary.final_step} in {summary.seconds:.0f} s "
             f"(idle {summary.idle_seconds:.0f} s = {share:.0%} waiting for data, {summary.stale_files} stale files); "
+            f"metrics in {result['metrics']}"
+        )
+
+
+@app.command("replay")
+def replay_command(
+    model: Annotated[Path, typer.Option("--model", metavar="DIR", help="Initial policy (Hugging Face layout).")],
+    task: Annotated[Path, typer.Option("--task", metavar="SPEC", help="Task spec (TOML) the rollouts answer.")],
+    rollouts: Annotated[
+        Path, typer.Option("--rollouts", metavar="DIR", help="Folder of rollout files (*.parquet), e.g. an inbox.")
+    ],
+    out: Annotated[Path, typer.Option("--out", metavar="RUN_DIR", help="Run folder: state, checkpoints, metrics.")],
+    steps: Annotated[
+        int | None,
+        typer.Option("--steps", min=1, metavar="S", help="Train until policy step S (default: until data runs out)."),
+    ] = None,
+    async_level: Annotated[
+        int, typer.Option("--async-level", min=0, metavar="K", help="At step s, train on files of steps s-K .. s.")
+    ] = 1,
+    rollouts_per_step: Annotated[
+        int, typer.Option("--rollouts-per-step", min=1, metavar="N", help="Completions each step trains on.")
+    ] = 256,
+    lr: Annotated[float, typer.Option("--lr", min=1e-9, max=0.999, help="Peak learning rate (AdamW).")] = 3e-4,
+    micro_batch_tokens: Annotated[
+        int, typer.Option("--micro-batch-tokens", min=2, metavar="N", help="Prompt + completion tokens a micro-batch.")
+    ] = 8192,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of torch's RNG.")] = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Train with GRPO offline on recorded rollout files; under torchrun, sharded over the ranks with FSDP2.
+
+    Each step chooses unused files of its async window as `run` does (freshest policy first, until it has N
+    completions); the replay stops when the folder holds too few. It resumes from the newest state in RUN_DIR;
+    under torchrun every rank trains and rank 0 alone writes there.
+    """
+    configure_logging()
+    with node_cli_errors():
+        from trainer.distributed import init_distributed, shutdown
+        from trainer.learner import LearnerConfig
+        from trainer.replay import ReplayConfig, replay
+
+        learner = LearnerConfig(lr=lr, micro_batch_tokens=micro_batch_tokens, async_level=async_level, seed=seed)
+        config = ReplayConfig(model, task, rollouts, out, steps, rollouts_per_step, learner, seed)
+        console = stderr_console()
+
+        def on_step(record: dict[str, object]) -> None:
+            if not json_output:
+                loss = record["loss"]
+                console.print(
+                    f"step {record['step']:>4}  reward {record['reward_mean']:.3f}  pass {record['pass_rate']:6.1%}"
+                    f"  loss {loss if loss is None else format(loss, '+.4f')}  files {record['files']:>3}"
+                    f"  micro-batches {record['micro_batches']:>3}  train {record['train_seconds']:5.1f} s"
+                )
+
+        world = init_distributed()
+        try:
+            summary = replay(config, world, on_step=on_step)
+        finally:
+            shutdown()
+        if world.rank != 0:
+            return
+        result = {
+            "run_dir": str(summary.run_dir.resolve()),
+            "start_step": summary.start_step,
+            "final_step": summary.final_step,
+            "world_size": summary.world_size,
+            "seconds": round(summary.seconds, 1),
+            "stopped": summary.stopped,
+            "metrics": str((summary.run_dir / "metrics.jsonl").resolve()),
+        }
+        if json_output:
+            print_json(result)
+            return
+        if summary.stopped:
+            console.print(f"stopped: {summary.stopped}")
+        processes = f"{summary.world_size} process" + ("es" if summary.world_size > 1 else "")
+        stdout_console().print(
+            f"trained steps {summary.start_step} -> {summary.final_step} on {processes} in {summary.seconds:.0f} s; "
             f"metrics in {result['metrics']}"
         )
 
@@ -340,3 +424,7 @@ def filter_command(
         console.print(f"spec:      {summary['spec']}")
         console.print(f"problems:  {summary['problems']}")
         console.print(f"spec hash: {summary['spec_hash']}")
+
+
+if __name__ == "__main__":
+    app()

@@ -40,6 +40,7 @@ class RunConfig:
     model: Path  # the initial policy (Hugging Face layout)
     task: Path  # task spec (TOML)
     steps: int = 20  # train until this policy step exists
+    max_minutes: float | None = None  # or stop after the first step that ends past this many minutes
     rollouts_per_step: int = 256  # completions that must be available before a step trains
     max_files_per_step: int = 256
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -153,6 +154,7 @@ def _parse(path: Path, raw: dict[str, Any]) -> RunConfig:
         model=_path(base, run.text("model", nonempty=True)),
         task=_path(base, run.text("task", nonempty=True)),
         steps=run.integer("steps", 20, minimum=1),
+        max_minutes=run.number("max_minutes", 0.0, minimum=0) or None,
         seed=learner.seed,
         train_threads=run.integer("threads", 0, minimum=0, maximum=1024),
         rollouts_per_step=data.integer("rollouts_per_step", 256, minimum=1),

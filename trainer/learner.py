@@ -4,7 +4,8 @@ A step takes the verified rollout files chosen for it and:
 1. builds samples with group advantages and drops groups whose rewards are all equal (`trainer.data`);
 2. packs them first-fit-decreasing into micro-batches by token budget, never mixing policy steps in one, and
    deals the micro-batches out to the ranks;
-3. recomputes the old log-probs of each micro-batch under the weights of the policy step that generated it.
+3. recomputes the old log-probs of each micro-batch under the weights of the policy step that generated it
+   (for files of the current policy they are the loss pass's own log-probs, detached).
    The learner keeps the weights of the last `async_level + 1` steps for that: a file from step s - 2 is scored
    against policy s - 2, not against the weights being trained (DESIGN section 8, "ratio against the trainer's
    own log-probs of the generating policy");
@@ -127,6 +128,20 @@ def _like(param: Tensor, full: Tensor) -> Tensor:
     return full.to(param.device)
 
 
+def _drop_gathered(model: torch.nn.Module) -> None:
+    """Frees the whole weights FSDP2 gathered for a forward, so the next forward gathers the shards again.
+
+    FSDP2 keeps the root unit's gathered weights after a forward (training would gather them again at once for
+    the backward). A later forward reuses them as they are: without this, weights copied into the shards (a
+    past policy for old log-probs, then the current one back) would not reach the embeddings and the LM head.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 class Learner:
     def __init__(self, model: PreTrainedModel, config: LearnerConfig, *, pad_id: int, step: int = 0) -> None:
         if step < 0:
@@ -137,6 +152,7 @@ class Learner:
         self.step = step
         self.world = World.current()
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = self.params[0].device  # where batches go: the CPU, or this rank's GPU
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.lr_at(step),
@@ -159,12 +175,14 @@ class Learner:
         with torch.no_grad():
             for p, s in zip(self.params, snapshot, strict=True):
                 p.copy_(s)
+        _drop_gathered(self.model)
         try:
             yield
         finally:
             with torch.no_grad():
                 for p, c in zip(self.params, current, strict=True):
                     p.copy_(c)
+            _drop_gathered(self.model)
 
     # --- forward ------------------------------------------------------------------------------------
 
@@ -230,14 +248,14 @@ class Learner:
             raise LearnerError(f"no weights of policy steps {missing} are kept; cannot compute their old log-probs")
         sample_set = build_samples(files, lambda r: group_advantages(torch.tensor(r, dtype=torch.float32)).tolist())
         plan = self._plan(sample_set.samples)
-        batches = [collate(s, self.pad_id) for _, s, _ in plan]
+        batches = [collate(s, self.pad_id).to(self.device) for _, s, _ in plan]
         weights = [w for _, _, w in plan]
         lr = self.config.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
         old: list[Tensor | None] = [None] * len(batches)
-        for policy_step in sorted({s for s, _, _ in plan}):
+        for policy_step in sorted({s for s, _, _ in plan} - {self.step}):  # current policy: the loss pass's own
             indices = [i for i, (s, _, _) in enumerate(plan) if s == policy_step]
             scored = self._logprobs_under(self.history[policy_step], [batches[i] for i in indices])
             for i, logprobs in zip(indices, scored, strict=True):
@@ -252,9 +270,13 @@ class Learner:
         seen_tokens = 0
         for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
             logp, ent = self._forward(batch, entropy=self.config.loss.entropy_coef > 0)
+            # files of the current policy: the weights do not change before optimizer.step, so its log-probs are
+            # this very forward's, detached (one forward pass saved per micro-batch)
+            recorded = old[i]
+            old_logp = recorded if recorded is not None else logp.detach()
             out = grpo_token_loss(
                 logp,
-                old[i],  # type: ignore[arg-type]  # filled above for every micro-batch
+                old_logp,
                 batch.advantages,
                 batch.loss_mask,
                 self.config.loss,

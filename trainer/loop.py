@@ -1,9 +1,10 @@
 """The trainer's step loop, independent of where files come from: choose files, train, checkpoint, log.
 
 At policy step s the loop trains on accepted files whose step lies in [s - k, s] (k = async level) and that no
-earlier step consumed. It waits until `rollouts_per_step` completions are available; the wait is the trainer's
-idle time, logged per step. Files older than s - k are consumed without training (logged as stale), so a slow
-worker's late file can never be trained on, however late it arrives.
+earlier step consumed. It waits until `rollouts_per_step` completions are available (the wait is the trainer's
+idle time, logged per step), then takes files, the freshest policy first, until it has that many; the rest wait
+for the next step while they are inside its window. Files older than s - k are consumed without training (logged
+as stale), so a slow worker's late file can never be trained on, however late it arrives.
 
 After each update it writes, in this order:
 1. the rollout checkpoint `checkpoints/step_<s+1>/` (Hugging Face layout, what workers load);
@@ -205,9 +206,15 @@ class TrainingLoop:
                 stale += 1
             elif candidate.step <= step:
                 ready.append(candidate)
-        ready.sort(key=lambda c: (c.step, c.file.work_key))
-        chosen = ready[: self.max_files_per_step]
-        return Selection([c.file for c in chosen], sum(len(c.file.rows) for c in chosen), stale)
+        ready.sort(key=lambda c: (-c.step, c.file.work_key))  # the freshest policy first: the least off-policy data
+        chosen: list[Candidate] = []
+        rows = 0
+        for candidate in ready:
+            if rows >= self.rollouts_per_step or len(chosen) == self.max_files_per_step:
+                break
+            chosen.append(candidate)
+            rows += len(candidate.file.rows)
+        return Selection([c.file for c in chosen], rows, stale)
 
     def forget(self, files: Iterable[RolloutFile]) -> None:
         keys = {f.work_key for f in files}

@@ -260,12 +260,15 @@ async def run_training(
     try:
         await origin.publish(paths.checkpoint(learner.step), learner.step)
         log.info("coordinator on %s, origin on %s, policy step %d", api_url, origin_url, learner.step)
+        endpoints = {"coordinator": api_url, "origin": origin_url, "trainer": network.account.address}
+        (config.run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         if on_ready is not None:
             on_ready(api_url, origin_url)
         if worker_keys:
             workers = LocalWorkers(config, network, list(worker_keys), api_url, origin_url)
         with torch_threads(config.train_threads):
-            while learner.step < config.steps:
+            deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
+            while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):
                 waited = time.monotonic()
                 while True:
                     selection = loop.select(network.accepted(inbox, attestations))
