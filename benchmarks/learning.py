@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="start from this model instead of the cached SFT model")
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--async-level", type=int, default=1)
     parser.add_argument("--rollouts-per-step", type=int, default=256)
     parser.add_argument("--prompts-per-task", type=int, default=16)

@@ -124,6 +124,7 @@ def _parse(path: Path, raw: dict[str, Any]) -> RunConfig:
         weight_decay=optim.number("weight_decay", 0.0, minimum=0),
         beta1=optim.number("beta1", 0.9, minimum=0, maximum=0.9999),
         beta2=optim.number("beta2", 0.99, minimum=0, maximum=0.9999),
+        eps=optim.number("eps", 1e-8, minimum=1e-12, maximum=0.1),
         grad_clip=optim.number("grad_clip", 1.0, minimum=1e-6),
         micro_batch_tokens=optim.integer("micro_batch_tokens", 8192, minimum=2),
         async_level=data.integer("async_level", 1, minimum=0, maximum=64),

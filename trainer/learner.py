@@ -48,6 +48,7 @@ class LearnerConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
+    eps: float = 1e-8  # AdamW's epsilon; larger values damp the steps of coordinates with tiny, noisy gradients
     grad_clip: float = 1.0  # max global L2 norm of the gradient
     micro_batch_tokens: int = 8192  # prompt + completion tokens per micro-batch (before padding)
     async_level: int = 1  # k: files from steps >= s - k are trained on at step s
@@ -58,7 +59,7 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.lr < 1 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip <= 0:
             raise ValueError(f"invalid optimiser settings: {self}")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or not 0 < self.eps < 1:
             raise ValueError(f"AdamW betas must lie in [0, 1), got {self.beta1}, {self.beta2}")
         if self.micro_batch_tokens < 2 or self.async_level < 0 or not self.temperature > 0:
             raise ValueError(f"invalid micro-batch budget, async level or temperature: {self}")
@@ -157,6 +158,7 @@ class Learner:
             self.params,
             lr=config.lr_at(step),
             betas=(config.beta1, config.beta2),
+            eps=config.eps,
             weight_decay=config.weight_decay,
         )
         self.history: dict[int, list[Tensor]] = {step: self._snapshot()}  # policy step -> its weights
