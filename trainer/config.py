@@ -7,7 +7,7 @@ config and the model and task it names can move together.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +83,7 @@ def load_run_config(path: str | Path, **overrides: Any) -> RunConfig:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise TrainerConfigError(f"{path}: not readable TOML ({exc})") from None
     try:
-        config = _parse(path, raw)
-        given = {k: v for k, v in overrides.items() if v is not None}
-        return replace(config, **given) if given else config
+        return _parse(path, raw, {k: v for k, v in overrides.items() if v is not None})
     except TaskSpecError as exc:
         raise TrainerConfigError(str(exc)) from None
     except ValueError as exc:
@@ -97,7 +95,7 @@ def _path(base: Path, text: str) -> Path:
     return candidate if candidate.is_absolute() else (base / candidate).resolve()
 
 
-def _parse(path: Path, raw: dict[str, Any]) -> RunConfig:
+def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
     base = path.resolve().parent
     top = Fields(path, "", raw)
     run = Fields(path, "run", top.table("run"))
@@ -150,7 +148,7 @@ def _parse(path: Path, raw: dict[str, Any]) -> RunConfig:
             min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=64),
         )
         fields.done()
-    config = RunConfig(
+    values: dict[str, Any] = dict(
         run_dir=_path(base, run.text("dir", nonempty=True)),
         model=_path(base, run.text("model", nonempty=True)),
         task=_path(base, run.text("task", nonempty=True)),
@@ -174,4 +172,4 @@ def _parse(path: Path, raw: dict[str, Any]) -> RunConfig:
     )
     for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
         table.done()
-    return config
+    return RunConfig(**(values | overrides))

@@ -1,0 +1,50 @@
+"""trainer.toml: the shipped example loads, flags override it, and bad values are named in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainerConfigError, load_run_config
+
+EXAMPLE = Path(__file__).parents[2] / "configs" / "trainer.toml"
+
+
+def test_the_shipped_config_loads_and_flags_override_it() -> None:
+    with pytest.raises(TrainerConfigError, match=r"\[local\] workers > 0"):
+        load_run_config(EXAMPLE)  # neither local workers nor a pool: there is nobody to train with
+    config = load_run_config(EXAMPLE, local_workers=3, steps=7, run_dir=Path("/tmp/x"), max_minutes=None)
+    assert (config.local_workers, config.steps, config.run_dir) == (3, 7, Path("/tmp/x"))
+    assert config.model == (EXAMPLE.parent / ".." / "tiny-sft").resolve()  # relative to the TOML file
+    assert config.learner.async_level == 1 and config.max_minutes is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[data]\nasync_level=-1\n[local]\nworkers=1\n", "data.async_level"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlr=true\n[local]\nworkers=1\n", "optim.lr"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlearning_rate=1\n[local]\nworkers=1\n", "unknown key"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "keep_versions"),
+        ("[run]\nmodel='m'\ntask='t'\n[local]\nworkers=1\n", "run.dir"),
+        ("[run\n", "not readable TOML"),
+    ],
+)
+def test_bad_values_are_refused_with_the_field_named(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(text)
+    with pytest.raises(TrainerConfigError, match=message) as caught:
+        load_run_config(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_pool_table_selects_network_mode(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(
+        "[run]\ndir='r'\nmodel='m'\ntask='t'\n[pool]\nid=3\ndeployment='deployment.json'\nmin_attestations=2\n"
+    )
+    config = load_run_config(path)
+    assert not config.local and config.pool is not None
+    assert (config.pool.id, config.pool.min_attestations, config.pool.keystore) == (3, 2, None)
+    assert config.pool.deployment == tmp_path / "deployment.json"
