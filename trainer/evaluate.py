@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from node.generation.generate import sampling_params
@@ -10,8 +10,8 @@ from node.generation.plan import completion_text, prompt_tokens
 from node.inference.base import GenerationRequest
 from node.inference.torch_backend import TorchBackend
 from node.model.loading import LoadedModel
-from node.tasks.prompts import build_messages
-from node.tasks.rewards import score_completion
+from node.tasks.prompts import build_messages, target_length_for
+from node.tasks.rewards import RewardBreakdown, score_completion
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
 
@@ -27,6 +27,41 @@ class PassRate:
         return self.passed / self.total if self.total else 0.0
 
 
+def sample_rewards(
+    loaded: LoadedModel,
+    spec: TaskSpec,
+    source: TaskSource,
+    problem_ids: Sequence[str],
+    *,
+    samples: int,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: Callable[[int], None] | None = None,
+) -> list[list[RewardBreakdown]]:
+    """`samples` completions per problem with the task's own sampling parameters, scored: `[problem][sample]`.
+
+    Completion k of problem i uses seed `seed + i * samples + k`, so a measurement is reproducible; a task with a
+    thinking budget asks each problem for the target `target_length_for(spec, id, seed)`.
+    """
+    problems = [source.problem(pid) for pid in problem_ids]
+    targets = [target_length_for(spec, problem.id, seed) for problem in problems]
+    requests = [
+        GenerationRequest(
+            list(prompt_tokens(loaded.tokenizer, build_messages(spec, problem, target))), seed + i * samples + k
+        )
+        for i, (problem, target) in enumerate(zip(problems, targets, strict=True))
+        for k in range(samples)
+    ]
+    backend = TorchBackend.from_loaded(loaded, max_batch_size=batch_size)
+    completions = backend.generate(requests, sampling_params(spec), progress=progress)
+    rewards: list[list[RewardBreakdown]] = [[] for _ in problems]
+    for index, completion in enumerate(completions):
+        i = index // samples
+        text = completion_text(loaded.tokenizer, completion.output_tokens)
+        rewards[i].append(score_completion(source, spec, problems[i], text, len(completion.output_tokens), targets[i]))
+    return rewards
+
+
 def pass_rate(
     loaded: LoadedModel,
     spec: TaskSpec,
@@ -38,21 +73,12 @@ def pass_rate(
     batch_size: int = 64,
 ) -> PassRate:
     """Samples `samples` completions per problem with the task's own sampling parameters and scores them."""
-    problems = [source.problem(pid) for pid in problem_ids]
-    requests = [
-        GenerationRequest(
-            list(prompt_tokens(loaded.tokenizer, build_messages(spec, problem, None))), seed + i * samples + k
+    scored = [
+        r
+        for group in sample_rewards(
+            loaded, spec, source, problem_ids, samples=samples, seed=seed, batch_size=batch_size
         )
-        for i, problem in enumerate(problems)
-        for k in range(samples)
+        for r in group
     ]
-    backend = TorchBackend.from_loaded(loaded, max_batch_size=batch_size)
-    completions = backend.generate(requests, sampling_params(spec))
-    passed, total_reward = 0, 0.0
-    for index, completion in enumerate(completions):
-        problem = problems[index // samples]
-        text = completion_text(loaded.tokenizer, completion.output_tokens)
-        reward = score_completion(source, spec, problem, text, len(completion.output_tokens), None)
-        passed += reward.task_reward >= 1.0
-        total_reward += reward.reward
-    return PassRate(passed, len(completions), total_reward / max(1, len(completions)))
+    passed = sum(r.task_reward >= 1.0 for r in scored)
+    return PassRate(passed, len(scored), sum(r.reward for r in scored) / max(1, len(scored)))

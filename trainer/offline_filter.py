@@ -21,17 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.generation.generate import sampling_params
-from node.generation.plan import completion_text, prompt_tokens
-from node.inference.base import GenerationRequest
-from node.inference.torch_backend import TorchBackend
 from node.model.loading import LoadedModel
 from node.tasks.filtered_source import list_bytes
-from node.tasks.prompts import build_messages, target_length_for
-from node.tasks.rewards import score_completion
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec, load_task_spec
 from trainer.errors import TrainerError
+from trainer.evaluate import sample_rewards
 
 _SOURCE_HEADER = re.compile(r"^\s*\[\s*source\s*\]\s*(#.*)?$")
 _ANY_HEADER = re.compile(r"^\s*\[")
@@ -78,24 +73,12 @@ def measure_pass_rates(
     """
     if samples < 1:
         raise OfflineFilterError(f"samples must be >= 1, got {samples}")
-    problems = [source.problem(pid) for pid in problem_ids]
-    targets = [target_length_for(spec, problem.id, seed) for problem in problems]
-    requests = [
-        GenerationRequest(
-            list(prompt_tokens(loaded.tokenizer, build_messages(spec, problem, target))), seed + i * samples + k
-        )
-        for i, (problem, target) in enumerate(zip(problems, targets, strict=True))
-        for k in range(samples)
-    ]
-    backend = TorchBackend.from_loaded(loaded, max_batch_size=batch_size)
-    completions = backend.generate(requests, sampling_params(spec), progress=progress)
-    passed = [0] * len(problems)
-    for index, completion in enumerate(completions):
-        i = index // samples
-        text = completion_text(loaded.tokenizer, completion.output_tokens)
-        reward = score_completion(source, spec, problems[i], text, len(completion.output_tokens), targets[i])
-        passed[i] += reward.task_reward >= 1.0
-    return {problem.id: passed[i] / samples for i, problem in enumerate(problems)}
+    rewards = sample_rewards(
+        loaded, spec, source, problem_ids, samples=samples, seed=seed, batch_size=batch_size, progress=progress
+    )
+    return {
+        pid: sum(r.task_reward >= 1.0 for r in group) / samples for pid, group in zip(problem_ids, rewards, strict=True)
+    }
 
 
 def select_in_band(rates: Mapping[str, float], band: PassBand) -> list[str]:
