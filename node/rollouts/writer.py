@@ -60,11 +60,15 @@ def encode_rollouts(meta: RolloutMeta, rows: list[RolloutRow]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def publish_atomically(path: Path, data: bytes) -> None:
-    """Writes `data` to `path` so a reader sees the old file or the whole new one, never a part (DESIGN 11)."""
+def publish_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Writes `data` to `path` so a reader sees the old file or the whole new one, never a part (DESIGN 11).
+
+    The file gets `mode` (mkstemp would leave 0600, unreadable to a validator or web server running as another user).
+    """
     path = Path(path)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -125,6 +125,11 @@ def test_same_rows_and_meta_give_byte_identical_files(tmp_path: Path) -> None:
     assert encode_rollouts(make_meta(), changed) != encode_rollouts(make_meta(), make_rows())
 
 
+def test_a_written_file_is_readable_by_other_users(tmp_path: Path) -> None:
+    written = write_rollouts(tmp_path / "a.parquet", make_meta(), make_rows())
+    assert written.path.stat().st_mode & 0o777 == 0o644  # mkstemp alone would leave 0600
+
+
 def test_failed_rename_leaves_no_temporary_file(tmp_path: Path) -> None:
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("occupied")  # os.replace cannot put a file over a non-empty directory
