@@ -16,7 +16,7 @@ from eth_account.signers.local import LocalAccount
 
 from node.errors import NodeError
 from node.generation.plan import Job
-from node.signing import SigningDomain, sign_request
+from node.signing import Attestation, SigningDomain, sign, sign_request
 
 _MAX_ANSWER = 64 * 1024
 
@@ -98,3 +98,16 @@ class CoordinatorClient:
     async def upload(self, work_key: bytes, data: bytes) -> Upload:
         answer = await self._call("PUT", f"/v1/rollouts/{work_key.hex()}", data, signed=True)
         return Upload(work_key, bool(answer.get("created", False)))
+
+    async def attest(self, attestation: Attestation) -> None:
+        """Posts a validator's signed verdict (the attestation is signed by this client's account)."""
+        signature = sign(attestation, self.account, self.domain)
+        body = json.dumps(
+            {
+                "work_key": "0x" + attestation.work_key.hex(),
+                "accepted": attestation.accepted,
+                "reason": attestation.reason,
+                "signature": "0x" + signature.hex(),
+            }
+        ).encode()
+        await self._call("POST", "/v1/attestations", body, signed=True)
