@@ -6,7 +6,8 @@ logic of `prime-node generate` (proofs included), upload it signed. The worker d
 (`prime-node start`) adds registration, stake and on-chain submission around the same loop.
 
 It exits 0 on SIGTERM or SIGINT (after the file in progress), and when the coordinator has been unreachable for
-`--patience` seconds (the trainer finished).
+`--patience` seconds (the trainer finished). It exits 1 after `--max-failures` failed files in a row (a policy it
+cannot fetch or trust, a task it cannot generate), so that a broken setup stops the run instead of idling it.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     files = 0
+    failures = 0  # in a row, of anything but an unreachable coordinator
     unreachable_since: float | None = None
     async with new_session() as session:
         coordinator = CoordinatorClient(session, args.coordinator, account, domain)
@@ -99,6 +101,7 @@ async def run(args: argparse.Namespace) -> int:
                     )
                     await coordinator.upload(written.work_key, written.path.read_bytes())
                 files += 1
+                failures = 0
                 unreachable_since = None
                 log.info("uploaded 0x%s (step %d, counter %d)", written.work_key.hex()[:12], job.step, job.counter)
             except CoordinatorRefused as exc:
@@ -112,6 +115,10 @@ async def run(args: argparse.Namespace) -> int:
                     break
                 await asyncio.sleep(0.5)
             except Exception as exc:  # a fetch that failed (version pruned, origin restarting): ask again
+                failures += 1
+                if failures >= args.max_failures:
+                    log.error("giving up after %d failures in a row; the last: %s", failures, exc)
+                    return 1
                 log.warning("retrying after: %s", exc)
                 await asyncio.sleep(0.5)
     log.info("stopped after %d files", files)
@@ -132,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
     parser.add_argument("--patience", type=float, default=10.0, help="seconds without a coordinator before exiting")
+    parser.add_argument("--max-failures", type=int, default=20, help="failed files in a row before exiting 1")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import torch
