@@ -269,7 +269,6 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "clipped": 0.0, "ratio": 0.0, "kl": 0.0, "entropy": 0.0}
-        seen_tokens = 0
         for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
             logp, ent = self._forward(batch, entropy=self.config.loss.entropy_coef > 0)
             # files of the current policy: the weights do not change before optimizer.step, so its log-probs are
@@ -288,7 +287,6 @@ class Learner:
             share = weight * out.tokens / max(total_tokens, 1)  # token-level normalisation over the whole step
             (out.loss * share * self.world.size).backward()  # FSDP2 averages gradients over ranks: undo it
             counted = weight * out.tokens
-            seen_tokens += int(counted)
             sums["loss"] += float(out.loss.detach()) * counted
             sums["clipped"] += out.clipped_fraction * counted
             sums["ratio"] += out.mean_ratio * counted

@@ -61,8 +61,12 @@ class Weights:
         self.loaded = await asyncio.to_thread(load_model, path)
         self.step = step
         for old in self.root.glob("step_*"):  # keep only what is in use
-            if old.name not in (f"step_{step}", f"step_{step}.manifest-hash"):
-                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+            if old.name in (f"step_{step}", f"step_{step}.manifest-hash"):
+                continue
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
         return self.loaded
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import torch
 from node.model.loading import LoadedModel
 from node.model.tiny import save_model_dir
 from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
+from node.rollouts.writer import write_atomically
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
 from trainer.data import DEFAULT_MAX_FILE_BYTES
@@ -93,20 +94,6 @@ class LoopCounters:
     stale_files: int = 0
     idle_seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
-
-
-def _fsync_write(path: Path, write: Callable[[Any], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
@@ -257,7 +244,7 @@ class TrainingLoop:
         for path in self.paths.checkpoints.glob("step_*"):
             number = path.name.removeprefix("step_")
             if number.isdigit() and int(number) < self.learner.step - 1:
-                _remove_tree(path)
+                shutil.rmtree(path, ignore_errors=True)
         return target
 
     def save_state(self) -> Path:
@@ -272,13 +259,7 @@ class TrainingLoop:
             "assignment_counters": dict(self.assignment_counters),
         }
         path = self.paths.state / f"step_{step}.pt"
-        _fsync_write(path, lambda handle: torch.save(state, handle))
+        write_atomically(path, lambda handle: torch.save(state, handle))
         for _, old in self.states()[:-KEEP_STATES]:
             old.unlink(missing_ok=True)
         return path
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

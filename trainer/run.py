@@ -27,6 +27,7 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from node.model.loading import load_model
+from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
@@ -110,8 +111,6 @@ class RunSummary:
     seconds: float
     idle_seconds: float
     stale_files: int
-    first: dict[str, Any] | None
-    last: dict[str, Any] | None
     run_dir: Path
 
 
@@ -213,9 +212,7 @@ async def run_training(
 
     def persist_counter(node: str, counter: int) -> None:
         loop.assignment_counters[node] = counter + 1
-        tmp = counters_file.with_name(".counters.json.tmp")
-        tmp.write_text(json.dumps(loop.assignment_counters, sort_keys=True))
-        os.replace(tmp, counters_file)
+        publish_atomically(counters_file, json.dumps(loop.assignment_counters, sort_keys=True).encode())
 
     arrived = asyncio.Event()
 
@@ -255,7 +252,6 @@ async def run_training(
         server, account=network.account, domain=network.domain, pool_id=network.pool_id, keep=config.keep_versions
     )
     workers: LocalWorkers | None = None
-    first: dict[str, Any] | None = None
     started = time.monotonic()
     try:
         await origin.publish(paths.checkpoint(learner.step), learner.step)
@@ -285,7 +281,6 @@ async def run_training(
                 state.step = learner.step
                 last.clear()
                 last.update(record)
-                first = first or dict(record)
                 if on_step is not None:
                     on_step(record)
     finally:
@@ -300,8 +295,6 @@ async def run_training(
         seconds=time.monotonic() - started,
         idle_seconds=loop.counters.idle_seconds,
         stale_files=loop.counters.stale_files,
-        first=first,
-        last=dict(last) or None,
         run_dir=config.run_dir,
     )
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -60,8 +62,9 @@ def encode_rollouts(meta: RolloutMeta, rows: list[RolloutRow]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def publish_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Writes `data` to `path` so a reader sees the old file or the whole new one, never a part (DESIGN 11).
+def write_atomically(path: Path, write: Callable[[BinaryIO], object], *, mode: int = 0o644) -> None:
+    """Calls `write(handle)` on a temporary sibling of `path`, then fsyncs and renames it: a reader sees the old file
+    or the whole new one, never a part (DESIGN 11), and the rename survives a crash.
 
     The file gets `mode` (mkstemp would leave 0600, unreadable to a validator or web server running as another user).
     """
@@ -70,7 +73,7 @@ def publish_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_name, path)
@@ -82,6 +85,11 @@ def publish_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         os.fsync(directory)  # make the rename itself durable
     finally:
         os.close(directory)
+
+
+def publish_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """`write_atomically` of `data`."""
+    write_atomically(path, lambda handle: handle.write(data), mode=mode)
 
 
 def write_rollouts(path: Path | str, meta: RolloutMeta, rows: list[RolloutRow]) -> WrittenFile:
