@@ -1,7 +1,11 @@
 """From verified rollout files to padded micro-batches, and the trainer's log-probs of their completions.
 
 load_accepted (files inside the async window) -> build_samples (advantages per group, online filter)
--> pack (trainer.packing) -> collate (one padded micro-batch) -> recompute_logprobs.
+-> prompt_units (a group's completions share one forward of their prompt) -> pack (trainer.packing)
+-> collate_units (one micro-batch, what the learner trains on).
+
+`collate` and `recompute_logprobs` lay out and score one row per completion, the plain way: the reference
+the shared layout is tested against, and what a reader checking a file's log-probs by hand would write.
 """
 
 from __future__ import annotations
@@ -241,6 +245,153 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
     position_ids = torch.arange(T, dtype=torch.int64).expand(B, T).contiguous()
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     return Batch(input_ids, attention_mask, position_ids, targets, loss_mask, advantages, old)
+
+
+@dataclass(frozen=True)
+class PromptUnit:
+    """Completions of one prompt, trained as one sequence: the prompt once, then each completion after it."""
+
+    prompt: list[int]
+    samples: list[Sample]  # every one has `prompt` as its input tokens
+
+    @property
+    def n_tokens(self) -> int:
+        """Columns of the unit's row: the prompt, then each completion but its last token (which predicts nothing)."""
+        return len(self.prompt) + sum(len(s.output_tokens) - 1 for s in self.samples)
+
+
+def prompt_units(samples: Sequence[Sample], max_tokens: int) -> list[PromptUnit]:
+    """The samples grouped by prompt (same group, same input tokens), in first-seen order.
+
+    A group's completions share their prompt, so a unit computes the prompt's forward once instead of once
+    per completion: with the default task's 80-token prompts and 8 completions of about 8 tokens, a step's
+    forward shrinks about 5x. A unit that would exceed `max_tokens` is split into several, each with a copy
+    of the prompt; a single sample over the budget still makes its own unit (the packer reports it).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    units: list[PromptUnit] = []
+    open_unit: dict[tuple[str, tuple[int, ...]], PromptUnit] = {}  # the unit still taking samples, per prompt
+    for sample in samples:
+        key = (sample.group_key, tuple(sample.input_tokens))
+        unit = open_unit.get(key)
+        if unit is None or unit.n_tokens + len(sample.output_tokens) - 1 > max_tokens:
+            unit = PromptUnit(sample.input_tokens, [])
+            units.append(unit)
+            open_unit[key] = unit
+        unit.samples.append(sample)
+    return units
+
+
+@dataclass(frozen=True)
+class SharedBatch:
+    """A micro-batch of prompt units, one per row, right-padded; completions read their prompt's keys and values.
+
+    Row r holds a prompt at columns [0, P), then each completion's tokens but the last, one after another;
+    a completion's tokens have position ids P, P + 1, ... as if it followed the prompt alone, and `attention`
+    lets each of them see the prompt and the earlier tokens of its own completion only. So every logit equals
+    the one an unshared forward of prompt + completion gives (tests/trainer/test_data.py checks it).
+
+    The N completions of the batch are then addressed as a (N, W) grid, W the longest completion:
+    `positions[n, j]` is the flat index (row * T + column) of the logits that predict output token j of
+    completion n, the prompt's last column for j = 0.
+    """
+
+    input_ids: torch.Tensor  # (R, T) int64, pad_id after each row's tokens
+    position_ids: torch.Tensor  # (R, T) int64
+    attention: torch.Tensor  # (R, 1, T, T) bool, True where query column t may attend to key column u
+    positions: torch.Tensor  # (N, W) int64 flat indices into the (R * T) logits; 0 where loss_mask is False
+    targets: torch.Tensor  # (N, W) int64, the output tokens; pad_id after each completion
+    loss_mask: torch.Tensor  # (N, W) bool, True on the output tokens
+    advantages: torch.Tensor  # (N,) float32
+    tokens: int  # real (unpadded) columns of all rows: what the forward computes
+
+    def to(self, device: torch.device | str) -> SharedBatch:
+        return SharedBatch(
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            attention=self.attention.to(device),
+            positions=self.positions.to(device),
+            targets=self.targets.to(device),
+            loss_mask=self.loss_mask.to(device),
+            advantages=self.advantages.to(device),
+            tokens=self.tokens,
+        )
+
+
+def collate_units(units: Sequence[PromptUnit], pad_id: int) -> SharedBatch:
+    """Lays prompt units out as a SharedBatch (see there); its completions come in unit order, then sample order."""
+    if not units or any(not u.samples for u in units):
+        raise ValueError("collate_units needs at least one unit, and every unit needs a sample")
+    samples = [s for u in units for s in u.samples]
+    if any(not s.input_tokens or not s.output_tokens for s in samples):
+        raise ValueError("every sample needs a non-empty prompt and completion (rollout files guarantee both)")
+    if any(s.input_tokens != u.prompt for u in units for s in u.samples):
+        raise ValueError("a prompt unit holds a sample of another prompt")
+    R, T = len(units), max(u.n_tokens for u in units)  # rows, columns
+    N, W = len(samples), max(len(s.output_tokens) for s in samples)  # completions, the longest one
+    input_ids = torch.full((R, T), pad_id, dtype=torch.int64)
+    position_ids = torch.zeros((R, T), dtype=torch.int64)
+    attention = torch.zeros((R, 1, T, T), dtype=torch.bool)
+    positions = torch.zeros((N, W), dtype=torch.int64)
+    targets = torch.full((N, W), pad_id, dtype=torch.int64)
+    loss_mask = torch.zeros((N, W), dtype=torch.bool)
+    n = 0
+    for r, unit in enumerate(units):
+        P = len(unit.prompt)
+        input_ids[r, :P] = torch.tensor(unit.prompt, dtype=torch.int64)
+        position_ids[r, :P] = torch.arange(P)
+        attention[r, 0, :P, :P] = torch.ones((P, P), dtype=torch.bool).tril()
+        start = P  # first column of the next completion
+        for sample in unit.samples:
+            L = len(sample.output_tokens)
+            end = start + L - 1  # its tokens but the last
+            input_ids[r, start:end] = torch.tensor(sample.output_tokens[:-1], dtype=torch.int64)
+            position_ids[r, start:end] = torch.arange(P, P + L - 1)
+            attention[r, 0, start:end, :P] = True
+            attention[r, 0, start:end, start:end] = torch.ones((L - 1, L - 1), dtype=torch.bool).tril()
+            # output token 0 is predicted by the prompt's last column, token j > 0 by the completion's column j - 1
+            columns = torch.cat([torch.tensor([P - 1]), torch.arange(start, end)])
+            positions[n, :L] = r * T + columns
+            targets[n, :L] = torch.tensor(sample.output_tokens, dtype=torch.int64)
+            loss_mask[n, :L] = True
+            n += 1
+            start = end
+        padding = torch.arange(start, T)
+        attention[r, 0, padding, padding] = True  # padding sees itself only: no row of the softmax is empty
+        position_ids[r, start:] = torch.arange(T - start)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    tokens = sum(u.n_tokens for u in units)
+    return SharedBatch(input_ids, position_ids, attention, positions, targets, loss_mask, advantages, tokens)
+
+
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # those that take a custom 4D mask (flash attention does not)
+
+
+def shared_logprobs(
+    model: PreTrainedModel, batch: SharedBatch, *, temperature: float = 1.0, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, W) log-probs of a SharedBatch's output tokens under logits / temperature, and their entropy if asked.
+
+    Keeps the graph: call it under torch.no_grad() for log-probs that need none. Values off `loss_mask` are
+    those of whatever logits row 0 column 0 predicts: mask them.
+    """
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise TrainerError(
+            f"the model's attention implementation {implementation!r} cannot take a shared-prompt mask; "
+            f"load it with attn_implementation in {ATTENTION_IMPLEMENTATIONS}"
+        )
+    dtype = next(model.parameters()).dtype
+    additive = torch.zeros(batch.attention.shape, dtype=dtype, device=batch.attention.device)
+    additive.masked_fill_(~batch.attention, torch.finfo(dtype).min)  # (R, 1, T, T): eager and sdpa add it
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=additive, position_ids=batch.position_ids, use_cache=False
+    ).logits  # (R, T, V)
+    predicting = logits.flatten(0, 1)[batch.positions]  # (N, W, V): the logits before each output token
+    logprobs = torch.log_softmax(predicting.float() / temperature, dim=-1)  # (N, W, V)
+    picked = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (N, W)
+    return picked, (-(logprobs.exp() * logprobs).sum(-1) if entropy else None)
 
 
 def recompute_logprobs(

@@ -2,8 +2,9 @@
 
 A step takes the verified rollout files chosen for it and:
 1. builds samples with group advantages and drops groups whose rewards are all equal (`trainer.data`);
-2. packs them first-fit-decreasing into micro-batches by token budget, never mixing policy steps in one, and
-   deals the micro-batches out to the ranks;
+2. puts each group's completions after one copy of their prompt (`trainer.data.prompt_units`: the prompt's
+   forward is shared, about 5x fewer tokens on the default task), packs these units first-fit-decreasing into
+   micro-batches by token budget, never mixing policy steps in one, and deals the micro-batches out to the ranks;
 3. recomputes the old log-probs of each micro-batch under the weights of the policy step that generated it
    (for files of the current policy they are the loss pass's own log-probs, detached).
    The learner keeps the weights of the last `async_level + 1` steps for that: a file from step s - 2 is scored
@@ -31,7 +32,15 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from node.rollouts import RolloutFile
-from trainer.data import Batch, Sample, build_samples, collate
+from trainer.data import (
+    PromptUnit,
+    Sample,
+    SharedBatch,
+    build_samples,
+    collate_units,
+    prompt_units,
+    shared_logprobs,
+)
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss
 from trainer.packing import pack_first_fit_decreasing
@@ -50,7 +59,7 @@ class LearnerConfig:
     beta2: float = 0.99
     eps: float = 1e-8  # AdamW's epsilon; larger values damp the steps of coordinates with tiny, noisy gradients
     grad_clip: float = 1.0  # max global L2 norm of the gradient
-    micro_batch_tokens: int = 8192  # prompt + completion tokens per micro-batch (before padding)
+    micro_batch_tokens: int = 8192  # tokens per micro-batch before padding (a group's shared prompt counts once)
     async_level: int = 1  # k: files from steps >= s - k are trained on at step s
     temperature: float = 1.0  # the sampling temperature: log-probs are taken of logits / temperature
     loss: GRPOConfig = field(default_factory=GRPOConfig)
@@ -96,7 +105,7 @@ class StepStats:
     lr: float
     oldest_policy_step: int
     seconds: float
-    tokens_per_s: float  # prompt + completion tokens processed per second by the whole step
+    tokens_per_s: float  # tokens the whole step's forwards computed per second (a shared prompt counts once)
 
     def as_record(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -188,34 +197,24 @@ class Learner:
 
     # --- forward ------------------------------------------------------------------------------------
 
-    def _forward(self, batch: Batch, *, entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """(B, T) log-probs of the targets under logits / temperature, and the per-token entropy if asked."""
-        logits = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        ).logits  # (B, T, V)
-        logprobs = torch.log_softmax(logits.float() / self.config.temperature, dim=-1)  # (B, T, V)
-        picked = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-        ent = -(logprobs.exp() * logprobs).sum(-1) if entropy else None  # (B, T)
-        return picked, ent
+    def _forward(self, batch: SharedBatch, *, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        return shared_logprobs(self.model, batch, temperature=self.config.temperature, entropy=entropy)
 
-    def _logprobs_under(self, snapshot: list[Tensor], batches: Sequence[Batch]) -> list[Tensor]:
+    def _logprobs_under(self, snapshot: list[Tensor], batches: Sequence[SharedBatch]) -> list[Tensor]:
         with self._weights(snapshot), torch.no_grad():
             return [self._forward(b, entropy=False)[0] for b in batches]
 
     # --- the step -----------------------------------------------------------------------------------
 
-    def _plan(self, samples: list[Sample]) -> list[tuple[int, list[Sample], float]]:
-        """This rank's micro-batches as (policy step, samples, weight 1 or 0), the same count on every rank."""
+    def _plan(self, samples: list[Sample]) -> list[tuple[int, list[PromptUnit], float]]:
+        """This rank's micro-batches as (policy step, prompt units, weight 1 or 0), the same count on every rank."""
         by_step: dict[int, list[Sample]] = {}
         for sample in samples:
             by_step.setdefault(sample.step, []).append(sample)
-        mine: list[tuple[int, list[Sample], float]] = []
+        mine: list[tuple[int, list[PromptUnit], float]] = []
         for policy_step in sorted(by_step):
-            group = by_step[policy_step]
-            bins = pack_first_fit_decreasing([s.n_tokens for s in group], self.config.micro_batch_tokens)
+            group = prompt_units(by_step[policy_step], self.config.micro_batch_tokens)
+            bins = pack_first_fit_decreasing([u.n_tokens for u in group], self.config.micro_batch_tokens)
             rounds = math.ceil(len(bins) / self.world.size)
             for r in range(rounds):
                 index = r * self.world.size + self.world.rank
@@ -250,7 +249,7 @@ class Learner:
             raise LearnerError(f"no weights of policy steps {missing} are kept; cannot compute their old log-probs")
         sample_set = build_samples(files, lambda r: group_advantages(torch.tensor(r, dtype=torch.float32)).tolist())
         plan = self._plan(sample_set.samples)
-        batches = [collate(s, self.pad_id).to(self.device) for _, s, _ in plan]
+        batches = [collate_units(units, self.pad_id).to(self.device) for _, units, _ in plan]
         weights = [w for _, _, w in plan]
         lr = self.config.lr_at(self.step)
         for group in self.optimizer.param_groups:
@@ -306,7 +305,7 @@ class Learner:
 
         totals = self._sum([sums[k] for k in sums])
         per_token = dict(zip(sums, (t / total_tokens if total_tokens else float("nan") for t in totals), strict=True))
-        local_processed = sum(int(b.attention_mask.sum()) * w for b, w in zip(batches, weights, strict=True))
+        local_processed = sum(b.tokens * w for b, w in zip(batches, weights, strict=True))
         processed = self._sum([float(local_processed)])[0]
         seconds = time.perf_counter() - started
         lengths = [len(row.output_tokens) for row in rows]

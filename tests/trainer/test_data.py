@@ -21,14 +21,18 @@ from trainer.data import (
     DuplicateRolloutError,
     FutureRolloutError,
     MixedStepError,
+    PromptUnit,
     Sample,
     StaleFile,
     UnreadableRolloutError,
     build_samples,
     collate,
+    collate_units,
     load_accepted,
+    prompt_units,
     recompute_logprobs,
     rewards_all_equal,
+    shared_logprobs,
     with_old_logprobs,
 )
 from trainer.errors import TrainerError
@@ -280,3 +284,89 @@ def test_recomputed_logprobs_match_what_the_same_model_recorded_while_generating
     for b, row in enumerate(rows):
         recorded = torch.tensor(row.output_logprobs)  # float32 as stored
         torch.testing.assert_close(logprobs[b][batch.loss_mask[b]], recorded, atol=1e-5, rtol=0)
+
+
+# --- the shared-prompt layout the learner trains on ------------------------------------------------------------
+
+
+def grouped(prompt: list[int], outputs: list[list[int]], group: str) -> list[Sample]:
+    return [
+        Sample(prompt, out, None, float(i), reward=0.0, group_key=group, step=0, work_key=b"\x00")
+        for i, out in enumerate(outputs)
+    ]
+
+
+def test_prompt_units_share_a_prompt_per_group_and_split_at_the_budget() -> None:
+    a = grouped([1, 2, 3], [[4, 5], [6], [7, 8, 9]], "aa:0")
+    b = grouped([1, 2, 3], [[4]], "aa:1")  # the same prompt in another group: its own unit
+    units = prompt_units([a[0], b[0], a[1], a[2]], max_tokens=100)
+    assert [(u.prompt, [s.output_tokens for s in u.samples]) for u in units] == [
+        ([1, 2, 3], [[4, 5], [6], [7, 8, 9]]),
+        ([1, 2, 3], [[4]]),
+    ]
+    assert units[0].n_tokens == 3 + 1 + 0 + 2  # the prompt, then each completion but its last token
+    split = prompt_units(a, max_tokens=5)  # 3 + 1 + 0 fits, + 2 more does not
+    assert [[s.output_tokens for s in u.samples] for u in split] == [[[4, 5], [6]], [[7, 8, 9]]]
+    assert all(u.n_tokens <= 5 for u in split)
+
+
+def test_collate_units_lays_out_a_hand_checked_batch() -> None:
+    units = [
+        PromptUnit([1, 2], grouped([1, 2], [[3, 4], [5, 6, 7]], "aa:0")),
+        PromptUnit([8], grouped([8], [[9]], "bb:0")),
+    ]
+    batch = collate_units(units, pad_id=PAD)
+    #         prompt | 1st completion but its last token | 2nd likewise
+    assert batch.input_ids.tolist() == [[1, 2, 3, 5, 6], [8, 0, 0, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 2, 3], [0, 0, 1, 2, 3]]
+    assert batch.tokens == 5 + 1
+    T = 5
+    # output tokens: [3, 4] predicted at columns 1 (the prompt's last) and 2; [5, 6, 7] at 1, 3, 4; [9] at row 1's 0
+    assert batch.positions.tolist() == [[1, 2, 0], [1, 3, 4], [T + 0, 0, 0]]
+    assert batch.targets.tolist() == [[3, 4, PAD], [5, 6, 7], [9, PAD, PAD]]
+    assert batch.loss_mask.tolist() == [[True, True, False], [True, True, True], [True, False, False]]
+    assert batch.advantages.tolist() == [0.0, 1.0, 0.0]
+    assert batch.attention[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],  # the first completion sees the prompt and itself
+        [1, 1, 0, 1, 0],  # the second sees the prompt, not the first completion
+        [1, 1, 0, 1, 1],
+    ]
+    assert batch.attention[1, 0].int().tolist() == [[1, 0, 0, 0, 0]] + [
+        [0] * c + [1] + [0] * (4 - c) for c in range(1, 5)
+    ]
+
+
+def test_collate_units_refuses_a_sample_of_another_prompt() -> None:
+    with pytest.raises(ValueError, match="another prompt"):
+        collate_units([PromptUnit([1, 2], grouped([1, 3], [[4]], "aa:0"))], pad_id=PAD)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_shared_logprobs_equal_an_unpadded_forward_of_each_sequence(implementation: str) -> None:
+    model = build_model(seed=0)
+    model.config._attn_implementation = implementation
+    g = torch.Generator().manual_seed(0)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(1, 250, (n,), generator=g).tolist()
+
+    samples = grouped(tokens(9), [tokens(n) for n in (4, 1, 7)], "aa:0") + grouped(tokens(2), [tokens(3)], "bb:1")
+    samples += grouped(tokens(12), [tokens(n) for n in (2, 5)], "cc:2")
+    batch = collate_units(prompt_units(samples, max_tokens=1000), pad_id=PAD)
+    with torch.no_grad():
+        logprobs, entropy = shared_logprobs(model, batch, entropy=True)
+    assert logprobs.shape == batch.loss_mask.shape == (6, 7) and entropy is not None
+    order = [s for u in prompt_units(samples, max_tokens=1000) for s in u.samples]
+    for n, s in enumerate(order):
+        torch.testing.assert_close(logprobs[n][batch.loss_mask[n]], unpadded_logprobs(model, s), atol=1e-5, rtol=0)
+    assert torch.all(entropy[batch.loss_mask] > 0)
+
+
+def test_shared_logprobs_refuse_an_attention_without_custom_masks() -> None:
+    model = build_model(seed=0)
+    model.config._attn_implementation = "flash_attention_2"
+    batch = collate_units(prompt_units(grouped([1, 2], [[3]], "aa:0"), max_tokens=10), pad_id=PAD)
+    with pytest.raises(TrainerError, match="shared-prompt mask"):
+        shared_logprobs(model, batch)
