@@ -3,6 +3,7 @@
 Proofs must not depend on batch composition, so each row computes what it would compute alone: prompts
 are left-padded, the attention mask hides the padding, and explicit position ids start every row at 0.
 A validator's single prefill of prompt + completion then sees the same hidden states (to float rounding).
+Requests with the same prompt (a group) share one prefill: its keys and values are copied to each of them.
 """
 
 from __future__ import annotations
@@ -92,23 +93,31 @@ class TorchBackend:
         progress: Callable[[int], None] | None,
     ) -> list[Completion]:
         batch = len(requests)
-        lengths = [len(r.prompt_tokens) for r in requests]
+        # a group's requests share their prompt: prefill each distinct prompt once, then copy its keys and values
+        distinct: dict[tuple[int, ...], int] = {}  # prompt -> its prefill row
+        owner = [distinct.setdefault(tuple(r.prompt_tokens), len(distinct)) for r in requests]
+        prompts = list(distinct)
+        lengths = [len(p) for p in prompts]
         width = max(lengths)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.int64)  # (B, T0), left-padded
-        mask = torch.zeros((batch, width), dtype=torch.int64)  # (B, T0), 1 on real tokens
-        for row, request in enumerate(requests):
-            input_ids[row, width - lengths[row] :] = torch.tensor(request.prompt_tokens, dtype=torch.int64)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.int64)  # (U, T0), left-padded
+        mask = torch.zeros((len(prompts), width), dtype=torch.int64)  # (U, T0), 1 on real tokens
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - lengths[row] :] = torch.tensor(prompt, dtype=torch.int64)
             mask[row, width - lengths[row] :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T0): each row's real tokens at 0, 1, ...
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, T0): each row's real tokens at 0, 1, ...
         input_ids, mask, positions = (t.to(self.device) for t in (input_ids, mask, positions))
         seeds = torch.tensor([seed_to_int64(r.seed) for r in requests], dtype=torch.int64, device=self.device)
-        next_position = torch.tensor(lengths, dtype=torch.int64, device=self.device).unsqueeze(-1)  # (B, 1)
+        next_position = torch.tensor(lengths, dtype=torch.int64, device=self.device).unsqueeze(-1)  # (U, 1)
 
         out = forward_hidden(
             self.model, input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_last=1
         )
         cache = out.past_key_values
-        logits, hidden = out.logits[:, -1], out.hidden[:, -1]  # (b, V), (b, H): they sample output token 0
+        logits, hidden = out.logits[:, -1], out.hidden[:, -1]  # (U, V), (U, H): they sample output token 0
+        if len(prompts) < batch:  # one row per request from here on
+            expand = torch.tensor(owner, dtype=torch.int64, device=self.device)
+            cache.batch_select_indices(expand)
+            logits, hidden, mask, next_position = (t[expand] for t in (logits, hidden, mask, next_position))
         rows = list(range(batch))  # batch index -> request index of the rows still generating
         tokens: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]

@@ -76,6 +76,19 @@ def test_chunking_by_max_batch_size_does_not_change_completions(
         _assert_same(a, b)
 
 
+def test_requests_sharing_a_prompt_share_its_prefill_and_complete_as_if_alone(
+    model: Qwen2ForCausalLM, requests: list[GenerationRequest]
+) -> None:
+    """A group: one prefill per distinct prompt, its keys and values copied to each request (seeds differ)."""
+    prompts = [requests[0].prompt_tokens, requests[1].prompt_tokens, requests[2].prompt_tokens]
+    grouped = [GenerationRequest(prompts[i % 3], seed=500 + i) for i in range(9)]  # interleaved groups of 3
+    backend = TorchBackend(model, [NO_EOS], pad_token_id=0)
+    together = backend.generate(grouped, PARAMS)
+    assert len({tuple(c.output_tokens) for c in together}) > 3  # the seeds, not the shared prefill, decide
+    for request, completion in zip(grouped, together, strict=True):
+        _assert_same(backend.generate([request], PARAMS)[0], completion)
+
+
 def test_hidden_states_logprobs_and_tokens_match_a_single_prefill(
     model: Qwen2ForCausalLM, batch16: list[Completion], requests: list[GenerationRequest]
 ) -> None:
