@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "learning", help="run folder (replaced)")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the run folder goes into a config file read from another directory
 
     model = args.model or sft_model(args.sft_steps, args.seed)
     before = held_out_rate(model, args.eval_problems, args.eval_samples)
