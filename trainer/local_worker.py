@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shutil
 import signal
 import sys
 import tempfile
@@ -25,49 +24,16 @@ from pathlib import Path
 from eth_account import Account
 
 from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable
+from node.daemon.weights import Weights
 from node.generation.generate import generate_file
 from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel, load_model
-from node.relay.client import fetch_checkpoint, new_session
-from node.relay.manifest import manifest_hash
+from node.relay.client import new_session
 from node.relay.trust import TrustPolicy
 from node.signing import SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
 
 log = logging.getLogger("trainer.local_worker")
-
-
-class Weights:
-    """The policy this worker holds: the newest step it fetched, loaded, with the manifest hash it came under."""
-
-    def __init__(self, root: Path, sources: list[str], policy: TrustPolicy) -> None:
-        self.root, self.sources, self.policy = root, sources, policy
-        self.step: int | None = None
-        self.loaded: LoadedModel | None = None
-        self.manifest_hash = b""
-
-    async def hold(self, step: int) -> LoadedModel:
-        if self.step == step and self.loaded is not None:
-            return self.loaded
-        hashes: list[bytes] = []
-        path = await fetch_checkpoint(
-            self.sources, self.policy, self.root, step=step, on_start=lambda m, _: hashes.append(manifest_hash(m))
-        )
-        sidecar = self.root / f"step_{step}.manifest-hash"
-        if hashes:
-            sidecar.write_text(hashes[0].hex())
-        self.manifest_hash = bytes.fromhex(sidecar.read_text().strip())
-        self.loaded = await asyncio.to_thread(load_model, path)
-        self.step = step
-        for old in self.root.glob("step_*"):  # keep only what is in use
-            if old.name in (f"step_{step}", f"step_{step}.manifest-hash"):
-                continue
-            if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
-        return self.loaded
 
 
 async def run(args: argparse.Namespace) -> int:

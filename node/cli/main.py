@@ -12,6 +12,7 @@ from ledger.cli.common import configure_logging
 from node.cli.generate import generate_app
 from node.cli.keys import keys_app
 from node.cli.relay import relay_app
+from node.cli.start import start_app
 from node.cli.worker import worker_app
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(worker_app)
 app.add_typer(generate_app)
 app.add_typer(relay_app)
+app.add_typer(start_app)
 
 
 if __name__ == "__main__":

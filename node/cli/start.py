@@ -1,0 +1,180 @@
+"""`prime-node start`: the worker daemon (node/daemon/worker.py) from flags, an optional node.toml, and the chain.
+
+Where the pool's parts are (coordinator, checkpoint sources, task) comes from the pool spec at the pool's
+`specURI` on chain (node/pool_spec.py); `--coordinator`, `--checkpoints` and `--task` override it, and are needed
+for a pool without a spec. Flags override the config file (`configs/node.toml` documents every field), which
+overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ledger.cli.common import (
+    DEFAULT_DEPLOYMENT,
+    CommandError,
+    DeploymentOption,
+    DevKeyOption,
+    KeystoreOption,
+    RpcUrlOption,
+    configure_daemon_logging,
+    open_ledger,
+)
+from node.cli.errors import node_cli_errors
+
+start_app = typer.Typer()
+
+CONFIG_KEYS = {  # node.toml [worker] key -> type
+    "state": str,
+    "coordinator": str,
+    "checkpoints": list,
+    "task": str,
+    "batch_size": int,
+    "threads": int,
+    "submit_batch": int,
+    "submit_every": float,
+    "claim": bool,
+    "claim_every": float,
+    "join": bool,
+    "metrics_port": int,
+    "max_files": int,
+}
+
+
+def read_config(path: Path | None) -> dict[str, Any]:
+    """The `[worker]` table of a node.toml, type-checked; relative paths are relative to the file."""
+    if path is None:
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CommandError(f"config {path} not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise CommandError(f"config {path} is not readable TOML: {exc}") from None
+    unknown_tables = set(raw) - {"worker"}
+    if unknown_tables:
+        raise CommandError(f"config {path}: unknown table(s) {sorted(unknown_tables)}; the worker reads [worker]")
+    table = raw.get("worker", {})
+    config: dict[str, Any] = {}
+    for key, value in table.items():
+        kind = CONFIG_KEYS.get(key)
+        if kind is None:
+            raise CommandError(f"config {path}: worker.{key} is not a setting ({', '.join(sorted(CONFIG_KEYS))})")
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise CommandError(f"config {path}: worker.{key} must be a {kind.__name__}, got {value!r}")
+        config[key] = value
+    for key in ("state", "task"):
+        if key in config:
+            config[key] = str((path.parent / Path(config[key]).expanduser()).resolve())
+    return config
+
+
+def _pick(flag: Any, config: dict[str, Any], key: str, default: Any) -> Any:
+    return flag if flag is not None else config.get(key, default)
+
+
+@start_app.command()
+def start(
+    pool: Annotated[int, typer.Option("--pool", min=1, metavar="N", help="The pool to work for.")],
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+    config_file: Annotated[Path | None, typer.Option("--config", metavar="FILE", help="node.toml ([worker]).")] = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    state: Annotated[
+        Path | None, typer.Option("--state", metavar="DIR", help="Journal, files and weights (restart-safe).")
+    ] = None,
+    coordinator: Annotated[str | None, typer.Option(metavar="URL", help="Override the pool spec's.")] = None,
+    checkpoints: Annotated[
+        list[str] | None, typer.Option("--checkpoints", metavar="URL", help="Checkpoint source (repeat).")
+    ] = None,
+    task: Annotated[Path | None, typer.Option(metavar="SPEC", help="Task spec; overrides the pool spec's.")] = None,
+    join: Annotated[bool | None, typer.Option("--join/--no-join", help="Join the pool if not a member.")] = None,
+    claim: Annotated[bool | None, typer.Option("--claim/--no-claim", help="Claim matured rewards.")] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences decoded together.")] = None,
+    threads: Annotated[int | None, typer.Option(min=0, help="torch threads (0: torch's default).")] = None,
+    submit_batch: Annotated[int | None, typer.Option(min=1, help="Files per submitWorkBatch.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve /metrics (0: any port).")] = None,
+    max_files: Annotated[int | None, typer.Option(min=1, help="Stop after this many files.")] = None,
+    simulate_fault: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FAULT",
+            help="Cheat on purpose (local devnets only): wrong-model|tamper-tokens|fake-reward|stale-step",
+        ),
+    ] = None,
+) -> None:
+    """Work for pool N: fetch the newest policy, generate rollouts with proofs, upload them, submit them on chain."""
+    configure_daemon_logging()
+    with node_cli_errors():
+        import asyncio
+        import signal
+
+        from node.daemon.faults import Fault, check_fault_allowed
+        from node.daemon.worker import WorkerDaemon, WorkerSettings
+        from node.pool_spec import load_pool_spec
+
+        config = read_config(config_file)
+        fault = None
+        if simulate_fault is not None:
+            try:
+                fault = Fault(simulate_fault)
+            except ValueError:
+                raise CommandError(
+                    f"--simulate-fault {simulate_fault!r}: choose one of {', '.join(f.value for f in Fault)}"
+                ) from None
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        if fault is not None:
+            check_fault_allowed(fault, chain_id=ledger.deployment.chain_id, rpc_url=ledger.deployment.rpc_url)
+        account = ledger.account
+        assert account is not None  # open_ledger requires a signer
+        coordinator_url = _pick(coordinator, config, "coordinator", None)
+        sources = checkpoints or config.get("checkpoints")
+        task_path = _pick(task, config, "task", None)
+        async_level = 2
+        if coordinator_url is None or not sources or task_path is None:
+            spec = load_pool_spec(ledger.pool(pool).config.spec_uri)
+            coordinator_url = coordinator_url or spec.coordinator
+            sources = sources or list(spec.checkpoints)
+            task_path = task_path or spec.task_path
+            async_level = spec.async_level
+        default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}" / account.address
+        settings = WorkerSettings(
+            pool_id=pool,
+            state_dir=Path(_pick(state, config, "state", default_state)).expanduser(),
+            coordinator=str(coordinator_url).rstrip("/"),
+            checkpoints=tuple(str(s).rstrip("/") for s in sources),
+            task=Path(task_path),
+            async_level=async_level,
+            batch_size=_pick(batch_size, config, "batch_size", 64),
+            submit_batch=_pick(submit_batch, config, "submit_batch", 4),
+            submit_every=float(config.get("submit_every", 10.0)),
+            claim=_pick(claim, config, "claim", False),
+            claim_every=float(config.get("claim_every", 60.0)),
+            join=_pick(join, config, "join", False),
+            fault=fault,
+            max_files=_pick(max_files, config, "max_files", None),
+            metrics_port=_pick(metrics_port, config, "metrics_port", None),
+        )
+        torch_threads = _pick(threads, config, "threads", 0)
+        if torch_threads:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+
+        async def main() -> int:
+            daemon = WorkerDaemon(settings, ledger, account)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, daemon.stopping.set)
+            return await daemon.run()
+
+        code = asyncio.run(main())
+    raise typer.Exit(code)

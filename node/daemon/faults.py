@@ -1,0 +1,92 @@
+"""`prime-node start --simulate-fault`: a worker that cheats on purpose, so devnets and tests can watch it be slashed.
+
+Each fault is what a real cheater would try, and each is caught by a different check of the validator
+(DESIGN section 7):
+
+| fault | what the worker does | caught by |
+|---|---|---|
+| wrong-model | generates with weights about 1% off the checkpoint (a cheaper model) | TOPLOC proofs (reason 7) |
+| tamper-tokens | changes one generated token per completion after sampling | sampling recheck / proofs (5, 7) |
+| fake-reward | claims a task reward of 1 for every completion | reward recomputation (6) |
+| stale-step | labels its files with a step outside the pool's window | the step check (4) |
+
+Faults are refused on any chain but a local devnet: chain id 31337 with an RPC endpoint on loopback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import urllib.parse
+from collections.abc import Sequence
+from enum import StrEnum
+
+import torch
+
+from node.errors import NodeError
+from node.model.loading import LoadedModel
+from node.rollouts import RolloutRow
+
+DEVNET_CHAIN_ID = 31337
+WRONG_MODEL_NOISE = 0.01  # relative to each tensor's own scale
+
+
+class Fault(StrEnum):
+    WRONG_MODEL = "wrong-model"
+    TAMPER_TOKENS = "tamper-tokens"
+    FAKE_REWARD = "fake-reward"
+    STALE_STEP = "stale-step"
+
+
+class FaultRefusedError(NodeError):
+    """A simulated fault was asked for on a chain that is not a local devnet."""
+
+
+def _loopback(rpc_url: str) -> bool:
+    host = urllib.parse.urlsplit(rpc_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_fault_allowed(fault: Fault, *, chain_id: int, rpc_url: str) -> None:
+    if chain_id != DEVNET_CHAIN_ID or not _loopback(rpc_url):
+        raise FaultRefusedError(
+            f"--simulate-fault {fault} is for local devnets only (chain id {DEVNET_CHAIN_ID} on a loopback RPC); "
+            f"this is chain {chain_id} at {rpc_url}"
+        )
+
+
+def perturb_weights(loaded: LoadedModel, *, seed: int = 0) -> None:
+    """wrong-model: adds noise of WRONG_MODEL_NOISE times each tensor's RMS (at least 1e-3), in place."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in loaded.model.parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.dtype)
+            scale = max(float(param.float().pow(2).mean().sqrt()), 1e-3)  # norms are all ones, fresh biases zero
+            param.add_(noise * WRONG_MODEL_NOISE * scale)
+
+
+def falsify(fault: Fault, rows: Sequence[RolloutRow], *, vocab_size: int, async_level: int) -> list[RolloutRow]:
+    """The rows a cheater would upload in place of the honest `rows` (wrong-model changes the weights instead)."""
+    if fault is Fault.WRONG_MODEL:
+        return list(rows)
+    if fault is Fault.FAKE_REWARD:
+        return [
+            dataclasses.replace(r, task_reward=1.0, reward=1.0 - r.length_penalty) if r.task_reward < 1.0 else r
+            for r in rows
+        ]
+    if fault is Fault.TAMPER_TOKENS:
+        tampered = []
+        for r in rows:
+            tokens = list(r.output_tokens)
+            middle = len(tokens) // 2
+            tokens[middle] = (tokens[middle] + 1) % vocab_size
+            tampered.append(dataclasses.replace(r, output_tokens=tokens))
+        return tampered
+    # stale-step: a step older than the window, or, that early in a run, one the pool has not reached
+    step = rows[0].step - async_level - 1 if rows else 0
+    return [dataclasses.replace(r, step=step if step >= 0 else r.step + 1) for r in rows]

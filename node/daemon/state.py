@@ -1,0 +1,130 @@
+"""The worker daemon's journal: every file it made and how far it got, in SQLite, committed before each next step.
+
+A file moves through these stages, each recorded before the daemon acts on the next:
+
+    written -> uploaded -> submitted -> claimed
+                   |            `----> invalidated (with the validator's reason)
+                   `-> expired (its step fell out of the pool's window before it was submitted: never submitted,
+                                because validators would reject it as stale and slash the stake)
+
+The file itself lies in `files/<work key>.parquet` (written under a temporary name, fsynced, renamed) before the
+`written` row exists, so after a crash at any point a restart finds each file either absent (its generation is
+lost, nothing was promised) or recorded with its bytes on disk. Uploads are idempotent (content-addressed), and
+before submitting the daemon asks the chain whether the work key is already there, so a crash between sending a
+transaction and recording it never submits twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from node.errors import NodeError
+
+STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "expired")
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    work_key TEXT PRIMARY KEY,   -- sha256 of the file, hex without 0x
+    step INTEGER NOT NULL,       -- the policy step its rows claim
+    counter INTEGER NOT NULL,    -- the assignment counter
+    units INTEGER NOT NULL,      -- work units: total output tokens
+    stage TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    tx TEXT,                     -- the submitWork transaction
+    detail TEXT                  -- why it expired, or the invalidation reason
+);
+CREATE INDEX IF NOT EXISTS files_stage ON files (stage);
+"""
+
+
+class WorkerStateError(NodeError):
+    """The state directory belongs to another pool, node or chain, or is not a worker state at all."""
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    work_key: bytes
+    step: int
+    counter: int
+    units: int
+    stage: str
+    created: float
+    updated: float
+    tx: str | None
+    detail: str | None
+
+
+class WorkerState:
+    """The journal in `<root>/state.db` and the files in `<root>/files/`."""
+
+    def __init__(self, root: Path, *, chain_id: int, pool_id: int, node: str) -> None:
+        self.root = root
+        self.files_dir = root / "files"
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(root / "state.db", isolation_level=None)  # autocommit: each statement commits
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+        self._bind({"chain_id": str(chain_id), "pool_id": str(pool_id), "node": node.lower()})
+
+    def _bind(self, identity: dict[str, str]) -> None:
+        stored = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        for key, value in identity.items():
+            if key in stored and stored[key] != value:
+                raise WorkerStateError(
+                    f"{self.root} holds the state of {key} {stored[key]}, not {value}; use another --state folder"
+                )
+        self.db.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", identity.items())
+
+    def close(self) -> None:
+        self.db.close()
+
+    def path_of(self, work_key: bytes) -> Path:
+        return self.files_dir / f"{work_key.hex()}.parquet"
+
+    def add(self, work_key: bytes, *, step: int, counter: int, units: int) -> None:
+        """Records a file whose bytes are already at `path_of(work_key)`."""
+        if not self.path_of(work_key).is_file():
+            raise WorkerStateError(f"recording 0x{work_key.hex()} before its file exists")
+        now = time.time()
+        self.db.execute(
+            "INSERT OR IGNORE INTO files (work_key, step, counter, units, stage, created, updated) "
+            "VALUES (?, ?, ?, ?, 'written', ?, ?)",
+            (work_key.hex(), step, counter, units, now, now),
+        )
+
+    def move(self, work_keys: Iterable[bytes], stage: str, *, tx: str | None = None, detail: str | None = None) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        now = time.time()
+        self.db.executemany(
+            "UPDATE files SET stage = ?, updated = ?, tx = COALESCE(?, tx), detail = COALESCE(?, detail) "
+            "WHERE work_key = ?",
+            [(stage, now, tx, detail, key.hex()) for key in work_keys],
+        )
+
+    def in_stage(self, *stages: str) -> list[FileRecord]:
+        marks = ",".join("?" * len(stages))
+        return self._records(f"WHERE stage IN ({marks}) ORDER BY created", stages)
+
+    def all(self) -> list[FileRecord]:
+        return self._records("ORDER BY created", ())
+
+    def get(self, work_key: bytes) -> FileRecord | None:
+        found = self._records("WHERE work_key = ?", (work_key.hex(),))
+        return found[0] if found else None
+
+    def counts(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT stage, COUNT(*) FROM files GROUP BY stage").fetchall()
+        return {stage: 0 for stage in STAGES} | dict(rows)
+
+    def _records(self, where: str, args: Sequence[object]) -> list[FileRecord]:
+        rows = self.db.execute(
+            f"SELECT work_key, step, counter, units, stage, created, updated, tx, detail FROM files {where}", args
+        ).fetchall()
+        return [FileRecord(bytes.fromhex(r[0]), *r[1:]) for r in rows]

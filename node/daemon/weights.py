@@ -1,0 +1,54 @@
+"""The policy a worker holds: the newest checkpoint it fetched through SHARDCAST, loaded, with its manifest hash."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from node.model.loading import LoadedModel, load_model
+from node.relay.client import fetch_checkpoint
+from node.relay.manifest import manifest_hash
+from node.relay.trust import TrustPolicy
+
+
+class Weights:
+    """Fetches a step's checkpoint (signature checked against the trainer) and keeps only the one in use."""
+
+    def __init__(
+        self,
+        root: Path,
+        sources: list[str],
+        policy: TrustPolicy,
+        *,
+        on_load: Callable[[LoadedModel], None] | None = None,
+    ) -> None:
+        self.root, self.sources, self.policy, self.on_load = root, sources, policy, on_load
+        self.step: int | None = None
+        self.loaded: LoadedModel | None = None
+        self.manifest_hash = b""
+
+    async def hold(self, step: int) -> LoadedModel:
+        if self.step == step and self.loaded is not None:
+            return self.loaded
+        hashes: list[bytes] = []
+        path = await fetch_checkpoint(
+            self.sources, self.policy, self.root, step=step, on_start=lambda m, _: hashes.append(manifest_hash(m))
+        )
+        sidecar = self.root / f"step_{step}.manifest-hash"  # a checkpoint already on disk was not fetched again
+        if hashes:
+            sidecar.write_text(hashes[0].hex())
+        self.manifest_hash = bytes.fromhex(sidecar.read_text().strip())
+        self.loaded = await asyncio.to_thread(load_model, path)
+        if self.on_load is not None:
+            self.on_load(self.loaded)
+        self.step = step
+        for old in self.root.glob("step_*"):  # keep only what is in use
+            if old.name in (f"step_{step}", f"step_{step}.manifest-hash"):
+                continue
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+        return self.loaded

@@ -1,0 +1,205 @@
+"""`prime-node start` as a process against anvil and a trainer in network mode: files generated, uploaded and
+submitted once each, through SIGKILL, SIGTERM and a transaction the journal never heard of."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from eth_account.signers.local import LocalAccount
+
+from ledger.accounts import dev_account
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+from ledger.events import EventFollower, WorkSubmitted
+from ledger.types import WorkStatus
+from node.model.tiny import init_model
+from node.rollouts import read_rollouts, work_units
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
+from helpers import fund_provider, make_pool, onboard
+
+TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Pool:
+    id: int
+    root: Path
+    node: LocalAccount
+    node_ledger: Ledger
+    provider: Ledger
+    owner: Ledger
+    coordinator: str
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def pool(tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deployment) -> Iterator[Pool]:
+    """A pool whose spec file names a trainer (network mode) started as a process, and one member node."""
+    owner, provider = ledger_for(0), ledger_for(1)
+    spec_file = tmp_path / "pool.toml"
+    pool_id = make_pool(owner, spec_uri=spec_file.as_uri())
+    node = dev_account(3)
+    node_ledger = onboard(owner, provider, node, pool_id)
+    deployment.save(tmp_path / "deployment.json")
+    model = init_model(tmp_path / "tiny", seed=0)
+    (tmp_path / "trainer.toml").write_text(
+        f"""[run]
+dir = "run"
+model = "{model}"
+task = "{TASK}"
+steps = 5
+threads = 1
+[coordinator]
+port = 0
+prompts_per_task = 2
+group_size = 4
+[shardcast]
+port = 0
+[pool]
+id = {pool_id}
+deployment = "deployment.json"
+"""
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "trainer.log").open("w"),
+        start_new_session=True,
+    )
+    try:
+        endpoints = tmp_path / "run" / "endpoints.json"
+        wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints")
+        assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()[-3000:]
+        urls = json.loads(endpoints.read_text())
+        spec_file.write_text(
+            f'coordinator = "{urls["coordinator"]}"\ncheckpoints = ["{urls["origin"]}"]\ntask = "{TASK}"\n'
+        )
+        yield Pool(pool_id, tmp_path, node, node_ledger, provider, owner, urls["coordinator"])
+    finally:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+
+
+def start(pool: Pool, *flags: str, dev_key: int = 3, log: str = "worker.log") -> subprocess.Popen[str]:
+    command = [
+        sys.executable, "-m", "node.cli.main", "start", "--pool", str(pool.id), "--dev-key", str(dev_key),
+        "--deployment", "deployment.json", "--state", f"state-{dev_key}", "--threads", "1", *flags,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=pool.root, stdout=subprocess.DEVNULL, stderr=(pool.root / log).open("w"), text=True
+    )
+
+
+def finish(pool: Pool, process: subprocess.Popen[str], log: str = "worker.log", timeout: float = 180) -> int:
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError((pool.root / log).read_text()[-3000:]) from None
+
+
+def journal(pool: Pool, dev_key: int = 3) -> dict[str, tuple[str, str | None]]:
+    """work key hex -> (stage, detail), read the way an operator's tool would, without the daemon's code."""
+    path = pool.root / f"state-{dev_key}" / "state.db"
+    if not path.exists():
+        return {}
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return {k: (s, d) for k, s, d in db.execute("SELECT work_key, stage, detail FROM files")}
+
+
+def submissions(pool: Pool) -> list[bytes]:
+    follower = EventFollower(pool.owner, pool_id=pool.id, events=("WorkSubmitted",))
+    return [e.work_key for e in follower.poll() if isinstance(e, WorkSubmitted)]
+
+
+def test_a_worker_generates_uploads_and_submits_each_file_once(pool: Pool) -> None:
+    process = start(pool, "--max-files", "2", "--submit-batch", "2", "--metrics-port", "0")
+    assert finish(pool, process) == 0, (pool.root / "worker.log").read_text()[-3000:]
+    files = journal(pool)
+    assert len(files) == 2 and {stage for stage, _ in files.values()} == {"submitted"}
+    assert sorted(submissions(pool)) == sorted(bytes.fromhex(k) for k in files)
+    for key in files:
+        work = pool.owner.get_work(pool.id, bytes.fromhex(key))
+        assert work.status == WorkStatus.PENDING and work.node == pool.node.address
+        served = urllib.request.urlopen(f"{pool.coordinator}/v1/rollouts/{key}", timeout=10).read()
+        assert hashlib.sha256(served).hexdigest() == key  # the coordinator holds what was submitted
+        assert work.units > 0
+    log = (pool.root / "worker.log").read_text()
+    assert "submitted 2 files in 0x" in log and "metrics at http://127.0.0.1:" in log
+
+
+def test_a_killed_worker_resumes_without_losing_or_resubmitting_a_file(pool: Pool) -> None:
+    process = start(pool, "--submit-batch", "50")  # uploads right away, submits only at the end
+    wait_for(lambda: sum(s == "uploaded" for s, _ in journal(pool).values()) >= 2, "two uploaded files")
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    before = journal(pool)
+    uploaded = sorted(k for k, (s, _) in before.items() if s == "uploaded")
+    assert not submissions(pool), "nothing was submitted before the kill"
+    # a crash right after a transaction, before the journal recorded it: the chain knows, the journal does not
+    sent_by_hand = bytes.fromhex(uploaded[0])
+    units = work_units(
+        read_rollouts(pool.root / "state-3" / "files" / f"{uploaded[0]}.parquet", max_bytes=1 << 26).rows
+    )
+    pool.node_ledger.submit_work(pool.id, sent_by_hand, units)
+
+    process = start(pool, "--max-files", "1", "--submit-batch", "1", log="worker-2.log")
+    assert finish(pool, process, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
+    after = journal(pool)
+    assert set(before) <= set(after) and len(after) == len(before) + 1
+    assert {stage for stage, _ in after.values()} == {"submitted"}
+    assert after[uploaded[0]][1] == "found on chain after a restart"
+    submitted = submissions(pool)
+    assert sorted(submitted) == sorted(bytes.fromhex(k) for k in after)  # every file once, none twice
+
+
+def test_sigterm_finishes_the_file_in_progress_and_submits_what_is_ready(pool: Pool) -> None:
+    process = start(pool, "--submit-batch", "50")
+    wait_for(lambda: len(journal(pool)) >= 1, "a first file")
+    process.send_signal(signal.SIGTERM)
+    assert finish(pool, process) == 0
+    files = journal(pool)
+    assert files and {stage for stage, _ in files.values()} == {"submitted"}
+    assert sorted(submissions(pool)) == sorted(bytes.fromhex(k) for k in files)
+    assert "stopped after" in (pool.root / "worker.log").read_text()
+
+
+def test_a_node_outside_the_pool_is_told_to_join_and_joins_with_the_flag(pool: Pool) -> None:
+    newcomer = dev_account(5)
+    fund_provider(pool.owner, pool.provider, 100)  # stake for a second node
+    pool.provider.add_node(newcomer)
+    refused = start(pool, "--max-files", "1", dev_key=5, log="newcomer.log")
+    assert finish(pool, refused, "newcomer.log") == 1
+    assert "is not a member of pool" in (pool.root / "newcomer.log").read_text()
+    joined = start(pool, "--max-files", "1", "--join", "--submit-batch", "1", dev_key=5, log="newcomer-2.log")
+    assert finish(pool, joined, "newcomer-2.log") == 0, (pool.root / "newcomer-2.log").read_text()[-3000:]
+    assert pool.owner.is_member(pool.id, newcomer.address)
+    assert [s for s, _ in journal(pool, dev_key=5).values()] == ["submitted"]
+
+
+def test_a_simulated_fault_needs_a_name_the_worker_knows(pool: Pool) -> None:
+    process = start(pool, "--simulate-fault", "lazy", log="fault.log")
+    assert finish(pool, process, "fault.log") == 1
+    assert "choose one of wrong-model, tamper-tokens, fake-reward, stale-step" in (pool.root / "fault.log").read_text()
