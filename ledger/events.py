@@ -199,3 +199,9 @@ class EventFollower:
             yield RewardsClaimed(
                 args["poolId"], to_checksum_address(args["provider"]), args["amount"], args["count"], at
             )
+
+
+def invalidations(ledger: Ledger, pool_id: int) -> dict[bytes, WorkInvalidated]:
+    """Every invalidation in the pool since the deployment, by work key."""
+    follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
+    return {e.work_key: e for e in follower.poll() if isinstance(e, WorkInvalidated)}

@@ -27,6 +27,12 @@ class Reason(IntEnum):
     PROOF_INVALID = 7
     FILE_UNAVAILABLE = 8
 
+    @classmethod
+    def label(cls, code: int) -> str:
+        """`proof_invalid (7)`; a code no validator should send reads `unknown (N)`."""
+        name = cls(code).name.lower() if code in cls._value2member_map_ else "unknown"
+        return f"{name} ({code})"
+
 
 @dataclass(frozen=True)
 class PoolConfig:

@@ -311,6 +311,14 @@ def _print_works(ledger: Ledger, pool: int, provider: str, tokens: Callable[[int
     config = ledger.pool(pool).config
     now = ledger.timestamp()
     works = provider_works(ledger, pool, provider)
+    from ledger.events import invalidations
+    from ledger.types import Reason
+
+    found = invalidations(ledger, pool) if any(w.status == WorkStatus.INVALIDATED for w in works) else {}
+    reasons = {
+        k: f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed"
+        for k, e in found.items()
+    }
     table = Table(
         "work key", "units", "submitted", "state", "reward", title=f"work in pool {pool}", title_justify="left"
     )
@@ -319,9 +327,11 @@ def _print_works(ledger: Ledger, pool: int, provider: str, tokens: Callable[[int
         state = work_state(work, config.challenge_window, now)
         reward = work.units * config.reward_per_unit
         totals[state] += reward
-        shown = (
-            f"pending until {format_time(work.submitted_at + config.challenge_window)}" if state == "pending" else state
-        )
+        shown = state
+        if state == "pending":
+            shown = f"pending until {format_time(work.submitted_at + config.challenge_window)}"
+        elif state == "invalidated":
+            shown = f"invalidated: {reasons.get(work.work_key, 'reason not found')}"
         table.add_row(
             "0x" + work.work_key.hex()[:12] + "…",
             str(work.units),

@@ -296,19 +296,15 @@ class WorkerDaemon:
         self._update_stage_gauge()
 
     async def _reason(self, work_key: bytes) -> str:
-        from ledger.events import EventFollower, WorkInvalidated
+        from ledger.cli.common import format_tokens
+        from ledger.events import invalidations
         from ledger.types import Reason
 
-        def find() -> str:
-            follower = EventFollower(self.ledger, pool_id=self.settings.pool_id, events=("WorkInvalidated",))
-            for event in follower.poll():
-                if isinstance(event, WorkInvalidated) and event.work_key == work_key:
-                    known = event.reason in {r.value for r in Reason}
-                    name = Reason(event.reason).name.lower() if known else "unknown"
-                    return f"{name} (reason {event.reason}), {event.slashed} slashed"
+        found = await asyncio.to_thread(invalidations, self.ledger, self.settings.pool_id)
+        event = found.get(work_key)
+        if event is None:
             return "invalidated"
-
-        return await asyncio.to_thread(find)
+        return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.ledger.decimals)} tokens slashed"
 
     def _invalidations_summary(self) -> str:
         bad = [r for r in self.state.all() if r.stage == "invalidated"]

@@ -293,6 +293,7 @@ def test_status_by_address_shows_stake_nodes_and_every_work_state(
     for work, state in [("claimed", "claimed"), ("claimable", "claimable"), ("invalid", "invalidated")]:
         assert re.search(rf"0x{key(work).hex()[:12]}.*\b{state}\b", out), (work, out)
     assert re.search(rf"0x{key('pending').hex()[:12]}.*pending until", out)
+    assert re.search(rf"0x{key('invalid').hex()[:12]}.*invalidated: proof_invalid \(7\), 50 tokens slashed", out), out
     assert "earned 0.3 tokens (claimed 0.1 tokens, claimable 0.2 tokens); at risk 0.4 tokens" in out
     assert "lost 0.3 tokens" in out
     assert result.stderr == ""  # read-only: no key, no warning

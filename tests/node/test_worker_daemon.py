@@ -203,3 +203,23 @@ def test_a_simulated_fault_needs_a_name_the_worker_knows(pool: Pool) -> None:
     process = start(pool, "--simulate-fault", "lazy", log="fault.log")
     assert finish(pool, process, "fault.log") == 1
     assert "choose one of wrong-model, tamper-tokens, fake-reward, stale-step" in (pool.root / "fault.log").read_text()
+
+
+def test_the_example_node_config_is_valid() -> None:
+    from node.cli.start import read_config
+
+    config = read_config(Path(__file__).resolve().parents[2] / "configs" / "node.toml")
+    assert config["submit_batch"] == 4 and config["claim"] is False and "state" not in config
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("[worker]\nbatch = 4\n", "worker.batch is not a setting"), ("[worker]\nclaim = 1\n", "must be a bool")],
+)
+def test_a_bad_node_config_names_the_field(tmp_path: Path, text: str, problem: str) -> None:
+    from ledger.cli.common import CommandError
+    from node.cli.start import read_config
+
+    (tmp_path / "node.toml").write_text(text)
+    with pytest.raises(CommandError, match=problem):
+        read_config(tmp_path / "node.toml")
