@@ -104,7 +104,7 @@ threads = 1
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of the RL run")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1, help="local workers (1 leaves the trainer a core)")
     parser.add_argument("--model", type=Path, help="start from this model instead of the cached SFT model")
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
