@@ -103,6 +103,11 @@ def start(
     submit_batch: Annotated[int | None, typer.Option(min=1, help="Files per submitWorkBatch.")] = None,
     metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve /metrics (0: any port).")] = None,
     max_files: Annotated[int | None, typer.Option(min=1, help="Stop after this many files.")] = None,
+    relay: Annotated[bool, typer.Option("--relay", help="Also serve the checkpoints this node holds.")] = False,
+    relay_port: Annotated[int, typer.Option(min=0, max=65535, help="The relay's port (0: any free one).")] = 0,
+    relay_host: Annotated[str, typer.Option(help="The relay's address; 0.0.0.0 to serve other machines.")] = (
+        "127.0.0.1"
+    ),
     simulate_fault: Annotated[
         str | None,
         typer.Option(
@@ -162,6 +167,8 @@ def start(
             fault=fault,
             max_files=_pick(max_files, config, "max_files", None),
             metrics_port=_pick(metrics_port, config, "metrics_port", None),
+            relay_host=relay_host,
+            relay_port=relay_port if relay else None,
         )
         torch_threads = _pick(threads, config, "threads", 0)
         if torch_threads:

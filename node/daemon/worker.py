@@ -11,6 +11,10 @@ One iteration (DESIGN section 1, steps 2 to 4):
 6. follow the chain: invalidations of its files (with the reason), and, when `claim` is on, claim the rewards
    of files whose challenge window has passed.
 
+With `relay_port` the node is also a SHARDCAST relay: it mirrors the pool's checkpoint sources into its state
+folder (every shard verified, only versions the pool's trainer signed) and serves them to other peers; its own
+fetches then read from that relay first.
+
 Everything is journaled in `node.daemon.state` before the next side effect, so a crash or a kill at any point
 loses no file that was written and submits none twice. SIGTERM or SIGINT finishes the file in progress, uploads
 and submits what is ready, and exits 0.
@@ -52,6 +56,7 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from ledger.client import Ledger
+    from node.relay.server import ShardServer
 
 log = logging.getLogger("node.worker")
 
@@ -80,6 +85,8 @@ class WorkerSettings:
     retry_seconds: float = 1.0  # wait after an unreachable coordinator or a failed iteration
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics server; 0: any free port
+    relay_host: str = "127.0.0.1"
+    relay_port: int | None = None  # None: no relay; else mirror the checkpoint sources and serve them here
 
     def __post_init__(self) -> None:
         if self.pool_id < 1 or self.batch_size < 1 or self.submit_batch < 1 or self.max_failures < 1:
@@ -142,8 +149,23 @@ class WorkerDaemon:
         source = open_source(spec)
         on_load = perturb_weights if settings.fault is Fault.WRONG_MODEL else None
         policy = TrustPolicy(domain, pool.config.trainer, settings.pool_id)
-        weights = Weights(settings.state_dir / "weights", list(settings.checkpoints), policy, on_load=on_load)
+        sources = list(settings.checkpoints)
+        relay = await self._start_relay(policy)
+        if relay is not None:
+            sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
+        weights = Weights(settings.state_dir / "weights", sources, policy, on_load=on_load)
         runner = await self._serve_metrics()
+        log.info(
+            "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s",
+            self.node,
+            settings.pool_id,
+            pool.config.trainer,
+            settings.coordinator,
+            ", ".join(settings.checkpoints),
+            spec.name,
+            settings.state_dir,
+            self.state.counts(),
+        )
         made, failures = 0, 0
         try:
             async with new_session() as session:
@@ -153,6 +175,12 @@ class WorkerDaemon:
                     try:
                         job = await coordinator.request_task()
                         loaded = await weights.hold(job.step)
+                        if self._held_step != job.step:
+                            log.info(
+                                "holding the policy of step %d (manifest 0x%s)",
+                                job.step,
+                                weights.manifest_hash.hex()[:12],
+                            )
                         self._held_step = job.step
                         work_key = await self._make_file(job, spec, source, loaded, weights.manifest_hash)
                         made += 1
@@ -185,6 +213,8 @@ class WorkerDaemon:
         finally:
             if runner is not None:
                 await runner.cleanup()
+            if relay is not None:
+                await self._stop_relay(relay)
         log.info("stopped after %d files; journal: %s", made, self.state.counts())
         return 0
 
@@ -313,6 +343,30 @@ class WorkerDaemon:
     def _update_stage_gauge(self) -> None:
         for stage, count in self.state.counts().items():
             self._stage.set(count, stage=stage)
+
+    # --- relay -------------------------------------------------------------------------------------
+
+    async def _start_relay(self, policy: TrustPolicy) -> tuple[str, ShardServer, asyncio.Task[None]] | None:
+        """With `relay_port`, mirrors the pool's checkpoint sources into the state folder and serves them on."""
+        if self.settings.relay_port is None:
+            return None
+        from node.relay.mirror import Mirror
+        from node.relay.server import ShardServer
+        from node.relay.store import ShardStore
+
+        server = ShardServer(ShardStore(self.settings.state_dir / "relay"), role="relay")
+        mirror = Mirror(server, list(self.settings.checkpoints), policy=policy, keep=self.settings.async_level + 2)
+        port = await server.start(self.settings.relay_host, self.settings.relay_port)
+        url = f"http://{self.settings.relay_host}:{port}"
+        log.info("relay on %s, mirroring %s", url, ", ".join(self.settings.checkpoints))
+        return url, server, asyncio.create_task(mirror.run())
+
+    async def _stop_relay(self, relay: tuple[str, ShardServer, asyncio.Task[None]]) -> None:
+        _, server, task = relay
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop()
 
     # --- /metrics -----------------------------------------------------------------------------------
 

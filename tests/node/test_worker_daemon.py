@@ -223,3 +223,14 @@ def test_a_bad_node_config_names_the_field(tmp_path: Path, text: str, problem: s
     (tmp_path / "node.toml").write_text(text)
     with pytest.raises(CommandError, match=problem):
         read_config(tmp_path / "node.toml")
+
+
+def test_a_worker_with_relay_serves_the_checkpoints_it_mirrors(pool: Pool) -> None:
+    process = start(pool, "--relay", "--submit-batch", "1", log="relay.log")
+    log = pool.root / "relay.log"
+    wait_for(lambda: "relay on http://" in log.read_text() and len(journal(pool)) >= 1, "the relay and a file")
+    url = log.read_text().split("relay on ", 1)[1].split(",", 1)[0]
+    listing = json.loads(urllib.request.urlopen(f"{url}/versions", timeout=10).read())
+    assert 0 in [v["step"] for v in listing["versions"]], listing  # step 0, mirrored from the trainer's origin
+    process.send_signal(signal.SIGTERM)
+    assert finish(pool, process, "relay.log") == 0
