@@ -32,6 +32,8 @@ from helpers import fund_provider, make_pool, onboard
 
 TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 
+VALIDATOR = 6
+
 pytestmark = pytest.mark.slow
 
 
@@ -44,6 +46,7 @@ class Pool:
     provider: Ledger
     owner: Ledger
     coordinator: str
+    deployment: Deployment
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
@@ -61,6 +64,7 @@ def pool(tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deploy
     pool_id = make_pool(owner, spec_uri=spec_file.as_uri())
     node = dev_account(3)
     node_ledger = onboard(owner, provider, node, pool_id)
+    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
     (tmp_path / "trainer.toml").write_text(
@@ -70,6 +74,9 @@ model = "{model}"
 task = "{TASK}"
 steps = 5
 threads = 1
+[data]
+async_level = 2
+rollouts_per_step = 8
 [coordinator]
 port = 0
 prompts_per_task = 2
@@ -96,7 +103,7 @@ deployment = "deployment.json"
         spec_file.write_text(
             f'coordinator = "{urls["coordinator"]}"\ncheckpoints = ["{urls["origin"]}"]\ntask = "{TASK}"\n'
         )
-        yield Pool(pool_id, tmp_path, node, node_ledger, provider, owner, urls["coordinator"])
+        yield Pool(pool_id, tmp_path, node, node_ledger, provider, owner, urls["coordinator"], deployment)
     finally:
         os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait()
@@ -234,3 +241,42 @@ def test_a_worker_with_relay_serves_the_checkpoints_it_mirrors(pool: Pool) -> No
     assert 0 in [v["step"] for v in listing["versions"]], listing  # step 0, mirrored from the trainer's origin
     process.send_signal(signal.SIGTERM)
     assert finish(pool, process, "relay.log") == 0
+
+
+def attest(pool: Pool, work_keys: list[bytes]) -> None:
+    """Accepts files as the pool's validator would, so that the trainer trains on them and moves on."""
+    import asyncio
+
+    from node.coordinator import CoordinatorClient
+    from node.relay.client import new_session
+    from node.signing import Attestation, SigningDomain
+
+    domain = SigningDomain(pool.deployment.chain_id, pool.deployment.address("ComputePool"))
+
+    async def send() -> None:
+        async with new_session() as session:
+            client = CoordinatorClient(session, pool.coordinator, dev_account(VALIDATOR), domain)
+            for key in work_keys:
+                await client.attest(Attestation(pool.id, key, True, 0))
+
+    asyncio.run(send())
+
+
+def test_files_that_left_the_window_expire_instead_of_being_submitted(pool: Pool) -> None:
+    process = start(pool, "--submit-batch", "50")  # uploads, keeps every file for one late batch
+    wait_for(lambda: sum(s == "uploaded" for s, _ in journal(pool).values()) >= 6, "six uploaded files")
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    held = sorted(journal(pool))
+    attest(pool, [bytes.fromhex(k) for k in held[:3]])  # the trainer trains steps 1 to 3, one file each
+    step = lambda: json.loads(urllib.request.urlopen(f"{pool.coordinator}/v1/step", timeout=10).read())["step"]  # noqa: E731
+    wait_for(lambda: step() >= 3, "the trainer's step 3")
+
+    process = start(pool, "--max-files", "1", "--submit-batch", "1", log="worker-2.log")
+    assert finish(pool, process, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
+    after = journal(pool)
+    expired = {k for k, (s, _) in after.items() if s == "expired"}
+    assert expired == set(held), after  # step 0 < 3 - 2: a validator would reject them as stale
+    assert all(after[k][1] == "step < 1 when submitting" for k in expired)
+    assert submissions(pool) == [bytes.fromhex(k) for k, (s, _) in after.items() if s == "submitted"]
+    assert "fell out of the window" in (pool.root / "worker-2.log").read_text()
