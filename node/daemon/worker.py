@@ -170,36 +170,32 @@ class WorkerDaemon:
         try:
             async with new_session() as session:
                 coordinator = CoordinatorClient(session, settings.coordinator, self.account, domain)
-                await self.flush(coordinator, force=True)  # what a previous run left written or uploaded
+                recovered = False  # what a previous run left written or uploaded goes first
                 while not self.stopping.is_set() and (settings.max_files is None or made < settings.max_files):
                     try:
+                        if not recovered:
+                            await self.flush(coordinator, force=True)
+                            recovered = True
                         job = await coordinator.request_task()
                         loaded = await weights.hold(job.step)
                         if self._held_step != job.step:
-                            log.info(
-                                "holding the policy of step %d (manifest 0x%s)",
-                                job.step,
-                                weights.manifest_hash.hex()[:12],
-                            )
+                            hash_hex = weights.manifest_hash.hex()[:12]
+                            log.info("holding the policy of step %d (manifest 0x%s)", job.step, hash_hex)
                         self._held_step = job.step
                         work_key = await self._make_file(job, spec, source, loaded, weights.manifest_hash)
                         made += 1
                         await self._upload(coordinator, work_key)
                         await self.flush(coordinator, force=False)
+                        await self.follow_chain()
                         failures = 0
                     except CoordinatorRefused as exc:
-                        if exc.code == "not_member" and await asyncio.to_thread(
-                            self.ledger.is_ejected, settings.pool_id, self.node
-                        ):
-                            log.error("ejected from pool %d: %s", settings.pool_id, self._invalidations_summary())
-                            return 1
-                        log.error("the coordinator refused: %s", exc)
+                        await self._explain_refusal(exc)
                         return 1
                     except (CoordinatorUnavailable, OSError) as exc:
                         self._failures.inc(kind="unreachable")
                         log.warning("coordinator unreachable, retrying: %s", exc)
                         await self._pause()
-                    except Exception as exc:  # a fetch that failed, a version pruned meanwhile: try again
+                    except Exception as exc:  # a fetch that failed, a version pruned meanwhile, an RPC error
                         failures += 1
                         self._failures.inc(kind="iteration")
                         if failures >= settings.max_failures:
@@ -207,9 +203,11 @@ class WorkerDaemon:
                             return 1
                         log.warning("retrying after: %s", exc)
                         await self._pause()
-                    await self.follow_chain()
-                await self.flush(coordinator, force=True)
-                await self.follow_chain(force=True)
+                try:
+                    await self.flush(coordinator, force=True)
+                    await self.follow_chain(force=True)
+                except Exception as exc:
+                    log.warning("stopping with files left to upload or submit; the next start does it: %s", exc)
         finally:
             if runner is not None:
                 await runner.cleanup()
@@ -335,6 +333,17 @@ class WorkerDaemon:
         if event is None:
             return "invalidated"
         return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.ledger.decimals)} tokens slashed"
+
+    async def _explain_refusal(self, exc: CoordinatorRefused) -> None:
+        ejected = exc.code == "not_member" and await asyncio.to_thread(
+            self.ledger.is_ejected, self.settings.pool_id, self.node
+        )
+        if not ejected:
+            log.error("the coordinator refused: %s", exc)
+            return
+        with contextlib.suppress(Exception):  # the reasons are a courtesy; the ejection is the news
+            await self.follow_chain(force=True)
+        log.error("ejected from pool %d: %s", self.settings.pool_id, self._invalidations_summary())
 
     def _invalidations_summary(self) -> str:
         bad = [r for r in self.state.all() if r.stage == "invalidated"]

@@ -280,3 +280,16 @@ def test_files_that_left_the_window_expire_instead_of_being_submitted(pool: Pool
     assert all(after[k][1] == "step < 1 when submitting" for k in expired)
     assert submissions(pool) == [bytes.fromhex(k) for k, (s, _) in after.items() if s == "submitted"]
     assert "fell out of the window" in (pool.root / "worker-2.log").read_text()
+
+
+def test_an_unreachable_coordinator_is_retried_until_sigterm(pool: Pool) -> None:
+    from ledger.chain import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    process = start(pool, "--coordinator", dead, log="dead.log")
+    log = pool.root / "dead.log"
+    wait_for(lambda: log.read_text().count("coordinator unreachable, retrying") >= 2, "two retries")
+    assert process.poll() is None  # a daemon waits out an outage
+    process.send_signal(signal.SIGTERM)
+    assert finish(pool, process, "dead.log") == 0
+    assert "stopped after 0 files" in log.read_text()
