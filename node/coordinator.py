@@ -38,6 +38,14 @@ class CoordinatorRefused(CoordinatorError):
 
 
 @dataclass(frozen=True)
+class PublishedStep:
+    """One entry of `GET /v1/steps`: `step` became the pool's current policy at `at` (unix seconds)."""
+
+    step: int
+    at: float
+
+
+@dataclass(frozen=True)
 class Upload:
     work_key: bytes
     created: bool  # False: the coordinator already held these exact bytes
@@ -77,6 +85,33 @@ class CoordinatorClient:
             raise CoordinatorUnavailable(f"/v1/step answered {answer!r}")
         return step
 
+    async def steps(self) -> list[PublishedStep]:
+        """The recent steps and when each became current, oldest first (a bounded history)."""
+        answer = await self._call("GET", "/v1/steps", signed=False)
+        try:
+            steps = [PublishedStep(_count(e["step"]), _seconds(e["at"])) for e in answer["steps"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CoordinatorUnavailable(f"/v1/steps answered an invalid history: {exc}") from None
+        return steps
+
+    async def download(self, work_key: bytes, max_bytes: int, *, timeout: float = 60.0) -> bytes | None:
+        """An uploaded file's bytes, None when the coordinator has no such file (404).
+
+        Reads at most `max_bytes + 1` bytes: enough for a size check to refuse a larger file without holding it all.
+        """
+        url = f"{self.url}/v1/rollouts/{work_key.hex()}"
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                if response.status == 404:
+                    return None
+                if response.status >= 500:
+                    raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
+                if response.status != 200:
+                    raise CoordinatorRefused(response.status, "http", f"GET {url} answered HTTP {response.status}")
+                return await response.content.read(max_bytes + 1)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise CoordinatorUnavailable(f"GET {url}: {exc or type(exc).__name__}") from exc
+
     async def request_task(self) -> Job:
         """The next assignment for this node; the coordinator chooses the step and the counter."""
         answer = await self._call("POST", "/v1/tasks", b"{}", signed=True)
@@ -111,3 +146,15 @@ class CoordinatorClient:
             }
         ).encode()
         await self._call("POST", "/v1/attestations", body, signed=True)
+
+
+def _count(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"not a step: {value!r:.40}")
+    return value
+
+
+def _seconds(value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ValueError(f"not a unix time: {value!r:.40}")
+    return float(value)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from aiohttp import web
+
 LabelKey = tuple[tuple[str, str], ...]
 
 
@@ -82,3 +84,20 @@ class Registry:
 
     def render(self) -> str:
         return "\n".join(line for m in self._metrics.values() for line in m.render()) + "\n"
+
+
+async def serve_metrics(registry: Registry, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """Serves `GET /metrics` for a daemon that has no HTTP server of its own, on `port` (0: any free one).
+
+    Returns the runner (call `cleanup()` to stop) and the URL it answers on.
+    """
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=registry.render(), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    return runner, f"http://{host}:{runner.addresses[-1][1]}/metrics"

@@ -3,6 +3,7 @@
 | route | who | what |
 |---|---|---|
 | `GET /v1/pool`, `GET /v1/step` | anyone | the pool's id, trainer and current policy step |
+| `GET /v1/steps` | anyone | when each recent step became current (validators judge staleness at submission time) |
 | `POST /v1/tasks` | signed, a pool member | the next assignment for the signing node |
 | `PUT /v1/rollouts/{sha256}` | signed, a pool member | upload a rollout file; content-addressed, idempotent |
 | `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators) |
@@ -21,13 +22,15 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 from eth_utils import is_checksum_address
 
+from node.coordinator import PublishedStep
 from node.metrics import Registry
 from node.rollouts.reader import read_rollouts
 from node.rollouts.schema import RolloutFormatError
@@ -45,6 +48,7 @@ from trainer.inbox import RolloutInbox
 from trainer.roles import Roles
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+STEP_HISTORY = 1024  # published steps `GET /v1/steps` remembers, newest last
 _AUTH_STATUS = {
     AuthFailure.MISSING_HEADER: 401,
     AuthFailure.MALFORMED_HEADER: 400,
@@ -75,12 +79,31 @@ class ApiConfig:
 
 @dataclass
 class PoolState:
-    """What the trainer publishes about itself; `step` moves as training goes."""
+    """What the trainer publishes about itself; `step` moves as training goes (through `publish`)."""
 
     pool_id: int
     trainer: str
     step: int = 0
     counters: dict[str, int] = field(default_factory=dict)  # next assignment counter per node
+    history: deque[PublishedStep] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+
+    def __post_init__(self) -> None:
+        self.history = deque(self.history, maxlen=STEP_HISTORY)
+
+    def remember(self, published: Iterable[PublishedStep]) -> None:
+        """Loads earlier publications (a restarted trainer's record), oldest first."""
+        for entry in published:
+            if not self.history or entry.step > self.history[-1].step:
+                self.history.append(entry)
+
+    def publish(self, step: int, at: float) -> PublishedStep | None:
+        """`step` is current from `at` on; returns the new record, or None for a step published before (a restart)."""
+        self.step = step
+        if self.history and self.history[-1].step >= step:
+            return None
+        entry = PublishedStep(step, round(at, 3))
+        self.history.append(entry)
+        return entry
 
 
 class ApiError(Exception):
@@ -121,6 +144,7 @@ class CoordinatorApi:
             [
                 web.get("/v1/pool", self._pool),
                 web.get("/v1/step", self._step),
+                web.get("/v1/steps", self._steps),
                 web.post("/v1/tasks", self._tasks),
                 web.put("/v1/rollouts/{sha256}", self._upload),
                 web.get("/v1/rollouts/{sha256}", self._download),
@@ -183,6 +207,9 @@ class CoordinatorApi:
 
     async def _step(self, request: web.Request) -> web.Response:
         return web.json_response({"step": self.state.step})
+
+    async def _steps(self, request: web.Request) -> web.Response:
+        return web.json_response({"steps": [{"step": e.step, "at": e.at} for e in self.state.history]})
 
     async def _tasks(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.config.max_json_bytes)

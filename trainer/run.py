@@ -26,12 +26,13 @@ from aiohttp import web
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from node.coordinator import PublishedStep
 from node.model.loading import load_model
 from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
-from trainer.api import CoordinatorApi, PoolState
+from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState
 from trainer.config import RunConfig
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner
@@ -153,6 +154,29 @@ class LocalWorkers:
                 process.wait()
 
 
+def load_published(path: Path) -> list[PublishedStep]:
+    """The last STEP_HISTORY lines of `steps.jsonl`: when each step became current, across restarts."""
+    entries: list[PublishedStep] = []
+    with contextlib.suppress(FileNotFoundError), path.open(encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+                entries.append(PublishedStep(int(record["step"]), float(record["at"])))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a crash
+    return entries[-STEP_HISTORY:]
+
+
+def publish_step(state: PoolState, step: int, path: Path) -> None:
+    """Makes `step` current now, recording when in `path` (validators judge a file's staleness by this time)."""
+    entry = state.publish(step, time.time())
+    if entry is not None:
+        with path.open("a", encoding="utf-8") as log_file:
+            log_file.write(json.dumps({"step": entry.step, "at": entry.at}) + "\n")
+            log_file.flush()
+            os.fsync(log_file.fileno())
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     import torch
@@ -209,6 +233,8 @@ async def run_training(
         for node, counter in saved.items():
             loop.assignment_counters[node] = max(loop.assignment_counters.get(node, 0), int(counter))
     state = PoolState(network.pool_id, network.account.address, learner.step, dict(loop.assignment_counters))
+    steps_file = config.run_dir / "steps.jsonl"
+    state.remember(load_published(steps_file))
 
     def persist_counter(node: str, counter: int) -> None:
         loop.assignment_counters[node] = counter + 1
@@ -255,6 +281,7 @@ async def run_training(
     started = time.monotonic()
     try:
         await origin.publish(paths.checkpoint(learner.step), learner.step)
+        publish_step(state, learner.step, steps_file)
         log.info("coordinator on %s, origin on %s, policy step %d", api_url, origin_url, learner.step)
         endpoints = {"coordinator": api_url, "origin": origin_url, "trainer": network.account.address}
         (config.run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
@@ -278,7 +305,7 @@ async def run_training(
                 idle = time.monotonic() - waited
                 record = await asyncio.to_thread(loop.train, selection.files, idle_seconds=idle)
                 await origin.publish(paths.checkpoint(learner.step), learner.step)
-                state.step = learner.step
+                publish_step(state, learner.step, steps_file)
                 last.clear()
                 last.update(record)
                 if on_step is not None:

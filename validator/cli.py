@@ -1,9 +1,10 @@
-"""`prime-validate`: verify rollout files offline and print the verdict as JSON.
+"""`prime-validate`: verify rollout files offline, run the validator daemon, list what it rejected.
 
-Thin: parse flags, load the task and the checkpoint, call `validator.verify.verify_file`, print. Exit codes:
-0 accepted, 1 rejected, 2 bad input (a missing file or directory, a bad task spec, an unloadable
-checkpoint, a malformed flag) with one line on stderr. torch and the node package's heavy modules load
-after the arguments are parsed, so `prime-validate --help` stays instant.
+Thin: parse flags, call `validator.verify.verify_file` or `validator.daemon.ValidatorDaemon`, print.
+`prime-validate file` exits 0 accepted, 1 rejected, 2 bad input (a missing file or directory, a bad task spec,
+an unloadable checkpoint, a malformed flag) with one line on stderr. `run` and `rejections` exit 0, or 1 with
+one line on stderr (a key, deployment, pool spec or state folder that does not fit). torch and the node
+package's heavy modules load after the arguments are parsed, so `prime-validate --help` stays instant.
 """
 
 from __future__ import annotations
@@ -12,21 +13,38 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
 
 from ledger.cli.common import (
+    DEFAULT_DEPLOYMENT,
     KNOWN_ERRORS,
+    CommandError,
+    DeploymentOption,
+    DevKeyOption,
+    JsonOption,
+    KeystoreOption,
+    RpcUrlOption,
+    configure_daemon_logging,
     configure_logging,
     debug_enabled,
     one_line,
     parse_address,
     parse_bytes32,
+    print_json,
     stderr_console,
+    stdout_console,
 )
+from node.cli.errors import node_cli_errors
 from node.errors import NodeError
+
+if TYPE_CHECKING:
+    from ledger.client import Ledger
+    from node.proofs import ProofThresholds
+    from validator.daemon import PoolSetup
+    from validator.store import WorkRow
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 # What a person fixes by changing the input: missing files, bad flags, a bad spec or checkpoint.
@@ -35,7 +53,7 @@ BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (*KNOWN_ERRORS, NodeError)
 app = typer.Typer(
     name="prime-validate",
     no_args_is_help=True,
-    help="Verify rollout files: format, assignment, step, sampling, rewards and TOPLOC proofs (DESIGN section 7).",
+    help="Verify rollout files (DESIGN section 7), offline or as the validator daemon of a pool.",
 )
 
 
@@ -46,7 +64,7 @@ class ThresholdPreset(StrEnum):
 
 @app.callback()
 def main() -> None:
-    """Verify rollout files: format, assignment, step, sampling, rewards and TOPLOC proofs (DESIGN section 7)."""
+    """Verify rollout files (DESIGN section 7), offline or as the validator daemon of a pool."""
     configure_logging()
 
 
@@ -105,7 +123,7 @@ def file_command(
         from validator.config import ValidatorConfig
         from validator.verify import Expected, verify_file
 
-        preset = ProofThresholds.cpu_fp32() if thresholds is ThresholdPreset.CPU_FP32 else ProofThresholds.gpu_bf16()
+        preset = _preset(thresholds)
         limits = ProofThresholds(
             max_exp_mismatches=preset.max_exp_mismatches if max_exp_mismatches is None else max_exp_mismatches,
             max_mant_err_mean=preset.max_mant_err_mean if max_mant_mean is None else max_mant_mean,
@@ -123,10 +141,175 @@ def file_command(
     raise typer.Exit(EXIT_ACCEPTED if verdict.accepted else EXIT_REJECTED)
 
 
+def _preset(thresholds: ThresholdPreset) -> ProofThresholds:
+    from node.proofs import ProofThresholds
+
+    return ProofThresholds.cpu_fp32() if thresholds is ThresholdPreset.CPU_FP32 else ProofThresholds.gpu_bf16()
+
+
 def _read_bounded(path: Path, max_bytes: int) -> bytes:
     """At most max_bytes + 1 bytes: enough for the size check to refuse a larger file without reading it all."""
     with path.open("rb") as handle:
         return handle.read(max_bytes + 1)
+
+
+@app.command("run")
+def run_command(
+    pool: Annotated[int, typer.Option("--pool", min=1, metavar="N", help="The pool to validate.")],
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    state: Annotated[
+        Path | None, typer.Option("--state", metavar="DIR", help="Cursor, verdicts and checkpoints (restart-safe).")
+    ] = None,
+    coordinator: Annotated[
+        str | None, typer.Option("--coordinator", metavar="URL", help="Override the pool spec's.")
+    ] = None,
+    checkpoints: Annotated[
+        list[str] | None, typer.Option("--checkpoints", metavar="URL", help="Checkpoint source (repeat).")
+    ] = None,
+    task: Annotated[Path | None, typer.Option("--task", metavar="SPEC", help="Override the pool spec's.")] = None,
+    async_level: Annotated[
+        int | None, typer.Option("--async-level", min=0, metavar="K", help="Steps a file may lag (spec's, else 2).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", min=0, max=65535, metavar="P", help="Serve /metrics (0: any).")
+    ] = None,
+    grace: Annotated[
+        float, typer.Option("--grace", min=0.001, metavar="SECONDS", help="Wait for an upload before reason 8.")
+    ] = 600.0,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, metavar="SECONDS", help="Between chain reads.")] = 2.0,
+    thresholds: Annotated[
+        ThresholdPreset, typer.Option("--thresholds", help="TOPLOC limits for the device class.")
+    ] = ThresholdPreset.CPU_FP32,
+) -> None:
+    """Validate pool N: verify each submitted file, attest, invalidate the bad ones on chain; runs until stopped."""
+    configure_daemon_logging()
+    with node_cli_errors():
+        import asyncio
+        import signal
+
+        from ledger.cli.common import open_ledger
+        from validator.config import ValidatorConfig
+        from validator.daemon import ValidatorDaemon
+
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        account = ledger.account
+        assert account is not None  # open_ledger requires a signer
+        setup, spec_async_level = _pool_setup(ledger, pool, coordinator, checkpoints, task)
+        config = ValidatorConfig(
+            async_level=spec_async_level if async_level is None else async_level,
+            thresholds=_preset(thresholds),
+            grace_seconds=grace,
+            poll_seconds=poll,
+        )
+        default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}"
+        state_dir = (state or default_state / f"validator-{account.address}").expanduser()
+
+        async def main() -> None:
+            daemon = ValidatorDaemon(ledger, setup, config, state_dir, metrics_port=metrics_port)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, daemon.stopping.set)
+            await daemon.run()
+
+        asyncio.run(main())
+
+
+def _pool_setup(
+    ledger: Ledger, pool: int, coordinator: str | None, checkpoints: list[str] | None, task: Path | None
+) -> tuple[PoolSetup, int]:
+    """Where the pool's parts are: the flags, else the pool spec at the pool's specURI; and its async level."""
+    from node.pool_spec import load_pool_spec
+    from node.tasks.spec import load_task_spec
+    from validator.daemon import PoolSetup
+
+    info = ledger.pool(pool)
+    async_level = 2
+    if coordinator is None or not checkpoints or task is None:
+        spec = load_pool_spec(info.config.spec_uri)
+        coordinator = coordinator or spec.coordinator
+        checkpoints = checkpoints or list(spec.checkpoints)
+        task_spec = load_task_spec(task) if task is not None else spec.task()
+        async_level = spec.async_level
+    else:
+        task_spec = load_task_spec(task)
+    setup = PoolSetup(
+        pool_id=pool,
+        trainer=info.config.trainer,
+        coordinator=_http_url(coordinator, "--coordinator"),
+        checkpoints=tuple(_http_url(url, "--checkpoints") for url in checkpoints),
+        task=task_spec,
+    )
+    return setup, async_level
+
+
+def _http_url(text: str, flag: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
+        raise CommandError(f"{flag}: expected an http:// or https:// URL, got {text!r}")
+    return text.rstrip("/")
+
+
+@app.command("rejections")
+def rejections_command(
+    state: Annotated[Path, typer.Option("--state", metavar="DIR", help="The validator's state folder.")],
+    json_output: JsonOption = False,
+) -> None:
+    """List the files this validator rejected: work key, node, reason, detail, and the invalidation."""
+    with node_cli_errors():
+        from validator.store import ValidatorStore
+
+        store = ValidatorStore.open_existing(state)
+        try:
+            rows = store.rejections()
+        finally:
+            store.close()
+    if json_output:
+        print_json([_rejection(row) for row in rows])
+        return
+    from rich.table import Table
+
+    # hashes as the daemon's log writes them (--json has them whole); detail and notes wrap
+    table = Table(title=f"{len(rows)} rejected files, pool {store.pool_id}", title_justify="left")
+    for column in ("work key", "node", "reason"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("detail", min_width=24)
+    table.add_column("invalidation", min_width=18)
+    for row in rows:
+        record = _rejection(row)
+        reason = f"{record['reason_name']} ({row.reason})"
+        table.add_row(_short(record["work_key"]), row.node, reason, row.detail or "", _invalidation(row))
+    stdout_console().print(table)
+
+
+def _rejection(row: WorkRow) -> dict[str, Any]:
+    from ledger.types import Reason
+
+    known = {r.value: r.name.lower() for r in Reason}
+    return {
+        "work_key": "0x" + row.work_key.hex(),
+        "node": row.node,
+        "units": row.units,
+        "block": row.block,
+        "stage": row.stage,
+        "reason": row.reason,
+        "reason_name": known.get(row.reason, "unknown") if row.reason is not None else "unknown",
+        "check": row.check,
+        "detail": row.detail,
+        "invalidation_tx": row.tx_hash,
+        "note": row.note,
+    }
+
+
+def _invalidation(row: WorkRow) -> str:
+    if row.tx_hash:
+        return f"tx {_short(row.tx_hash)}"
+    return row.note or "pending"
+
+
+def _short(hex_hash: str) -> str:
+    return hex_hash[:14] + "…"
 
 
 if __name__ == "__main__":

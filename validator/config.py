@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from node.errors import NodeError
 from node.proofs import ProofThresholds
 from node.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
+from validator.errors import ValidatorError
 
 MAX_ASYNC_LEVEL = 1 << 16
 MAX_FILE_BYTES = 1 << 30  # no pool should accept more than this per upload
 MAX_PREFILL_BATCH = 1024
+MAX_GRACE_SECONDS = 7 * 24 * 3600
 
 
-class ValidatorConfigError(NodeError, ValueError):
+class ValidatorConfigError(ValidatorError, ValueError):
     """A validator setting is out of its range; names the field, the value and the rule."""
 
     def __init__(self, name: str, value: object, rule: str) -> None:
@@ -53,6 +54,15 @@ class ValidatorConfig:
     max_rows: int = DEFAULT_MAX_ROWS  # rows per file, >= 1
     max_tokens: int = DEFAULT_MAX_TOKENS  # list values per file (prompt + output tokens + log-probs), >= 1
     prefill_batch_size: int = 8  # rows recomputed per forward pass, in [1, MAX_PREFILL_BATCH]
+    # The daemon (`prime-validate run`).
+    # Seconds a submitted file may stay missing from the coordinator (counted from when this validator first saw
+    # the submission, across restarts) before it is invalidated as unavailable (reason 8), in (0, MAX_GRACE_SECONDS].
+    grace_seconds: float = 600.0
+    poll_seconds: float = 2.0  # between looks at the chain for new submissions, in (0, 3600]
+    checkpoints_kept: int = 3  # checkpoints held loaded, the least recently used dropped first, in [1, 64]
+    # Seconds the trainer's clock may run ahead of block timestamps when mapping a submission to the pool's step
+    # (GET /v1/steps), in [0, 3600]: erring late only widens the window an honest file is judged by.
+    clock_slack: float = 60.0
 
     def __post_init__(self) -> None:
         if not (_is_int(self.async_level) and 0 <= self.async_level <= MAX_ASYNC_LEVEL):
@@ -72,3 +82,11 @@ class ValidatorConfig:
             raise ValidatorConfigError(
                 "prefill_batch_size", self.prefill_batch_size, f"an integer in [1, {MAX_PREFILL_BATCH}]"
             )
+        if not (_is_number(self.grace_seconds) and 0 < self.grace_seconds <= MAX_GRACE_SECONDS):
+            raise ValidatorConfigError("grace_seconds", self.grace_seconds, f"a number in (0, {MAX_GRACE_SECONDS}]")
+        if not (_is_number(self.poll_seconds) and 0 < self.poll_seconds <= 3600):
+            raise ValidatorConfigError("poll_seconds", self.poll_seconds, "a number in (0, 3600]")
+        if not (_is_int(self.checkpoints_kept) and 1 <= self.checkpoints_kept <= 64):
+            raise ValidatorConfigError("checkpoints_kept", self.checkpoints_kept, "an integer in [1, 64]")
+        if not (_is_number(self.clock_slack) and 0 <= self.clock_slack <= 3600):
+            raise ValidatorConfigError("clock_slack", self.clock_slack, "a number in [0, 3600]")

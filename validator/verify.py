@@ -25,6 +25,9 @@ from validator.config import ValidatorConfig
 from validator.verdict import Verdict, accept
 
 T = TypeVar("T")
+# The checkpoint of the file's policy step: the model itself, or a function of the step that returns it, called
+# only once the file passed every check that does not need the model (a daemon fetches it on demand).
+CheckpointFor = LoadedModel | Callable[[int], LoadedModel]
 
 
 @dataclass(frozen=True)
@@ -64,16 +67,16 @@ def verify_file(
     data: bytes,
     *,
     spec: TaskSpec,
-    checkpoint: LoadedModel,
+    checkpoint: CheckpointFor,
     config: ValidatorConfig | None = None,
     expected: Expected | None = None,
     source: TaskSource | None = None,
 ) -> Verdict:
-    """The verdict on one file's bytes. `checkpoint` holds the weights of the file's policy step.
+    """The verdict on one file's bytes. `checkpoint` holds the weights of the file's policy step, or gives them.
 
     `source` is the task's opened problem source (opened from `spec` when None; a daemon opens it once).
     A bad file never raises: it gets a rejecting verdict. Only validator-side failures raise (a task source
-    whose scorer cannot run, say the code sandbox without Docker).
+    whose scorer cannot run, say the code sandbox without Docker; a checkpoint that cannot be had).
     """
     config = config or ValidatorConfig()
     expected = expected or Expected()
@@ -85,7 +88,7 @@ def verify_file(
 def _run_checks(
     data: bytes,
     spec: TaskSpec,
-    checkpoint: LoadedModel,
+    checkpoint_for: CheckpointFor,
     config: ValidatorConfig,
     expected: Expected,
     source: TaskSource | None,
@@ -114,6 +117,7 @@ def _run_checks(
     step = rows[0].step  # the metadata check made every row's step equal
     if verdict := timer.run(checks.STEP, lambda: checks.check_step(step, expected.current_step, config.async_level)):
         return verdict
+    checkpoint = checkpoint_for if isinstance(checkpoint_for, LoadedModel) else checkpoint_for(step)
     task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))
     plan = timer.run(
         checks.ASSIGNMENT, lambda: checks.assigned_plan(rows, meta, step, spec, task, checkpoint.tokenizer)

@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import replace
 from typing import Any
 
-from conftest import TOKEN
 from eth_account.signers.local import LocalAccount
 from eth_utils import is_address, to_checksum_address
 from web3.logs import DISCARD
@@ -16,6 +15,7 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
 from ledger.types import PoolConfig
+from tests.conftest import TOKEN  # not `conftest`: a test folder with its own conftest.py shadows that name
 
 DEFAULT_POOL = PoolConfig(
     name="test-pool",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import pytest
 
-from node.metrics import Metric, Registry
+from node.metrics import Metric, Registry, serve_metrics
 
 
 def test_render_writes_help_and_type_before_each_family_in_registration_order() -> None:
@@ -108,3 +111,18 @@ def test_duplicate_metric_names_are_refused_whatever_their_kind() -> None:
 def test_metric_kind_must_be_counter_or_gauge() -> None:
     with pytest.raises(ValueError, match="counter or gauge"):
         Metric("h", "histogram", "Not supported.")
+
+
+def test_serve_metrics_answers_the_registry_on_a_free_port() -> None:
+    async def scenario() -> str:
+        registry = Registry()
+        registry.counter("served_total", "Requests served.").inc(2)
+        runner, url = await serve_metrics(registry, "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url) as response:
+                assert response.status == 200 and response.content_type == "text/plain"
+                return await response.text()
+        finally:
+            await runner.cleanup()
+
+    assert "served_total 2" in asyncio.run(scenario()).splitlines()

@@ -17,11 +17,13 @@ import pytest
 from aiohttp import web
 from eth_account import Account
 
+from node.coordinator import CoordinatorClient, PublishedStep
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
 from node.signing import Attestation, SigningDomain, sign, sign_request
-from trainer.api import ApiConfig, CoordinatorApi, PoolState
+from trainer.api import STEP_HISTORY, ApiConfig, CoordinatorApi, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.roles import StaticRoles
+from trainer.run import load_published, publish_step
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 POOL = 4
@@ -246,3 +248,34 @@ def test_a_bad_upload_name_is_refused(tmp_path: Path, path: str) -> None:
         assert (reply.status, reply.body["error"]) == (400, "bad_name")
 
     run(tmp_path, scenario)
+
+
+def test_steps_lists_when_each_step_became_current_and_the_client_reads_it(tmp_path: Path) -> None:
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        for step, at in ((0, 1000.0), (1, 1060.5), (2, 1130.25)):
+            api.state.publish(step, at)
+        assert api.state.publish(2, 9999.0) is None  # a restart republishing a step keeps its first time
+        reply = await client.send("GET", "/v1/steps", signer=None)
+        assert reply.status == 200
+        assert reply.body == {
+            "steps": [{"step": 0, "at": 1000.0}, {"step": 1, "at": 1060.5}, {"step": 2, "at": 1130.25}]
+        }
+        steps = await CoordinatorClient(client.session, client.url, WORKER, DOMAIN).steps()
+        assert steps == [PublishedStep(0, 1000.0), PublishedStep(1, 1060.5), PublishedStep(2, 1130.25)]
+        assert (await client.send("GET", "/v1/step", signer=None)).body == {"step": 2}
+
+    run(tmp_path, scenario)
+
+
+def test_the_step_history_is_bounded_and_survives_a_restart(tmp_path: Path) -> None:
+    state = PoolState(pool_id=POOL, trainer=TRAINER.address)
+    record = tmp_path / "steps.jsonl"
+    for step in range(STEP_HISTORY + 5):
+        publish_step(state, step, record)
+    assert len(state.history) == STEP_HISTORY and state.history[0].step == 5
+    with record.open("a") as cut:
+        cut.write('{"step": 99')  # a line cut by a crash is skipped
+    restarted = PoolState(pool_id=POOL, trainer=TRAINER.address)
+    restarted.remember(load_published(record))
+    publish_step(restarted, STEP_HISTORY + 4, record)  # the trainer resumes at its last step: same time as before
+    assert list(restarted.history) == list(state.history)

@@ -132,6 +132,10 @@ def test_verdict_json_has_reason_code_name_evidence_and_timings() -> None:
         {"max_tokens": 1.5},
         {"prefill_batch_size": 0},
         {"thresholds": (8, 0.1, 1.0)},
+        {"grace_seconds": 0},
+        {"poll_seconds": float("nan")},
+        {"checkpoints_kept": 0},
+        {"clock_slack": -1.0},
     ],
     ids=lambda changes: next(iter(changes)),
 )

@@ -1,0 +1,131 @@
+"""The validator daemon's parts that need no chain: its SQLite progress, the step rule, retries, stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger.types import Reason
+from node.coordinator import PublishedStep
+from validator.errors import ValidatorStateError
+from validator.store import (
+    ATTESTED,
+    INVALIDATED,
+    SEEN,
+    UNAVAILABLE,
+    UNVERIFIABLE,
+    VERIFIED,
+    Submission,
+    ValidatorStore,
+)
+from validator.timing import Stopped, interruptible, retry_delay, step_at
+from validator.verdict import accept, reject
+
+NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
+VALIDATOR = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+LEDGER = "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9"
+
+
+def key(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+def submission(label: str, block: int, log_index: int = 0) -> Submission:
+    return Submission(1, key(label), NODE, 100, block, log_index, 1_700_000_000 + block)
+
+
+def open_store(state: Path, pool_id: int = 1, validator: str = VALIDATOR) -> ValidatorStore:
+    return ValidatorStore.open(state, chain_id=31337, work_ledger=LEDGER, pool_id=pool_id, validator=validator)
+
+
+def test_submissions_and_the_cursor_are_recorded_together_and_survive_a_reopen(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    assert store.cursor(default=7) == 7
+    assert store.record([submission("b", 12), submission("a", 10, 3)], next_block=13) == 2
+    assert store.record([submission("a", 10, 3)], next_block=14) == 0  # seen before: not a second row
+    store.close()
+    store = open_store(tmp_path)
+    assert store.cursor(default=7) == 14
+    first = store.due(now=2e9)
+    assert first is not None and (first.work_key, first.stage, first.block) == (key("a"), SEEN, 10)
+    assert store.counts()[SEEN] == 2
+
+
+def test_a_failed_attempt_waits_and_a_row_moves_through_its_stages(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.record([submission("a", 10), submission("b", 11)], next_block=12)
+    store.retry_later(key("a"), 60.0, "the coordinator does not have the file yet")
+    row = store.due(now=time.time())  # "a" waits a minute: "b" comes first although it is younger
+    assert row is not None and row.work_key == key("b")
+    waiting = store.get(key("a"))
+    assert waiting is not None and waiting.attempts == 1 and waiting.last_error is not None
+    assert store.next_due_at() is not None
+
+    store.record_verdict(key("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0"))
+    verified = store.get(key("b"))
+    assert verified is not None and (verified.stage, verified.accepted, verified.reason) == (VERIFIED, False, 6)
+    store.move(key("b"), ATTESTED)
+    assert store.open_count() == 2  # an attested rejection still has its invalidation to go
+    store.move(key("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
+    assert [r.work_key for r in store.rejections()] == [key("b")]
+    assert store.rejections()[0].tx_hash == "0x" + "ab" * 32
+
+    store.record_verdict(key("a"), accept("fine"))
+    store.move(key("a"), ATTESTED)
+    assert store.open_count() == 0 and store.due(now=2e9) is None
+
+
+def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.record([submission("late", 10), submission("gone", 11)], next_block=12)
+    store.record_verdict(key("late"), reject(Reason.FILE_UNAVAILABLE, "download", "missing"), stage=UNAVAILABLE)
+    store.move(key("late"), ATTESTED, note="the challenge window closed")
+    store.move(key("gone"), UNVERIFIABLE, note="the checkpoint of step 3 is gone")
+    assert store.open_count() == 0
+    assert store.counts() == {
+        SEEN: 0, VERIFIED: 0, ATTESTED: 1, INVALIDATED: 0, UNVERIFIABLE: 1, UNAVAILABLE: 0
+    }  # fmt: skip
+
+
+def test_a_state_folder_of_another_pool_or_validator_is_refused(tmp_path: Path) -> None:
+    open_store(tmp_path).close()
+    with pytest.raises(ValidatorStateError, match="pool_id 1, not 2"):
+        open_store(tmp_path, pool_id=2)
+    with pytest.raises(ValidatorStateError, match="validator"):
+        open_store(tmp_path, validator=NODE)
+    with pytest.raises(ValidatorStateError, match="holds no validator state"):
+        ValidatorStore.open_existing(tmp_path / "elsewhere")
+    assert ValidatorStore.open_existing(tmp_path).pool_id == 1
+
+
+def test_the_step_at_submission_is_the_newest_published_by_then() -> None:
+    history = [PublishedStep(0, 1000.0), PublishedStep(1, 1100.0), PublishedStep(2, 1200.0)]
+    assert step_at(history, 1150, slack=0) == 1  # a backlog judged by then, not by now (step 2)
+    assert step_at(history, 1100, slack=0) == 1
+    assert step_at(history, 1099, slack=0) == 0
+    assert step_at(history, 1195, slack=10) == 2  # the trainer's clock may run a little ahead of the chain's
+    assert step_at(history, 999, slack=0) is None  # older than the history: unknown
+    assert step_at([], 5000, slack=60) is None
+
+
+def test_retries_back_off_up_to_half_a_minute() -> None:
+    assert [retry_delay(n) for n in (0, 1, 2, 5, 100)] == [1.0, 2.0, 4.0, 30.0, 30.0]
+
+
+def test_interruptible_work_returns_raises_or_is_dropped_when_stopping() -> None:
+    async def scenario() -> float:
+        stopping = asyncio.Event()
+        assert await interruptible(lambda: 41 + 1, stopping) == 42
+        with pytest.raises(ZeroDivisionError):
+            await interruptible(lambda: 1 / 0, stopping)
+        asyncio.get_running_loop().call_later(0.1, stopping.set)
+        started = time.monotonic()
+        with pytest.raises(Stopped):
+            await interruptible(lambda: time.sleep(5), stopping)  # a long verification: not waited for
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 2

@@ -1,0 +1,79 @@
+"""The checkpoints a validator holds: a few recent steps, loaded, fetched through SHARDCAST on demand (LRU).
+
+A file is verified with the checkpoint of the step its rows claim. Fetching goes through the pool's sources
+(origin and relays) with the trainer's signature checked (`node.relay.client.fetch_checkpoint`). When a step
+cannot be fetched, it matters why: if every source answered and none offers the step, the trainer has pruned it
+and files of that step can never be verified here (`CheckpointGone`: not the worker's fault, never slashed);
+anything else (a source down, a bad shard) is worth another try later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from node.model.loading import LoadedModel, load_model
+from node.relay import DownloadFailed, SourceError
+from node.relay.client import STEP_DIR_PREFIX, Source, fetch_checkpoint, list_versions, new_session
+from node.relay.trust import TrustPolicy
+from validator.errors import CheckpointGone
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoints:
+    """Up to `keep` checkpoints loaded in memory (float32, CPU), the least recently used dropped first."""
+
+    def __init__(self, root: Path, sources: Sequence[str], policy: TrustPolicy, *, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.root, self.sources, self.policy, self.keep = root, list(sources), policy, keep
+        self._loaded: OrderedDict[int, LoadedModel] = OrderedDict()
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps held, least recently used first."""
+        return list(self._loaded)
+
+    async def get(self, step: int) -> LoadedModel:
+        """The checkpoint of `step`; raises `CheckpointGone`, or `RelayError` when a later try may succeed."""
+        if step in self._loaded:
+            self._loaded.move_to_end(step)
+            return self._loaded[step]
+        path = self.root / f"{STEP_DIR_PREFIX}{step}"
+        if not path.is_dir():  # fetch_checkpoint publishes a step's directory only after every byte verified
+            try:
+                path = await fetch_checkpoint(self.sources, self.policy, self.root, step=step)
+            except DownloadFailed:
+                if await self._gone(step):
+                    raise CheckpointGone(step, self.sources) from None
+                raise
+            log.info("fetched the checkpoint of step %d", step)
+        self._loaded[step] = await asyncio.to_thread(load_model, path, dtype=torch.float32)
+        while len(self._loaded) > self.keep:
+            old, _ = self._loaded.popitem(last=False)
+            shutil.rmtree(self.root / f"{STEP_DIR_PREFIX}{old}", ignore_errors=True)
+        return self._loaded[step]
+
+    async def _gone(self, step: int) -> bool:
+        """Whether every source answered its version list and none lists `step`."""
+        async with new_session() as session:
+            listings = await asyncio.gather(
+                *(list_versions(session, Source(url)) for url in self.sources), return_exceptions=True
+            )
+        for url, listing in zip(self.sources, listings, strict=True):
+            if isinstance(listing, SourceError):
+                log.warning("cannot tell whether step %d is gone: %s", step, listing)
+                return False
+            if isinstance(listing, BaseException):
+                raise listing
+            if step in listing.steps:
+                log.warning("%s lists step %d but could not deliver it", url, step)
+                return False
+        return True

@@ -1,0 +1,382 @@
+"""The validator daemon (`prime-validate run`): every submission of its pool verified, attested, and acted on.
+
+One loop, one submission at a time (DESIGN section 1, step 5):
+1. follow `WorkSubmitted` of the pool from the stored cursor (the deployment block at first), recording each
+   submission and the new cursor in one transaction (`validator.store`);
+2. download the file from the coordinator; a file the coordinator still does not have `grace_seconds` after
+   the submission was first seen gets the verdict "file unavailable" (reason 8). An unreachable coordinator
+   is never held against the worker: the file is tried again later;
+3. verify it (`validator.verify.verify_file`) with the checkpoint of the step its rows claim, fetched through
+   SHARDCAST on demand (`validator.checkpoints`), against the pool's step at the time of the submission (the
+   newest step of the coordinator's `GET /v1/steps` published by the submission's block timestamp): a validator
+   catching up on a backlog judges each file by the window its worker had. A step whose checkpoint no source
+   offers any more makes the file `unverifiable`: logged, never slashed;
+4. post a signed attestation to the coordinator;
+5. on a rejection, re-read the work on chain and, unless it is already invalidated or its challenge window has
+   closed, call `invalidateWork` with the reason (slashing the provider and ejecting the node).
+
+Every transition is committed before the next side effect, so a restart resumes where the last run stopped. SIGTERM
+or SIGINT drops a verification in progress (its row stays `seen`) and lets a chain call in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from ledger.client import Ledger
+from ledger.errors import ContractRevert, LedgerError
+from ledger.events import EventFollower, WorkSubmitted
+from ledger.tx import with_retries
+from ledger.types import Reason, WorkStatus
+from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorRefused
+from node.metrics import Registry, serve_metrics
+from node.model.loading import LoadedModel
+from node.relay.trust import TrustPolicy
+from node.rollouts.writer import publish_atomically
+from node.signing import Attestation, SigningDomain
+from node.tasks.sources import open_source
+from node.tasks.spec import TaskSpec
+from validator.checkpoints import Checkpoints
+from validator.config import ValidatorConfig
+from validator.errors import CheckpointGone, NotAValidator, ValidatorError
+from validator.store import (
+    ATTESTED,
+    INVALIDATED,
+    SEEN,
+    UNAVAILABLE,
+    UNVERIFIABLE,
+    VERIFIED,
+    Submission,
+    ValidatorStore,
+    WorkRow,
+)
+from validator.timing import Stopped, interruptible, retry_delay, step_at
+from validator.verdict import reject
+from validator.verify import Expected, verify_file
+
+log = logging.getLogger("validator.daemon")
+
+DOWNLOAD = "download"  # `Verdict.check` of a file that could not be downloaded
+
+
+@dataclass(frozen=True)
+class PoolSetup:
+    """What the daemon needs to know about its pool besides the chain: where files, checkpoints and the task are."""
+
+    pool_id: int
+    trainer: str  # signs the checkpoints (from the pool's config on chain)
+    coordinator: str
+    checkpoints: tuple[str, ...]  # SHARDCAST sources: the origin and relays
+    task: TaskSpec
+
+
+class ValidatorDaemon:
+    def __init__(
+        self,
+        ledger: Ledger,
+        setup: PoolSetup,
+        config: ValidatorConfig,
+        state_dir: Path,
+        *,
+        metrics_host: str = "127.0.0.1",
+        metrics_port: int | None = None,
+    ) -> None:
+        if ledger.account is None:
+            raise ValidatorError("the validator daemon signs attestations and transactions: give it a key")
+        self.ledger, self.setup, self.config, self.state_dir = ledger, setup, config, state_dir
+        self.account = ledger.account
+        if not ledger.is_validator(setup.pool_id, self.account.address):  # before the state folder is bound to it
+            raise NotAValidator(self.account.address, setup.pool_id)
+        self.metrics_host, self.metrics_port = metrics_host, metrics_port
+        deployment = ledger.deployment
+        self.domain = SigningDomain(deployment.chain_id, deployment.address("ComputePool"))
+        self.store = ValidatorStore.open(
+            state_dir,
+            chain_id=deployment.chain_id,
+            work_ledger=deployment.address("WorkLedger"),
+            pool_id=setup.pool_id,
+            validator=self.account.address,
+        )
+        self.follower = EventFollower(
+            ledger,
+            pool_id=setup.pool_id,
+            start_block=self.store.cursor(deployment.block),
+            events=("WorkSubmitted",),
+        )
+        policy = TrustPolicy(self.domain, setup.trainer, setup.pool_id)
+        self.checkpoints = Checkpoints(
+            state_dir / "checkpoints", setup.checkpoints, policy, keep=config.checkpoints_kept
+        )
+        self.source = open_source(setup.task)
+        self.stopping = asyncio.Event()
+        self.metrics_url: str | None = None
+        self._last_poll = 0.0
+        self._setup_metrics()
+
+    def _setup_metrics(self) -> None:
+        m = self.metrics = Registry()
+        self._seen = m.counter("validator_files_seen_total", "Submissions read from the chain.")
+        self._accepted = m.counter("validator_files_accepted_total", "Files accepted.")
+        self._rejected = m.counter("validator_files_rejected_total", "Files rejected, by reason.")
+        self._unavailable = m.counter(
+            "validator_files_unavailable_total", "Files the coordinator did not have within the grace period."
+        )
+        self._unverifiable = m.counter(
+            "validator_files_unverifiable_total", "Files whose step's checkpoint no source offers any more."
+        )
+        self._invalidations = m.counter("validator_invalidations_sent_total", "invalidateWork transactions sent.")
+        self._verify_seconds = m.counter("validator_verification_seconds_total", "Seconds spent verifying files.")
+        self._last_verify = m.gauge("validator_last_verification_seconds", "Seconds the last verification took.")
+        m.gauge("validator_cursor_block", "The next block to read events from.", lambda: self.follower.next_block)
+        m.gauge("validator_open_files", "Submissions not finished yet.", lambda: self.store.open_count())
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Works until `stopping` is set."""
+        pool_id, address = self.setup.pool_id, self.account.address
+        runner = None
+        if self.metrics_port is not None:
+            runner, self.metrics_url = await serve_metrics(self.metrics, self.metrics_host, self.metrics_port)
+            publish_atomically(
+                self.state_dir / "endpoints.json", json.dumps({"metrics": self.metrics_url}, indent=2).encode()
+            )
+        log.info(
+            "validator %s of pool %d: coordinator %s, checkpoints %s, reading the chain from block %d%s",
+            address, pool_id, self.setup.coordinator, ", ".join(self.setup.checkpoints), self.follower.next_block,
+            f", metrics at {self.metrics_url}" if self.metrics_url else "",
+        )  # fmt: skip
+        try:
+            async with aiohttp.ClientSession() as session:
+                self.client = CoordinatorClient(session, self.setup.coordinator, self.account, self.domain)
+                while not self.stopping.is_set():
+                    if time.monotonic() - self._last_poll >= self.config.poll_seconds:
+                        await self._follow()
+                    row = self.store.due(time.time())
+                    if row is None:
+                        await self._pause(self._idle_seconds())
+                        continue
+                    with contextlib.suppress(Stopped):
+                        await self._advance(row)
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            log.info("stopped; files by stage: %s", self.store.counts())
+            self.store.close()
+
+    def _idle_seconds(self) -> float:
+        wait = self.config.poll_seconds - (time.monotonic() - self._last_poll)
+        next_due = self.store.next_due_at()
+        if next_due is not None:
+            wait = min(wait, next_due - time.time())
+        return max(0.05, wait)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+
+    async def _follow(self) -> None:
+        """Records new submissions with the cursor past them; a chain that fails is read again next time."""
+        self._last_poll = time.monotonic()
+        follower, store = self.follower, self.store
+        w3, url = self.ledger.w3, self.ledger.deployment.rpc_url
+
+        def block_timestamp(block: int) -> int:
+            return int(with_retries(lambda: w3.eth.get_block(block)["timestamp"], what="read a block", url=url))
+
+        def read() -> list[Submission]:
+            stamps: dict[int, int] = {}
+            found = []
+            for event in follower.poll():
+                if not isinstance(event, WorkSubmitted) or event.pool_id != self.setup.pool_id:
+                    continue
+                block = event.at.block_number
+                if block not in stamps:
+                    stamps[block] = block_timestamp(block)
+                found.append(
+                    Submission(
+                        event.pool_id, event.work_key, event.node, event.units, block, event.at.log_index, stamps[block]
+                    )
+                )
+            return found
+
+        try:
+            submissions = await asyncio.to_thread(read)
+        except (LedgerError, OSError, ValueError) as exc:
+            follower.next_block = store.cursor(self.ledger.deployment.block)  # nothing recorded: read them again
+            log.warning("reading the chain failed, trying again: %s", exc)
+            return
+        added = store.record(submissions, follower.next_block)
+        if added:
+            self._seen.inc(added)
+            log.info("%d new submissions (cursor at block %d)", added, follower.next_block)
+
+    async def _advance(self, row: WorkRow) -> None:
+        """Moves one submission one stage on (or schedules a retry)."""
+        if row.stage == SEEN:
+            await self._verify(row)
+        elif row.stage in (VERIFIED, UNAVAILABLE):
+            await self._attest(row)
+        elif row.stage == ATTESTED:
+            await self._invalidate(row)
+
+    def _retry(self, row: WorkRow, error: str, *, before: float | None = None) -> None:
+        delay = retry_delay(row.attempts)
+        if before is not None:
+            delay = max(0.0, min(delay, before - time.time()))
+        self.store.retry_later(row.work_key, delay, error)
+
+    # --- verification -------------------------------------------------------------------------------
+
+    async def _verify(self, row: WorkRow) -> None:
+        key, short = row.work_key, _short(row.work_key)
+        try:
+            data = await self.client.download(key, self.config.max_file_bytes)
+            history = await self.client.steps() if data is not None else []
+        except CoordinatorError as exc:  # not the worker's fault: try again, whatever the grace period
+            log.warning("%s: the coordinator failed, trying again: %s", short, exc)
+            self._retry(row, str(exc))
+            return
+        if data is None:
+            deadline = row.first_seen + self.config.grace_seconds
+            if time.time() < deadline:
+                self._retry(row, "the coordinator does not have the file yet", before=deadline)
+                return
+            verdict = reject(
+                Reason.FILE_UNAVAILABLE,
+                DOWNLOAD,
+                f"the coordinator did not have the file {self.config.grace_seconds:g} s after the submission was seen",
+                attempts=row.attempts + 1,
+            )
+            self.store.record_verdict(key, verdict, stage=UNAVAILABLE)
+            self._unavailable.inc()
+            log.info("%s from %s: unavailable after %d tries", short, row.node, row.attempts + 1)
+            return
+        current = step_at(history, row.submitted_at, self.config.clock_slack)
+        if current is None:
+            log.warning(
+                "%s: the coordinator's step history starts after block %d (time %d): not judging its step",
+                short, row.block, row.submitted_at,
+            )  # fmt: skip
+        expected = Expected(
+            work_key=key, node=row.node, pool_id=self.setup.pool_id, units=row.units, current_step=current
+        )
+        loop = asyncio.get_running_loop()
+
+        def checkpoint_of(step: int) -> LoadedModel:  # called in the verification thread
+            return asyncio.run_coroutine_threadsafe(self.checkpoints.get(step), loop).result()
+
+        started = time.perf_counter()
+        try:
+            verdict = await interruptible(
+                lambda: verify_file(
+                    data,
+                    spec=self.setup.task,
+                    checkpoint=checkpoint_of,
+                    config=self.config,
+                    expected=expected,
+                    source=self.source,
+                ),
+                self.stopping,
+            )
+        except CheckpointGone as exc:
+            self.store.move(key, UNVERIFIABLE, note=str(exc))
+            self._unverifiable.inc()
+            log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
+            return
+        except Stopped:
+            log.info("%s: stopping; its verification is dropped and runs again after a restart", short)
+            raise
+        except Exception as exc:  # the validator's side failed (a source down, a scorer that cannot run)
+            log.warning("%s: verification failed on this side, trying again: %s", short, exc)
+            self._retry(row, f"{type(exc).__name__}: {exc}")
+            return
+        seconds = time.perf_counter() - started
+        self._verify_seconds.inc(seconds)
+        self._last_verify.set(seconds)
+        self.store.record_verdict(key, verdict)
+        if verdict.accepted:
+            self._accepted.inc()
+            log.info("%s from %s: accepted in %.2f s (pool step %s then)", short, row.node, seconds, current)
+        else:
+            assert verdict.reason is not None  # a rejecting verdict has a reason
+            self._rejected.inc(reason=verdict.reason.name.lower())
+            log.info(
+                "%s from %s: rejected, %s (reason %d) at %s: %s",
+                short, row.node, verdict.reason.name.lower(), verdict.reason, verdict.check, verdict.detail,
+            )  # fmt: skip
+
+    # --- attestation and invalidation ---------------------------------------------------------------
+
+    async def _attest(self, row: WorkRow) -> None:
+        accepted = bool(row.accepted)
+        attestation = Attestation(self.setup.pool_id, row.work_key, accepted, 0 if accepted else int(row.reason or 0))
+        try:
+            await self.client.attest(attestation)
+        except CoordinatorRefused as exc:  # e.g. the coordinator's view of the validators lags: the chain decides
+            log.error("%s: the coordinator refused the attestation: %s", _short(row.work_key), exc)
+        except CoordinatorError as exc:
+            log.warning("%s: posting the attestation failed, trying again: %s", _short(row.work_key), exc)
+            self._retry(row, str(exc))
+            return
+        self.store.move(row.work_key, ATTESTED)
+
+    async def _invalidate(self, row: WorkRow) -> None:
+        """Sends invalidateWork for a rejected file, unless the chain says it is done or too late."""
+        ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
+        assert row.reason is not None  # only rejections, which always carry a reason, reach this stage
+        reason = Reason(row.reason)
+        try:
+            if await self._settled_on_chain(row):
+                return
+            receipt = await asyncio.to_thread(ledger.invalidate_work, pool_id, key, reason)
+        except ContractRevert as exc:  # invalidated by another validator meanwhile, or the window closed: ask again
+            log.warning("%s: invalidateWork reverted: %s", short, exc)
+            with contextlib.suppress(LedgerError):
+                if await self._settled_on_chain(row):
+                    return
+            self._retry(row, str(exc))
+            return
+        except LedgerError as exc:
+            log.warning("%s: invalidateWork failed, trying again: %s", short, exc)
+            self._retry(row, str(exc))
+            return
+        tx = "0x" + bytes(receipt["transactionHash"]).hex()
+        self.store.move(key, INVALIDATED, tx_hash=tx)
+        self._invalidations.inc()
+        log.info("%s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short, reason.name.lower(),
+                 reason, tx, row.node)  # fmt: skip
+
+    async def _settled_on_chain(self, row: WorkRow) -> bool:
+        """Records and returns True when nothing is left to send: already invalidated, gone, or its window closed."""
+        ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
+        work = await asyncio.to_thread(ledger.get_work, pool_id, key)
+        if work.status == WorkStatus.INVALIDATED:
+            self.store.move(key, INVALIDATED, note="already invalidated on chain")
+            log.info("%s: already invalidated on chain; not sending it again", short)
+            return True
+        if work.status != WorkStatus.PENDING:
+            note = f"the work is {work.status.name.lower()} on chain; nothing to invalidate"
+            self.store.move(key, ATTESTED, note=note)
+            log.warning("%s: %s", short, note)
+            return True
+        window = await asyncio.to_thread(ledger.challenge_window, pool_id)
+        now = await asyncio.to_thread(ledger.timestamp)
+        if now >= work.submitted_at + window:
+            note = f"the challenge window closed at {work.submitted_at + window} (chain time {now})"
+            self.store.move(key, ATTESTED, note=note)
+            log.warning("%s: rejected too late to invalidate: %s", short, note)
+            return True
+        return False
+
+
+def _short(work_key: bytes) -> str:
+    return "0x" + work_key.hex()[:12]

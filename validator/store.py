@@ -1,0 +1,285 @@
+"""The validator daemon's progress, in SQLite: the event cursor and one row per submitted work key.
+
+A submission moves through these stages; each transition is committed before the daemon's next side effect:
+
+    seen --verify--> verified --attest--> attested --invalidateWork--> invalidated
+       |                                      (an accept, or a reject whose window closed, ends at attested)
+       |--(not downloadable within the grace period)--> unavailable --attest--> attested --> invalidated
+       `--(the checkpoint of its step is gone)--> unverifiable (final: not the worker's fault, never slashed)
+
+`seen` rows are written together with the cursor that moves past their block, in one transaction, so a crash
+never skips a submission. A crash during verification leaves the row `seen` and a restart verifies it again; a
+verdict once recorded is never recomputed. Before sending invalidateWork the daemon re-reads the work on chain,
+so a crash between sending the transaction and recording it never invalidates twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from validator.errors import ValidatorStateError
+from validator.verdict import Verdict
+
+SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalidated"
+UNVERIFIABLE, UNAVAILABLE = "unverifiable", "unavailable"
+STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE)
+DB_NAME = "validator.db"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS work (
+    pool_id INTEGER NOT NULL,
+    work_key TEXT NOT NULL,          -- sha256 of the file, hex without 0x
+    node TEXT NOT NULL,              -- the on-chain submitter
+    units INTEGER NOT NULL,
+    block INTEGER NOT NULL,          -- of the WorkSubmitted event
+    log_index INTEGER NOT NULL,
+    submitted_at INTEGER NOT NULL,   -- that block's timestamp
+    stage TEXT NOT NULL,
+    accepted INTEGER,                -- the verdict: NULL until there is one
+    reason INTEGER,
+    check_name TEXT,
+    detail TEXT,
+    tx_hash TEXT,                    -- of the invalidateWork this validator sent
+    note TEXT,                       -- why the row ended where it did (an attested rejection with a note is done)
+    last_error TEXT,                 -- the last transient failure (the row is tried again)
+    attempts INTEGER NOT NULL DEFAULT 0,
+    first_seen REAL NOT NULL,        -- unix time this validator first read the submission
+    next_try REAL NOT NULL,          -- unix time before which the row is left alone
+    updated REAL NOT NULL,
+    PRIMARY KEY (pool_id, work_key)
+);
+CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
+"""
+# Rows with something left to do: a verdict to reach, an attestation to post, or a rejection to act on.
+_OPEN = (
+    f"(stage IN ('{SEEN}', '{VERIFIED}', '{UNAVAILABLE}') OR (stage = '{ATTESTED}' AND accepted = 0 AND note IS NULL))"
+)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One WorkSubmitted event, with its block's timestamp."""
+
+    pool_id: int
+    work_key: bytes
+    node: str
+    units: int
+    block: int
+    log_index: int
+    submitted_at: int
+
+
+@dataclass(frozen=True)
+class WorkRow:
+    pool_id: int
+    work_key: bytes
+    node: str
+    units: int
+    block: int
+    log_index: int
+    submitted_at: int
+    stage: str
+    accepted: bool | None
+    reason: int | None
+    check: str | None
+    detail: str | None
+    tx_hash: str | None
+    note: str | None
+    last_error: str | None
+    attempts: int
+    first_seen: float
+    next_try: float
+
+
+_FIELDS = tuple(f.name for f in fields(WorkRow))
+_COLUMNS = ", ".join("check_name" if name == "check" else name for name in _FIELDS)
+
+
+class ValidatorStore:
+    """`<state>/validator.db`, bound on first use to one chain, WorkLedger, pool and validator address."""
+
+    def __init__(self, path: Path, db: sqlite3.Connection, pool_id: int) -> None:
+        self.path, self.db, self.pool_id = path, db, pool_id
+
+    @classmethod
+    def open(cls, state_dir: Path, *, chain_id: int, work_ledger: str, pool_id: int, validator: str) -> ValidatorStore:
+        """The daemon's store, created on first use; refuses a state folder of another pool, chain or validator."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / DB_NAME
+        db = _connect(path)
+        identity = {
+            "chain_id": str(chain_id),
+            "work_ledger": work_ledger.lower(),
+            "pool_id": str(pool_id),
+            "validator": validator.lower(),
+        }
+        stored = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        for key, value in identity.items():
+            if key in stored and stored[key] != value:
+                db.close()
+                raise ValidatorStateError(
+                    f"{state_dir} holds the state of {key} {stored[key]}, not {value}; use another --state folder"
+                )
+        db.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", identity.items())
+        return cls(path, db, pool_id)
+
+    @classmethod
+    def open_existing(cls, state_dir: Path) -> ValidatorStore:
+        """An existing state, for reading (`prime-validate rejections`); never creates one."""
+        path = state_dir / DB_NAME
+        if not path.is_file():
+            raise ValidatorStateError(f"{state_dir} holds no validator state ({DB_NAME} is missing); check --state")
+        try:
+            db = _connect(path)
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as exc:
+            raise ValidatorStateError(f"{path} is not a validator state: {exc}") from None
+        if "pool_id" not in meta:
+            raise ValidatorStateError(f"{path} is not a validator state: it names no pool")
+        return cls(path, db, int(meta["pool_id"]))
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # --- the cursor and new submissions --------------------------------------------------------------
+
+    def cursor(self, default: int) -> int:
+        """The next block to read; `default` (the deployment block) before the first poll."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'next_block'").fetchone()
+        return default if row is None else int(row[0])
+
+    def record(self, submissions: Sequence[Submission], next_block: int) -> int:
+        """Adds the submissions as `seen` and moves the cursor, atomically; returns how many were new."""
+        now = time.time()
+        with self._transaction():
+            before = self.db.total_changes
+            self.db.executemany(
+                "INSERT OR IGNORE INTO work (pool_id, work_key, node, units, block, log_index, submitted_at, stage, "
+                "first_seen, next_try, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        s.pool_id,
+                        s.work_key.hex(),
+                        s.node,
+                        s.units,
+                        s.block,
+                        s.log_index,
+                        s.submitted_at,
+                        SEEN,
+                        now,
+                        now,
+                        now,
+                    )
+                    for s in submissions
+                ],
+            )
+            added = self.db.total_changes - before
+            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_block', ?)", (str(next_block),))
+        return added
+
+    # --- what to do next -----------------------------------------------------------------------------
+
+    def due(self, now: float) -> WorkRow | None:
+        """The oldest submission with something left to do whose retry time has come."""
+        found = self._rows(f"WHERE {_OPEN} AND next_try <= ? ORDER BY block, log_index LIMIT 1", (now,))
+        return found[0] if found else None
+
+    def next_due_at(self) -> float | None:
+        """When the earliest open row may be tried again; None when nothing is open."""
+        row = self.db.execute(f"SELECT MIN(next_try) FROM work WHERE {_OPEN}").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def open_count(self) -> int:
+        return int(self.db.execute(f"SELECT COUNT(*) FROM work WHERE {_OPEN}").fetchone()[0])
+
+    # --- transitions ---------------------------------------------------------------------------------
+
+    def retry_later(self, work_key: bytes, delay: float, error: str) -> None:
+        """Leaves the stage as it is; counts the attempt and its failure, and waits `delay` seconds."""
+        now = time.time()
+        self.db.execute(
+            "UPDATE work SET attempts = attempts + 1, next_try = ?, last_error = ?, updated = ? "
+            "WHERE pool_id = ? AND work_key = ?",
+            (now + delay, error, now, self.pool_id, work_key.hex()),
+        )
+
+    def record_verdict(self, work_key: bytes, verdict: Verdict, *, stage: str = VERIFIED) -> None:
+        if stage not in (VERIFIED, UNAVAILABLE):
+            raise ValueError(f"a verdict moves a row to verified or unavailable, not {stage!r}")
+        now = time.time()
+        self.db.execute(
+            "UPDATE work SET stage = ?, accepted = ?, reason = ?, check_name = ?, detail = ?, "
+            "next_try = ?, updated = ? WHERE pool_id = ? AND work_key = ?",
+            (
+                stage,
+                int(verdict.accepted),
+                None if verdict.reason is None else int(verdict.reason),
+                verdict.check,
+                verdict.detail,
+                now,
+                now,
+                self.pool_id,
+                work_key.hex(),
+            ),
+        )
+
+    def move(self, work_key: bytes, stage: str, *, tx_hash: str | None = None, note: str | None = None) -> None:
+        """Moves a row to `stage`; `note` (None clears it) ends an attested rejection that needs nothing more."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        now = time.time()
+        self.db.execute(
+            "UPDATE work SET stage = ?, tx_hash = COALESCE(?, tx_hash), note = ?, next_try = ?, updated = ? "
+            "WHERE pool_id = ? AND work_key = ?",
+            (stage, tx_hash, note, now, now, self.pool_id, work_key.hex()),
+        )
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def get(self, work_key: bytes) -> WorkRow | None:
+        found = self._rows("WHERE pool_id = ? AND work_key = ?", (self.pool_id, work_key.hex()))
+        return found[0] if found else None
+
+    def rejections(self) -> list[WorkRow]:
+        """Every file with a rejecting verdict, in chain order."""
+        return self._rows("WHERE accepted = 0 ORDER BY block, log_index", ())
+
+    def counts(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT stage, COUNT(*) FROM work GROUP BY stage").fetchall()
+        return {stage: 0 for stage in STAGES} | dict(rows)
+
+    def _rows(self, where: str, args: Sequence[object]) -> list[WorkRow]:
+        rows = self.db.execute(f"SELECT {_COLUMNS} FROM work {where}", args).fetchall()
+        return [_work_row(row) for row in rows]
+
+
+def _work_row(row: Sequence[Any]) -> WorkRow:
+    """The columns are WorkRow's fields in order; the key is stored as hex and the verdict as 0/1."""
+    values = dict(zip(_FIELDS, row, strict=True))
+    values["work_key"] = bytes.fromhex(values["work_key"])
+    values["accepted"] = None if values["accepted"] is None else bool(values["accepted"])
+    return WorkRow(**values)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)  # autocommit: each statement commits, or an explicit BEGIN
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.executescript(SCHEMA)
+    return db
