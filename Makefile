@@ -18,6 +18,7 @@ $(PY):
 # torch first and pinned: any unpinned torch requirement would pull a multi-GB CUDA build.
 # toploc next, compiled against that torch (its published wheel fails to import with it).
 $(PY_STAMP): pyproject.toml | $(PY)
+	scripts/ensure-build-deps.sh
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH) setuptools wheel
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-binary toploc $(TOPLOC)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
