@@ -16,9 +16,11 @@ from eth_account.signers.local import LocalAccount
 
 from node.errors import NodeError
 from node.generation.plan import Job
+from node.safejson import loads_bounded
 from node.signing import Attestation, SigningDomain, sign, sign_request
 
 _MAX_ANSWER = 64 * 1024
+_MAX_DEPTH = 4  # the API's answers nest at most 3 deep (/v1/steps)
 
 
 class CoordinatorError(NodeError):
@@ -66,7 +68,7 @@ class CoordinatorClient:
         if len(raw) > _MAX_ANSWER:
             raise CoordinatorUnavailable(f"{method} {path}: answer over {_MAX_ANSWER} bytes")
         try:
-            answer = json.loads(raw)
+            answer = loads_bounded(raw, _MAX_DEPTH)
         except ValueError:
             answer = None
         if status >= 500:

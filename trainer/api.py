@@ -34,6 +34,7 @@ from node.coordinator import PublishedStep
 from node.metrics import Registry
 from node.rollouts.reader import read_rollouts
 from node.rollouts.schema import RolloutFormatError
+from node.safejson import loads_bounded
 from node.signing import (
     Attestation,
     AuthFailure,
@@ -267,7 +268,7 @@ class CoordinatorApi:
         if not await self.roles.is_validator(signer):
             raise ApiError(403, "not_validator", f"{signer} is not a validator of pool {self.state.pool_id}")
         try:
-            raw = json.loads(body)
+            raw = loads_bounded(body, 2)
             attestation = Attestation(
                 pool_id=self.state.pool_id,
                 work_key=bytes.fromhex(str(raw["work_key"]).removeprefix("0x")),

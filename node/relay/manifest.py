@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from node.relay import ManifestError
+from node.safejson import json_too_deep
 
 FORMAT_VERSION = 1
 DEFAULT_SHARD_SIZE = 8 * 1024 * 1024
@@ -27,7 +27,6 @@ MAX_NAME_BYTES = 255
 _READ_CHUNK = 1024 * 1024  # bounds memory while hashing shards larger than this
 _HEX = frozenset("0123456789abcdef")
 _MAX_DEPTH = 8  # a manifest nests 5 deep; deeper input is refused before json.loads can overflow the C stack
-_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -182,12 +181,9 @@ def _no_float(text: str) -> None:
 
 
 def check_json_depth(data: bytes, limit: int) -> None:
-    """Refuse JSON nested deeper than `limit` before `json.loads` sees it: deep nesting crashes its C parser."""
-    depth = 0
-    for token in _JSON_TOKEN.finditer(data):
-        depth += {b"[": 1, b"{": 1, b"]": -1, b"}": -1}.get(token.group(), 0)
-        if depth > limit:
-            raise ManifestError(f"nested deeper than {limit} levels")
+    """Refuse JSON nested deeper than `limit` before `json.loads` sees it (node.safejson says why)."""
+    if json_too_deep(data, limit):
+        raise ManifestError(f"nested deeper than {limit} levels")
 
 
 def parse_manifest(

@@ -16,13 +16,14 @@ from typing import Any
 from eth_utils import is_checksum_address
 
 from node.rollouts.schema import FormatProblem, RolloutFormatError
+from node.safejson import json_too_deep
 
 METADATA_KEY = b"prime"
 FORMAT_VERSION = 1
 HASH_BYTES = 32
 MAX_CREATED_BY = 200
 MAX_META_BYTES = 4096  # the real document is about 400 bytes
-MAX_OPEN_BRACKETS = 8  # it nests 2 deep; bounding all brackets bounds the depth json's C scanner recurses to
+MAX_DEPTH = 4  # it nests 2 deep
 
 
 def _created_by() -> str:
@@ -152,8 +153,7 @@ def parse_meta(raw: bytes | None) -> RolloutMeta:
         raise _bad(f"the file has no {METADATA_KEY!r} metadata")
     if len(raw) > MAX_META_BYTES:
         raise _bad(f"{METADATA_KEY!r} metadata is {len(raw)} bytes, at most {MAX_META_BYTES}")
-    if raw.count(b"[") + raw.count(b"{") > MAX_OPEN_BRACKETS:
-        # deep nesting overflows the C stack inside json.loads (a segfault, seen under pytest), not a RecursionError
+    if json_too_deep(raw, MAX_DEPTH):  # deep nesting would crash json.loads (node.safejson)
         raise _bad(f"{METADATA_KEY!r} metadata nests deeper than its format")
     try:
         document = json.loads(raw.decode("utf-8"))
