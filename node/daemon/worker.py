@@ -196,6 +196,9 @@ class WorkerDaemon:
                         log.warning("coordinator unreachable, retrying: %s", exc)
                         await self._pause()
                     except Exception as exc:  # a fetch that failed, a version pruned meanwhile, an RPC error
+                        if await self._ejected():  # e.g. submitWork reverted: NotPoolMember
+                            await self._explain_ejection()
+                            return 1
                         failures += 1
                         self._failures.inc(kind="iteration")
                         if failures >= settings.max_failures:
@@ -334,13 +337,19 @@ class WorkerDaemon:
             return "invalidated"
         return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.ledger.decimals)} tokens slashed"
 
+    async def _ejected(self) -> bool:
+        try:
+            return await asyncio.to_thread(self.ledger.is_ejected, self.settings.pool_id, self.node)
+        except Exception:  # the chain cannot be asked either: not known to be ejected
+            return False
+
     async def _explain_refusal(self, exc: CoordinatorRefused) -> None:
-        ejected = exc.code == "not_member" and await asyncio.to_thread(
-            self.ledger.is_ejected, self.settings.pool_id, self.node
-        )
-        if not ejected:
+        if exc.code == "not_member" and await self._ejected():
+            await self._explain_ejection()
+        else:
             log.error("the coordinator refused: %s", exc)
-            return
+
+    async def _explain_ejection(self) -> None:
         with contextlib.suppress(Exception):  # the reasons are a courtesy; the ejection is the news
             await self.follow_chain(force=True)
         log.error("ejected from pool %d: %s", self.settings.pool_id, self._invalidations_summary())

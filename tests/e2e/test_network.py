@@ -1,0 +1,190 @@
+"""Issue 6, acceptance 1: the whole loop on loopback, every role its own process started through its CLI.
+
+anvil; the trainer (coordinator and SHARDCAST origin, network mode); one relay; two workers, one of them faking its
+rewards; one validator. Within 3 RL steps the cheater's files are invalidated on chain for reward mismatch and it is
+ejected; the trainer trains only on files the validator accepted; the relay is killed after the first step and the
+workers go on fetching policies from the origin; the honest worker's files become claimable once chain time passes
+the challenge window, and claiming pays the provider.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+from ledger.events import EventFollower, WorkSubmitted, invalidations
+from ledger.types import Reason, WorkStatus
+from node.model.tiny import init_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
+from helpers import make_pool, onboard
+
+TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
+OWNER, HONEST_PROVIDER, CHEAT_PROVIDER, VALIDATOR, HONEST, CHEAT = 0, 1, 2, 5, 3, 4
+WINDOW = 3600
+TOKEN = 10**18
+STEPS = 3
+
+pytestmark = pytest.mark.slow
+
+
+class Processes:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *command: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", *command],
+            cwd=self.root,
+            stdout=(self.root / f"{name}.out").open("w"),
+            stderr=(self.root / f"{name}.log").open("w"),
+            start_new_session=True,
+        )
+        self.running[name] = process
+        return process
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.log(n)[-2500:]}" for n in self.running)
+
+    def stop_all(self) -> None:
+        for process in self.running.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    running = Processes(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop_all()
+
+
+def wait_for(condition: Callable[[], bool], what: str, processes: Processes, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{processes.logs()}")
+        time.sleep(0.25)
+
+
+def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
+    tmp_path: Path,
+    processes: Processes,
+    chain: LocalChain,
+    ledger_for: Callable[[int], Ledger],
+    deployment: Deployment,
+) -> None:
+    owner = ledger_for(OWNER)
+    spec_file = tmp_path / "pool.toml"
+    pool_id = make_pool(owner, spec_uri=spec_file.as_uri(), challenge_window=WINDOW)
+    owner.mint(owner.address, 1000 * TOKEN)
+    owner.fund_rewards(pool_id, 1000 * TOKEN)
+    onboard(owner, ledger_for(HONEST_PROVIDER), dev_account(HONEST), pool_id)
+    onboard(owner, ledger_for(CHEAT_PROVIDER), dev_account(CHEAT), pool_id)
+    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
+    deployment.save(tmp_path / "deployment.json")
+    model = init_model(tmp_path / "tiny", seed=0)
+    (tmp_path / "trainer.toml").write_text(
+        f"""[run]
+dir = "run"
+model = "{model}"
+task = "{TASK}"
+steps = {STEPS}
+threads = 1
+[data]
+async_level = 2
+rollouts_per_step = 16
+[coordinator]
+port = 0
+prompts_per_task = 2
+group_size = 4
+[shardcast]
+port = 0
+[pool]
+id = {pool_id}
+deployment = "deployment.json"
+"""
+    )
+    trainer = processes.start("trainer", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0")
+    endpoints = tmp_path / "run" / "endpoints.json"
+    wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints", processes)
+    urls = json.loads(endpoints.read_text())
+    trainer_address = urls["trainer"]
+    processes.start(
+        "relay", "node.cli.main", "relay", "--upstream", urls["origin"], "--data", "relay", "--port", "0",
+        "--trainer", trainer_address, "--deployment", "deployment.json",
+    )  # fmt: skip
+    wait_for(lambda: "relay on http://" in processes.log("relay"), "the relay", processes, timeout=60)
+    relay_url = processes.log("relay").split("relay on ", 1)[1].split(",", 1)[0]
+    spec_file.write_text(
+        f'coordinator = "{urls["coordinator"]}"\ncheckpoints = ["{relay_url}", "{urls["origin"]}"]\n'
+        f'task = "{TASK}"\nasync_level = 2\n'
+    )
+    common = ("--pool", str(pool_id), "--deployment", "deployment.json", "--threads", "1", "--submit-batch", "1")
+    processes.start("validator", "validator.cli", "run", *common[:4], "--dev-key", str(VALIDATOR), "--state", "val")
+    honest = processes.start("honest", "node.cli.main", "start", *common, "--dev-key", str(HONEST), "--state", "w3")
+    cheat = processes.start(
+        "cheat", "node.cli.main", "start", *common, "--dev-key", str(CHEAT), "--state", "w4",
+        "--simulate-fault", "fake-reward",
+    )  # fmt: skip
+
+    # after the first step the relay dies: the workers fetch the next policies from the origin, the other source
+    trained = tmp_path / "run" / "trained.jsonl"
+    wait_for(lambda: trained.exists() and trained.read_text().strip() != "", "the first RL step", processes)
+    os.killpg(processes.running["relay"].pid, signal.SIGKILL)
+    # the trainer stops by itself after STEPS steps; the cheater is ejected long before
+    wait_for(lambda: trainer.poll() is not None, f"{STEPS} RL steps", processes, timeout=600)
+    assert trainer.returncode == 0, processes.logs()
+    wait_for(lambda: cheat.poll() is not None, "the cheater to stop", processes, timeout=60)
+    assert cheat.returncode == 1 and "ejected from pool" in processes.log("cheat")
+    honest.send_signal(signal.SIGTERM)
+    honest.wait(timeout=120)
+
+    submitted = [e for e in EventFollower(owner, pool_id=pool_id).poll() if isinstance(e, WorkSubmitted)]
+    by_node: dict[str, set[bytes]] = {dev_account(HONEST).address: set(), dev_account(CHEAT).address: set()}
+    for event in submitted:
+        by_node[event.node].add(event.work_key)
+    wait_for(
+        lambda: all(owner.get_work(pool_id, k).status != WorkStatus.NONE for k in by_node[dev_account(CHEAT).address]),
+        "the validator's verdicts",
+        processes,
+        timeout=60,
+    )
+    invalid = invalidations(owner, pool_id)
+    cheats = by_node[dev_account(CHEAT).address]
+    assert cheats and set(invalid) & cheats, processes.logs()
+    assert {invalid[k].reason for k in set(invalid) & cheats} == {Reason.REWARD_MISMATCH}
+    assert owner.is_ejected(pool_id, dev_account(CHEAT).address)
+    assert not set(invalid) & by_node[dev_account(HONEST).address], "an honest file was invalidated"
+
+    steps = [json.loads(line) for line in trained.read_text().splitlines()]
+    assert [t["step"] for t in steps] == list(range(1, STEPS + 1))
+    trained_keys = {bytes.fromhex(k[2:]) for t in steps for k in t["work_keys"]}
+    assert trained_keys and trained_keys <= by_node[dev_account(HONEST).address]  # accepted files only
+
+    chain.increase_time(WINDOW + 1)
+    honest_keys = sorted(by_node[dev_account(HONEST).address])
+    claim = ledger_for(HONEST_PROVIDER)
+    before = claim.balance_of(claim.address)
+    claim.claim_rewards(pool_id, honest_keys)
+    assert claim.balance_of(claim.address) > before
+    assert {owner.get_work(pool_id, k).status for k in honest_keys} == {WorkStatus.CLAIMED}
