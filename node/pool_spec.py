@@ -21,6 +21,7 @@ import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +59,14 @@ def _http_url(text: str) -> bool:
     return urllib.parse.urlsplit(text).scheme in ("http", "https")
 
 
-def _checked_url(uri: str, key: str, value: object) -> str:
+def _url(value: object, where: str) -> str:
     if not isinstance(value, str) or not _http_url(value) or not urllib.parse.urlsplit(value).netloc:
-        raise PoolSpecError(f"pool spec {uri}: {key}: must be an http(s) URL, got {value!r}")
+        raise PoolSpecError(f"{where}: must be an http(s) URL, got {value!r}")
     return value.rstrip("/")
+
+
+def _checked_url(uri: str, key: str, value: object) -> str:
+    return _url(value, f"pool spec {uri}: {key}")
 
 
 def _fetch(url: str, cache: Path) -> Path:
@@ -133,3 +138,40 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
 
 def _names_local_files(task: TaskSpec) -> bool:
     return task.problem_list is not None or getattr(task.source, "path", None) is not None
+
+
+@dataclass(frozen=True)
+class PoolEndpoints:
+    """Where a daemon finds the pool's parts: its flags where given, the pool spec for the rest."""
+
+    coordinator: str
+    checkpoints: tuple[str, ...]
+    task_path: Path
+    async_level: int
+
+
+def resolve_endpoints(
+    spec_uri: str,
+    *,
+    coordinator: str | None = None,
+    checkpoints: Sequence[str] | None = None,
+    task: Path | None = None,
+    cache: Path = DEFAULT_CACHE,
+) -> PoolEndpoints:
+    """The flags' values, and what they leave open from the pool spec at `spec_uri` (read only when needed).
+
+    Every URL is checked (http or https, with a host); a bad flag raises PoolSpecError naming it.
+    """
+    async_level = 2
+    if coordinator is None or not checkpoints or task is None:
+        spec = load_pool_spec(spec_uri, cache=cache)
+        coordinator = coordinator or spec.coordinator
+        checkpoints = checkpoints or spec.checkpoints
+        task = task or spec.task_path
+        async_level = spec.async_level
+    return PoolEndpoints(
+        coordinator=_url(coordinator, "--coordinator"),
+        checkpoints=tuple(_url(url, "--checkpoints") for url in checkpoints),
+        task_path=Path(task),
+        async_level=async_level,
+    )

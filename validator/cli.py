@@ -21,7 +21,6 @@ from rich.text import Text
 from ledger.cli.common import (
     DEFAULT_DEPLOYMENT,
     KNOWN_ERRORS,
-    CommandError,
     DeploymentOption,
     DevKeyOption,
     JsonOption,
@@ -221,34 +220,20 @@ def _pool_setup(
     ledger: Ledger, pool: int, coordinator: str | None, checkpoints: list[str] | None, task: Path | None
 ) -> tuple[PoolSetup, int]:
     """Where the pool's parts are: the flags, else the pool spec at the pool's specURI; and its async level."""
-    from node.pool_spec import load_pool_spec
+    from node.pool_spec import resolve_endpoints
     from node.tasks.spec import load_task_spec
     from validator.daemon import PoolSetup
 
     info = ledger.pool(pool)
-    async_level = 2
-    if coordinator is None or not checkpoints or task is None:
-        spec = load_pool_spec(info.config.spec_uri)
-        coordinator = coordinator or spec.coordinator
-        checkpoints = checkpoints or list(spec.checkpoints)
-        task_spec = load_task_spec(task) if task is not None else spec.task()
-        async_level = spec.async_level
-    else:
-        task_spec = load_task_spec(task)
+    found = resolve_endpoints(info.config.spec_uri, coordinator=coordinator, checkpoints=checkpoints, task=task)
     setup = PoolSetup(
         pool_id=pool,
         trainer=info.config.trainer,
-        coordinator=_http_url(coordinator, "--coordinator"),
-        checkpoints=tuple(_http_url(url, "--checkpoints") for url in checkpoints),
-        task=task_spec,
+        coordinator=found.coordinator,
+        checkpoints=found.checkpoints,
+        task=load_task_spec(found.task_path),
     )
-    return setup, async_level
-
-
-def _http_url(text: str, flag: str) -> str:
-    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
-        raise CommandError(f"{flag}: expected an http:// or https:// URL, got {text!r}")
-    return text.rstrip("/")
+    return setup, found.async_level
 
 
 @app.command("rejections")

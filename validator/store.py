@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from node.statedb import connect
 from validator.errors import ValidatorStateError
 from validator.verdict import Verdict
 
@@ -112,7 +113,7 @@ class ValidatorStore:
         """The daemon's store, created on first use; refuses a state folder of another pool, chain or validator."""
         state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / DB_NAME
-        db = _connect(path)
+        db = connect(path, SCHEMA)
         identity = {
             "chain_id": str(chain_id),
             "work_ledger": work_ledger.lower(),
@@ -136,7 +137,7 @@ class ValidatorStore:
         if not path.is_file():
             raise ValidatorStateError(f"{state_dir} holds no validator state ({DB_NAME} is missing); check --state")
         try:
-            db = _connect(path)
+            db = connect(path, SCHEMA)
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:
             raise ValidatorStateError(f"{path} is not a validator state: {exc}") from None
@@ -275,11 +276,3 @@ def _work_row(row: Sequence[Any]) -> WorkRow:
     values["work_key"] = bytes.fromhex(values["work_key"])
     values["accepted"] = None if values["accepted"] is None else bool(values["accepted"])
     return WorkRow(**values)
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None)  # autocommit: each statement commits, or an explicit BEGIN
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.executescript(SCHEMA)
-    return db

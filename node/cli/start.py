@@ -124,7 +124,7 @@ def start(
 
         from node.daemon.faults import Fault, check_fault_allowed
         from node.daemon.worker import WorkerDaemon, WorkerSettings
-        from node.pool_spec import load_pool_spec
+        from node.pool_spec import resolve_endpoints
 
         config = read_config(config_file)
         fault = None
@@ -140,24 +140,20 @@ def start(
             check_fault_allowed(fault, chain_id=ledger.deployment.chain_id, rpc_url=ledger.deployment.rpc_url)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
-        coordinator_url = _pick(coordinator, config, "coordinator", None)
-        sources = checkpoints or config.get("checkpoints")
-        task_path = _pick(task, config, "task", None)
-        async_level = 2
-        if coordinator_url is None or not sources or task_path is None:
-            spec = load_pool_spec(ledger.pool(pool).config.spec_uri)
-            coordinator_url = coordinator_url or spec.coordinator
-            sources = sources or list(spec.checkpoints)
-            task_path = task_path or spec.task_path
-            async_level = spec.async_level
+        found = resolve_endpoints(
+            ledger.pool(pool).config.spec_uri,
+            coordinator=_pick(coordinator, config, "coordinator", None),
+            checkpoints=checkpoints or config.get("checkpoints"),
+            task=_pick(task, config, "task", None),
+        )
         default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}" / account.address
         settings = WorkerSettings(
             pool_id=pool,
             state_dir=Path(_pick(state, config, "state", default_state)).expanduser(),
-            coordinator=str(coordinator_url).rstrip("/"),
-            checkpoints=tuple(str(s).rstrip("/") for s in sources),
-            task=Path(task_path),
-            async_level=async_level,
+            coordinator=found.coordinator,
+            checkpoints=found.checkpoints,
+            task=found.task_path,
+            async_level=found.async_level,
             batch_size=_pick(batch_size, config, "batch_size", 64),
             submit_batch=_pick(submit_batch, config, "submit_batch", 4),
             submit_every=float(config.get("submit_every", 10.0)),

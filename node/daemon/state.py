@@ -16,13 +16,13 @@ transaction and recording it never submits twice.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from node.errors import NodeError
+from node.statedb import connect
 
 STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "expired")
 SCHEMA = """
@@ -66,10 +66,7 @@ class WorkerState:
         self.root = root
         self.files_dir = root / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(root / "state.db", isolation_level=None)  # autocommit: each statement commits
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
+        self.db = connect(root / "state.db", SCHEMA)
         self._bind({"chain_id": str(chain_id), "pool_id": str(pool_id), "node": node.lower()})
 
     def _bind(self, identity: dict[str, str]) -> None:

@@ -42,7 +42,7 @@ from node.errors import NodeError
 from node.generation.generate import generate_rollouts
 from node.generation.plan import Job
 from node.inference.torch_backend import TorchBackend
-from node.metrics import Registry
+from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
 from node.relay.client import new_session
 from node.relay.trust import TrustPolicy
@@ -389,18 +389,9 @@ class WorkerDaemon:
     # --- /metrics -----------------------------------------------------------------------------------
 
     async def _serve_metrics(self) -> web.AppRunner | None:
+        """`/metrics`; the journal's gauge is refreshed at every iteration of the loop."""
         if self.settings.metrics_port is None:
             return None
-
-        async def metrics(_: web.Request) -> web.Response:
-            self._update_stage_gauge()
-            return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await runner.setup()
-        await web.TCPSite(runner, self.settings.metrics_host, self.settings.metrics_port, reuse_address=True).start()
-        self.metrics_url = f"http://{self.settings.metrics_host}:{runner.addresses[-1][1]}/metrics"
-        log.info("metrics at %s", self.metrics_url)
+        runner, url = await serve_metrics(self.metrics, self.settings.metrics_host, self.settings.metrics_port)
+        log.info("metrics at %s", url)
         return runner

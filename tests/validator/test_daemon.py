@@ -259,7 +259,7 @@ def test_run_refuses_a_pool_without_a_usable_spec_and_an_account_that_is_not_its
         (["--dev-key", "2"], "scheme 'ipfs' is not supported"),
         (["--dev-key", "4", *flags], f"is not a validator of pool {pool_id}: the pool owner appoints it with"),
         (["--dev-key", "2", *flags, "--grace", "1e9"], "ValidatorConfig.grace_seconds must be"),
-        (["--dev-key", "2", *flags[2:], "--coordinator", "localhost:8600"], "--coordinator: expected an http://"),
+        (["--dev-key", "2", *flags[2:], "--coordinator", "localhost:8600"], "--coordinator: must be an http(s) URL"),
     ):
         result = CliRunner().invoke(app, [*base, *args])
         errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
