@@ -148,6 +148,7 @@ class PoolEndpoints:
     checkpoints: tuple[str, ...]
     task_path: Path
     async_level: int
+    bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs; empty when the spec was not read
 
 
 def resolve_endpoints(
@@ -156,22 +157,28 @@ def resolve_endpoints(
     coordinator: str | None = None,
     checkpoints: Sequence[str] | None = None,
     task: Path | None = None,
+    want_bootstrap: bool = False,
     cache: Path = DEFAULT_CACHE,
 ) -> PoolEndpoints:
     """The flags' values, and what they leave open from the pool spec at `spec_uri` (read only when needed).
 
-    Every URL is checked (http or https, with a host); a bad flag raises PoolSpecError naming it.
+    With `want_bootstrap` (a daemon that runs a p2p host) the spec is also read for its bootstrap peers when the
+    flags leave nothing else open, unless the pool has no spec URI. Every URL is checked (http or https, with a
+    host); a bad flag raises PoolSpecError naming it.
     """
     async_level = 2
-    if coordinator is None or not checkpoints or task is None:
+    bootstrap: tuple[str, ...] = ()
+    if coordinator is None or not checkpoints or task is None or (want_bootstrap and spec_uri.strip()):
         spec = load_pool_spec(spec_uri, cache=cache)
         coordinator = coordinator or spec.coordinator
         checkpoints = checkpoints or spec.checkpoints
         task = task or spec.task_path
         async_level = spec.async_level
+        bootstrap = spec.bootstrap
     return PoolEndpoints(
         coordinator=_url(coordinator, "--coordinator"),
         checkpoints=tuple(_url(url, "--checkpoints") for url in checkpoints),
         task_path=Path(task),
         async_level=async_level,
+        bootstrap=bootstrap,
     )

@@ -6,6 +6,7 @@ config and the model and task it names can move together.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,14 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class GossipConfig:
+    """`[p2p]`: the trainer's libp2p host, which announces every checkpoint and is the pool's bootstrap peer."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 picks a free port; a bootstrap peer wants a fixed one
+
+
+@dataclass(frozen=True)
 class RunConfig:
     run_dir: Path  # state, checkpoints, inbox, metrics, logs
     model: Path  # the initial policy (Hugging Face layout)
@@ -55,6 +64,7 @@ class RunConfig:
     worker_threads: int = 1  # torch threads per local worker
     train_threads: int = 0  # torch threads of the trainer; 0 = torch's default
     pool: PoolConfig | None = None
+    p2p: GossipConfig | None = None  # None: no gossip
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -107,6 +117,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
     evaluation = Fields(path, "eval", top.table("eval", required=False))
     local = Fields(path, "local", top.table("local", required=False))
     pool_table = top.table("pool", required=False)
+    p2p_table = top.table("p2p", required=False)
     top.done()
 
     grpo = GRPOConfig(
@@ -148,6 +159,16 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
             min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=64),
         )
         fields.done()
+    p2p = None
+    if "p2p" in raw:  # an empty [p2p] table turns gossip on with the defaults
+        fields = Fields(path, "p2p", p2p_table)
+        p2p_host = fields.text("host", "127.0.0.1", nonempty=True)
+        try:
+            ipaddress.IPv4Address(p2p_host)
+        except ValueError:
+            fields.fail("host", f"must be an IPv4 address (libp2p listens on one), got {p2p_host!r}")
+        p2p = GossipConfig(host=p2p_host, port=fields.integer("port", 0, minimum=0, maximum=65535))
+        fields.done()
     values: dict[str, Any] = dict(
         run_dir=_path(base, run.text("dir", nonempty=True)),
         model=_path(base, run.text("model", nonempty=True)),
@@ -169,6 +190,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         local_workers=local.integer("workers", 0, minimum=0, maximum=256),
         worker_threads=local.integer("threads", 1, minimum=1, maximum=256),
         pool=pool,
+        p2p=p2p,
     )
     for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
         table.done()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from eth_account import Account
@@ -38,6 +38,9 @@ from trainer.inbox import RolloutInbox
 from trainer.learner import Learner
 from trainer.loop import RunPaths, TrainingLoop
 from trainer.roles import Roles, StaticRoles
+
+if TYPE_CHECKING:
+    from trainer.gossip import TrainerGossip
 
 log = logging.getLogger(__name__)
 
@@ -278,12 +281,25 @@ async def run_training(
         server, account=network.account, domain=network.domain, pool_id=network.pool_id, keep=config.keep_versions
     )
     workers: LocalWorkers | None = None
+    gossip: TrainerGossip | None = None
     started = time.monotonic()
     try:
-        await origin.publish(paths.checkpoint(learner.step), learner.step)
+        if config.p2p is not None:
+            from trainer.gossip import TrainerGossip  # libp2p takes a second or two to import
+
+            gossip = TrainerGossip(
+                network.account, network.domain, network.pool_id, host=config.p2p.host, port=config.p2p.port,
+                registry=api.metrics,
+            )  # fmt: skip
+            await gossip.start()
+        manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
         publish_step(state, learner.step, steps_file)
+        if gossip is not None:
+            await gossip.announce(manifest)
         log.info("coordinator on %s, origin on %s, policy step %d", api_url, origin_url, learner.step)
         endpoints = {"coordinator": api_url, "origin": origin_url, "trainer": network.account.address}
+        if gossip is not None:
+            endpoints["p2p"] = gossip.listen_addr
         (config.run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         if on_ready is not None:
             on_ready(api_url, origin_url)
@@ -304,8 +320,10 @@ async def run_training(
                         await asyncio.wait_for(arrived.wait(), timeout=0.5)
                 idle = time.monotonic() - waited
                 record = await asyncio.to_thread(loop.train, selection.files, idle_seconds=idle)
-                await origin.publish(paths.checkpoint(learner.step), learner.step)
+                manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
                 publish_step(state, learner.step, steps_file)
+                if gossip is not None:  # after the coordinator serves the step: a worker may act on it at once
+                    await gossip.announce(manifest)
                 last.clear()
                 last.update(record)
                 if on_step is not None:
@@ -313,6 +331,8 @@ async def run_training(
     finally:
         if workers is not None:
             workers.stop()
+        if gossip is not None:
+            await gossip.stop()
         await runner.cleanup()
         await server.stop()
     return RunSummary(

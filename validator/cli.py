@@ -182,6 +182,10 @@ def run_command(
     thresholds: Annotated[
         ThresholdPreset, typer.Option("--thresholds", help="TOPLOC limits for the device class.")
     ] = ThresholdPreset.CPU_FP32,
+    p2p_port: Annotated[
+        int | None,
+        typer.Option("--p2p-port", min=0, max=65535, metavar="P", help="Also gossip attestations (0: any port)."),
+    ] = None,
 ) -> None:
     """Validate pool N: verify each submitted file, attest, invalidate the bad ones on chain; runs until stopped."""
     configure_daemon_logging()
@@ -196,7 +200,9 @@ def run_command(
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
-        setup, spec_async_level = _pool_setup(ledger, pool, coordinator, checkpoints, task)
+        setup, spec_async_level, bootstrap = _pool_setup(
+            ledger, pool, coordinator, checkpoints, task, want_bootstrap=p2p_port is not None
+        )
         config = ValidatorConfig(
             async_level=spec_async_level if async_level is None else async_level,
             thresholds=_preset(thresholds),
@@ -207,7 +213,9 @@ def run_command(
         state_dir = (state or default_state / f"validator-{account.address}").expanduser()
 
         async def main() -> None:
-            daemon = ValidatorDaemon(ledger, setup, config, state_dir, metrics_port=metrics_port)
+            daemon = ValidatorDaemon(
+                ledger, setup, config, state_dir, metrics_port=metrics_port, p2p_port=p2p_port, bootstrap=bootstrap
+            )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, daemon.stopping.set)
@@ -217,15 +225,24 @@ def run_command(
 
 
 def _pool_setup(
-    ledger: Ledger, pool: int, coordinator: str | None, checkpoints: list[str] | None, task: Path | None
-) -> tuple[PoolSetup, int]:
-    """Where the pool's parts are: the flags, else the pool spec at the pool's specURI; and its async level."""
+    ledger: Ledger,
+    pool: int,
+    coordinator: str | None,
+    checkpoints: list[str] | None,
+    task: Path | None,
+    *,
+    want_bootstrap: bool = False,
+) -> tuple[PoolSetup, int, tuple[str, ...]]:
+    """Where the pool's parts are: the flags, else the pool spec at the pool's specURI; its async level and
+    bootstrap peers (read from the spec when `want_bootstrap`)."""
     from node.pool_spec import resolve_endpoints
     from node.tasks.spec import load_task_spec
     from validator.daemon import PoolSetup
 
     info = ledger.pool(pool)
-    found = resolve_endpoints(info.config.spec_uri, coordinator=coordinator, checkpoints=checkpoints, task=task)
+    found = resolve_endpoints(
+        info.config.spec_uri, coordinator=coordinator, checkpoints=checkpoints, task=task, want_bootstrap=want_bootstrap
+    )
     setup = PoolSetup(
         pool_id=pool,
         trainer=info.config.trainer,
@@ -233,7 +250,7 @@ def _pool_setup(
         checkpoints=found.checkpoints,
         task=load_task_spec(found.task_path),
     )
-    return setup, found.async_level
+    return setup, found.async_level, found.bootstrap
 
 
 @app.command("rejections")

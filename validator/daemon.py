@@ -11,7 +11,8 @@ One loop, one submission at a time (DESIGN section 1, step 5):
    newest step of the coordinator's `GET /v1/steps` published by the submission's block timestamp): a validator
    catching up on a backlog judges each file by the window its worker had. A step whose checkpoint no source
    offers any more makes the file `unverifiable`: logged, never slashed;
-4. post a signed attestation to the coordinator;
+4. post a signed attestation to the coordinator, and (with a p2p port) publish it on the pool's attestations
+   topic (`validator.gossip`; best effort, never fatal);
 5. on a rejection, re-read the work on chain and, unless it is already invalidated or its challenge window has
    closed, call `invalidateWork` with the reason (slashing the provider and ejecting the node).
 
@@ -28,6 +29,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -62,6 +64,9 @@ from validator.timing import Stopped, interruptible, retry_delay, step_at
 from validator.verdict import reject
 from validator.verify import Expected, verify_file
 
+if TYPE_CHECKING:
+    from validator.gossip import AttestationGossip
+
 log = logging.getLogger("validator.daemon")
 
 DOWNLOAD = "download"  # `Verdict.check` of a file that could not be downloaded
@@ -88,6 +93,8 @@ class ValidatorDaemon:
         *,
         metrics_host: str = "127.0.0.1",
         metrics_port: int | None = None,
+        p2p_port: int | None = None,
+        bootstrap: tuple[str, ...] = (),
     ) -> None:
         if ledger.account is None:
             raise ValidatorError("the validator daemon signs attestations and transactions: give it a key")
@@ -96,6 +103,8 @@ class ValidatorDaemon:
         if not ledger.is_validator(setup.pool_id, self.account.address):  # before the state folder is bound to it
             raise NotAValidator(self.account.address, setup.pool_id)
         self.metrics_host, self.metrics_port = metrics_host, metrics_port
+        self.p2p_port, self.bootstrap = p2p_port, bootstrap  # None: no gossip; 0: any free port
+        self.gossip: AttestationGossip | None = None
         deployment = ledger.deployment
         self.domain = SigningDomain(deployment.chain_id, deployment.address("ComputePool"))
         self.store = ValidatorStore.open(
@@ -155,6 +164,15 @@ class ValidatorDaemon:
             f", metrics at {self.metrics_url}" if self.metrics_url else "",
         )  # fmt: skip
         try:
+            if self.p2p_port is not None:
+                from validator.gossip import AttestationGossip  # libp2p takes a second or two to import
+
+                gossip = AttestationGossip(
+                    self.account, self.domain, pool_id, port=self.p2p_port, bootstrap=self.bootstrap,
+                    registry=self.metrics,
+                )  # fmt: skip
+                await gossip.start()
+                self.gossip = gossip
             async with aiohttp.ClientSession() as session:
                 self.client = CoordinatorClient(session, self.setup.coordinator, self.account, self.domain)
                 while not self.stopping.is_set():
@@ -167,6 +185,8 @@ class ValidatorDaemon:
                     with contextlib.suppress(Stopped):
                         await self._advance(row)
         finally:
+            if self.gossip is not None:
+                await self.gossip.stop()
             if runner is not None:
                 await runner.cleanup()
             log.info("stopped; files by stage: %s", self.store.counts())
@@ -328,6 +348,8 @@ class ValidatorDaemon:
             self._retry(row, str(exc))
             return
         self.store.move(row.work_key, ATTESTED)
+        if self.gossip is not None:
+            await self.gossip.publish(attestation)
 
     async def _invalidate(self, row: WorkRow) -> None:
         """Sends invalidateWork for a rejected file, unless the chain says it is done or too late."""

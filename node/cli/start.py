@@ -42,6 +42,7 @@ CONFIG_KEYS = {  # node.toml [worker] key -> type
     "join": bool,
     "metrics_port": int,
     "max_files": int,
+    "p2p_port": int,
 }
 
 
@@ -108,6 +109,10 @@ def start(
     relay_host: Annotated[str, typer.Option(help="The relay's address; 0.0.0.0 to serve other machines.")] = (
         "127.0.0.1"
     ),
+    p2p_port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, metavar="P", help="Join the pool's gossip on this port (0: any free one)."),
+    ] = None,
     simulate_fault: Annotated[
         str | None,
         typer.Option(
@@ -145,6 +150,7 @@ def start(
             coordinator=_pick(coordinator, config, "coordinator", None),
             checkpoints=checkpoints or config.get("checkpoints"),
             task=_pick(task, config, "task", None),
+            want_bootstrap=_pick(p2p_port, config, "p2p_port", None) is not None,
         )
         default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}" / account.address
         settings = WorkerSettings(
@@ -165,6 +171,8 @@ def start(
             metrics_port=_pick(metrics_port, config, "metrics_port", None),
             relay_host=relay_host,
             relay_port=relay_port if relay else None,
+            p2p_port=_pick(p2p_port, config, "p2p_port", None),
+            bootstrap=found.bootstrap,
         )
         torch_threads = _pick(threads, config, "threads", 0)
         if torch_threads:

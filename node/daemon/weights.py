@@ -14,7 +14,11 @@ from node.relay.trust import TrustPolicy
 
 
 class Weights:
-    """Fetches a step's checkpoint (signature checked against the trainer) and keeps only the one in use."""
+    """Fetches a step's checkpoint (signature checked against the trainer) and keeps only the one in use.
+
+    `hold` may be called from two tasks (the loop, and a prefetch after an announcement): one fetch runs at a
+    time, and a caller that waited for a fetch of the same step gets its result without fetching again.
+    """
 
     def __init__(
         self,
@@ -28,10 +32,17 @@ class Weights:
         self.step: int | None = None
         self.loaded: LoadedModel | None = None
         self.manifest_hash = b""
+        self._lock = asyncio.Lock()
 
     async def hold(self, step: int) -> LoadedModel:
         if self.step == step and self.loaded is not None:
             return self.loaded
+        async with self._lock:
+            if self.step == step and self.loaded is not None:  # fetched by the task that held the lock
+                return self.loaded
+            return await self._fetch_and_load(step)
+
+    async def _fetch_and_load(self, step: int) -> LoadedModel:
         hashes: list[bytes] = []
         path = await fetch_checkpoint(
             self.sources, self.policy, self.root, step=step, on_start=lambda m, _: hashes.append(manifest_hash(m))
@@ -39,11 +50,13 @@ class Weights:
         sidecar = self.root / f"step_{step}.manifest-hash"  # a checkpoint already on disk was not fetched again
         if hashes:
             sidecar.write_text(hashes[0].hex())
-        self.manifest_hash = bytes.fromhex(sidecar.read_text().strip())
-        self.loaded = await asyncio.to_thread(load_model, path)
+        held_hash = bytes.fromhex(sidecar.read_text().strip())
+        loaded = await asyncio.to_thread(load_model, path)
         if self.on_load is not None:
-            self.on_load(self.loaded)
-        self.step = step
+            self.on_load(loaded)
+        # all three at once, with no await between: the loop reads `manifest_hash` right after a `hold` that
+        # returned the step already held, while a prefetch of the next step may be loading
+        self.loaded, self.step, self.manifest_hash = loaded, step, held_hash
         for old in self.root.glob("step_*"):  # keep only what is in use
             if old.name in (f"step_{step}", f"step_{step}.manifest-hash"):
                 continue

@@ -15,6 +15,10 @@ With `relay_port` the node is also a SHARDCAST relay: it mirrors the pool's chec
 folder (every shard verified, only versions the pool's trainer signed) and serves them to other peers; its own
 fetches then read from that relay first.
 
+With `p2p_port` the node also joins the pool's gossip (`node.daemon.gossip`): it dials the bootstrap peers,
+prefetches each step the trainer announces, adds advertised relays to its checkpoint sources, and, with a
+relay, advertises it.
+
 Everything is journaled in `node.daemon.state` before the next side effect, so a crash or a kill at any point
 loses no file that was written and submits none twice. SIGTERM or SIGINT finishes the file in progress, uploads
 and submits what is ready, and exits 0.
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from ledger.client import Ledger
+    from node.daemon.gossip import WorkerGossip
     from node.relay.server import ShardServer
 
 log = logging.getLogger("node.worker")
@@ -87,6 +92,9 @@ class WorkerSettings:
     metrics_port: int | None = None  # None: no /metrics server; 0: any free port
     relay_host: str = "127.0.0.1"
     relay_port: int | None = None  # None: no relay; else mirror the checkpoint sources and serve them here
+    p2p_host: str = "127.0.0.1"
+    p2p_port: int | None = None  # None: no gossip; else a libp2p host on this port (0: any free one)
+    bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs dialled at start (the pool spec's)
 
     def __post_init__(self) -> None:
         if self.pool_id < 1 or self.batch_size < 1 or self.submit_batch < 1 or self.max_failures < 1:
@@ -154,6 +162,7 @@ class WorkerDaemon:
         if relay is not None:
             sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
         weights = Weights(settings.state_dir / "weights", sources, policy, on_load=on_load)
+        gossip = await self._start_gossip(domain, pool.config.trainer, weights, relay)
         runner = await self._serve_metrics()
         log.info(
             "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s",
@@ -214,6 +223,8 @@ class WorkerDaemon:
         finally:
             if runner is not None:
                 await runner.cleanup()
+            if gossip is not None:
+                await gossip.stop()
             if relay is not None:
                 await self._stop_relay(relay)
         log.info("stopped after %d files; journal: %s", made, self.state.counts())
@@ -385,6 +396,43 @@ class WorkerDaemon:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await server.stop()
+
+    # --- gossip ------------------------------------------------------------------------------------
+
+    async def _start_gossip(
+        self,
+        domain: SigningDomain,
+        trainer: str,
+        weights: Weights,
+        relay: tuple[str, ShardServer, asyncio.Task[None]] | None,
+    ) -> WorkerGossip | None:
+        """With `p2p_port`, a libp2p host that dialled the bootstrap peers and follows the pool's topics."""
+        settings = self.settings
+        if settings.p2p_port is None:
+            return None
+        from node.daemon.gossip import AdvertisedRelays, WorkerGossip  # libp2p takes a second or two to import
+        from node.p2p import P2PConfig, P2PNode
+
+        config = P2PConfig(listen_host=settings.p2p_host, listen_port=settings.p2p_port)
+        node = P2PNode(self.account, domain, config, registry=self.metrics)
+        await node.start()
+        relay_url, server = (relay[0], relay[1]) if relay is not None else (None, None)
+        gossip = WorkerGossip(
+            node,
+            settings.pool_id,
+            trainer,
+            weights,
+            AdvertisedRelays(weights.sources, own=relay_url),
+            bootstrap=settings.bootstrap,
+            relay_url=relay_url,
+            bytes_served=(lambda: server.bytes_sent) if server is not None else None,
+        )
+        try:
+            await gossip.start()
+        except BaseException:
+            await gossip.stop()
+            raise
+        return gossip
 
     # --- /metrics -----------------------------------------------------------------------------------
 

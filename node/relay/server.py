@@ -130,6 +130,11 @@ class ShardServer:
 
     # --- life cycle ----------------------------------------------------------------------------------
 
+    @property
+    def bytes_sent(self) -> float:
+        """Shard bytes sent to clients since the server was built (a relay advertises its rate)."""
+        return self._bytes_sent.value()
+
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one); returns the port."""
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)

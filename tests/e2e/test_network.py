@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,9 @@ from ledger.types import Reason, WorkStatus
 from node.model.tiny import init_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import make_pool, onboard
+from running import Processes, wait_for
 
 TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 OWNER, HONEST_PROVIDER, CHEAT_PROVIDER, VALIDATOR, HONEST, CHEAT = 0, 1, 2, 5, 3, 4
@@ -38,52 +38,6 @@ TOKEN = 10**18
 STEPS = 3
 
 pytestmark = pytest.mark.slow
-
-
-class Processes:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *command: str) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", *command],
-            cwd=self.root,
-            stdout=(self.root / f"{name}.out").open("w"),
-            stderr=(self.root / f"{name}.log").open("w"),
-            start_new_session=True,
-        )
-        self.running[name] = process
-        return process
-
-    def log(self, name: str) -> str:
-        return (self.root / f"{name}.log").read_text()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {n}\n{self.log(n)[-2500:]}" for n in self.running)
-
-    def stop_all(self) -> None:
-        for process in self.running.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
-    running = Processes(tmp_path)
-    try:
-        yield running
-    finally:
-        running.stop_all()
-
-
-def wait_for(condition: Callable[[], bool], what: str, processes: Processes, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{processes.logs()}")
-        time.sleep(0.25)
 
 
 def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(

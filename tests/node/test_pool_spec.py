@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from node.pool_spec import PoolSpecError, load_pool_spec
+from node.pool_spec import PoolSpecError, load_pool_spec, resolve_endpoints
 
 TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 SPEC = 'coordinator = "http://127.0.0.1:8000/"\ncheckpoints = ["http://127.0.0.1:9000"]\ntask = "task.toml"\n'
@@ -77,3 +77,13 @@ def test_a_bad_spec_names_the_field(folder: Path, text: str, problem: str) -> No
 def test_a_pool_without_a_spec_says_which_flags_replace_it() -> None:
     with pytest.raises(PoolSpecError, match="--coordinator, --checkpoints and --task"):
         load_pool_spec("")
+
+
+def test_bootstrap_peers_come_from_the_spec_even_when_flags_name_everything_else(folder: Path) -> None:
+    peer = "/ip4/127.0.0.1/tcp/4001/p2p/16Uiu2HAmExample"
+    (folder / "pool.toml").write_text(SPEC + f'bootstrap = ["{peer}"]\n')
+    uri, flags = str(folder / "pool.toml"), {"coordinator": "http://c:1", "checkpoints": ["http://o:2"], "task": TASK}
+    assert resolve_endpoints(uri).bootstrap == (peer,)
+    assert resolve_endpoints(uri, **flags).bootstrap == ()  # p2p off: the spec is not read at all
+    assert resolve_endpoints(uri, **flags, want_bootstrap=True).bootstrap == (peer,)
+    assert resolve_endpoints("", **flags, want_bootstrap=True).bootstrap == ()  # a pool without a spec

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainerConfigError, load_run_config
+from trainer.config import GossipConfig, TrainerConfigError, load_run_config
 
 EXAMPLE = Path(__file__).parents[2] / "configs" / "trainer.toml"
 
@@ -29,6 +29,8 @@ def test_the_shipped_config_loads_and_flags_override_it() -> None:
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "keep_versions"),
         ("[run]\nmodel='m'\ntask='t'\n[local]\nworkers=1\n", "run.dir"),
         ("[run\n", "not readable TOML"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[p2p]\nport=70000\n[local]\nworkers=1\n", "p2p.port"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[p2p]\nhost='localhost'\n[local]\nworkers=1\n", "p2p.host"),
     ],
 )
 def test_bad_values_are_refused_with_the_field_named(tmp_path: Path, text: str, message: str) -> None:
@@ -48,3 +50,14 @@ def test_a_pool_table_selects_network_mode(tmp_path: Path) -> None:
     assert not config.local and config.pool is not None
     assert (config.pool.id, config.pool.min_attestations, config.pool.keystore) == (3, 2, None)
     assert config.pool.deployment == tmp_path / "deployment.json"
+
+
+def test_gossip_is_off_without_a_p2p_table_and_an_empty_one_takes_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.toml"
+    base = "[run]\ndir='r'\nmodel='m'\ntask='t'\n[local]\nworkers=1\n"
+    path.write_text(base)
+    assert load_run_config(path).p2p is None
+    path.write_text(base + "[p2p]\n")
+    assert load_run_config(path).p2p == GossipConfig(host="127.0.0.1", port=0)
+    path.write_text(base + "[p2p]\nhost='0.0.0.0'\nport=4001\n")
+    assert load_run_config(path).p2p == GossipConfig(host="0.0.0.0", port=4001)

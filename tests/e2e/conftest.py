@@ -1,0 +1,21 @@
+"""The fixture of the end-to-end tests: every process a test starts is killed when it ends."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from running import Processes
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    running = Processes(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop_all()
