@@ -25,13 +25,13 @@ from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkSubmitted, invalidations
 from ledger.types import Reason, WorkStatus
 from node.model.tiny import init_model
+from tests.network_trainer import TASK, write_trainer_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import make_pool, onboard
 from running import Processes, wait_for
 
-TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 OWNER, HONEST_PROVIDER, CHEAT_PROVIDER, VALIDATOR, HONEST, CHEAT = 0, 1, 2, 5, 3, 4
 WINDOW = 3600
 TOKEN = 10**18
@@ -57,27 +57,7 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
     owner.set_validator(pool_id, dev_account(VALIDATOR).address)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
-    (tmp_path / "trainer.toml").write_text(
-        f"""[run]
-dir = "run"
-model = "{model}"
-task = "{TASK}"
-steps = {STEPS}
-threads = 1
-[data]
-async_level = 2
-rollouts_per_step = 16
-[coordinator]
-port = 0
-prompts_per_task = 2
-group_size = 4
-[shardcast]
-port = 0
-[pool]
-id = {pool_id}
-deployment = "deployment.json"
-"""
-    )
+    write_trainer_config(tmp_path, model, pool_id, steps=STEPS, rollouts_per_step=16)
     trainer = processes.start("trainer", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0")
     endpoints = tmp_path / "run" / "endpoints.json"
     wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints", processes)

@@ -25,13 +25,13 @@ from ledger.deployment import Deployment
 from node.model.tiny import init_model
 from node.p2p import P2PNode, Received, Subscription, attestations_topic, checkpoints_topic
 from node.signing import Attestation, Checkpoint, SigningDomain
+from tests.network_trainer import TASK, write_trainer_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import make_pool, onboard
 from running import Processes, wait_for
 
-TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 OWNER, PROVIDER, WORKER, VALIDATOR = 0, 1, 3, 5
 TOKEN = 10**18
 
@@ -70,29 +70,7 @@ def test_the_worker_prefetches_announced_steps_and_attestations_reach_the_gossip
     owner.set_validator(pool_id, dev_account(VALIDATOR).address)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
-    (tmp_path / "trainer.toml").write_text(
-        f"""[run]
-dir = "run"
-model = "{model}"
-task = "{TASK}"
-steps = 3
-threads = 1
-[data]
-async_level = 2
-rollouts_per_step = 8
-[coordinator]
-port = 0
-prompts_per_task = 2
-group_size = 4
-[shardcast]
-port = 0
-[p2p]
-port = 0
-[pool]
-id = {pool_id}
-deployment = "deployment.json"
-"""
-    )
+    write_trainer_config(tmp_path, model, pool_id, steps=3, rollouts_per_step=8, p2p=True)
     trainer = processes.start("trainer", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0")
     endpoints = tmp_path / "run" / "endpoints.json"
     wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints", processes, 120)

@@ -26,11 +26,10 @@ from ledger.events import EventFollower, WorkSubmitted
 from ledger.types import WorkStatus
 from node.model.tiny import init_model
 from node.rollouts import read_rollouts, work_units
+from tests.network_trainer import TASK, write_trainer_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
 from helpers import fund_provider, make_pool, onboard
-
-TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 
 VALIDATOR = 6
 
@@ -67,27 +66,7 @@ def pool(tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deploy
     owner.set_validator(pool_id, dev_account(VALIDATOR).address)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
-    (tmp_path / "trainer.toml").write_text(
-        f"""[run]
-dir = "run"
-model = "{model}"
-task = "{TASK}"
-steps = 5
-threads = 1
-[data]
-async_level = 2
-rollouts_per_step = 8
-[coordinator]
-port = 0
-prompts_per_task = 2
-group_size = 4
-[shardcast]
-port = 0
-[pool]
-id = {pool_id}
-deployment = "deployment.json"
-"""
-    )
+    write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=8)
     trainer = subprocess.Popen(
         [sys.executable, "-m", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0"],
         cwd=tmp_path,

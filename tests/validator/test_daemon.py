@@ -38,6 +38,7 @@ from node.rollouts import read_rollouts, work_units
 from node.signing import SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
+from tests.network_trainer import TASK, write_trainer_config
 from tests.trainer.rollout_factory import make_file
 from validator.cli import app
 from validator.store import ATTESTED, INVALIDATED, SEEN, ValidatorStore
@@ -45,7 +46,6 @@ from validator.store import ATTESTED, INVALIDATED, SEEN, ValidatorStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
 from helpers import make_pool, onboard
 
-TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 GRACE = 20  # seconds; long enough that the first validator is killed while the missing file's grace still runs
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -150,11 +150,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     )
     missing_key = hashlib.sha256(b"never uploaded").digest()  # reason 8 after the grace period
 
-    (tmp_path / "trainer.toml").write_text(
-        f'[run]\ndir = "run"\nmodel = "{model}"\ntask = "{TASK}"\nsteps = 5\nthreads = 1\n'
-        "[data]\nrollouts_per_step = 100000\n[coordinator]\nport = 0\n[shardcast]\nport = 0\n"
-        f'[pool]\nid = {pool_id}\ndeployment = "deployment.json"\n'
-    )  # rollouts_per_step: never trains, so step 0 stays current
+    write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=100_000)  # never trains: step 0 stays
     trainer_log, run = tmp_path / "trainer.log", tmp_path / "run"
     trainer = start(["trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0"], tmp_path, trainer_log)
     processes = [trainer]
