@@ -77,14 +77,9 @@ class Submission:
 
 
 @dataclass(frozen=True)
-class WorkRow:
-    pool_id: int
-    work_key: bytes
-    node: str
-    units: int
-    block: int
-    log_index: int
-    submitted_at: int
+class WorkRow(Submission):
+    """A submission and how far the validator got with it."""
+
     stage: str
     accepted: bool | None
     reason: int | None
