@@ -20,6 +20,7 @@ import pytest
 from eth_account.signers.local import LocalAccount
 
 from ledger.accounts import dev_account
+from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkSubmitted
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
 from helpers import fund_provider, make_pool, onboard
 
 VALIDATOR = 6
+TOKEN = 10**18
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +48,7 @@ class Pool:
     owner: Ledger
     coordinator: str
     deployment: Deployment
+    chain: LocalChain
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
@@ -56,7 +59,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -
 
 
 @pytest.fixture
-def pool(tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deployment) -> Iterator[Pool]:
+def pool(
+    tmp_path: Path, chain: LocalChain, ledger_for: Callable[[int], Ledger], deployment: Deployment
+) -> Iterator[Pool]:
     """A pool whose spec file names a trainer (network mode) started as a process, and one member node."""
     owner, provider = ledger_for(0), ledger_for(1)
     spec_file = tmp_path / "pool.toml"
@@ -64,6 +69,8 @@ def pool(tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deploy
     node = dev_account(3)
     node_ledger = onboard(owner, provider, node, pool_id)
     owner.set_validator(pool_id, dev_account(VALIDATOR).address)
+    owner.mint(owner.address, 1000 * TOKEN)
+    owner.fund_rewards(pool_id, 1000 * TOKEN)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
     write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=8)
@@ -82,7 +89,7 @@ def pool(tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deploy
         spec_file.write_text(
             f'coordinator = "{urls["coordinator"]}"\ncheckpoints = ["{urls["origin"]}"]\ntask = "{TASK}"\n'
         )
-        yield Pool(pool_id, tmp_path, node, node_ledger, provider, owner, urls["coordinator"], deployment)
+        yield Pool(pool_id, tmp_path, node, node_ledger, provider, owner, urls["coordinator"], deployment, chain)
     finally:
         os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait()
@@ -272,3 +279,21 @@ def test_an_unreachable_coordinator_is_retried_until_sigterm(pool: Pool) -> None
     process.send_signal(signal.SIGTERM)
     assert finish(pool, process, "dead.log") == 0
     assert "stopped after 0 files" in log.read_text()
+
+
+def test_with_claim_the_worker_claims_what_left_its_challenge_window(pool: Pool) -> None:
+    first = start(pool, "--max-files", "1", "--submit-batch", "1")
+    assert finish(pool, first) == 0
+    [matured] = journal(pool)
+    window = pool.owner.pool(pool.id).config.challenge_window
+    pool.chain.increase_time(window + 1)
+    before = pool.owner.balance_of(pool.provider.address)
+    second = start(pool, "--max-files", "1", "--submit-batch", "1", "--claim", log="worker-2.log")
+    assert finish(pool, second, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
+    files = journal(pool)
+    assert files[matured][0] == "claimed" and files[matured][1].startswith("claimed in 0x")
+    assert [s for k, (s, _) in files.items() if k != matured] == ["submitted"]  # still inside its window
+    assert pool.owner.get_work(pool.id, bytes.fromhex(matured)).status == WorkStatus.CLAIMED
+    units = pool.owner.get_work(pool.id, bytes.fromhex(matured)).units
+    reward = units * pool.owner.pool(pool.id).config.reward_per_unit
+    assert pool.owner.balance_of(pool.provider.address) == before + reward  # paid to the provider, not the node
