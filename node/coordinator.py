@@ -17,7 +17,7 @@ from eth_account.signers.local import LocalAccount
 from node.errors import NodeError
 from node.generation.plan import Job
 from node.safejson import loads_bounded
-from node.signing import Attestation, SigningDomain, sign, sign_request
+from node.signing import Attestation, SignatureError, SigningDomain, recover, sign, sign_request
 
 _MAX_ANSWER = 64 * 1024
 _MAX_DEPTH = 4  # the API's answers nest at most 3 deep (/v1/steps)
@@ -45,6 +45,15 @@ class PublishedStep:
 
     step: int
     at: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A validator's attestation on a file, its signature checked by the client."""
+
+    validator: str
+    accepted: bool
+    reason: int
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,29 @@ class CoordinatorClient:
         except (KeyError, TypeError, ValueError) as exc:
             raise CoordinatorUnavailable(f"/v1/steps answered an invalid history: {exc}") from None
         return steps
+
+    async def attestations(self, work_key: bytes, pool_id: int) -> list[Verdict]:
+        """The verdicts validators posted on a file; one whose signature does not match its validator is dropped.
+
+        Checking the signatures means a coordinator cannot show a worker an acceptance nobody signed; whether the
+        signer is one of the pool's validators is for the caller to ask the chain.
+        """
+        answer = await self._call("GET", f"/v1/rollouts/{work_key.hex()}/attestations", signed=False)
+        verdicts = []
+        try:
+            for entry in answer["attestations"]:
+                accepted, reason = entry["accepted"], entry["reason"]
+                message = Attestation(pool_id, work_key, accepted, reason)
+                signature = bytes.fromhex(str(entry["signature"]).removeprefix("0x"))
+                try:
+                    signer = recover(message, signature, self.domain)
+                except SignatureError:
+                    continue
+                if signer == entry["validator"]:
+                    verdicts.append(Verdict(signer, bool(accepted), int(reason)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CoordinatorUnavailable(f"/v1/rollouts/.../attestations answered an invalid list: {exc}") from None
+        return verdicts
 
     async def download(self, work_key: bytes, max_bytes: int, *, timeout: float = 60.0) -> bytes | None:
         """An uploaded file's bytes, None when the coordinator has no such file (404).

@@ -7,6 +7,7 @@
 | `POST /v1/tasks` | signed, a pool member | the next assignment for the signing node |
 | `PUT /v1/rollouts/{sha256}` | signed, a pool member | upload a rollout file; content-addressed, idempotent |
 | `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators) |
+| `GET /v1/rollouts/{sha256}/attestations` | anyone | the signed verdicts validators posted on that file |
 | `POST /v1/attestations` | signed, a validator | a signed verdict on a work key |
 | `GET /metrics` | anyone | Prometheus text |
 
@@ -113,6 +114,20 @@ class ApiError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+def _load_verdicts(path: Path) -> dict[bytes, dict[str, dict[str, object]]]:
+    """The attestations log, indexed; a line cut short by a crash is skipped (its validator posts again)."""
+    verdicts: dict[bytes, dict[str, dict[str, object]]] = {}
+    if not path.exists():
+        return verdicts
+    for line in path.read_bytes().splitlines():
+        try:
+            record = loads_bounded(line, 1)
+            verdicts.setdefault(bytes.fromhex(record["work_key"][2:]), {})[record["validator"]] = record
+        except (ValueError, KeyError, TypeError):
+            continue
+    return verdicts
+
+
 def _json_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": code, "message": message}, status=status)
 
@@ -132,6 +147,7 @@ class CoordinatorApi:
     ) -> None:
         self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
         self.attestations = attestations
+        self.verdicts = _load_verdicts(attestations)  # work key -> validator -> its latest record
         self.config = config or ApiConfig()
         self.on_upload = on_upload
         self.on_assign = on_assign  # (node, counter handed out): lets the trainer persist counters before answering
@@ -149,6 +165,7 @@ class CoordinatorApi:
                 web.post("/v1/tasks", self._tasks),
                 web.put("/v1/rollouts/{sha256}", self._upload),
                 web.get("/v1/rollouts/{sha256}", self._download),
+                web.get("/v1/rollouts/{sha256}/attestations", self._attestations),
                 web.post("/v1/attestations", self._attest),
                 web.get("/metrics", self._metrics),
             ]
@@ -281,7 +298,7 @@ class CoordinatorApi:
             raise ApiError(400, "bad_attestation", f"not a signed attestation: {exc}") from None
         if attester != signer or not is_checksum_address(attester):
             raise ApiError(400, "bad_attestation", f"the attestation is signed by {attester}, the request by {signer}")
-        with self.attestations.open("a", encoding="utf-8") as log:
+        with self.attestations.open("a+b") as log:
             record = {
                 "work_key": "0x" + attestation.work_key.hex(),
                 "accepted": attestation.accepted,
@@ -289,8 +306,19 @@ class CoordinatorApi:
                 "validator": signer,
                 "signature": "0x" + signature.hex(),
             }
-            log.write(json.dumps(record, sort_keys=True) + "\n")
+            line = json.dumps(record, sort_keys=True).encode() + b"\n"
+            if log.tell() and (log.seek(-1, 2), log.read(1))[1] != b"\n":  # a line cut by a crash stays on its own
+                line = b"\n" + line
+            log.write(line)
+        self.verdicts.setdefault(attestation.work_key, {})[signer] = record
         return web.json_response({"recorded": True}, status=201)
+
+    async def _attestations(self, request: web.Request) -> web.Response:
+        name = request.match_info["sha256"]
+        if not _SHA256.fullmatch(name) or not self.inbox.has(bytes.fromhex(name)):
+            raise ApiError(404, "not_found", f"no rollout file {name}")
+        found = self.verdicts.get(bytes.fromhex(name), {})
+        return web.json_response({"work_key": "0x" + name, "attestations": [found[v] for v in sorted(found)]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.render(), content_type="text/plain")

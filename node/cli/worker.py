@@ -233,6 +233,10 @@ def status(
     address: Annotated[
         str | None, typer.Option(metavar="ADDR", help="Provider or node to show (read-only; no key needed).")
     ] = None,
+    state: Annotated[
+        Path | None,
+        typer.Option("--state", metavar="DIR", help="A worker's state folder: adds what validators attested."),
+    ] = None,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     rpc_url: RpcUrlOption = None,
     keystore: KeystoreOption = None,
@@ -247,7 +251,12 @@ def status(
         target = parse_address(address, what="--address") if address is not None else None
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key, need_signer=False)
         target = target or ledger.address
-        _print_status(ledger, target, pool)
+        verdicts: dict[bytes, str] = {}
+        if state is not None:
+            from node.daemon.state import read_verdicts
+
+            verdicts = read_verdicts(state.expanduser())
+        _print_status(ledger, target, pool, verdicts)
 
 
 def provider_works(ledger: Ledger, pool_id: int, provider: str) -> list[WorkRecord]:
@@ -266,7 +275,7 @@ def work_state(work: WorkRecord, window: int, now: int) -> str:
     return work.status.name.lower()
 
 
-def _print_status(ledger: Ledger, target: str, pool: int | None) -> None:
+def _print_status(ledger: Ledger, target: str, pool: int | None, verdicts: dict[bytes, str]) -> None:
     decimals = ledger.decimals
 
     def tokens(value: int) -> str:
@@ -296,7 +305,7 @@ def _print_status(ledger: Ledger, target: str, pool: int | None) -> None:
     console = stdout_console()
     console.print(table)
     if pool is not None:
-        _print_works(ledger, pool, provider, tokens)
+        _print_works(ledger, pool, provider, tokens, verdicts)
 
 
 def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
@@ -307,7 +316,9 @@ def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
     return f"(ejected from pool {pool})" if ledger.is_ejected(pool, node) else f"(not in pool {pool})"
 
 
-def _print_works(ledger: Ledger, pool: int, provider: str, tokens: Callable[[int], str]) -> None:
+def _print_works(
+    ledger: Ledger, pool: int, provider: str, tokens: Callable[[int], str], verdicts: dict[bytes, str]
+) -> None:
     config = ledger.pool(pool).config
     now = ledger.timestamp()
     works = provider_works(ledger, pool, provider)
@@ -330,6 +341,8 @@ def _print_works(ledger: Ledger, pool: int, provider: str, tokens: Callable[[int
         shown = state
         if state == "pending":
             shown = f"pending until {format_time(work.submitted_at + config.challenge_window)}"
+            if work.work_key in verdicts:
+                shown += f"; {verdicts[work.work_key]}"
         elif state == "invalidated":
             shown = f"invalidated: {reasons.get(work.work_key, 'reason not found')}"
         table.add_row(

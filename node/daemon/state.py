@@ -16,6 +16,7 @@ transaction and recording it never submits twice.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ CREATE TABLE IF NOT EXISTS files (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     tx TEXT,                     -- the submitWork transaction
-    detail TEXT                  -- why it expired, or the invalidation reason
+    detail TEXT,                 -- why it expired, or the invalidation reason
+    verdict TEXT                 -- what validators attested, as the coordinator lists it (signatures checked)
 );
 CREATE INDEX IF NOT EXISTS files_stage ON files (stage);
 """
@@ -57,6 +59,7 @@ class FileRecord:
     updated: float
     tx: str | None
     detail: str | None
+    verdict: str | None
 
 
 class WorkerState:
@@ -105,6 +108,11 @@ class WorkerState:
             [(stage, now, tx, detail, key.hex()) for key in work_keys],
         )
 
+    def note_verdict(self, work_key: bytes, verdict: str) -> None:
+        self.db.execute(
+            "UPDATE files SET verdict = ?, updated = ? WHERE work_key = ?", (verdict, time.time(), work_key.hex())
+        )
+
     def in_stage(self, *stages: str) -> list[FileRecord]:
         marks = ",".join("?" * len(stages))
         return self._records(f"WHERE stage IN ({marks}) ORDER BY created", stages)
@@ -122,6 +130,22 @@ class WorkerState:
 
     def _records(self, where: str, args: Sequence[object]) -> list[FileRecord]:
         rows = self.db.execute(
-            f"SELECT work_key, step, counter, units, stage, created, updated, tx, detail FROM files {where}", args
+            f"SELECT work_key, step, counter, units, stage, created, updated, tx, detail, verdict FROM files {where}",
+            args,
         ).fetchall()
         return [FileRecord(bytes.fromhex(r[0]), *r[1:]) for r in rows]
+
+
+def read_verdicts(root: Path) -> dict[bytes, str]:
+    """Work key -> what validators attested, from a worker's state folder, read-only (for `prime-node status`)."""
+    path = root / "state.db"
+    if not path.is_file():
+        raise WorkerStateError(f"{root} holds no worker state (no state.db)")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT work_key, verdict FROM files WHERE verdict IS NOT NULL").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise WorkerStateError(f"{path} is not a worker journal: {exc}") from None
+    finally:
+        db.close()
+    return {bytes.fromhex(key): verdict for key, verdict in rows}

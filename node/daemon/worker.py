@@ -123,6 +123,7 @@ class WorkerDaemon:
         self._last_submit = time.monotonic()
         self._last_chain_look = 0.0
         self._window = 0
+        self._coordinator: CoordinatorClient | None = None
 
     # --- standing on chain --------------------------------------------------------------------------
 
@@ -179,6 +180,7 @@ class WorkerDaemon:
         try:
             async with new_session() as session:
                 coordinator = CoordinatorClient(session, settings.coordinator, self.account, domain)
+                self._coordinator = coordinator
                 recovered = False  # what a previous run left written or uploaded goes first
                 while not self.stopping.is_set() and (settings.max_files is None or made < settings.max_files):
                     try:
@@ -330,12 +332,35 @@ class WorkerDaemon:
                     self.state.move([record.work_key], "claimed")
                 elif work.status == WorkStatus.PENDING and now >= work.submitted_at + self._window:
                     claimable.append(record.work_key)
+                elif work.status == WorkStatus.PENDING and record.verdict is None:
+                    await self._note_verdict(record.work_key)
             if claimable and self.settings.claim:
                 receipt = await asyncio.to_thread(ledger.claim_rewards, pool_id, claimable)
                 tx = "0x" + bytes(receipt["transactionHash"]).hex()
                 self.state.move(claimable, "claimed", detail=f"claimed in {tx}")
                 log.info("claimed the rewards of %d files in %s", len(claimable), tx)
         self._update_stage_gauge()
+
+    async def _note_verdict(self, work_key: bytes) -> None:
+        """Journals what the validators attested on a file still in its window ("accepted" before it is claimable)."""
+        if self._coordinator is None:
+            return
+        from ledger.types import Reason
+
+        try:
+            verdicts = await self._coordinator.attestations(work_key, self.settings.pool_id)
+        except (CoordinatorRefused, CoordinatorUnavailable) as exc:
+            log.debug("no attestations for 0x%s yet: %s", work_key.hex()[:12], exc)
+            return
+        if not verdicts:
+            return
+        accepted = [v.validator for v in verdicts if v.accepted]
+        rejected = [f"{v.validator} ({Reason.label(v.reason)})" for v in verdicts if not v.accepted]
+        text = "; ".join(
+            ([f"accepted by {', '.join(accepted)}"] if accepted else [])
+            + ([f"rejected by {', '.join(rejected)}"] if rejected else [])
+        )
+        self.state.note_verdict(work_key, text)
 
     async def _reason(self, work_key: bytes) -> str:
         from ledger.cli.common import format_tokens

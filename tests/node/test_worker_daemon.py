@@ -297,3 +297,27 @@ def test_with_claim_the_worker_claims_what_left_its_challenge_window(pool: Pool)
     units = pool.owner.get_work(pool.id, bytes.fromhex(matured)).units
     reward = units * pool.owner.pool(pool.id).config.reward_per_unit
     assert pool.owner.balance_of(pool.provider.address) == before + reward  # paid to the provider, not the node
+
+
+def test_the_journal_and_status_show_what_validators_attested_inside_the_window(pool: Pool) -> None:
+    (pool.root / "node.toml").write_text("[worker]\nclaim_every = 0.5\n")  # look at the chain twice a second
+    process = start(pool, "--config", "node.toml", "--submit-batch", "1", log="verdict.log")
+    wait_for(lambda: any(s == "submitted" for s, _ in journal(pool).values()), "a submitted file")
+    key = next(k for k, (s, _) in journal(pool).items() if s == "submitted")
+    attest(pool, [bytes.fromhex(key)])
+
+    def verdict() -> str | None:
+        with sqlite3.connect(f"file:{pool.root / 'state-3' / 'state.db'}?mode=ro", uri=True) as db:
+            return db.execute("SELECT verdict FROM files WHERE work_key = ?", (key,)).fetchone()[0]
+
+    wait_for(lambda: verdict() is not None, "the validator's verdict in the journal")
+    assert verdict() == f"accepted by {dev_account(VALIDATOR).address}"
+    process.send_signal(signal.SIGTERM)
+    assert finish(pool, process, "verdict.log") == 0
+    status = subprocess.run(
+        [sys.executable, "-m", "node.cli.main", "status", "--pool", str(pool.id), "--address", pool.node.address,
+         "--state", "state-3", "--deployment", "deployment.json"],
+        cwd=pool.root, capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=False,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert f"0x{key[:12]}" in status.stdout and f"accepted by {dev_account(VALIDATOR).address}" in status.stdout

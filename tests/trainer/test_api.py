@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient, PublishedStep
+from node.coordinator import CoordinatorClient, PublishedStep, Verdict
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
 from node.signing import Attestation, SigningDomain, sign, sign_request
 from trainer.api import STEP_HISTORY, ApiConfig, CoordinatorApi, PoolState
@@ -279,3 +279,46 @@ def test_the_step_history_is_bounded_and_survives_a_restart(tmp_path: Path) -> N
     restarted.remember(load_published(record))
     publish_step(restarted, STEP_HISTORY + 4, record)  # the trainer resumes at its last step: same time as before
     assert list(restarted.history) == list(state.history)
+
+
+def signed_attestation(signer: Any, work_key: bytes, accepted: bool, reason: int) -> bytes:
+    signature = sign(Attestation(pool_id=POOL, work_key=work_key, accepted=accepted, reason=reason), signer, DOMAIN)
+    body = {
+        "work_key": "0x" + work_key.hex(),
+        "accepted": accepted,
+        "reason": reason,
+        "signature": "0x" + signature.hex(),
+    }
+    return json.dumps(body).encode()
+
+
+def test_a_files_attestations_are_listed_signed_and_survive_a_restart_after_a_cut_line(tmp_path: Path) -> None:
+    data = b"rollout file bytes"
+    work_key = hashlib.sha256(data).digest()
+
+    async def first(client: Client, api: CoordinatorApi) -> None:
+        api.inbox.put(work_key, data, WORKER.address)
+        reader = CoordinatorClient(client.session, client.url, WORKER, DOMAIN)
+        assert await reader.attestations(work_key, POOL) == []
+        posted = await client.send(
+            "POST", "/v1/attestations", signed_attestation(VALIDATOR, work_key, True, 0), signer=VALIDATOR
+        )
+        assert posted.status == 201
+        assert await reader.attestations(work_key, POOL) == [Verdict(VALIDATOR.address, True, 0)]
+        unknown = await client.send("GET", f"/v1/rollouts/{'ab' * 32}/attestations", b"", signer=None)
+        assert (unknown.status, unknown.body["error"]) == (404, "not_found")
+
+    run(tmp_path, first)
+    log = tmp_path / "attestations.jsonl"
+    log.write_bytes(log.read_bytes() + b'{"work_key": "0x42')  # a crash in the middle of the next line
+
+    async def after_restart(client: Client, api: CoordinatorApi) -> None:
+        reader = CoordinatorClient(client.session, client.url, WORKER, DOMAIN)
+        assert await reader.attestations(work_key, POOL) == [Verdict(VALIDATOR.address, True, 0)]
+        changed = signed_attestation(VALIDATOR, work_key, False, 7)  # a validator's later verdict replaces its first
+        assert (await client.send("POST", "/v1/attestations", changed, signer=VALIDATOR)).status == 201
+        assert await reader.attestations(work_key, POOL) == [Verdict(VALIDATOR.address, False, 7)]
+
+    run(tmp_path, after_restart)
+    lines = log.read_bytes().splitlines()
+    assert lines[1] == b'{"work_key": "0x42' and json.loads(lines[2])["reason"] == 7  # the new record has its own line
