@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,12 +19,19 @@ from ledger.cli.common import (
     CommandError,
     DeploymentOption,
     DevKeyOption,
+    KeyFlags,
     KeystoreOption,
     RpcUrlOption,
+    check_key_flags,
     configure_daemon_logging,
+    load_signer,
     open_ledger,
+    parse_tokens,
 )
 from node.cli.errors import node_cli_errors
+
+if TYPE_CHECKING:
+    from ledger.client import Ledger
 
 start_app = typer.Typer()
 
@@ -81,6 +88,27 @@ def _pick(flag: Any, config: dict[str, Any], key: str, default: Any) -> Any:
     return flag if flag is not None else config.get(key, default)
 
 
+PROVIDER_FLAGS = KeyFlags("--provider-keystore", "--provider-dev-key", password_env="PRIME_PROVIDER_KEYSTORE_PASSWORD")
+
+
+def _register(node_ledger: Ledger, keystore: Path | None, dev_key: int | None, stake: str | None) -> None:
+    """As the provider: add `stake` tokens, then bind the node (the node key signs the binding). Safe to repeat."""
+    node = node_ledger.account
+    assert node is not None
+    check_key_flags(keystore, dev_key, required=True, flags=PROVIDER_FLAGS)
+    provider = load_signer(keystore, dev_key, chain_id=node_ledger.deployment.chain_id, flags=PROVIDER_FLAGS)
+    assert provider is not None
+    ledger = node_ledger.as_account(provider)
+    amount = parse_tokens(stake, ledger.decimals, what="--stake") if stake is not None else 0
+    if amount:
+        ledger.stake(amount)  # approves the registry first when the allowance is short
+    bound = ledger.provider_of(node.address)
+    if bound is not None and bound != provider.address:
+        raise CommandError(f"node {node.address} is bound to another provider, {bound}")
+    if bound is None:
+        ledger.add_node(node)
+
+
 @start_app.command()
 def start(
     pool: Annotated[int, typer.Option("--pool", min=1, metavar="N", help="The pool to work for.")],
@@ -112,6 +140,24 @@ def start(
     p2p_port: Annotated[
         int | None,
         typer.Option(min=0, max=65535, metavar="P", help="Join the pool's gossip on this port (0: any free one)."),
+    ] = None,
+    register: Annotated[
+        bool, typer.Option("--register", help="Bind this node to the provider first (needs the provider's key).")
+    ] = False,
+    provider_keystore: Annotated[
+        Path | None,
+        typer.Option(
+            "--provider-keystore",
+            metavar="FILE",
+            help="The provider's keystore, for --register (password: PRIME_PROVIDER_KEYSTORE_PASSWORD).",
+        ),
+    ] = None,
+    provider_dev_key: Annotated[
+        int | None, typer.Option("--provider-dev-key", min=0, max=9, metavar="M", help="Anvil key M as the provider.")
+    ] = None,
+    stake: Annotated[
+        str | None,
+        typer.Option("--stake", metavar="TOKENS", help="With --register: tokens the provider adds to its stake."),
     ] = None,
     simulate_fault: Annotated[
         str | None,
@@ -145,6 +191,10 @@ def start(
             check_fault_allowed(fault, chain_id=ledger.deployment.chain_id, rpc_url=ledger.deployment.rpc_url)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
+        if register:
+            _register(ledger, provider_keystore, provider_dev_key, stake)
+        elif provider_keystore is not None or provider_dev_key is not None or stake is not None:
+            raise CommandError("--provider-keystore, --provider-dev-key and --stake go with --register")
         found = resolve_endpoints(
             ledger.pool(pool).config.spec_uri,
             coordinator=_pick(coordinator, config, "coordinator", None),

@@ -133,8 +133,8 @@ class WorkerDaemon:
         provider = await asyncio.to_thread(ledger.provider_of, self.node)
         if provider is None:
             raise WorkerError(
-                f"node {self.node} is not bound to a provider: stake and bind it first with "
-                "`prime-node register --node-keystore FILE` (signed by the provider)"
+                f"node {self.node} is not bound to a provider: pass --register with the provider's key "
+                "(--provider-keystore FILE), or run `prime-node register --node-keystore FILE` as the provider"
             )
         if await asyncio.to_thread(ledger.is_member, pool_id, self.node):
             return
@@ -142,6 +142,16 @@ class WorkerDaemon:
             raise WorkerError(f"node {self.node} was ejected from pool {pool_id}; a slashed node cannot rejoin")
         if not self.settings.join:
             raise WorkerError(f"node {self.node} is not a member of pool {pool_id}: pass --join, or `prime-node join`")
+        stake = await asyncio.to_thread(ledger.stake_of, provider)
+        minimum = (await asyncio.to_thread(ledger.pool, pool_id)).config.min_stake_per_node
+        if stake.active - stake.locked < minimum:
+            from ledger.cli.common import format_tokens
+
+            free, need = (format_tokens(v, ledger.decimals) for v in (stake.active - stake.locked, minimum))
+            raise WorkerError(
+                f"provider {provider} has {free} tokens of stake free and pool {pool_id} locks {need} per node: "
+                "stake more (`prime-node register --stake N`, or --register --stake N here)"
+            )
         await asyncio.to_thread(ledger.join, pool_id)
         log.info("joined pool %d as %s (provider %s)", pool_id, self.node, provider)
 

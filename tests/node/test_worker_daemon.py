@@ -321,3 +321,22 @@ def test_the_journal_and_status_show_what_validators_attested_inside_the_window(
     )  # fmt: skip
     assert status.returncode == 0, status.stderr
     assert f"0x{key[:12]}" in status.stdout and f"accepted by {dev_account(VALIDATOR).address}" in status.stdout
+
+
+def test_register_and_join_bring_a_fresh_node_into_the_pool(pool: Pool) -> None:
+    fresh = dev_account(7)
+    pool.owner.mint(pool.provider.address, 100 * TOKEN)
+    unbound = start(pool, "--max-files", "1", "--join", dev_key=7, log="fresh.log")
+    assert finish(pool, unbound, "fresh.log") == 1
+    assert "is not bound to a provider: pass --register" in (pool.root / "fresh.log").read_text()
+    flags = ("--register", "--provider-dev-key", "1", "--join", "--max-files", "1", "--submit-batch", "1")
+    short = start(pool, *flags, dev_key=7, log="short.log")  # bound now, but node 3 already locks all the stake
+    assert finish(pool, short, "short.log") == 1
+    assert "has 0 tokens of stake free and pool" in (pool.root / "short.log").read_text()
+    process = start(pool, *flags, "--stake", "100", dev_key=7, log="fresh-2.log")
+    assert finish(pool, process, "fresh-2.log") == 0, (pool.root / "fresh-2.log").read_text()[-3000:]
+    assert pool.owner.provider_of(fresh.address) == pool.provider.address
+    assert pool.owner.is_member(pool.id, fresh.address)
+    assert pool.owner.stake_of(pool.provider.address).active == 200 * TOKEN  # onboarding's 100, and these 100
+    again = start(pool, *flags, dev_key=7, log="fresh-3.log")  # already bound and a member: nothing to redo
+    assert finish(pool, again, "fresh-3.log") == 0, (pool.root / "fresh-3.log").read_text()[-3000:]
