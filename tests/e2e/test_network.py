@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,12 +24,9 @@ from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkSubmitted, invalidations
 from ledger.types import Reason, WorkStatus
 from node.model.tiny import init_model
+from tests.e2e.running import Processes, wait_for
+from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import make_pool, onboard
-from running import Processes, wait_for
 
 OWNER, HONEST_PROVIDER, CHEAT_PROVIDER, VALIDATOR, HONEST, CHEAT = 0, 1, 2, 5, 3, 4
 WINDOW = 3600

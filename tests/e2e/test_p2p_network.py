@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,12 +24,9 @@ from ledger.deployment import Deployment
 from node.model.tiny import init_model
 from node.p2p import P2PNode, Received, Subscription, attestations_topic, checkpoints_topic
 from node.signing import Attestation, Checkpoint, SigningDomain
+from tests.e2e.running import Processes, wait_for
+from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import make_pool, onboard
-from running import Processes, wait_for
 
 OWNER, PROVIDER, WORKER, VALIDATOR = 0, 1, 3, 5
 TOKEN = 10**18

@@ -6,13 +6,13 @@ import hashlib
 from collections.abc import Callable
 
 import pytest
-from conftest import TOKEN, UNBONDING_PERIOD
-from helpers import assert_revert, events, fund_provider, make_pool, onboard, pool_config
 
 from ledger.accounts import dev_account
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
 from ledger.types import PoolConfig
+from tests.conftest import TOKEN, UNBONDING_PERIOD
+from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, pool_config
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9

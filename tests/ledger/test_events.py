@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TOKEN
-from helpers import make_pool, onboard, work_key
 from web3.types import TxReceipt
 
 from ledger.accounts import dev_account
@@ -27,6 +25,8 @@ from ledger.events import (
     WorkSubmitted,
 )
 from ledger.types import Reason
+from tests.conftest import TOKEN
+from tests.ledger.helpers import make_pool, onboard, work_key
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER, VALIDATOR = 0, 1, 9

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import TOKEN, UNBONDING_PERIOD
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_utils import keccak
-from helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
 
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
@@ -17,6 +15,8 @@ from ledger.client import Ledger, node_binding_signature
 from ledger.deployment import role_id
 from ledger.errors import ContractRevert
 from ledger.types import Reason, StakeInfo, WorkStatus
+from tests.conftest import TOKEN, UNBONDING_PERIOD
+from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, VALIDATOR = 0, 1, 2, 9

@@ -9,8 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN, UNBONDING_PERIOD
-from helpers import make_pool, onboard
 from typer.testing import CliRunner, Result
 
 from ledger.accounts import create_keystore, dev_account
@@ -19,6 +17,8 @@ from ledger.cli.common import CommandError, check_dev_key_allowed, check_key_fla
 from ledger.cli.pool import app
 from ledger.client import Ledger
 from ledger.deployment import Deployment
+from tests.conftest import TOKEN, UNBONDING_PERIOD
+from tests.ledger.helpers import make_pool, onboard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEV_KEY_WARNING = "public, never use on a real chain"

@@ -21,10 +21,8 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import TOKEN, UNBONDING_PERIOD
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from helpers import events, make_pool, onboard, work_key
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from web3.types import TxReceipt
@@ -33,6 +31,8 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
 from ledger.types import WorkStatus
+from tests.conftest import TOKEN, UNBONDING_PERIOD
+from tests.ledger.helpers import events, make_pool, onboard, work_key
 
 MIN_STAKE = 100 * TOKEN
 SLASH = 60 * TOKEN

@@ -6,14 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import TOKEN
-from helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
 
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
 from ledger.types import Reason, WorkStatus
+from tests.conftest import TOKEN
+from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN, UNBONDING_PERIOD
 from typer.testing import CliRunner, Result
 
 from ledger.accounts import create_keystore, dev_account
@@ -19,6 +18,7 @@ from ledger.deployment import Deployment
 from ledger.types import PoolConfig, Reason, WorkRecord, WorkStatus
 from node.cli.main import app
 from node.cli.worker import work_state
+from tests.conftest import TOKEN, UNBONDING_PERIOD
 
 WINDOW = 3600
 REWARD_PER_UNIT = 10**15  # 0.001 token

@@ -27,10 +27,8 @@ from ledger.events import EventFollower, WorkSubmitted
 from ledger.types import WorkStatus
 from node.model.tiny import init_model
 from node.rollouts import read_rollouts, work_units
+from tests.ledger.helpers import fund_provider, make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-from helpers import fund_provider, make_pool, onboard
 
 VALIDATOR = 6
 TOKEN = 10**18

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from ledger.accounts import dev_account
 from ledger.client import Ledger
+from tests.ledger.helpers import make_pool, onboard
 from trainer.roles import LedgerRoles
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-from helpers import make_pool, onboard
 
 
 def test_members_and_validators_come_from_the_pool_and_ejection_shows_after_the_cache(

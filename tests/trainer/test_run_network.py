@@ -26,10 +26,8 @@ from node.relay.client import new_session
 from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
+from tests.ledger.helpers import make_pool, onboard
 from tests.trainer.rollout_factory import make_file
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-from helpers import make_pool, onboard
 
 TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
 

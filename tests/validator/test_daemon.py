@@ -38,13 +38,11 @@ from node.rollouts import read_rollouts, work_units
 from node.signing import SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
+from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.trainer.rollout_factory import make_file
 from validator.cli import app
 from validator.store import ATTESTED, INVALIDATED, SEEN, ValidatorStore
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ledger"))
-from helpers import make_pool, onboard
 
 GRACE = 20  # seconds; long enough that the first validator is killed while the missing file's grace still runs
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
