@@ -78,6 +78,7 @@ rollouts_per_step = {args.rollouts_per_step}
 
 [optim]
 lr = {args.lr}
+vector_lr_scale = {args.vector_lr_scale}
 warmup_steps = 3
 micro_batch_tokens = 16384
 
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--vector-lr-scale", type=float, default=1.0, help="lr multiplier for norm gains and biases")
     parser.add_argument("--async-level", type=int, default=1)
     parser.add_argument("--rollouts-per-step", type=int, default=256)
     parser.add_argument("--prompts-per-task", type=int, default=16)

@@ -135,6 +135,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         beta2=optim.number("beta2", 0.99, minimum=0, maximum=0.9999),
         eps=optim.number("eps", 1e-8, minimum=1e-12, maximum=0.1),
         grad_clip=optim.number("grad_clip", 1.0, minimum=1e-6),
+        vector_lr_scale=optim.number("vector_lr_scale", 1.0, minimum=1e-3, maximum=1000),
         micro_batch_tokens=optim.integer("micro_batch_tokens", 8192, minimum=2),
         async_level=data.integer("async_level", 1, minimum=0, maximum=64),
         temperature=1.0,  # set from the task spec by the run; kept out of the TOML so the two cannot disagree

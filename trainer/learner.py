@@ -59,6 +59,7 @@ class LearnerConfig:
     beta2: float = 0.99
     eps: float = 1e-8  # AdamW's epsilon; larger values damp the steps of coordinates with tiny, noisy gradients
     grad_clip: float = 1.0  # max global L2 norm of the gradient
+    vector_lr_scale: float = 1.0  # lr multiplier for 1-D parameters (norm gains, biases); 1: one lr for all
     micro_batch_tokens: int = 8192  # tokens per micro-batch before padding (a group's shared prompt counts once)
     async_level: int = 1  # k: files from steps >= s - k are trained on at step s
     temperature: float = 1.0  # the sampling temperature: log-probs are taken of logits / temperature
@@ -68,6 +69,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.lr < 1 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip <= 0:
             raise ValueError(f"invalid optimiser settings: {self}")
+        if not 0 < self.vector_lr_scale <= 1000 or not self.lr * self.vector_lr_scale < 1:
+            raise ValueError(f"vector_lr_scale must lie in (0, 1000] with lr * vector_lr_scale < 1: {self}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or not 0 < self.eps < 1:
             raise ValueError(f"AdamW betas must lie in [0, 1), got {self.beta1}, {self.beta2}")
         if self.micro_batch_tokens < 2 or self.async_level < 0 or not self.temperature > 0:
@@ -163,8 +166,14 @@ class Learner:
         self.world = World.current()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device  # where batches go: the CPU, or this rank's GPU
+        matrices = [p for p in self.params if p.ndim >= 2]
+        vectors = [p for p in self.params if p.ndim < 2]
+        scales = [(self.params, 1.0)]
+        if config.vector_lr_scale != 1.0 and vectors:  # two groups only when asked: states of one group still load
+            scales = [(matrices, 1.0), (vectors, config.vector_lr_scale)]
+        groups = [{"params": ps, "lr_scale": k, "lr": config.lr_at(step) * k} for ps, k in scales]
         self.optimizer = torch.optim.AdamW(
-            self.params,
+            groups,
             lr=config.lr_at(step),
             betas=(config.beta1, config.beta2),
             eps=config.eps,
@@ -253,7 +262,7 @@ class Learner:
         weights = [w for _, _, w in plan]
         lr = self.config.lr_at(self.step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
         old: list[Tensor | None] = [None] * len(batches)
         for policy_step in sorted({s for s, _, _ in plan} - {self.step}):  # current policy: the loss pass's own

@@ -164,3 +164,15 @@ def test_a_step_whose_groups_are_all_uniform_advances_without_an_update(
     stats = learner(loaded).train_step([read_rollouts(path, max_bytes=1 << 24)])
     assert stats.step == 1 and stats.groups_kept == 0 and stats.trained_tokens == 0
     assert all(torch.equal(a, b) for a, b in zip(before, weights(loaded), strict=True))
+
+
+def test_vector_parameters_can_take_their_own_learning_rate(model_dir: Path, files: dict[str, RolloutFile]) -> None:
+    """AdamW's first step moves each coordinate by about its lr: 1-D parameters (norms, biases) by 10x here."""
+    loaded = fresh(model_dir)
+    before = {name: p.detach().clone() for name, p in loaded.model.named_parameters()}
+    trained = learner(loaded, lr=1e-4, vector_lr_scale=10.0)
+    assert [g["lr"] for g in trained.optimizer.param_groups] == [pytest.approx(1e-4), pytest.approx(1e-3)]
+    trained.train_step([files["a"]])
+    for name, param in loaded.model.named_parameters():
+        moved = float((param.detach() - before[name]).abs().max())
+        assert moved == pytest.approx(1e-3 if param.ndim < 2 else 1e-4, rel=0.05), name
