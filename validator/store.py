@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from node.statedb import connect
+from node.statedb import connect, open_bound
 from validator.errors import ValidatorStateError
 from validator.verdict import Verdict
 
@@ -108,21 +108,19 @@ class ValidatorStore:
         """The daemon's store, created on first use; refuses a state folder of another pool, chain or validator."""
         state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / DB_NAME
-        db = connect(path, SCHEMA)
         identity = {
             "chain_id": str(chain_id),
             "work_ledger": work_ledger.lower(),
             "pool_id": str(pool_id),
             "validator": validator.lower(),
         }
-        stored = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        for key, value in identity.items():
-            if key in stored and stored[key] != value:
-                db.close()
-                raise ValidatorStateError(
-                    f"{state_dir} holds the state of {key} {stored[key]}, not {value}; use another --state folder"
-                )
-        db.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", identity.items())
+
+        def mismatch(key: str, stored: str, wanted: str) -> ValidatorStateError:
+            return ValidatorStateError(
+                f"{state_dir} holds the state of {key} {stored}, not {wanted}; use another --state folder"
+            )
+
+        db = open_bound(path, SCHEMA, identity, mismatch=mismatch)
         return cls(path, db, pool_id)
 
     @classmethod

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.errors import NodeError
-from node.statedb import connect
+from node.statedb import open_bound
 
 STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "expired")
 SCHEMA = """
@@ -69,17 +69,14 @@ class WorkerState:
         self.root = root
         self.files_dir = root / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
-        self.db = connect(root / "state.db", SCHEMA)
-        self._bind({"chain_id": str(chain_id), "pool_id": str(pool_id), "node": node.lower()})
+        identity = {"chain_id": str(chain_id), "pool_id": str(pool_id), "node": node.lower()}
 
-    def _bind(self, identity: dict[str, str]) -> None:
-        stored = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
-        for key, value in identity.items():
-            if key in stored and stored[key] != value:
-                raise WorkerStateError(
-                    f"{self.root} holds the state of {key} {stored[key]}, not {value}; use another --state folder"
-                )
-        self.db.executemany("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", identity.items())
+        def mismatch(key: str, stored: str, wanted: str) -> WorkerStateError:
+            return WorkerStateError(
+                f"{root} holds the state of {key} {stored}, not {wanted}; use another --state folder"
+            )
+
+        self.db = open_bound(root / "state.db", SCHEMA, identity, mismatch=mismatch)
 
     def close(self) -> None:
         self.db.close()
