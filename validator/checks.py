@@ -122,16 +122,25 @@ def _bad_meta(detail: str, name: str, expected: Any, found: Any) -> Verdict:
     )
 
 
-def check_step(step: int, current_step: int | None, async_level: int) -> Verdict | None:
-    """Rollouts count only while their policy is at most `async_level` steps behind (DESIGN section 8)."""
-    if current_step is None or current_step - async_level <= step <= current_step:
+def check_step(
+    step: int, current_step: int | None, async_level: int, *, earliest_step: int | None = None
+) -> Verdict | None:
+    """Rollouts count only while their policy is at most `async_level` steps behind (DESIGN section 8).
+
+    `earliest_step` (default: `current_step`) is the oldest step that may have been current at submission, when
+    clocks leave that uncertain: the window is then [earliest_step - async_level, current_step]."""
+    if current_step is None:
+        return None
+    oldest = (current_step if earliest_step is None else min(earliest_step, current_step)) - async_level
+    if oldest <= step <= current_step:
         return None
     return reject(
         Reason.STALE_STEP,
         STEP,
-        f"the file is from step {step}, outside [{current_step - async_level}, {current_step}]",
+        f"the file is from step {step}, outside [{oldest}, {current_step}]",
         step=step,
         current_step=current_step,
+        earliest_step=current_step if earliest_step is None else earliest_step,
         async_level=async_level,
     )
 

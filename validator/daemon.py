@@ -60,7 +60,7 @@ from validator.store import (
     ValidatorStore,
     WorkRow,
 )
-from validator.timing import Stopped, interruptible, retry_delay, step_at
+from validator.timing import Stopped, interruptible, retry_delay, steps_around
 from validator.verdict import reject
 from validator.verify import Expected, verify_file
 
@@ -280,14 +280,19 @@ class ValidatorDaemon:
             self._unavailable.inc()
             log.info("%s from %s: unavailable after %d tries", short, row.node, row.attempts + 1)
             return
-        current = step_at(history, row.submitted_at, self.config.clock_slack)
+        earliest, current = steps_around(history, row.submitted_at, self.config.clock_slack)
         if current is None:
             log.warning(
                 "%s: the coordinator's step history starts after block %d (time %d): not judging its step",
                 short, row.block, row.submitted_at,
             )  # fmt: skip
         expected = Expected(
-            work_key=key, node=row.node, pool_id=self.setup.pool_id, units=row.units, current_step=current
+            work_key=key,
+            node=row.node,
+            pool_id=self.setup.pool_id,
+            units=row.units,
+            current_step=current,
+            earliest_step=0 if earliest is None and current is not None else earliest,  # unknown: never stale
         )
         loop = asyncio.get_running_loop()
 

@@ -17,14 +17,22 @@ T = TypeVar("T")
 MAX_RETRY_SECONDS = 30.0  # longest wait before a row that failed for a passing reason is tried again
 
 
-def step_at(history: Sequence[PublishedStep], timestamp: float, slack: float) -> int | None:
-    """The pool's step when a block stamped `timestamp` was mined: the newest step published by then.
-
-    `slack` seconds of the trainer's clock running ahead of the chain's are forgiven (erring late only widens the
-    window an honest file is judged by). None when the history starts after `timestamp`: the step is unknown.
-    """
-    published = [entry.step for entry in history if entry.at <= timestamp + slack]
+def step_at(history: Sequence[PublishedStep], timestamp: float) -> int | None:
+    """The pool's step at `timestamp`: the newest step published by then; None when the history starts later."""
+    published = [entry.step for entry in history if entry.at <= timestamp]
     return max(published) if published else None
+
+
+def steps_around(history: Sequence[PublishedStep], timestamp: float, slack: float) -> tuple[int | None, int | None]:
+    """The pool's steps at `timestamp - slack` and at `timestamp + slack`, for a block stamped `timestamp`.
+
+    The trainer stamps its steps with its own clock and the chain its blocks with another; `slack` seconds of
+    disagreement either way must never make an honest file look stale or early. So a file is judged against
+    every step current within `slack` of its block: it is stale only when older than the earliest of them by
+    more than the async level, and early only when newer than the latest. Either end is None when the history
+    starts after it (the validator then cannot judge that side).
+    """
+    return step_at(history, timestamp - slack), step_at(history, timestamp + slack)
 
 
 def retry_delay(attempts: int) -> float:

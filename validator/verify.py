@@ -39,11 +39,12 @@ class Expected:
     pool_id: int | None = None
     units: int | None = None  # the submitted work units
     current_step: int | None = None  # the pool's current policy step
+    earliest_step: int | None = None  # the oldest step that may have been current (clock slack); default current
 
     def __post_init__(self) -> None:
         if self.work_key is not None and len(self.work_key) != 32:
             raise ValueError(f"Expected.work_key must be 32 bytes, got {len(self.work_key)}")
-        for name in ("pool_id", "units", "current_step"):
+        for name in ("pool_id", "units", "current_step", "earliest_step"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"Expected.{name} must be >= 0, got {value}")
@@ -115,7 +116,12 @@ def _run_checks(
     ):
         return verdict
     step = rows[0].step  # the metadata check made every row's step equal
-    if verdict := timer.run(checks.STEP, lambda: checks.check_step(step, expected.current_step, config.async_level)):
+    if verdict := timer.run(
+        checks.STEP,
+        lambda: checks.check_step(
+            step, expected.current_step, config.async_level, earliest_step=expected.earliest_step
+        ),
+    ):
         return verdict
     checkpoint = checkpoint_for if isinstance(checkpoint_for, LoadedModel) else checkpoint_for(step)
     task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))

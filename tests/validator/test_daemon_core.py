@@ -22,7 +22,7 @@ from validator.store import (
     Submission,
     ValidatorStore,
 )
-from validator.timing import Stopped, interruptible, retry_delay, step_at
+from validator.timing import Stopped, interruptible, retry_delay, step_at, steps_around
 from validator.verdict import accept, reject
 
 NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
@@ -104,12 +104,21 @@ def test_a_state_folder_of_another_pool_or_validator_is_refused(tmp_path: Path) 
 
 def test_the_step_at_submission_is_the_newest_published_by_then() -> None:
     history = [PublishedStep(0, 1000.0), PublishedStep(1, 1100.0), PublishedStep(2, 1200.0)]
-    assert step_at(history, 1150, slack=0) == 1  # a backlog judged by then, not by now (step 2)
-    assert step_at(history, 1100, slack=0) == 1
-    assert step_at(history, 1099, slack=0) == 0
-    assert step_at(history, 1195, slack=10) == 2  # the trainer's clock may run a little ahead of the chain's
-    assert step_at(history, 999, slack=0) is None  # older than the history: unknown
-    assert step_at([], 5000, slack=60) is None
+    assert step_at(history, 1150) == 1  # a backlog judged by then, not by now (step 2)
+    assert step_at(history, 1100) == 1
+    assert step_at(history, 1099) == 0
+    assert step_at(history, 999) is None  # older than the history: unknown
+    assert step_at([], 5000) is None
+
+
+def test_clock_slack_widens_the_window_both_ways() -> None:
+    """Steps every 10 s and 60 s of slack: a file submitted at 1150 is judged against every step current from
+    1090 to 1210. A window that only looked 60 s ahead judged it against step 13 alone, and slashed an honest
+    step-0 file as stale on a devnet whose steps came faster than the slack."""
+    history = [PublishedStep(s, 1000.0 + 10 * s) for s in range(30)]
+    assert steps_around(history, 1150, slack=60) == (9, 21)
+    assert steps_around(history, 1030, slack=60) == (None, 9)  # before the history: the early side is unknown
+    assert steps_around(history, 1150, slack=0) == (15, 15)
 
 
 def test_retries_back_off_up_to_half_a_minute() -> None:

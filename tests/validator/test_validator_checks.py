@@ -56,6 +56,19 @@ def test_the_step_window_is_current_minus_async_level_to_current(
         assert verdict.reason is Reason.STALE_STEP and verdict.evidence["current_step"] == current
 
 
+@pytest.mark.parametrize(
+    ("step", "earliest", "current", "accepted"),
+    [(7, 9, 15, True), (6, 9, 15, False), (15, 9, 15, True), (16, 9, 15, False), (0, 0, 15, True)],
+)
+def test_an_uncertain_submission_time_widens_the_window_to_earliest_minus_async_level(
+    step: int, earliest: int, current: int, accepted: bool
+) -> None:
+    verdict = check_step(step, current, async_level=2, earliest_step=earliest)
+    assert (verdict is None) == accepted
+    if verdict is not None:
+        assert verdict.evidence["earliest_step"] == earliest and verdict.evidence["current_step"] == current
+
+
 def test_work_key_is_skipped_when_not_given_and_compared_when_given() -> None:
     assert check_work_key(b"data", None) is None
     assert check_work_key(b"data", hashlib.sha256(b"data").digest()) is None
