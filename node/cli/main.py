@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from ledger.cli.common import configure_logging
+from node.cli.doctor import doctor_app
 from node.cli.generate import generate_app
 from node.cli.keys import keys_app
 from node.cli.relay import relay_app
@@ -34,6 +35,7 @@ app.add_typer(worker_app)
 app.add_typer(generate_app)
 app.add_typer(relay_app)
 app.add_typer(start_app)
+app.add_typer(doctor_app)
 
 
 if __name__ == "__main__":

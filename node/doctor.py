@@ -1,0 +1,535 @@
+"""`prime-node doctor`: is this machine ready to work for a pool? Checked before any stake is at risk.
+
+Each check measures one thing and returns a `CheckResult`: a status (ok, warn, fail, skip), one line with the
+measured value, and for warn and fail the line that fixes it. The checks, in order:
+
+    python -> torch -> gpu -> vllm -> memory -> disk -> docker -> ports -> chain -> sources -> self-test
+
+The last one runs the worker's real path end to end on the embedded tiny model: generate a rollout file with
+TOPLOC proofs (`node.generation`, as `prime-node generate` does), then hand it to the validator's own command,
+`python -m validator.cli file`, in a child process. A child process, not an import: imports point
+`ledger <- node <- validator` (DESIGN section 2), so node may not import validator; and a fresh process that
+loads the checkpoint from disk is what a real validator does, so nothing the worker holds in memory can make a
+bad file pass. A machine whose files its own validator rejects would be slashed; this is where it finds out.
+
+A check never raises: the runner turns an unexpected exception into a failed check that names it, so one broken
+probe cannot hide the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ledger.cli.common import one_line
+
+log = logging.getLogger(__name__)
+GIB = 1 << 30
+DEFAULT_STATE_DIR = Path.home() / ".local" / "share" / "prime-node"
+Status = Literal["ok", "warn", "fail", "skip"]
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    """What `prime-node doctor` checks besides the machine itself; every network probe gives up after `timeout`."""
+
+    state_dir: Path = DEFAULT_STATE_DIR  # where the worker keeps its journal, files and weights
+    deployment: Path | None = None  # deployment.json: check the chain it names and the contracts' code
+    rpc_url: str | None = None  # overrides the deployment's; alone, checks only that a chain answers
+    sources: tuple[str, ...] = ()  # relay or checkpoint-origin base URLs
+    ports: tuple[int, ...] = ()  # ports the node will listen on (metrics, p2p, relay)
+    self_test: bool = True
+    timeout: float = 5.0  # seconds, per network probe
+    self_test_timeout: float = 600.0  # seconds, for the validator's child process
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0 or self.self_test_timeout <= 0:
+            raise ValueError(f"timeouts must be positive, got {self.timeout} and {self.self_test_timeout}")
+        for port in self.ports:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"port {port} is outside 1..65535")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a check found: `fix` is set exactly for warn and fail."""
+
+    status: Status
+    detail: str
+    fix: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.fix is not None) != (self.status in ("warn", "fail")):
+            raise ValueError(f"a {self.status} finding {'needs' if self.fix is None else 'takes no'} fix line")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    detail: str
+    fix: str | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
+
+
+def ok(detail: str) -> Finding:
+    return Finding("ok", detail)
+
+
+def warn(detail: str, fix: str) -> Finding:
+    return Finding("warn", detail, fix)
+
+
+def fail(detail: str, fix: str) -> Finding:
+    return Finding("fail", detail, fix)
+
+
+def skip(detail: str) -> Finding:
+    return Finding("skip", detail)
+
+
+# --- the machine -------------------------------------------------------------------------------------
+
+
+def check_python(config: DoctorConfig) -> Finding:
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    found = ".".join(str(part) for part in sys.version_info[:3])
+    try:
+        requires = metadata("prime-node")["Requires-Python"] or ""
+    except PackageNotFoundError:
+        return warn(f"Python {found}; prime-node is not installed", "install it: pip install -e . (in the checkout)")
+    if found in SpecifierSet(requires):
+        return ok(f"Python {found} (prime-node needs {requires})")
+    return fail(f"Python {found}, but prime-node needs {requires}", f"use a Python {requires} virtual environment")
+
+
+def check_torch(config: DoctorConfig) -> Finding:
+    try:
+        import torch
+    except ImportError as exc:
+        return fail(f"torch does not import: {exc}", "install the pinned CPU build first: make install")
+    return ok(f"torch {torch.__version__}, {torch.get_num_threads()} threads on {os.cpu_count()} CPUs")
+
+
+def check_gpu(config: DoctorConfig) -> Finding:
+    try:
+        import torch
+    except ImportError:
+        return skip("torch does not import (see torch)")
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        count = torch.cuda.device_count()
+        return ok(f"{count} CUDA GPU(s): {props.name}, {props.total_memory / GIB:.0f} GiB, CUDA {torch.version.cuda}")
+    gpu_extra = "for vLLM, install the `gpu` extra on a machine with an NVIDIA GPU: pip install -e '.[gpu]'"
+    if shutil.which("nvidia-smi") is not None:
+        if torch.version.cuda is None:
+            return warn(
+                f"an NVIDIA driver is installed but torch {torch.__version__} is a CPU build",
+                f"install a CUDA build of torch {torch.__version__.split('+')[0]}, then the `gpu` extra",
+            )
+        return warn(
+            f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU",
+            "check the driver with `nvidia-smi` and that CUDA_VISIBLE_DEVICES is not empty",
+        )
+    return warn("no CUDA GPU: generation runs on CPU (slow)", gpu_extra)
+
+
+def check_vllm(config: DoctorConfig) -> Finding:
+    try:
+        import torch
+    except ImportError:
+        return skip("torch does not import (see torch)")
+    if not torch.cuda.is_available():
+        return skip("no GPU: vLLM is used only on a GPU")
+    try:
+        import vllm
+    except Exception as exc:  # a broken vLLM fails in many ways (ImportError, OSError from CUDA libraries)
+        return warn(f"vLLM does not import: {one_line(exc)}", "install the `gpu` extra: pip install -e '.[gpu]'")
+    return ok(f"vLLM {vllm.__version__}")
+
+
+def check_memory(config: DoctorConfig) -> Finding:
+    available, total = _memory()
+    detail = f"{available / GIB:.1f} GiB RAM available of {total / GIB:.1f} GiB"
+    if available < 1 * GIB:
+        return fail(detail, "stop other programs: loading a model and generating needs at least 1 GiB")
+    if available < 4 * GIB:
+        return warn(detail, "stop other programs or add memory: a real model's checkpoint needs several GiB")
+    return ok(detail)
+
+
+def _memory() -> tuple[int, int]:
+    """(available, total) bytes: /proc/meminfo's MemAvailable on Linux, free pages elsewhere."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024, int(fields["MemTotal"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def check_disk(config: DoctorConfig) -> Finding:
+    # the state folder is created on first start: measure the nearest folder that exists
+    where = config.state_dir.expanduser().absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    detail = f"{free / GIB:.0f} GiB free on {where}"
+    if not os.access(where, os.W_OK):
+        return fail(
+            f"{where} is not writable", f"pass --state with a folder you can write, or fix the owner of {where}"
+        )
+    if free < 1 * GIB:
+        return fail(detail, "free space or pass --state on a larger disk: rollout files and checkpoints live there")
+    if free < 10 * GIB:
+        return warn(detail, "free space or pass --state on a larger disk: a real model's checkpoints need tens of GiB")
+    return ok(detail)
+
+
+def check_docker(config: DoctorConfig) -> Finding:
+    from node.sandbox.errors import SandboxUnavailable
+    from node.sandbox.runner import connect
+
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        return warn(
+            f"no Docker engine at {exc.where} ({exc.reason}): code tasks cannot be scored",
+            "start it: scripts/ensure-docker.sh (or apt-get install docker.io, then dockerd &)",
+        )
+    try:
+        version = client.version().get("Version", "unknown")
+    finally:
+        client.close()
+    return ok(f"Docker engine {version} answers (code tasks run in its sandbox)")
+
+
+def check_ports(config: DoctorConfig) -> Finding:
+    if not config.ports:
+        return skip("no --port given")
+    busy = [port for port in config.ports if not port_is_free(port)]
+    listed = ", ".join(str(port) for port in config.ports)
+    if busy:
+        taken = ", ".join(str(port) for port in busy)
+        return fail(
+            f"port {taken} in use on 127.0.0.1",
+            f"stop what holds it (ss -ltnp 'sport = :{busy[0]}') or choose another --metrics-port/--p2p-port",
+        )
+    return ok(f"port {listed} free on 127.0.0.1")
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on host:port now. SO_REUSEADDR as the node's servers (aiohttp) set it, so a
+    connection in TIME_WAIT does not count as in use, while a listening socket does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# --- the network -------------------------------------------------------------------------------------
+
+
+def check_chain(config: DoctorConfig) -> Finding:
+    if config.deployment is None and config.rpc_url is None:
+        return skip("no --deployment or --rpc-url given")
+    from web3 import Web3
+    from web3.exceptions import Web3Exception
+
+    from ledger.deployment import Deployment
+    from ledger.errors import DeploymentError
+
+    deployment = None
+    if config.deployment is not None:
+        try:
+            deployment = Deployment.load(config.deployment)
+        except DeploymentError as exc:
+            return fail(str(exc), "pass --deployment with the pool's deployment.json (`prime-pool deploy` writes it)")
+    url = config.rpc_url or (deployment.rpc_url if deployment is not None else "")
+    # no retries: a doctor reports what answers now
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": config.timeout}, exception_retry_configuration=None))
+    try:
+        chain_id, block = w3.eth.chain_id, w3.eth.block_number
+        if deployment is None:
+            return ok(f"chain {chain_id} at {url}, block {block}")
+        if chain_id != deployment.chain_id:
+            return fail(
+                f"{url} is chain {chain_id}, the deployment is on chain {deployment.chain_id}",
+                "pass the --rpc-url of the deployment's chain, or the --deployment of this chain",
+            )
+        empty = [
+            name
+            for name, address in deployment.contracts.items()
+            if not w3.eth.get_code(Web3.to_checksum_address(address))
+        ]
+    except (OSError, ValueError, Web3Exception) as exc:
+        return fail(
+            f"no JSON-RPC answer from {url}: {network_reason(exc)}",
+            "check the URL and that the chain node runs (a local one: prime-devnet up, or anvil)",
+        )
+    if empty:
+        return fail(
+            f"chain {chain_id} at {url} has no code at {', '.join(empty)}",
+            "the deployment is from another chain or a restarted devnet: redeploy (`prime-pool deploy`)",
+        )
+    return ok(f"chain {chain_id} at {url}, block {block}, {len(deployment.contracts)} contracts have code")
+
+
+def check_sources(config: DoctorConfig) -> Finding:
+    if not config.sources:
+        return skip("no --source given")
+    seen, failed = [], []
+    for url in config.sources:
+        try:
+            seen.append(probe_source(url.rstrip("/"), config.timeout))
+        except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors; bad JSON a ValueError
+            failed.append(f"{url}: {network_reason(exc)}")
+    if failed:
+        return fail(
+            "; ".join(failed),
+            "check the URL and that the relay runs (prime-node relay, or the trainer's origin) and is reachable",
+        )
+    return ok("; ".join(seen))
+
+
+def probe_source(url: str, timeout: float) -> str:
+    """One line about the SHARDCAST server at `url`: its role and latest step (GET /health, else /versions)."""
+    started = time.perf_counter()
+    try:
+        body = _get_json(f"{url}/health", timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        body = _get_json(f"{url}/versions", timeout)
+    millis = (time.perf_counter() - started) * 1000
+    latest = body.get("latest") if isinstance(body, dict) else None
+    role = body.get("role", "server") if isinstance(body, dict) else "server"
+    step = "no version yet" if latest is None else f"latest step {latest}"
+    return f"{url}: {role}, {step} ({millis:.0f} ms)"
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # the URLs come from --source flags
+        return json.loads(response.read(1 << 20))
+
+
+def network_reason(exc: BaseException) -> str:
+    """Why a request failed, from its innermost cause: "Connection refused" rather than requests' and urllib's
+    wrappers around it (MaxRetryError, NewConnectionError, URLError)."""
+    inner: BaseException = exc
+    while True:
+        reason = getattr(inner, "reason", None)  # urllib3's MaxRetryError and urllib's URLError keep it here
+        below = reason if isinstance(reason, BaseException) else inner.__cause__ or inner.__context__
+        if below is None or below is inner:
+            break
+        inner = below
+    if isinstance(inner, OSError):
+        return inner.strerror or one_line(inner)
+    return one_line(exc)
+
+
+# --- the self-test -----------------------------------------------------------------------------------
+
+# The default task (configs/tasks/default.toml) with a smaller problem set: the package does not ship configs/,
+# and the self-test must run wherever prime-node is installed.
+SELF_TEST_TASK = """\
+name = "doctor-self-test"
+
+[source]
+type = "reasoning_gym"
+dataset = "basic_arithmetic"
+seed = 0
+size = 1_000
+
+[source.config]
+min_terms = 2
+max_terms = 2
+min_digits = 1
+max_digits = 2
+operators = ["+", "-"]
+allow_parentheses = false
+allow_negation = false
+format_style = "simple"
+whitespace = "single"
+
+[prompt]
+system = ""
+answer_format = "Reply with <answer>N</answer>."
+thinking_budget = false
+
+[reward]
+length_mode = "none"
+
+[sampling]
+temperature = 1.0
+top_p = 1.0
+max_tokens = 64
+"""
+SELF_TEST_NODE = "0xa0Ee7A142d267C1f36714E4a8F75612F20a79720"  # anvil's dev account 9; the file is never submitted
+SELF_TEST_POOL, SELF_TEST_STEP = 0, 0
+
+
+@dataclass(frozen=True)
+class SelfTestFile:
+    """A rollout file the self-test generated, and what verifying it needs."""
+
+    model_dir: Path
+    task: Path
+    rollouts: Path
+    rows: int
+    units: int
+    generate_seconds: float
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The validator's verdict on a file, as `prime-validate file` printed it."""
+
+    accepted: bool
+    verdict: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0  # wall time of the child process, start-up included
+    error: str | None = None  # set when the validator gave no verdict (exit 2, a crash)
+
+
+def generate_self_test(work_dir: Path, *, prompts: int = 2, group: int = 4) -> SelfTestFile:
+    """Build the tiny model (seed 0) and generate `prompts x group` completions with proofs into work_dir."""
+    from node.generation.generate import generate_file
+    from node.generation.plan import Job
+    from node.inference.torch_backend import TorchBackend
+    from node.model.loading import load_model
+    from node.model.tiny import init_model
+    from node.tasks.sources import open_source
+    from node.tasks.spec import load_task_spec
+
+    task = work_dir / "task.toml"
+    task.write_text(SELF_TEST_TASK, encoding="utf-8")
+    model_dir = init_model(work_dir / "tiny-model", seed=0)
+    spec = load_task_spec(task)
+    loaded = load_model(model_dir)
+    job = Job(SELF_TEST_POOL, SELF_TEST_NODE, SELF_TEST_STEP, counter=0, prompts=prompts, group_size=group)
+    started = time.perf_counter()
+    written = generate_file(
+        work_dir / "rollouts.parquet", job, spec, open_source(spec), loaded, TorchBackend.from_loaded(loaded)
+    )
+    seconds = time.perf_counter() - started
+    return SelfTestFile(model_dir, task, written.path, prompts * group, written.units, seconds)
+
+
+def verify_rollouts(made: SelfTestFile, rollouts: Path | None = None, *, timeout: float = 600.0) -> Verification:
+    """Run `python -m validator.cli file` on `rollouts` (default: the generated file) in a child process."""
+    command = [
+        sys.executable, "-m", "validator.cli", "file", str(rollouts or made.rollouts),
+        "--checkpoint", str(made.model_dir), "--task", str(made.task), "--node", SELF_TEST_NODE,
+        "--pool", str(SELF_TEST_POOL), "--step", str(SELF_TEST_STEP), "--units", str(made.units),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return Verification(False, seconds=timeout, error=f"the validator took more than {timeout:.0f} s")
+    seconds = time.perf_counter() - started
+    if done.returncode in (0, 1):  # accepted, rejected: the verdict is on stdout
+        try:
+            verdict = json.loads(done.stdout)
+        except ValueError:
+            verdict = None
+        if isinstance(verdict, dict) and "accepted" in verdict:
+            return Verification(bool(verdict["accepted"]), verdict, seconds)
+    last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+    return Verification(False, seconds=seconds, error=f"exit {done.returncode}: {last}")
+
+
+def judge_self_test(made: SelfTestFile, verification: Verification) -> Finding:
+    generated = f"{made.rows} rollouts ({made.units} tokens) generated in {made.generate_seconds:.1f} s"
+    if verification.error is not None:
+        return fail(
+            f"{generated}; the validator gave no verdict ({verification.error})",
+            "check that this environment has the validator package: pip install -e . (PRIME_DEBUG=1 for details)",
+        )
+    timings: dict[str, float] = verification.verdict.get("timings", {})
+    if not verification.accepted:
+        verdict = verification.verdict
+        return fail(
+            f"{generated}; the validator REJECTED them: {verdict.get('reason_name')} "
+            f"at check {verdict.get('check')}: {verdict.get('detail')}",
+            "this machine's files would be slashed: do not stake; report it with `prime-node doctor --json` output",
+        )
+    return ok(
+        f"{generated}, proofs verified in {timings.get('model', 0.0):.1f} s "
+        f"(all checks {sum(timings.values()):.1f} s, {verification.seconds:.1f} s with the validator's start-up)"
+    )
+
+
+def check_self_test(config: DoctorConfig) -> Finding:
+    if not config.self_test:
+        return skip("--skip-self-test")
+    from node.errors import NodeError
+
+    with tempfile.TemporaryDirectory(prefix="prime-doctor-") as tmp:
+        try:
+            made = generate_self_test(Path(tmp))
+        except NodeError as exc:  # the model, the task or generation: this install cannot produce a file
+            return fail(f"generating the self-test file failed: {one_line(exc)}", "reinstall: make install")
+        return judge_self_test(made, verify_rollouts(made, timeout=config.self_test_timeout))
+
+
+# --- running them ------------------------------------------------------------------------------------
+
+CHECKS: tuple[tuple[str, Callable[[DoctorConfig], Finding]], ...] = (
+    ("python", check_python),
+    ("torch", check_torch),
+    ("gpu", check_gpu),
+    ("vllm", check_vllm),
+    ("memory", check_memory),
+    ("disk", check_disk),
+    ("docker", check_docker),
+    ("ports", check_ports),
+    ("chain", check_chain),
+    ("sources", check_sources),
+    ("self-test", check_self_test),
+)
+
+
+def run_check(name: str, check: Callable[[DoctorConfig], Finding], config: DoctorConfig) -> CheckResult:
+    started = time.perf_counter()
+    try:
+        found = check(config)
+    except Exception as exc:  # a probe's own bug must not hide the other checks; it is reported, not swallowed
+        log.debug("check %s raised", name, exc_info=True)
+        found = fail(
+            f"the check raised {type(exc).__name__}: {one_line(exc)}", "rerun with PRIME_DEBUG=1 and report it"
+        )
+    return CheckResult(name, found.status, found.detail, found.fix, time.perf_counter() - started)
+
+
+def run_checks(config: DoctorConfig, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+    """Every check in order; `on_result` sees each result as soon as it is known (the self-test takes seconds)."""
+    results = []
+    for name, check in CHECKS:
+        result = run_check(name, check, config)
+        if on_result is not None:
+            on_result(result)
+        results.append(result)
+    return results
