@@ -31,6 +31,14 @@ class CoordinatorUnavailable(CoordinatorError):
     """The coordinator could not be reached or answered 5xx; worth retrying."""
 
 
+class NoWorkYet(CoordinatorUnavailable):
+    """The node has all its assignments of the current step (503 `no_work`); ask again after `retry_after`."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class CoordinatorRefused(CoordinatorError):
     """The coordinator refused the request (4xx) with a JSON error."""
 
@@ -72,6 +80,7 @@ class CoordinatorClient:
             async with self.session.request(method, self.url + path, data=body or None, headers=headers) as response:
                 raw = await response.content.read(_MAX_ANSWER + 1)
                 status = response.status
+                retry_after = response.headers.get("Retry-After", "")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise CoordinatorUnavailable(f"{method} {self.url}{path}: {exc}") from exc
         if len(raw) > _MAX_ANSWER:
@@ -80,6 +89,8 @@ class CoordinatorClient:
             answer = loads_bounded(raw, _MAX_DEPTH)
         except ValueError:
             answer = None
+        if status == 503 and isinstance(answer, dict) and answer.get("error") == "no_work":
+            raise NoWorkYet(str(answer.get("message", ""))[:300], _retry_after(retry_after, default=1.0))
         if status >= 500:
             raise CoordinatorUnavailable(f"{method} {path}: HTTP {status}")
         if status >= 400:
@@ -192,3 +203,12 @@ def _seconds(value: object) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
         raise ValueError(f"not a unix time: {value!r:.40}")
     return float(value)
+
+
+def _retry_after(text: str, *, default: float) -> float:
+    """A Retry-After in seconds, bounded to [0.1, 30] whatever a coordinator sends."""
+    try:
+        value = float(text)
+    except ValueError:
+        return default
+    return min(30.0, max(0.1, value)) if value == value else default

@@ -4,7 +4,7 @@
 |---|---|---|
 | `GET /v1/pool`, `GET /v1/step` | anyone | the pool's id, trainer and current policy step |
 | `GET /v1/steps` | anyone | when each recent step became current (validators judge staleness at submission time) |
-| `POST /v1/tasks` | signed, a pool member | the next assignment for the signing node |
+| `POST /v1/tasks` | signed, a pool member | the next assignment for the signing node (503 `no_work`: see below) |
 | `PUT /v1/rollouts/{sha256}` | signed, a pool member | upload a rollout file; content-addressed, idempotent |
 | `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators) |
 | `GET /v1/rollouts/{sha256}/attestations` | anyone | the signed verdicts validators posted on that file |
@@ -15,6 +15,11 @@ Every signed request carries the EIP-712 `Request` headers (DESIGN section 5). T
 is cheapest first: the declared size, the bounded body read, the signature (timestamp, signer, nonce), the
 signer's role, the body's sha256 against the name, then the file's format and its node and pool. Each refusal
 is a 4xx JSON body `{"error": code, "message": text}` with its own code.
+
+Assignments are capped per node and policy step (`files_per_node_per_step`; over it, 503 `no_work` with
+Retry-After until the next step is published): the trainer uses only the files
+of the last `async_level + 1` steps, so a fast node left unlimited would fill the chain, the validators' queue and
+the pool's reward bill with files that go stale before anyone trains on them.
 """
 
 from __future__ import annotations
@@ -71,12 +76,16 @@ class ApiConfig:
     max_skew: float = 300.0  # seconds a signed request's timestamp may be off (DESIGN section 5)
     prompts_per_task: int = 8
     group_size: int = 8
+    files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
+    retry_after: float = 1.0  # seconds a node over its limit is told to wait
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
             raise ValueError("upload and JSON limits and max_skew must be positive")
         if self.prompts_per_task < 1 or self.group_size < 1:
             raise ValueError("prompts_per_task and group_size must be at least 1")
+        if self.files_per_node_per_step < 0 or self.retry_after <= 0:
+            raise ValueError("files_per_node_per_step must be at least 0 and retry_after positive")
 
 
 @dataclass
@@ -109,9 +118,9 @@ class PoolState:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
 def _load_verdicts(path: Path) -> dict[bytes, dict[str, dict[str, object]]]:
@@ -144,6 +153,7 @@ class CoordinatorApi:
         config: ApiConfig | None = None,
         on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
         on_assign: Callable[[str, int], None] | None = None,
+        on_attest: Callable[[bytes], None] | None = None,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
         self.attestations = attestations
@@ -151,7 +161,9 @@ class CoordinatorApi:
         self.config = config or ApiConfig()
         self.on_upload = on_upload
         self.on_assign = on_assign  # (node, counter handed out): lets the trainer persist counters before answering
+        self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
         self.nonces = NonceCache(ttl=2 * self.config.max_skew)
+        self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
         self.metrics = Registry()
         self._requests = self.metrics.counter("coordinator_requests_total", "API requests by route and status.")
         self._uploads = self.metrics.counter("coordinator_uploads_total", "Rollout files stored.")
@@ -180,6 +192,8 @@ class CoordinatorApi:
             response = await handler(request)
         except ApiError as exc:
             response = _json_error(exc.status, exc.code, exc.message)
+            if exc.retry_after is not None:
+                response.headers["Retry-After"] = f"{exc.retry_after:g}"
         except web.HTTPException as exc:  # no route, wrong method, body over client_max_size
             response = _json_error(exc.status, "http", exc.reason)
         self._requests.inc(route=route, status=str(response.status))
@@ -232,6 +246,18 @@ class CoordinatorApi:
     async def _tasks(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.config.max_json_bytes)
         node = await self._member(request, body)
+        step = self.state.step
+        limit = self.config.files_per_node_per_step
+        at_step, handed = self._handed.get(node, (step, 0))
+        handed = handed if at_step == step else 0
+        if limit and handed >= limit:
+            raise ApiError(
+                503,
+                "no_work",
+                f"{node} has its {limit} assignments of step {step}; more when the trainer publishes step {step + 1}",
+                retry_after=self.config.retry_after,
+            )
+        self._handed[node] = (step, handed + 1)
         counter = self.state.counters.get(node, 0)
         self.state.counters[node] = counter + 1
         if self.on_assign is not None:
@@ -240,7 +266,7 @@ class CoordinatorApi:
             {
                 "pool_id": self.state.pool_id,
                 "node": node,
-                "step": self.state.step,
+                "step": step,
                 "counter": counter,
                 "prompts": self.config.prompts_per_task,
                 "group_size": self.config.group_size,
@@ -311,6 +337,8 @@ class CoordinatorApi:
                 line = b"\n" + line
             log.write(line)
         self.verdicts.setdefault(attestation.work_key, {})[signer] = record
+        if self.on_attest is not None:
+            self.on_attest(attestation.work_key)
         return web.json_response({"recorded": True}, status=201)
 
     async def _attestations(self, request: web.Request) -> web.Response:

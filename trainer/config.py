@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from trainer.api import ApiConfig
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig
 from trainer.learner import LearnerConfig
+
+AUTO = -1  # files_per_node_per_step not given: derived from rollouts_per_step and the assignment size
 
 
 class TrainerConfigError(TrainerError, ValueError):
@@ -50,6 +52,7 @@ class RunConfig:
     task: Path  # task spec (TOML)
     steps: int = 20  # train until this policy step exists
     max_minutes: float | None = None  # or stop after the first step that ends past this many minutes
+    serve_after: bool = False  # after the last step, keep serving the API and the origin until SIGTERM or SIGINT
     rollouts_per_step: int = 256  # completions that must be available before a step trains
     max_files_per_step: int = 256
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -148,6 +151,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         prompts_per_task=coord.integer("prompts_per_task", 8, minimum=1, maximum=4096),
         group_size=coord.integer("group_size", 8, minimum=2, maximum=1024),
     )
+    per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
     pool = None
     if pool_table:
         fields = Fields(path, "pool", pool_table)
@@ -176,6 +180,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         task=_path(base, run.text("task", nonempty=True)),
         steps=run.integer("steps", 20, minimum=1),
         max_minutes=run.number("max_minutes", 0.0, minimum=0) or None,
+        serve_after=run.boolean("serve_after", False),
         seed=learner.seed,
         train_threads=run.integer("threads", 0, minimum=0, maximum=1024),
         rollouts_per_step=data.integer("rollouts_per_step", 256, minimum=1),
@@ -195,4 +200,8 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
     )
     for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
         table.done()
+    if per_node == AUTO:  # twice the files one step trains on: a node alone can fill a step, with room for losses
+        per_file = api.prompts_per_task * api.group_size
+        per_node = 2 * -(-values["rollouts_per_step"] // per_file)
+    values["api"] = replace(api, files_per_node_per_step=per_node)
     return RunConfig(**(values | overrides))

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -259,6 +260,7 @@ async def run_training(
         config=config.api,
         on_upload=on_upload,
         on_assign=persist_counter,
+        on_attest=lambda _: arrived.set(),  # network mode trains on attested files: look again at once
     )
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
@@ -328,6 +330,9 @@ async def run_training(
                 last.update(record)
                 if on_step is not None:
                     on_step(record)
+        if config.serve_after:
+            log.info("trained to step %d; serving the coordinator and origin until SIGTERM or SIGINT", learner.step)
+            await _until_stopped()
     finally:
         if workers is not None:
             workers.stop()
@@ -344,6 +349,20 @@ async def run_training(
         stale_files=loop.counters.stale_files,
         run_dir=config.run_dir,
     )
+
+
+async def _until_stopped() -> None:
+    """Waits for SIGTERM or SIGINT. Validators may still fetch files and checkpoints for the challenge window
+    after training ends; a pool that stops its coordinator with its last step leaves them nothing to check."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ledger.types import WorkStatus
-from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable
+from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet
 from node.daemon.faults import Fault, falsify, perturb_weights
 from node.daemon.state import FileRecord, WorkerState
 from node.daemon.weights import Weights
@@ -120,6 +120,8 @@ class WorkerDaemon:
         self._stage = self.metrics.gauge("worker_files", "Files in the journal, by stage.")
         self.metrics.gauge("worker_step", "The policy step of the weights held.", lambda: float(self._held_step))
         self._held_step = -1
+        self._idle_logged = -2  # the held step when 'no more work' was last logged
+        self._started_at = time.time()
         self._last_submit = time.monotonic()
         self._last_chain_look = 0.0
         self._window = 0
@@ -212,6 +214,9 @@ class WorkerDaemon:
                     except CoordinatorRefused as exc:
                         await self._explain_refusal(exc)
                         return 1
+                    except NoWorkYet as exc:  # this step's share is done: submit what waits, then ask again
+                        await self.flush(coordinator, force=True)
+                        await self._wait_for_work(exc)
                     except (CoordinatorUnavailable, OSError) as exc:
                         self._failures.inc(kind="unreachable")
                         log.warning("coordinator unreachable, retrying: %s", exc)
@@ -241,6 +246,13 @@ class WorkerDaemon:
                 await self._stop_relay(relay)
         log.info("stopped after %d files; journal: %s", made, self.state.counts())
         return 0
+
+    async def _wait_for_work(self, refusal: NoWorkYet) -> None:
+        if self._idle_logged != self._held_step:
+            self._idle_logged = self._held_step
+            log.info("no more work at this step for now (%s); asking again every %.1f s", refusal, refusal.retry_after)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), refusal.retry_after)
 
     async def _pause(self) -> None:
         with contextlib.suppress(TimeoutError):

@@ -55,6 +55,12 @@ class Fields:
         self._check_range(key, value, minimum, maximum)
         return value
 
+    def boolean(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {value!r}")
+        return value
+
     def number(
         self, key: str, default: Any = _REQUIRED, *, minimum: float | None = None, maximum: float | None = None
     ) -> float:

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient, PublishedStep, Verdict
+from node.coordinator import CoordinatorClient, NoWorkYet, PublishedStep, Verdict
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
 from node.signing import Attestation, SigningDomain, sign, sign_request
 from trainer.api import STEP_HISTORY, ApiConfig, CoordinatorApi, PoolState
@@ -201,6 +201,25 @@ def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
         assert stranger.status == 403
 
     run(tmp_path, scenario)
+
+
+def test_a_node_gets_its_share_of_each_step_then_no_work_until_the_next_step(tmp_path: Path) -> None:
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        api.state.step = 3
+        given = [await client.send("POST", "/v1/tasks", b"{}") for _ in range(2)]
+        assert [g.body["counter"] for g in given] == [0, 1]
+        over = await client.send("POST", "/v1/tasks", b"{}")
+        assert over.status == 503 and over.body["error"] == "no_work" and "step 4" in over.body["message"]
+        async with aiohttp.ClientSession() as session:  # the worker's client tells "no work yet" from an outage
+            worker = CoordinatorClient(session, client.url, WORKER, DOMAIN)
+            with pytest.raises(NoWorkYet) as refused:
+                await worker.request_task()
+            assert refused.value.retry_after == 2.5
+            api.state.publish(4, time.time())
+            job = await worker.request_task()
+        assert (job.step, job.counter) == (4, 2)  # counters keep rising: a work key is never reused
+
+    run(tmp_path, scenario, files_per_node_per_step=2, retry_after=2.5)
 
 
 def test_only_validators_attest_and_only_with_their_own_signature(tmp_path: Path) -> None:
