@@ -35,9 +35,11 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# Docker runs the code-task sandbox; without it (a laptop) the `docker` tests skip, under CI=true they fail.
+# Docker runs the code-task sandbox and Chromium loads the dashboards; without them (a laptop) those tests skip,
+# under CI=true they fail.
 test: lint typecheck
 	-scripts/ensure-docker.sh
+	-scripts/ensure-chromium.sh
 	$(VENV)/bin/pytest
 
 demo: install

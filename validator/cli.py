@@ -175,6 +175,12 @@ def run_command(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", min=0, max=65535, metavar="P", help="Serve /metrics (0: any).")
     ] = None,
+    dashboard_port: Annotated[
+        int | None,
+        typer.Option(
+            "--dashboard-port", min=0, max=65535, metavar="P", help="Serve the web dashboard on 127.0.0.1 (0: any)."
+        ),
+    ] = None,
     grace: Annotated[
         float, typer.Option("--grace", min=0.001, metavar="SECONDS", help="Wait for an upload before reason 8.")
     ] = 600.0,
@@ -214,7 +220,14 @@ def run_command(
 
         async def main() -> None:
             daemon = ValidatorDaemon(
-                ledger, setup, config, state_dir, metrics_port=metrics_port, p2p_port=p2p_port, bootstrap=bootstrap
+                ledger,
+                setup,
+                config,
+                state_dir,
+                metrics_port=metrics_port,
+                p2p_port=p2p_port,
+                bootstrap=bootstrap,
+                dashboard_port=dashboard_port,
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
+from aiohttp import web
 
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
@@ -95,6 +96,8 @@ class ValidatorDaemon:
         metrics_port: int | None = None,
         p2p_port: int | None = None,
         bootstrap: tuple[str, ...] = (),
+        dashboard_host: str = "127.0.0.1",
+        dashboard_port: int | None = None,
     ) -> None:
         if ledger.account is None:
             raise ValidatorError("the validator daemon signs attestations and transactions: give it a key")
@@ -103,6 +106,7 @@ class ValidatorDaemon:
         if not ledger.is_validator(setup.pool_id, self.account.address):  # before the state folder is bound to it
             raise NotAValidator(self.account.address, setup.pool_id)
         self.metrics_host, self.metrics_port = metrics_host, metrics_port
+        self.dashboard_host, self.dashboard_port = dashboard_host, dashboard_port  # None: no dashboard; 0: any port
         self.p2p_port, self.bootstrap = p2p_port, bootstrap  # None: no gossip; 0: any free port
         self.gossip: AttestationGossip | None = None
         deployment = ledger.deployment
@@ -127,6 +131,7 @@ class ValidatorDaemon:
         self.source = open_source(setup.task)
         self.stopping = asyncio.Event()
         self.metrics_url: str | None = None
+        self.dashboard_url: str | None = None
         self._last_poll = 0.0
         self._setup_metrics()
 
@@ -152,11 +157,17 @@ class ValidatorDaemon:
     async def run(self) -> None:
         """Works until `stopping` is set."""
         pool_id, address = self.setup.pool_id, self.account.address
-        runner = None
+        runner = dashboard = None
         if self.metrics_port is not None:
             runner, self.metrics_url = await serve_metrics(self.metrics, self.metrics_host, self.metrics_port)
+        if self.dashboard_port is not None:
+            dashboard, self.dashboard_url = await self._serve_dashboard(self.dashboard_port)
+            log.info("dashboard on %s", self.dashboard_url)
+        endpoints = {"metrics": self.metrics_url, "dashboard": self.dashboard_url}
+        if any(endpoints.values()):
             publish_atomically(
-                self.state_dir / "endpoints.json", json.dumps({"metrics": self.metrics_url}, indent=2).encode()
+                self.state_dir / "endpoints.json",
+                json.dumps({k: v for k, v in endpoints.items() if v}, indent=2).encode(),
             )
         log.info(
             "validator %s of pool %d: coordinator %s, checkpoints %s, reading the chain from block %d%s",
@@ -187,10 +198,27 @@ class ValidatorDaemon:
         finally:
             if self.gossip is not None:
                 await self.gossip.stop()
+            if dashboard is not None:
+                await dashboard.cleanup()
             if runner is not None:
                 await runner.cleanup()
             log.info("stopped; files by stage: %s", self.store.counts())
             self.store.close()
+
+    async def _serve_dashboard(self, port: int) -> tuple[web.AppRunner, str]:
+        """The operator's page (node/dashboard, validator view): verdicts, rejections, invalidations, backlog."""
+        from node.dashboard import serve_dashboard
+        from validator.dashboard import ValidatorDashboard
+
+        w3 = self.ledger.w3
+        source = ValidatorDashboard(
+            self.store,
+            validator=self.account.address,
+            cursor=lambda: self.follower.next_block,
+            head=lambda: int(w3.eth.block_number),
+            stopping=self.stopping.is_set,
+        )
+        return await serve_dashboard(source, self.dashboard_host, port)
 
     def _idle_seconds(self) -> float:
         wait = self.config.poll_seconds - (time.monotonic() - self._last_poll)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 start_app = typer.Typer()
 
+DEFAULT_DASHBOARD_PORT = 8790  # `--dashboard` without a port from a flag or the config
+
 CONFIG_KEYS = {  # node.toml [worker] key -> type
     "state": str,
     "coordinator": str,
@@ -48,6 +50,7 @@ CONFIG_KEYS = {  # node.toml [worker] key -> type
     "claim_every": float,
     "join": bool,
     "metrics_port": int,
+    "dashboard_port": int,
     "max_files": int,
     "p2p_port": int,
 }
@@ -109,6 +112,20 @@ def _register(node_ledger: Ledger, keystore: Path | None, dev_key: int | None, s
         ledger.add_node(node)
 
 
+def _dashboard_port(enabled: bool | None, port: int | None, config: dict[str, Any]) -> int | None:
+    """None (no dashboard) unless --dashboard, --dashboard-port or the config's dashboard_port asks for one."""
+    if enabled is False:
+        if port is not None:
+            raise CommandError("--no-dashboard and --dashboard-port do not go together")
+        return None
+    chosen = _pick(port, config, "dashboard_port", None)
+    if chosen is None and enabled:
+        chosen = DEFAULT_DASHBOARD_PORT
+    if chosen is not None and not 0 <= chosen <= 65535:
+        raise CommandError(f"dashboard_port {chosen} is not a port (0 to 65535)")
+    return chosen
+
+
 @start_app.command()
 def start(
     pool: Annotated[int, typer.Option("--pool", min=1, metavar="N", help="The pool to work for.")],
@@ -132,6 +149,20 @@ def start(
     submit_batch: Annotated[int | None, typer.Option(min=1, help="Files per submitWorkBatch.")] = None,
     metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve /metrics (0: any port).")] = None,
     max_files: Annotated[int | None, typer.Option(min=1, help="Stop after this many files.")] = None,
+    dashboard: Annotated[
+        bool | None,
+        typer.Option(
+            "--dashboard/--no-dashboard",
+            help=f"Serve the web dashboard on 127.0.0.1 (default: when the config sets dashboard_port; "
+            f"port {DEFAULT_DASHBOARD_PORT} unless given).",
+        ),
+    ] = None,
+    dashboard_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=65535, metavar="P", help="The dashboard's port (0: any free one); implies --dashboard."
+        ),
+    ] = None,
     relay: Annotated[bool, typer.Option("--relay", help="Also serve the checkpoints this node holds.")] = False,
     relay_port: Annotated[int, typer.Option(min=0, max=65535, help="The relay's port (0: any free one).")] = 0,
     relay_host: Annotated[str, typer.Option(help="The relay's address; 0.0.0.0 to serve other machines.")] = (
@@ -219,6 +250,7 @@ def start(
             fault=fault,
             max_files=_pick(max_files, config, "max_files", None),
             metrics_port=_pick(metrics_port, config, "metrics_port", None),
+            dashboard_port=_dashboard_port(dashboard, dashboard_port, config),
             relay_host=relay_host,
             relay_port=relay_port if relay else None,
             p2p_port=_pick(p2p_port, config, "p2p_port", None),

@@ -90,6 +90,8 @@ class WorkerSettings:
     retry_seconds: float = 1.0  # wait after an unreachable coordinator or a failed iteration
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics server; 0: any free port
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int | None = None  # None: no dashboard; 0: any free port (node/dashboard)
     relay_host: str = "127.0.0.1"
     relay_port: int | None = None  # None: no relay; else mirror the checkpoint sources and serve them here
     p2p_host: str = "127.0.0.1"
@@ -177,6 +179,7 @@ class WorkerDaemon:
         weights = Weights(settings.state_dir / "weights", sources, policy, on_load=on_load)
         gossip = await self._start_gossip(domain, pool.config.trainer, weights, relay)
         runner = await self._serve_metrics()
+        dashboard = await self._serve_dashboard()
         log.info(
             "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s",
             self.node,
@@ -238,6 +241,8 @@ class WorkerDaemon:
                 except Exception as exc:
                     log.warning("stopping with files left to upload or submit; the next start does it: %s", exc)
         finally:
+            if dashboard is not None:
+                await dashboard.cleanup()
             if runner is not None:
                 await runner.cleanup()
             if gossip is not None:
@@ -489,4 +494,24 @@ class WorkerDaemon:
             return None
         runner, url = await serve_metrics(self.metrics, self.settings.metrics_host, self.settings.metrics_port)
         log.info("metrics at %s", url)
+        return runner
+
+    # --- dashboard ----------------------------------------------------------------------------------
+
+    async def _serve_dashboard(self) -> web.AppRunner | None:
+        """The operator's page (node/dashboard): the journal, the chain's word on each file, stake and tokens."""
+        if self.settings.dashboard_port is None:
+            return None
+        from node.dashboard import serve_dashboard
+        from node.dashboard.chain import WorkerChain
+        from node.dashboard.model import WorkerLive
+        from node.dashboard.worker import WorkerDashboard
+
+        def live() -> WorkerLive:
+            step = self._held_step if self._held_step >= 0 else None
+            return WorkerLive(stopping=self.stopping.is_set(), held_step=step, started_at=self._started_at)
+
+        source = WorkerDashboard(self.state, WorkerChain(self.ledger, self.settings.pool_id, self.node), live)
+        runner, url = await serve_dashboard(source, self.settings.dashboard_host, self.settings.dashboard_port)
+        log.info("dashboard on %s", url)
         return runner

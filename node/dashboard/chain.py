@@ -1,0 +1,74 @@
+"""The worker dashboard's chain reads: blocking web3 calls, made in a thread on a refresh interval, never per request.
+
+One `WorkerChain.read` is a handful of calls (block, stake, membership) plus, for the journal's files, what only
+changes rarely: a file's `getWork` is read once (its submission time never changes) and again only while it
+looks claimable (someone may claim it outside this daemon); invalidations come from following `WorkInvalidated`
+events from where the last read stopped, so a refresh costs the same after a week as after a minute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from ledger.client import Ledger
+from ledger.events import EventFollower, WorkInvalidated
+from ledger.types import PoolConfig, WorkRecord, WorkStatus
+from node.dashboard.model import ChainReading
+
+
+class WorkerChain:
+    """Reads the chain for one node in one pool; keeps what does not change between reads."""
+
+    def __init__(self, ledger: Ledger, pool_id: int, node: str) -> None:
+        self.ledger, self.pool_id, self.node = ledger, pool_id, node
+        self._pool: PoolConfig | None = None
+        self._provider: str | None = None
+        self._works: dict[bytes, WorkRecord] = {}
+        self._invalidated: dict[bytes, WorkInvalidated] = {}  # every invalidation in the pool, by work key
+        self._follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
+
+    def read(self, work_keys: Iterable[bytes]) -> ChainReading:
+        """A fresh reading; `work_keys` are the journal's files that were (or may have been) submitted.
+
+        Blocking: call it in a thread. Raises what the ledger raises (an unreachable RPC endpoint); the state
+        kept from earlier reads stays valid.
+        """
+        ledger = self.ledger
+        block = ledger.w3.eth.get_block("latest")
+        number, chain_time = int(block["number"]), int(block["timestamp"])
+        if self._pool is None:
+            self._pool = ledger.pool(self.pool_id).config
+        pool = self._pool
+        if self._provider is None:  # a binding never changes once made
+            self._provider = ledger.provider_of(self.node)
+        stake = ledger.stake_of(self._provider) if self._provider is not None else None
+        member = ledger.is_member(self.pool_id, self.node)
+        ejected = ledger.is_ejected(self.pool_id, self.node)
+        for event in self._follower.poll():
+            if isinstance(event, WorkInvalidated):
+                self._invalidated[event.work_key] = event
+        keys = list(work_keys)
+        for key in keys:
+            known = self._works.get(key)
+            stale = known is None or known.status == WorkStatus.NONE
+            maybe_claimed = (
+                known is not None
+                and known.status == WorkStatus.PENDING
+                and chain_time >= known.submitted_at + pool.challenge_window
+            )
+            if stale or maybe_claimed:
+                self._works[key] = ledger.get_work(self.pool_id, key)
+        return ChainReading(
+            read_at=time.time(),
+            block=number,
+            chain_time=chain_time,
+            pool=pool,
+            decimals=ledger.decimals,
+            provider=self._provider,
+            stake=stake,
+            member=member,
+            ejected=ejected,
+            works={key: self._works[key] for key in keys},
+            invalidations={key: self._invalidated[key] for key in keys if key in self._invalidated},
+        )

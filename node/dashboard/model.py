@@ -1,0 +1,252 @@
+"""The worker dashboard's data model: pure functions from the journal and a chain reading to one JSON snapshot.
+
+Nothing here reads the chain, a file or a clock: `WorkerDashboard` (node/dashboard/worker.py) gathers the journal
+rows (`node.daemon.state`), the cached `ChainReading` (node/dashboard/chain.py) and the daemon's live status, and
+`worker_snapshot` turns them into what `GET /api/state` answers. Every token amount is a whole-token decimal
+string (`ledger.units.format_amount`): base units of an 18-decimal token do not fit a JavaScript number.
+
+Where a number is an estimate it says so (`estimate: true` or a label): throughput over a recent window, rewards
+that are only paid if no validator invalidates the file first, and slash exposure as an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.events import WorkInvalidated
+from ledger.types import PoolConfig, Reason, StakeInfo, WorkRecord, WorkStatus
+from ledger.units import format_amount
+from node.daemon.state import STAGES, FileRecord
+
+THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate averages over
+MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file
+
+# A file's challenge-window state, as the dashboard shows it; the first three are the journal's own stages
+# before the file reaches the chain.
+FILE_STATES = ("written", "uploaded", "expired", "submitted", "pending", "claimable", "claimed", "invalidated")
+
+
+@dataclass(frozen=True)
+class ChainReading:
+    """What the chain said at `read_at` (unix seconds, this machine's clock) about the node and its files."""
+
+    read_at: float
+    block: int
+    chain_time: int  # the latest block's timestamp: challenge windows run on chain time
+    pool: PoolConfig
+    decimals: int
+    provider: str | None  # None: the node is not bound to a provider
+    stake: StakeInfo | None  # the provider's
+    member: bool
+    ejected: bool
+    works: dict[bytes, WorkRecord] = field(default_factory=dict)  # journal keys that reached the chain
+    invalidations: dict[bytes, WorkInvalidated] = field(default_factory=dict)  # of journal keys
+
+
+@dataclass(frozen=True)
+class WorkerLive:
+    """The daemon's own state, read when the snapshot is built."""
+
+    stopping: bool
+    held_step: int | None  # the policy step of the weights held; None before the first
+    started_at: float  # unix seconds
+
+
+@dataclass(frozen=True)
+class FileState:
+    state: str  # one of FILE_STATES
+    closes_at: int | None  # when the challenge window closes (chain time), once submitted
+    reason: str | None  # an invalidation's reason label and slash, or why a file expired
+    slashed: int  # base units slashed by this file's invalidation (0 when unknown or none)
+
+
+def file_state(
+    record: FileRecord, work: WorkRecord | None, invalidation: WorkInvalidated | None, window: int, now: int
+) -> FileState:
+    """Where one file stands: the chain's word when it has one (an invalidation the daemon has not looked at yet
+    shows at once), else the journal's.
+
+    `now` is the chain's time; a submitted file is `pending` until `submitted_at + window`, then `claimable`.
+    """
+    if record.stage in ("written", "uploaded", "expired"):
+        return FileState(record.stage, None, record.detail if record.stage == "expired" else None, 0)
+    closes_at = None if work is None or work.status == WorkStatus.NONE else work.submitted_at + window
+    on_chain = WorkStatus.NONE if work is None else work.status
+    if invalidation is not None or record.stage == "invalidated" or on_chain == WorkStatus.INVALIDATED:
+        if invalidation is not None:
+            reason = f"{Reason.label(invalidation.reason)}; validator {invalidation.validator}"
+            return FileState("invalidated", closes_at, reason, invalidation.slashed)
+        return FileState("invalidated", closes_at, record.detail or "reason not read from the chain yet", 0)
+    if record.stage == "claimed" or on_chain == WorkStatus.CLAIMED:
+        return FileState("claimed", closes_at, None, 0)
+    if closes_at is None:  # journaled as submitted, not read from the chain yet
+        return FileState("submitted", None, None, 0)
+    return FileState("pending" if now < closes_at else "claimable", closes_at, None, 0)
+
+
+def throughput(records: Sequence[FileRecord], *, now: float, since: float, window: float) -> dict[str, Any]:
+    """Files per minute and output tokens per second over the last `window` seconds (or since `since`, the
+    daemon's start, when that is later): an estimate, from the journal's `created` times and work units."""
+    start = max(now - window, since)
+    elapsed = now - start
+    recent = [r for r in records if r.created >= start]
+    units = sum(r.units for r in recent)
+    files_per_min = len(recent) / elapsed * 60 if elapsed > 0 else 0.0
+    tokens_per_s = units / elapsed if elapsed > 0 else 0.0
+    return {
+        "estimate": True,
+        "window_s": round(elapsed, 1),
+        "files": len(recent),
+        "units": units,
+        "files_per_min": round(files_per_min, 3),
+        "tokens_per_s": round(tokens_per_s, 2),
+    }
+
+
+def standing(reading: ChainReading | None) -> str:
+    if reading is None:
+        return "unknown (chain not read yet)"
+    if reading.provider is None:
+        return "not registered"
+    if reading.ejected:
+        return "ejected"
+    return "member" if reading.member else "registered, not a member"
+
+
+def worker_snapshot(
+    *,
+    node: str,
+    pool_id: int,
+    records: Sequence[FileRecord],
+    reading: ChainReading | None,
+    live: WorkerLive,
+    now: float,
+    chain_error: str | None = None,
+) -> dict[str, Any]:
+    """The worker view of `GET /api/state`. `records` are the journal's rows in creation order."""
+    counts = {stage: 0 for stage in STAGES}
+    for record in records:
+        counts[record.stage] += 1
+    snapshot: dict[str, Any] = {
+        "role": "worker",
+        "generated_at": now,
+        "node": node,
+        "pool_id": pool_id,
+        "daemon": "stopping" if live.stopping else "running",
+        "started_at": live.started_at,
+        "standing": standing(reading),
+        "step": live.held_step,
+        "newest_file_step": max((r.step for r in records), default=None),
+        "throughput": throughput(records, now=now, since=live.started_at, window=THROUGHPUT_WINDOW),
+        "counts": counts,
+        "chain": _chain(reading, chain_error, now),
+    }
+    if reading is None:
+        states = {r.work_key: file_state(r, None, None, 0, 0) for r in records}
+        snapshot |= {"provider": None, "pool": None, "stake": None, "tokens": None}
+    else:
+        window, now_chain = reading.pool.challenge_window, reading.chain_time
+        states = {
+            r.work_key: file_state(
+                r, reading.works.get(r.work_key), reading.invalidations.get(r.work_key), window, now_chain
+            )
+            for r in records
+        }
+        snapshot |= {
+            "provider": reading.provider,
+            "pool": _pool(reading),
+            "stake": _stake(reading),
+            "tokens": _tokens(records, states, reading),
+        }
+    shown = list(records)[-MAX_FILES_SHOWN:][::-1]  # newest first
+    tokens = reading.decimals if reading is not None else 18
+    per_unit = reading.pool.reward_per_unit if reading is not None else None
+    snapshot["files_total"] = len(records)
+    snapshot["files"] = [_file(r, states[r.work_key], per_unit, tokens) for r in shown]
+    return snapshot
+
+
+def _chain(reading: ChainReading | None, error: str | None, now: float) -> dict[str, Any]:
+    if reading is None:
+        return {"block": None, "time": None, "read_at": None, "age_s": None, "error": error}
+    return {
+        "block": reading.block,
+        "time": reading.chain_time,
+        "read_at": reading.read_at,
+        "age_s": round(now - reading.read_at, 1),
+        "error": error,  # the last refresh failed: the numbers are from `read_at`
+    }
+
+
+def _pool(reading: ChainReading) -> dict[str, Any]:
+    pool, d = reading.pool, reading.decimals
+    return {
+        "name": pool.name,
+        "challenge_window_s": pool.challenge_window,
+        "reward_per_unit": format_amount(pool.reward_per_unit, d, places=18),
+        "slash_amount": format_amount(pool.slash_amount, d),
+        "min_stake_per_node": format_amount(pool.min_stake_per_node, d),
+        "trainer": pool.trainer,
+    }
+
+
+def _stake(reading: ChainReading) -> dict[str, Any] | None:
+    stake, d = reading.stake, reading.decimals
+    if stake is None:
+        return None
+    node_locked = reading.pool.min_stake_per_node if reading.member else 0
+    return {
+        "active": format_amount(stake.active, d),
+        "unbonding": format_amount(stake.unbonding, d),
+        "locked": format_amount(stake.locked, d),  # by every pool the provider's nodes are in
+        "free": format_amount(max(0, stake.active - stake.locked), d),
+        "node_locked": format_amount(node_locked, d),  # by this pool for this node
+        "release_at": stake.release_at or None,
+    }
+
+
+def _tokens(records: Sequence[FileRecord], states: dict[bytes, FileState], reading: ChainReading) -> dict[str, Any]:
+    """Earned and at-risk amounts of this node's files in this pool (the journal's files only)."""
+    per_unit, d = reading.pool.reward_per_unit, reading.decimals
+    sums = {"claimed": 0, "claimable": 0, "pending": 0, "invalidated": 0}
+    pending, slashed = 0, 0
+    for record in records:
+        state = states[record.work_key]
+        if state.state in sums:
+            sums[state.state] += record.units * per_unit
+        pending += state.state == "pending"
+        slashed += state.slashed
+    stake = reading.stake
+    slashable = 0 if stake is None else stake.active + stake.unbonding
+    # each invalidation slashes `slashAmount`, active stake first, then unbonding (NodeRegistry.slash)
+    exposure = min(pending * reading.pool.slash_amount, slashable)
+    return {
+        "claimed": format_amount(sums["claimed"], d),
+        "claimable": format_amount(sums["claimable"], d),
+        "pending_rewards": format_amount(sums["pending"], d),  # paid only if no validator invalidates first
+        "slash_exposure": format_amount(exposure, d),  # upper bound: every pending file invalidated
+        "pending_files": pending,
+        "lost_rewards": format_amount(sums["invalidated"], d),
+        "slashed": format_amount(slashed, d),
+    }
+
+
+def _file(record: FileRecord, state: FileState, per_unit: int | None, decimals: int) -> dict[str, Any]:
+    paid = state.state not in ("expired", "invalidated")  # what it earns, will earn if not invalidated, or earned
+    return {
+        "work_key": "0x" + record.work_key.hex(),
+        "step": record.step,
+        "counter": record.counter,
+        "units": record.units,
+        "stage": record.stage,  # the journal's
+        "state": state.state,  # the dashboard's, the chain's word first
+        "closes_at": state.closes_at,
+        "reason": state.reason,
+        "slashed": format_amount(state.slashed, decimals) if state.slashed else None,
+        "reward": None if per_unit is None or not paid else format_amount(record.units * per_unit, decimals),
+        "tx": record.tx,
+        "verdict": record.verdict,
+        "created": record.created,
+    }
