@@ -1,0 +1,70 @@
+"""The worker image (Dockerfile, node/worker_image.py): it builds here, from a local base and local wheels, and its
+commands run: `prime-node --help`, `prime-node start --help`, and torch is the CPU build.
+
+The first build takes minutes (wheels, base, `docker build`); after it, the image is found by its content hash
+and the module costs seconds. Skips without a Docker engine, fails instead under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from node.sandbox import SandboxUnavailable, connect
+from node.worker_image import ensure_worker_image
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def image(request: pytest.FixtureRequest) -> tuple[Any, str]:
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true requires a Docker engine: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")
+    started = time.monotonic()
+    tag = ensure_worker_image(client)
+    size = client.images.get(tag).attrs.get("Size", 0)
+    print(f"\n{tag}: ready in {time.monotonic() - started:.1f} s, {size / 1e9:.2f} GB")  # shown with -s or -rA
+    return client, tag
+
+
+def run(image: tuple[Any, str], *command: str) -> str:
+    """The container's output; the SDK raises ContainerError (with the output) on a non-zero exit."""
+    client, tag = image
+    out: bytes = client.containers.run(tag, list(command), remove=True, stdout=True, stderr=True)
+    return out.decode()
+
+
+def test_prime_node_help_lists_start(image: tuple[Any, str]) -> None:
+    out = run(image, "prime-node", "--help")
+    assert "start" in out
+    assert "keys" in out
+
+
+def test_start_help_runs_in_the_image(image: tuple[Any, str]) -> None:
+    out = run(image, "prime-node", "start", "--help")
+    assert "--pool" in out
+
+
+def test_options_alone_go_to_prime_node_start(image: tuple[Any, str]) -> None:
+    out = run(image, "--help")  # the entrypoint prefixes `prime-node start`
+    assert "--pool" in out
+    assert "Work for pool N" in out
+
+
+def test_torch_is_the_cpu_build_and_toploc_imports(image: tuple[Any, str]) -> None:
+    probe = "import torch, toploc; print(torch.__version__, torch.version.cuda)"
+    version, cuda = run(image, "python", "-c", probe).split()
+    assert cuda == "None"
+    assert version.startswith("2.13.0")
+
+
+def test_worker_runs_unprivileged_with_the_contract_artifacts(image: tuple[Any, str]) -> None:
+    probe = "import os; from ledger.artifacts import load_artifact; load_artifact('WorkLedger'); print(os.getuid())"
+    assert run(image, "python", "-c", probe).strip() == "10001"
