@@ -3,7 +3,8 @@
 Run: `.venv/bin/python benchmarks/learning.py [--minutes 10] [--workers 2]`.
 
 1. The SFT model: `prime-train init-model` (seed 0) then `prime-train sft` (600 steps), cached in
-   ~/.cache/prime-node/learning/ by the task's spec hash and the SFT settings (about 3 minutes the first time).
+   ~/.cache/prime-node/warm-start/ by the task's spec hash and the SFT settings (about 3 minutes the first time;
+   `node/devnet/warmstart.py`, shared with `prime-devnet up`).
 2. Its pass rate on the task's held-out problems (the last 256, which SFT never trains on), 4 samples each at the
    task's own sampling (temperature 1).
 3. `prime-train run --local-workers N --max-minutes M`: the coordinator, the SHARDCAST origin and N worker
@@ -26,7 +27,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = REPO / "configs" / "tasks" / "default.toml"
-CACHE = Path.home() / ".cache" / "prime-node" / "learning"
 
 
 def prime_train(*args: str) -> None:
@@ -34,32 +34,19 @@ def prime_train(*args: str) -> None:
 
 
 def sft_model(sft_steps: int, seed: int) -> Path:
-    from node.tasks.spec import load_task_spec, spec_hash
+    from node.devnet.warmstart import DEFAULT_CACHE, warm_start_model
 
-    key = f"{spec_hash(load_task_spec(TASK)).hex()[:16]}-seed{seed}-sft{sft_steps}"
-    target = CACHE / key / "tiny-sft"
-    if target.is_dir():
-        print(f"SFT model: {target} (cached)")
-        return target
-    base = CACHE / key / "tiny"
-    shutil.rmtree(CACHE / key, ignore_errors=True)
-    prime_train("init-model", "--out", str(base), "--seed", str(seed))
+    print(f"SFT model: building or loading ({sft_steps} steps, seed {seed}) in {DEFAULT_CACHE}")
     started = time.perf_counter()
-    prime_train("sft", "--model", str(base), "--task", str(TASK), "--out", str(target), "--steps", str(sft_steps))
-    print(f"SFT model: {target} ({time.perf_counter() - started:.0f} s)")
-    return target
+    model, cached = warm_start_model(TASK, sft_steps=sft_steps, seed=seed)
+    print(f"SFT model: {model} ({'cached' if cached else f'{time.perf_counter() - started:.0f} s'})")
+    return model
 
 
 def held_out_rate(model: Path, problems: int, samples: int) -> float:
-    from node.model.loading import load_model
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
-    from trainer.evaluate import pass_rate
+    from trainer.evaluate import held_out_pass_rate
 
-    spec = load_task_spec(TASK)
-    source = open_source(spec)
-    ids = list(source.problem_ids())[-problems:]
-    return pass_rate(load_model(model), spec, source, ids, samples=samples, seed=123).rate
+    return held_out_pass_rate(model, TASK, problems=problems, samples=samples, seed=123).rate
 
 
 def write_config(path: Path, run_dir: Path, model: Path, args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""Counters and gauges rendered in the Prometheus text format, for every daemon's `GET /metrics`.
+"""Counters and gauges rendered in the Prometheus text format, for every daemon's `GET /metrics`, and a reader.
 
 A deliberately small registry: metric families with optional labels, updated from one event loop (or
 under the GIL from threads: each update is a single dict operation), rendered on request.
@@ -7,6 +7,7 @@ under the GIL from threads: each update is a single dict operation), rendered on
 from __future__ import annotations
 
 import math
+import urllib.request
 from collections.abc import Callable
 
 from aiohttp import web
@@ -101,3 +102,22 @@ async def serve_metrics(registry: Registry, host: str, port: int) -> tuple[web.A
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_address=True).start()
     return runner, f"http://{host}:{runner.addresses[-1][1]}/metrics"
+
+
+def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
+    """Reads one of our daemons' `/metrics` pages: `{'name{labels}': value}` for every sample line.
+
+    Blocking (urllib); for tools that watch a daemon from outside (`prime-devnet up`), not for the daemons.
+    """
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read(4 * 1024 * 1024).decode("utf-8", "replace")
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            samples[name] = float(value)
+        except ValueError:
+            continue  # not a sample line: skip it rather than fail the whole page
+    return samples

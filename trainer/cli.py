@@ -344,6 +344,51 @@ def plot_command(
         console.print(f"path:      {path}")
 
 
+@app.command("eval")
+def eval_command(
+    model: Annotated[Path, typer.Option("--model", metavar="DIR", help="Model to measure (Hugging Face layout).")],
+    task: Annotated[Path, typer.Option("--task", metavar="SPEC", help="Task spec (TOML).")],
+    problems: Annotated[
+        int, typer.Option("--problems", min=1, metavar="N", help="The task's last N problems (held out by SFT).")
+    ] = 256,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="K", help="Completions per problem.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Sampling seed.")] = 123,
+    threads: Annotated[int, typer.Option("--threads", min=0, metavar="T", help="torch threads; 0: default.")] = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Held-out pass rate of MODEL: K samples of each of the task's last N problems at the task's sampling."""
+    configure_logging()
+    with node_cli_errors():
+        from trainer.evaluate import held_out_pass_rate
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        started = time.perf_counter()
+        result = held_out_pass_rate(model, task, problems=problems, samples=samples, seed=seed)
+        seconds = time.perf_counter() - started
+        if json_output:
+            print_json(
+                {
+                    "model": str(model.resolve()),
+                    "pass_rate": result.rate,
+                    "passed": result.passed,
+                    "total": result.total,
+                    "mean_reward": result.mean_reward,
+                    "problems": problems,
+                    "samples": samples,
+                    "seed": seed,
+                    "seconds": round(seconds, 1),
+                }
+            )
+            return
+        stdout_console().print(
+            f"pass rate {result.rate:.1%} ({result.passed} of {result.total}: {problems} held-out problems x {samples}"
+            f" samples, seed {seed}) in {seconds:.0f} s"
+        )
+
+
 @app.command("filter")
 def filter_command(
     model: Annotated[Path, typer.Option("--model", metavar="DIR", help="Base model whose pass rates decide.")],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from node.generation.generate import sampling_params
 from node.generation.plan import completion_text, prompt_tokens
@@ -82,3 +83,16 @@ def pass_rate(
     ]
     passed = sum(r.task_reward >= 1.0 for r in scored)
     return PassRate(passed, len(scored), sum(r.reward for r in scored) / max(1, len(scored)))
+
+
+def held_out_pass_rate(model: Path, task: Path, *, problems: int, samples: int, seed: int) -> PassRate:
+    """`pass_rate` of the model folder on the task's last `problems` problems: the ones SFT holds out, and the
+    measure `prime-train eval`, `prime-devnet up` and `benchmarks/learning.py` compare before and after RL."""
+    from node.model.loading import load_model
+    from node.tasks.sources import open_source
+    from node.tasks.spec import load_task_spec
+
+    spec = load_task_spec(task)
+    source = open_source(spec)
+    ids = list(source.problem_ids())[-problems:]
+    return pass_rate(load_model(model), spec, source, ids, samples=samples, seed=seed)

@@ -28,6 +28,7 @@ from ledger.cli.common import cli_errors
 if TYPE_CHECKING:
     from ledger.deployment import Deployment
     from node.devnet.lifecycle import LifecycleReport
+    from node.devnet.network import DevnetReport, Snapshot
 
 app = typer.Typer(
     name="prime-devnet",
@@ -211,6 +212,163 @@ def _pool_table(report: LifecycleReport) -> Table:
     table.add_row("escrow", report.tokens(report.before.escrow), report.tokens(report.after.escrow))
     table.add_row("members", members(report.before.members), members(report.after.members))
     return table
+
+
+@app.command()
+def up(
+    workers: int = typer.Option(2, "--workers", min=1, max=4, help="Worker processes, each its own node and provider."),
+    cheater: bool = typer.Option(False, "--cheater", help="One worker fakes its rewards: it is slashed and ejected."),
+    steps: int = typer.Option(60, "--steps", min=1, help="RL steps the trainer runs before the devnet stops."),
+    folder: Path | None = typer.Option(
+        None, "--dir", help="Run folder for logs, state and the report (default: runs/devnet-<time>)."
+    ),
+    model: Path | None = typer.Option(None, "--model", help="Start from this model instead of the warm-start one."),
+    sft_steps: int = typer.Option(600, "--sft-steps", min=0, help="SFT steps of the warm-start model (0: random)."),
+    rollouts_per_step: int = typer.Option(128, "--rollouts-per-step", min=1, help="Completions per RL step."),
+    prompts_per_task: int = typer.Option(16, "--prompts-per-task", min=1, help="Problems in one assigned file."),
+    group_size: int = typer.Option(8, "--group-size", min=2, help="Completions per problem (a GRPO group)."),
+    eval_problems: int = typer.Option(256, "--eval-problems", min=1, help="Held-out problems for the pass rate."),
+    eval_samples: int = typer.Option(4, "--eval-samples", min=1, help="Samples per held-out problem."),
+) -> None:
+    """Run the whole network here: chain, pool, trainer, relay, validator and workers, N RL steps, then a report."""
+    console = Console(highlight=False, soft_wrap=True)
+    with cli_errors():
+        from node.devnet.network import DevnetSettings, run_devnet
+
+        root = folder or Path("runs") / time.strftime("devnet-%Y%m%d-%H%M%S")
+        settings = DevnetSettings(
+            root=root,
+            workers=workers,
+            cheater=cheater,
+            steps=steps,
+            model=model,
+            sft_steps=sft_steps,
+            rollouts_per_step=rollouts_per_step,
+            prompts_per_task=prompts_per_task,
+            group_size=group_size,
+            eval_problems=eval_problems,
+            eval_samples=eval_samples,
+        )
+        console.print(f"prime-devnet up: {workers} workers{' (one cheats)' if cheater else ''}, {steps} RL steps")
+        console.print(f"run folder: {settings.root.resolve()} (every process logs to logs/)")
+        live = _LiveSummary(console)
+        with _sigterm_interrupts(), live:
+            report = run_devnet(settings, live.phase, live.update)
+        _print_devnet_report(console, report)
+
+
+class _LiveSummary:
+    """Phases as lines; snapshots as a table redrawn in place on a terminal, or a line per new step otherwise."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.live import Live
+
+        self.console = console
+        self.live = Live(console=console, auto_refresh=False, transient=True) if console.is_terminal else None
+        self._printed_step = -1
+        self._printed_at = 0.0
+
+    def __enter__(self) -> _LiveSummary:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def phase(self, text: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}")
+
+    def update(self, snapshot: Snapshot) -> None:
+        if self.live is not None:
+            self.live.update(_snapshot_table(snapshot), refresh=True)
+            return
+        now = time.monotonic()
+        if snapshot.step != self._printed_step and (now - self._printed_at >= 5 or snapshot.step == snapshot.steps):
+            self._printed_step, self._printed_at = snapshot.step, now
+            self.console.print(_snapshot_line(snapshot))
+
+
+def _tokens(amount: int) -> str:
+    from ledger.units import format_amount
+
+    return format_amount(amount, 18, places=2)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _snapshot_line(s: Snapshot) -> str:
+    rejected = sum(s.rejected.values())
+    nodes = "; ".join(
+        f"{n.name} {'ejected' if n.ejected else 'member' if n.member else 'joining'} stake {_tokens(n.stake)}"
+        for n in s.nodes
+    )
+    return (
+        f"step {s.step}/{s.steps} ({s.seconds:.0f} s): reward {_rate(s.reward_mean)}, batch pass rate "
+        f"{_rate(s.pass_rate)}; files submitted {s.submitted}, accepted {s.accepted}, rejected {rejected}, "
+        f"trained {s.trained_files}; {nodes}"
+    )
+
+
+def _snapshot_table(s: Snapshot) -> Table:
+    table = Table(
+        "node", "role", "pool", "files", "invalidated", "slashed", "provider stake", title_justify="left",
+        title=(
+            f"step {s.step}/{s.steps}  {s.seconds:.0f} s  reward {_rate(s.reward_mean)}  batch pass rate "
+            f"{_rate(s.pass_rate)}  files: submitted {s.submitted}, accepted {s.accepted}, rejected "
+            f"{sum(s.rejected.values())}, trained {s.trained_files}"
+        ),
+    )  # fmt: skip
+    for n in s.nodes:
+        pool = "ejected" if n.ejected else "member" if n.member else "joining"
+        table.add_row(
+            f"{n.name} {n.address[:10]}…",
+            "cheater" if n.cheater else "honest",
+            f"{pool} ({n.process})",
+            str(n.submitted),
+            str(n.invalidated),
+            _tokens(n.slashed),
+            _tokens(n.stake),
+        )
+    return table
+
+
+def _print_devnet_report(console: Console, report: DevnetReport) -> None:
+    console.print()
+    console.print(Text("devnet report", style="bold"))
+    idle = f"trainer idle {report.idle_seconds:.0f} s waiting for accepted files"
+    console.print(f"  RL steps        {report.steps} in {report.seconds:.0f} s ({idle})")
+    console.print(
+        f"  pass rate       {report.pass_rate_before:.1%} → {report.pass_rate_after:.1%} "
+        f"({report.change_points:+.1f} points; {report.eval_problems} held-out problems x {report.eval_samples})"
+    )
+    reasons = ", ".join(f"{n} {label}" for label, n in report.rejected.items()) or "none"
+    rejected = sum(report.rejected.values())
+    console.print(
+        f"  files           submitted {report.submitted}, accepted {report.accepted}, rejected {rejected} ({reasons}),"
+        f" trained on {report.trained_files}, not judged when the validator stopped {report.unverified}"
+    )
+    table = Table("node", "role", "files", "invalidated", "pool", "provider stake", "claimed", title_justify="left")
+    for n in report.nodes:
+        before = report.stake_before.get(n.provider, n.stake)
+        stake = _tokens(n.stake) if before == n.stake else f"{_tokens(before)} → {_tokens(n.stake)}"
+        table.add_row(
+            f"{n.name} {n.address}",
+            "cheater" if n.cheater else "honest",
+            str(n.submitted),
+            str(n.invalidated),
+            "ejected" if n.ejected else "member" if n.member else "-",
+            stake,
+            _tokens(report.claimed.get(n.provider, 0)),
+        )
+    console.print(table)
+    if report.plot is not None:
+        console.print(f"  reward curve    {report.plot}")
+    console.print(f"  logs            {report.logs}")
+    console.print(f"  report          {report.root / 'report.json'}")
 
 
 if __name__ == "__main__":
