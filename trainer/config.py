@@ -200,8 +200,9 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
     )
     for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
         table.done()
-    if per_node == AUTO:  # twice the files one step trains on: a node alone can fill a step, with room for losses
+    if per_node == AUTO:  # a node alone can fill a step, with half as much again for files lost or late
         per_file = api.prompts_per_task * api.group_size
-        per_node = 2 * -(-values["rollouts_per_step"] // per_file)
+        needed = -(-values["rollouts_per_step"] // per_file)
+        per_node = needed + -(-needed // 2)
     values["api"] = replace(api, files_per_node_per_step=per_node)
     return RunConfig(**(values | overrides))

@@ -218,13 +218,13 @@ def _pool_table(report: LifecycleReport) -> Table:
 def up(
     workers: int = typer.Option(2, "--workers", min=1, max=4, help="Worker processes, each its own node and provider."),
     cheater: bool = typer.Option(False, "--cheater", help="One worker fakes its rewards: it is slashed and ejected."),
-    steps: int = typer.Option(60, "--steps", min=1, help="RL steps the trainer runs before the devnet stops."),
+    steps: int = typer.Option(120, "--steps", min=1, help="RL steps the trainer runs before the devnet stops."),
     folder: Path | None = typer.Option(
         None, "--dir", help="Run folder for logs, state and the report (default: runs/devnet-<time>)."
     ),
     model: Path | None = typer.Option(None, "--model", help="Start from this model instead of the warm-start one."),
     sft_steps: int = typer.Option(600, "--sft-steps", min=0, help="SFT steps of the warm-start model (0: random)."),
-    rollouts_per_step: int = typer.Option(128, "--rollouts-per-step", min=1, help="Completions per RL step."),
+    rollouts_per_step: int = typer.Option(256, "--rollouts-per-step", min=1, help="Completions per RL step."),
     prompts_per_task: int = typer.Option(16, "--prompts-per-task", min=1, help="Problems in one assigned file."),
     group_size: int = typer.Option(8, "--group-size", min=2, help="Completions per problem (a GRPO group)."),
     eval_problems: int = typer.Option(256, "--eval-problems", min=1, help="Held-out problems for the pass rate."),

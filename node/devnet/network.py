@@ -65,12 +65,12 @@ class DevnetSettings:
     root: Path  # the run folder: logs/, run/ (the trainer's), relay/, validator/, workers/, reward.png
     workers: int = 2
     cheater: bool = False
-    steps: int = 60
+    steps: int = 120
     task: Path = DEFAULT_TASK
     model: Path | None = None  # start from this model instead of the warm-start one
     sft_steps: int = 600
     cache: Path = DEFAULT_CACHE
-    rollouts_per_step: int = 128
+    rollouts_per_step: int = 256
     prompts_per_task: int = 16
     group_size: int = 8
     async_level: int = 2

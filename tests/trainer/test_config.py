@@ -21,6 +21,23 @@ def test_the_shipped_config_loads_and_flags_override_it() -> None:
 
 
 @pytest.mark.parametrize(
+    ("extra", "per_node"),
+    [
+        ("", 6),  # 256 rollouts a step from 8 x 8 = 64 a file: 4 files, plus 2
+        ("[coordinator]\nprompts_per_task = 16\n", 3),  # 128 a file: 2, plus 1
+        ("[coordinator]\nprompts_per_task = 32\n", 2),  # 256 a file: 1, plus 1
+        ("[coordinator]\nfiles_per_node_per_step = 0\n", 0),  # no limit
+        ("[coordinator]\nfiles_per_node_per_step = 9\n", 9),
+        ("[data]\nrollouts_per_step = 64\n", 2),
+    ],
+)
+def test_each_node_gets_a_steps_files_and_half_again_unless_told(tmp_path: Path, extra: str, per_node: int) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text("[run]\ndir='r'\nmodel='m'\ntask='t'\n[local]\nworkers=1\n" + extra)
+    assert load_run_config(path).api.files_per_node_per_step == per_node
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[data]\nasync_level=-1\n[local]\nworkers=1\n", "data.async_level"),
