@@ -1,6 +1,6 @@
 """`prime-node doctor`: check this machine, the chain and the relays, then a self-test rollout, before staking.
 
-Thin: parse flags, call `node.doctor.run_checks`, print one line per check as it finishes (with the fix under
+Thin: parse flags, call `node.doctor.runner.run_checks`, print one line per check as it finishes (with the fix under
 every warning and failure), or JSON. Exit 0 when no check failed, 1 otherwise; warnings do not fail.
 """
 
@@ -18,7 +18,7 @@ from node.cli.errors import node_cli_errors
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from node.doctor import CheckResult
+    from node.doctor.checks import CheckResult
 
 doctor_app = typer.Typer()
 
@@ -53,7 +53,8 @@ def doctor(
 ) -> None:
     """Check Python, torch, GPU, memory, disk, Docker, ports, chain and relays, then self-test a rollout file."""
     with node_cli_errors():
-        from node.doctor import DEFAULT_STATE_DIR, DoctorConfig, run_checks
+        from node.doctor.checks import DEFAULT_STATE_DIR, DoctorConfig
+        from node.doctor.runner import run_checks
 
         config = DoctorConfig(
             state_dir=state or DEFAULT_STATE_DIR,

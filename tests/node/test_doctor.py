@@ -18,19 +18,9 @@ from typer.testing import CliRunner
 from ledger.chain import LocalChain, free_port
 from ledger.deployment import Deployment
 from node.cli.main import app
-from node.doctor import (
-    DoctorConfig,
-    Finding,
-    SelfTestFile,
-    check_chain,
-    check_disk,
-    check_ports,
-    check_sources,
-    generate_self_test,
-    judge_self_test,
-    run_check,
-    verify_rollouts,
-)
+from node.doctor.checks import DoctorConfig, Finding, check_chain, check_disk, check_ports, check_sources
+from node.doctor.runner import run_check
+from node.doctor.selftest import SelfTestFile, generate_self_test, judge_self_test, verify_rollouts
 from node.relay.server import ShardServer
 from node.relay.store import ShardStore
 from node.rollouts import read_rollouts, write_rollouts
