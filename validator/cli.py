@@ -21,6 +21,7 @@ from rich.text import Text
 from ledger.cli.common import (
     DEFAULT_DEPLOYMENT,
     KNOWN_ERRORS,
+    CommandError,
     DeploymentOption,
     DevKeyOption,
     JsonOption,
@@ -159,6 +160,9 @@ def run_command(
     dev_key: DevKeyOption = None,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     rpc_url: RpcUrlOption = None,
+    config_file: Annotated[
+        Path | None, typer.Option("--config", metavar="FILE", help="validator.toml ([validator]); flags override it.")
+    ] = None,
     state: Annotated[
         Path | None, typer.Option("--state", metavar="DIR", help="Cursor, verdicts and checkpoints (restart-safe).")
     ] = None,
@@ -182,12 +186,15 @@ def run_command(
         ),
     ] = None,
     grace: Annotated[
-        float, typer.Option("--grace", min=0.001, metavar="SECONDS", help="Wait for an upload before reason 8.")
-    ] = 600.0,
-    poll: Annotated[float, typer.Option("--poll", min=0.01, metavar="SECONDS", help="Between chain reads.")] = 2.0,
+        float | None,
+        typer.Option("--grace", min=0.001, metavar="SECONDS", help="Wait for an upload before reason 8 [600]."),
+    ] = None,
+    poll: Annotated[
+        float | None, typer.Option("--poll", min=0.01, metavar="SECONDS", help="Between chain reads [2].")
+    ] = None,
     thresholds: Annotated[
-        ThresholdPreset, typer.Option("--thresholds", help="TOPLOC limits for the device class.")
-    ] = ThresholdPreset.CPU_FP32,
+        ThresholdPreset | None, typer.Option("--thresholds", help="TOPLOC limits for the device class [cpu-fp32].")
+    ] = None,
     p2p_port: Annotated[
         int | None,
         typer.Option("--p2p-port", min=0, max=65535, metavar="P", help="Also gossip attestations (0: any port)."),
@@ -202,21 +209,42 @@ def run_command(
         from ledger.cli.common import open_ledger
         from validator.config import ValidatorConfig
         from validator.daemon import ValidatorDaemon
+        from validator.settings import read_settings
 
+        file = read_settings(config_file)
+
+        def pick(flag: Any, key: str, default: Any = None) -> Any:
+            return flag if flag is not None else file.get(key, default)
+
+        task = pick(task, "task")
+        p2p_port = pick(p2p_port, "p2p_port")
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
         setup, spec_async_level, bootstrap = _pool_setup(
-            ledger, pool, coordinator, checkpoints, task, want_bootstrap=p2p_port is not None
+            ledger,
+            pool,
+            pick(coordinator, "coordinator"),
+            checkpoints or file.get("checkpoints"),
+            Path(task) if task is not None else None,
+            want_bootstrap=p2p_port is not None,
         )
+        tuning = {k: file[k] for k in _TUNING if k in file}
+        try:
+            preset = ThresholdPreset(pick(thresholds, "thresholds", ThresholdPreset.CPU_FP32))
+        except ValueError:
+            raise CommandError(f"thresholds must be one of {', '.join(p.value for p in ThresholdPreset)}") from None
         config = ValidatorConfig(
-            async_level=spec_async_level if async_level is None else async_level,
-            thresholds=_preset(thresholds),
-            grace_seconds=grace,
-            poll_seconds=poll,
+            async_level=pick(async_level, "async_level", spec_async_level),
+            thresholds=_preset(preset),
+            grace_seconds=float(pick(grace, "grace", 600.0)),
+            poll_seconds=float(pick(poll, "poll", 2.0)),
+            **tuning,
         )
+        metrics_port = pick(metrics_port, "metrics_port")
+        dashboard_port = pick(dashboard_port, "dashboard_port")
         default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}"
-        state_dir = (state or default_state / f"validator-{account.address}").expanduser()
+        state_dir = Path(pick(state, "state", default_state / f"validator-{account.address}")).expanduser()
 
         async def main() -> None:
             daemon = ValidatorDaemon(
@@ -235,6 +263,10 @@ def run_command(
             await daemon.run()
 
         asyncio.run(main())
+
+
+# ValidatorConfig fields a validator.toml may set directly (no flag of their own)
+_TUNING = ("sampling_margin", "logprob_atol", "max_file_bytes", "prefill_batch_size", "checkpoints_kept", "clock_slack")
 
 
 def _pool_setup(

@@ -60,8 +60,8 @@ class ValidatorConfig:
     grace_seconds: float = 600.0
     poll_seconds: float = 2.0  # between looks at the chain for new submissions, in (0, 3600]
     checkpoints_kept: int = 3  # checkpoints held loaded, the least recently used dropped first, in [1, 64]
-    # Seconds the trainer's clock may run ahead of block timestamps when mapping a submission to the pool's step
-    # (GET /v1/steps), in [0, 3600]: erring late only widens the window an honest file is judged by.
+    # Seconds the trainer's clock and block timestamps may disagree, either way, when mapping a submission to the
+    # pool's step (GET /v1/steps), in [0, 3600]: a file is judged by every step current within that much.
     clock_slack: float = 60.0
 
     def __post_init__(self) -> None:
