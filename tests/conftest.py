@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -49,3 +51,15 @@ def ledger_for(chain: LocalChain, deployment: Deployment) -> Callable[[int], Led
         return Ledger(chain.w3, deployment, dev_account(index))
 
     return make
+
+
+def docker_or_skip() -> Any:
+    """A Docker client. Without an engine the test skips, except under CI=true, where the engine must exist."""
+    from node.sandbox import SandboxUnavailable, connect
+
+    try:
+        return connect()
+    except SandboxUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true requires a Docker engine: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")

@@ -7,26 +7,20 @@ and the module costs seconds. Skips without a Docker engine, fails instead under
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import pytest
 
-from node.sandbox import SandboxUnavailable, connect
 from node.worker_image import ensure_worker_image
+from tests.conftest import docker_or_skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
 def image(request: pytest.FixtureRequest) -> tuple[Any, str]:
-    try:
-        client = connect()
-    except SandboxUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true requires a Docker engine: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
+    client = docker_or_skip()
     started = time.monotonic()
     tag = ensure_worker_image(client)
     size = client.images.get(tag).attrs.get("Size", 0)

@@ -26,12 +26,12 @@ from node.sandbox import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailable,
-    connect,
     ensure_sandbox_image,
     run_code,
 )
 from node.sandbox.errors import FIX_LINE
 from node.sandbox.runner import MAX_CODE_BYTES, MAX_STDIN_BYTES, _Capture
+from tests.conftest import docker_or_skip
 
 SCRIPT = Path(__file__).parents[3] / "scripts/ensure-docker.sh"
 FAST = SandboxLimits(wall_time_s=2.0)  # hostile programs that run until killed cost this much each
@@ -39,12 +39,7 @@ FAST = SandboxLimits(wall_time_s=2.0)  # hostile programs that run until killed 
 
 @pytest.fixture(scope="module")
 def docker_client() -> Any:
-    try:
-        client = connect()
-    except SandboxUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true requires a Docker engine: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
+    client = docker_or_skip()
     ensure_sandbox_image(client)  # build once, outside any test's timing
     return client
 

@@ -7,14 +7,13 @@ they fail instead.
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from node.sandbox import CONTAINER_LABEL, SandboxLimits, SandboxUnavailable, connect
+from node.sandbox import CONTAINER_LABEL, SandboxLimits
 from node.tasks.code_source import (
     CodeSource,
     build_program,
@@ -25,6 +24,7 @@ from node.tasks.code_source import (
 )
 from node.tasks.errors import TaskSpecError, UnknownProblem
 from node.tasks.fields import Fields
+from tests.conftest import docker_or_skip
 
 SAMPLE = Path(__file__).parents[3] / "configs/tasks/code-sample.toml"
 SUM = {"id": "sum", "question": "Add two integers.", "tests": [{"stdin": "1 2\n", "stdout": "3\n"}]}
@@ -49,12 +49,7 @@ def sample() -> CodeSource:
 
 @pytest.fixture(scope="module")
 def docker_client() -> Any:
-    try:
-        return connect()
-    except SandboxUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true requires a Docker engine: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
+    return docker_or_skip()
 
 
 @pytest.fixture
