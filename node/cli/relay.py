@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -71,8 +72,17 @@ def _limits(max_connections: int, max_per_client: int, client_rate: float) -> Se
     )
 
 
+def _freeze_heap() -> None:
+    """Move everything imported so far (web3, eth_account, pydantic: about 90,000 objects) out of the garbage
+    collector's reach. Collections then scan only what the transfer itself allocates; a profile of a 512 MiB
+    download showed the collector walking the import-time heap for several percent of the receiver's CPU."""
+    gc.collect()
+    gc.freeze()
+
+
 def _run_until_signal(main: Coroutine[Any, Any, None]) -> None:
     """Run a server coroutine until SIGINT or SIGTERM, then let it clean up."""
+    _freeze_heap()
 
     async def runner() -> None:
         task = asyncio.create_task(main)
@@ -225,6 +235,7 @@ def fetch_weights(
                 fetched.append((manifest, done))
                 bar.update(task, description=f"step {manifest.step}", total=manifest.total_size, completed=done)
 
+            _freeze_heap()
             path = asyncio.run(
                 fetch_checkpoint(
                     source,
