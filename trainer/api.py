@@ -16,14 +16,16 @@ is cheapest first: the declared size, the bounded body read, the signature (time
 signer's role, the body's sha256 against the name, then the file's format and its node and pool. Each refusal
 is a 4xx JSON body `{"error": code, "message": text}` with its own code.
 
-Assignments are capped per node and policy step (`files_per_node_per_step`; over it, 503 `no_work` with
-Retry-After until the next step is published): the trainer uses only the files
+Assignments are capped per node and policy step (`files_per_node_per_step`). A request over the cap is held until
+the trainer publishes the next step (at most `hold_seconds`), then answered with that step's assignment, or with
+503 `no_work` and Retry-After: the trainer uses only the files
 of the last `async_level + 1` steps, so a fast node left unlimited would fill the chain, the validators' queue and
 the pool's reward bill with files that go stale before anyone trains on them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -56,6 +58,7 @@ from trainer.roles import Roles
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 STEP_HISTORY = 1024  # published steps `GET /v1/steps` remembers, newest last
+HOLD_POLL_SECONDS = 0.05  # how often a held /v1/tasks request looks for a new step
 _AUTH_STATUS = {
     AuthFailure.MISSING_HEADER: 401,
     AuthFailure.MALFORMED_HEADER: 400,
@@ -77,15 +80,16 @@ class ApiConfig:
     prompts_per_task: int = 8
     group_size: int = 8
     files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
-    retry_after: float = 1.0  # seconds a node over its limit is told to wait
+    hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
+    retry_after: float = 1.0  # seconds a node still over its limit is told to wait
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
             raise ValueError("upload and JSON limits and max_skew must be positive")
         if self.prompts_per_task < 1 or self.group_size < 1:
             raise ValueError("prompts_per_task and group_size must be at least 1")
-        if self.files_per_node_per_step < 0 or self.retry_after <= 0:
-            raise ValueError("files_per_node_per_step must be at least 0 and retry_after positive")
+        if self.files_per_node_per_step < 0 or self.retry_after <= 0 or self.hold_seconds < 0:
+            raise ValueError("files_per_node_per_step and hold_seconds must be at least 0, retry_after positive")
 
 
 @dataclass
@@ -246,10 +250,13 @@ class CoordinatorApi:
     async def _tasks(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.config.max_json_bytes)
         node = await self._member(request, body)
-        step = self.state.step
+        step, handed = self._handed_now(node)
         limit = self.config.files_per_node_per_step
-        at_step, handed = self._handed.get(node, (step, 0))
-        handed = handed if at_step == step else 0
+        if limit and handed >= limit:  # held until the trainer publishes the next step: no poll delay per step
+            deadline = time.monotonic() + self.config.hold_seconds
+            while self.state.step == step and time.monotonic() < deadline:
+                await asyncio.sleep(HOLD_POLL_SECONDS)
+            step, handed = self._handed_now(node)
         if limit and handed >= limit:
             raise ApiError(
                 503,
@@ -272,6 +279,12 @@ class CoordinatorApi:
                 "group_size": self.config.group_size,
             }
         )
+
+    def _handed_now(self, node: str) -> tuple[int, int]:
+        """The current step, and the assignments `node` got at it."""
+        step = self.state.step
+        at_step, handed = self._handed.get(node, (step, 0))
+        return step, handed if at_step == step else 0
 
     async def _upload(self, request: web.Request) -> web.Response:
         name = request.match_info["sha256"]

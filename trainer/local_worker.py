@@ -23,7 +23,7 @@ from pathlib import Path
 
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable
+from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet
 from node.daemon.weights import Weights
 from node.generation.generate import generate_file
 from node.inference.torch_backend import TorchBackend
@@ -77,6 +77,9 @@ async def run(args: argparse.Namespace) -> int:
             except CoordinatorRefused as exc:
                 log.error("%s", exc)
                 return 1
+            except NoWorkYet as exc:  # this step's share is done and the next step is slow to come: ask again
+                unreachable_since = None
+                await asyncio.sleep(min(exc.retry_after, 1.0))
             except (CoordinatorUnavailable, OSError) as exc:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now

@@ -203,23 +203,29 @@ def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
-def test_a_node_gets_its_share_of_each_step_then_no_work_until_the_next_step(tmp_path: Path) -> None:
+def test_a_node_gets_its_share_of_each_step_then_waits_for_the_next_step(tmp_path: Path) -> None:
     async def scenario(client: Client, api: CoordinatorApi) -> None:
         api.state.step = 3
         given = [await client.send("POST", "/v1/tasks", b"{}") for _ in range(2)]
         assert [g.body["counter"] for g in given] == [0, 1]
-        over = await client.send("POST", "/v1/tasks", b"{}")
+        started = time.monotonic()
+        over = await client.send("POST", "/v1/tasks", b"{}")  # held for hold_seconds, then refused
         assert over.status == 503 and over.body["error"] == "no_work" and "step 4" in over.body["message"]
+        assert time.monotonic() - started >= 0.3
         async with aiohttp.ClientSession() as session:  # the worker's client tells "no work yet" from an outage
             worker = CoordinatorClient(session, client.url, WORKER, DOMAIN)
             with pytest.raises(NoWorkYet) as refused:
                 await worker.request_task()
             assert refused.value.retry_after == 2.5
+            # a request held while the trainer publishes the next step gets that step's assignment at once
+            held = asyncio.create_task(worker.request_task())
+            await asyncio.sleep(0.1)
+            assert not held.done()
             api.state.publish(4, time.time())
-            job = await worker.request_task()
+            job = await asyncio.wait_for(held, timeout=0.25)
         assert (job.step, job.counter) == (4, 2)  # counters keep rising: a work key is never reused
 
-    run(tmp_path, scenario, files_per_node_per_step=2, retry_after=2.5)
+    run(tmp_path, scenario, files_per_node_per_step=2, retry_after=2.5, hold_seconds=0.3)
 
 
 def test_only_validators_attest_and_only_with_their_own_signature(tmp_path: Path) -> None:
