@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ledger.cli.common import cli_errors
+from node.cli.errors import node_cli_errors
 
 if TYPE_CHECKING:
     from ledger.deployment import Deployment
@@ -232,7 +233,7 @@ def up(
 ) -> None:
     """Run the whole network here: chain, pool, trainer, relay, validator and workers, N RL steps, then a report."""
     console = Console(highlight=False, soft_wrap=True)
-    with cli_errors():
+    with node_cli_errors():
         from node.devnet.network import DevnetSettings, run_devnet
 
         root = folder or Path("runs") / time.strftime("devnet-%Y%m%d-%H%M%S")

@@ -92,6 +92,8 @@ class DevnetSettings:
             raise DevnetError("--steps must be at least 1")
         if not self.task.is_file():
             raise DevnetError(f"task spec {self.task} not found")
+        if self.model is not None and not (self.model / "config.json").is_file():
+            raise DevnetError(f"--model {self.model} is not a model folder (no config.json in it)")
 
 
 @dataclass(frozen=True)
