@@ -16,9 +16,12 @@ def write_trainer_config(
     rollouts_per_step: int,
     async_level: int = 2,
     p2p: bool = False,
+    files_per_node_per_step: int = 0,
 ) -> Path:
     """`root/trainer.toml`: small assignments (2 prompts x 4), free ports, run folder `root/run`, the pool from
-    `root/deployment.json`; with `p2p`, a gossip host on a free port too."""
+    `root/deployment.json`; with `p2p`, a gossip host on a free port too. Assignments are unlimited unless
+    `files_per_node_per_step` says otherwise: most tests run workers against a trainer whose step never moves
+    (no validator attests), and a node would run out of work at step 0."""
     path = root / "trainer.toml"
     gossip = "[p2p]\nport = 0\n" if p2p else ""
     path.write_text(
@@ -35,6 +38,7 @@ rollouts_per_step = {rollouts_per_step}
 port = 0
 prompts_per_task = 2
 group_size = 4
+files_per_node_per_step = {files_per_node_per_step}
 [shardcast]
 port = 0
 {gossip}[pool]
