@@ -29,6 +29,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted
-from ledger.types import PoolConfig, Reason, WorkStatus
+from ledger.types import PoolConfig, Reason
 from node.devnet.processes import Child, Supervisor
 from node.devnet.warmstart import DEFAULT_CACHE, warm_start_model
 from node.errors import NodeError
@@ -175,11 +176,9 @@ class Devnet:
         self.pool_id = 0
         self.workers = [f"worker-{i + 1}" for i in range(settings.workers)]
         self.cheat = self.workers[-1] if settings.cheater else None
-        self._submitted: dict[str, int] = {}
-        self._invalidated: dict[str, int] = {}
-        self._slashed: dict[str, int] = {}
-        self._keys: dict[str, list[bytes]] = {}  # node -> submitted work keys
+        self._node_of: dict[bytes, str] = {}  # every submitted work key -> its node, in chain order
         self._dead: set[bytes] = set()  # invalidated work keys
+        self._slashed: dict[str, int] = {}  # node -> base units its invalidations took
         self._stake_before: dict[str, int] = {}
         self._last_validator: dict[str, float] = {}
 
@@ -417,11 +416,9 @@ deployment = "deployment.json"
     def _snapshot(self, owner: Ledger, last: dict[str, float], seconds: float) -> Snapshot:
         for event in self._follower.poll():
             if isinstance(event, WorkSubmitted):
-                self._submitted[event.node] = self._submitted.get(event.node, 0) + 1
-                self._keys.setdefault(event.node, []).append(event.work_key)
-            elif isinstance(event, WorkInvalidated):
-                node = owner.get_work(self.pool_id, event.work_key).node
-                self._invalidated[node] = self._invalidated.get(node, 0) + 1
+                self._node_of[event.work_key] = event.node
+            elif isinstance(event, WorkInvalidated):  # always after its submission, in chain order
+                node = self._node_of[event.work_key]
                 self._slashed[node] = self._slashed.get(node, 0) + event.slashed
                 self._dead.add(event.work_key)
         validator = self._validator_metrics()
@@ -430,6 +427,8 @@ deployment = "deployment.json"
             for r in Reason
         }
         nodes = []
+        submitted = Counter(self._node_of.values())
+        invalidated = Counter(self._node_of[key] for key in self._dead)
         for i, name in enumerate(self.workers):
             address, provider = dev_account(NODES[i]).address, dev_account(PROVIDERS[i]).address
             child = self.supervisor.children.get(name)
@@ -443,8 +442,8 @@ deployment = "deployment.json"
                     process=state,
                     member=owner.is_member(self.pool_id, address),
                     ejected=owner.is_ejected(self.pool_id, address),
-                    submitted=self._submitted.get(address, 0),
-                    invalidated=self._invalidated.get(address, 0),
+                    submitted=submitted[address],
+                    invalidated=invalidated[address],
                     slashed=self._slashed.get(address, 0),
                     stake=owner.stake_of(provider).active,
                 )
@@ -456,7 +455,7 @@ deployment = "deployment.json"
             reward_mean=last.get("reward_mean"),
             pass_rate=last.get("pass_rate"),
             trained_files=self._trained_files(),
-            submitted=sum(self._submitted.values()),
+            submitted=len(self._node_of),
             accepted=int(validator.get("validator_files_accepted_total", 0)),
             rejected={k: v for k, v in rejected.items() if v},
             nodes=tuple(nodes),
@@ -518,8 +517,7 @@ deployment = "deployment.json"
             if name == self.cheat:
                 continue
             node = dev_account(NODES[i]).address
-            keys = [k for k in self._keys.get(node, []) if k not in self._dead]
-            keys = [k for k in keys if owner.get_work(self.pool_id, k).status == WorkStatus.PENDING]
+            keys = [k for k, n in self._node_of.items() if n == node and k not in self._dead]  # none claimed yet
             if not keys:
                 continue
             provider = owner.as_account(dev_account(PROVIDERS[i]))

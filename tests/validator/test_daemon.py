@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkInvalidated
 from ledger.types import Reason, WorkStatus
 from node.coordinator import CoordinatorClient
+from node.metrics import scrape
 from node.model.loading import load_model
 from node.model.tiny import init_model
 from node.relay.client import new_session
@@ -98,10 +98,7 @@ def stage_of(state: Path, work_key: bytes) -> str | None:
 
 
 def metrics(state: Path) -> dict[str, float]:
-    url = json.loads((state / "endpoints.json").read_text())["metrics"]
-    with urllib.request.urlopen(url, timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in lines if not line.startswith("#"))}
+    return scrape(json.loads((state / "endpoints.json").read_text())["metrics"])
 
 
 def align_chain_time(chain: LocalChain) -> None:
