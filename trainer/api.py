@@ -21,11 +21,16 @@ the trainer publishes the next step (at most `hold_seconds`), then answered with
 503 `no_work` and Retry-After: the trainer uses only the files
 of the last `async_level + 1` steps, so a fast node left unlimited would fill the chain, the validators' queue and
 the pool's reward bill with files that go stale before anyone trains on them.
+
+A node may also be limited by its uploads the trainer has not yet trained on (`pending_files_per_node`; local
+mode sets it to `async_level + 1` steps' files): held the same way, a worker then generates the next step's files
+while the trainer trains on the last ones, and never more than the trainer can use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -58,7 +63,6 @@ from trainer.roles import Roles
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 STEP_HISTORY = 1024  # published steps `GET /v1/steps` remembers, newest last
-HOLD_POLL_SECONDS = 0.05  # how often a held /v1/tasks request looks for a new step
 _AUTH_STATUS = {
     AuthFailure.MISSING_HEADER: 401,
     AuthFailure.MALFORMED_HEADER: 400,
@@ -80,6 +84,7 @@ class ApiConfig:
     prompts_per_task: int = 8
     group_size: int = 8
     files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
+    pending_files_per_node: int = 0  # uploads of one node not yet trained on, past which it waits; 0 = no limit
     hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
     retry_after: float = 1.0  # seconds a node still over its limit is told to wait
 
@@ -88,8 +93,9 @@ class ApiConfig:
             raise ValueError("upload and JSON limits and max_skew must be positive")
         if self.prompts_per_task < 1 or self.group_size < 1:
             raise ValueError("prompts_per_task and group_size must be at least 1")
-        if self.files_per_node_per_step < 0 or self.retry_after <= 0 or self.hold_seconds < 0:
-            raise ValueError("files_per_node_per_step and hold_seconds must be at least 0, retry_after positive")
+        limits = (self.files_per_node_per_step, self.pending_files_per_node, self.hold_seconds)
+        if min(limits) < 0 or self.retry_after <= 0:
+            raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
 
 
 @dataclass
@@ -102,6 +108,8 @@ class PoolState:
     counters: dict[str, int] = field(default_factory=dict)  # next assignment counter per node
     history: deque[PublishedStep] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
 
+    _next_step: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         self.history = deque(self.history, maxlen=STEP_HISTORY)
 
@@ -112,13 +120,24 @@ class PoolState:
                 self.history.append(entry)
 
     def publish(self, step: int, at: float) -> PublishedStep | None:
-        """`step` is current from `at` on; returns the new record, or None for a step published before (a restart)."""
-        self.step = step
+        """`step` is current from `at` on; returns the new record, or None for a step published before (a restart).
+
+        Call it on the event loop's thread: it wakes the requests waiting in `wait_past`."""
+        if step != self.step:
+            self.step = step
+            self._next_step.set()
+            self._next_step = asyncio.Event()
         if self.history and self.history[-1].step >= step:
             return None
         entry = PublishedStep(step, round(at, 3))
         self.history.append(entry)
         return entry
+
+    async def wait_past(self, step: int, timeout: float) -> None:
+        """Returns once the current step is not `step`, or after `timeout` seconds."""
+        if self.step == step:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._next_step.wait(), timeout)
 
 
 class ApiError(Exception):
@@ -158,6 +177,7 @@ class CoordinatorApi:
         on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
         on_assign: Callable[[str, int], None] | None = None,
         on_attest: Callable[[bytes], None] | None = None,
+        pending: Callable[[str], int] | None = None,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
         self.attestations = attestations
@@ -166,6 +186,7 @@ class CoordinatorApi:
         self.on_upload = on_upload
         self.on_assign = on_assign  # (node, counter handed out): lets the trainer persist counters before answering
         self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
+        self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
         self.nonces = NonceCache(ttl=2 * self.config.max_skew)
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
         self.metrics = Registry()
@@ -251,19 +272,11 @@ class CoordinatorApi:
         body = await self._body(request, self.config.max_json_bytes)
         node = await self._member(request, body)
         step, handed = self._handed_now(node)
-        limit = self.config.files_per_node_per_step
-        if limit and handed >= limit:  # held until the trainer publishes the next step: no poll delay per step
-            deadline = time.monotonic() + self.config.hold_seconds
-            while self.state.step == step and time.monotonic() < deadline:
-                await asyncio.sleep(HOLD_POLL_SECONDS)
+        if self._over_limit(node, step, handed):  # held until the trainer publishes the next step: answered as it does
+            await self.state.wait_past(step, self.config.hold_seconds)
             step, handed = self._handed_now(node)
-        if limit and handed >= limit:
-            raise ApiError(
-                503,
-                "no_work",
-                f"{node} has its {limit} assignments of step {step}; more when the trainer publishes step {step + 1}",
-                retry_after=self.config.retry_after,
-            )
+        if reason := self._over_limit(node, step, handed):
+            raise ApiError(503, "no_work", reason, retry_after=self.config.retry_after)
         self._handed[node] = (step, handed + 1)
         counter = self.state.counters.get(node, 0)
         self.state.counters[node] = counter + 1
@@ -279,6 +292,16 @@ class CoordinatorApi:
                 "group_size": self.config.group_size,
             }
         )
+
+    def _over_limit(self, node: str, step: int, handed: int) -> str:
+        """Why `node` gets no assignment now ("" when it does)."""
+        limit = self.config.files_per_node_per_step
+        if limit and handed >= limit:
+            return f"{node} has its {limit} assignments of step {step}; more when the trainer publishes step {step + 1}"
+        limit = self.config.pending_files_per_node
+        if limit and self.pending is not None and (waiting := self.pending(node)) >= limit:
+            return f"{node} has {waiting} uploads the trainer has not trained on yet; more once it trains on them"
+        return ""
 
     def _handed_now(self, node: str) -> tuple[int, int]:
         """The current step, and the assignments `node` got at it."""

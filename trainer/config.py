@@ -63,6 +63,7 @@ class RunConfig:
     keep_versions: int = 4  # checkpoint versions the origin serves (at least async_level + 2)
     eval_every: int = 0  # steps between held-out evaluations; 0 = never
     eval_problems: int = 128
+    eval_task: Path | None = None  # the spec whose last eval_problems problems are measured; None: the run's task
     local_workers: int = 0  # > 0: local mode, the trainer starts and trusts its own workers
     worker_threads: int = 1  # torch threads per local worker
     train_threads: int = 0  # torch threads of the trainer; 0 = torch's default
@@ -152,6 +153,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         group_size=coord.integer("group_size", 8, minimum=2, maximum=1024),
     )
     per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
+    pending = coord.integer("pending_files_per_node", AUTO, minimum=AUTO)
     pool = None
     if pool_table:
         fields = Fields(path, "pool", pool_table)
@@ -193,6 +195,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         keep_versions=shardcast.integer("keep", 4, minimum=1, maximum=1000),
         eval_every=evaluation.integer("every", 0, minimum=0),
         eval_problems=evaluation.integer("problems", 128, minimum=1, maximum=100_000),
+        eval_task=_path(base, eval_task) if (eval_task := evaluation.text("task", "")) else None,
         local_workers=local.integer("workers", 0, minimum=0, maximum=256),
         worker_threads=local.integer("threads", 1, minimum=1, maximum=256),
         pool=pool,
@@ -200,9 +203,16 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
     )
     for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
         table.done()
-    if per_node == AUTO:  # a node alone can fill a step, with half as much again for files lost or late
-        per_file = api.prompts_per_task * api.group_size
-        needed = -(-values["rollouts_per_step"] // per_file)
-        per_node = needed + -(-needed // 2)
-    values["api"] = replace(api, files_per_node_per_step=per_node)
+    per_file = api.prompts_per_task * api.group_size
+    needed = -(-values["rollouts_per_step"] // per_file)  # files a step trains on
+    workers = overrides.get("local_workers", values["local_workers"])
+    if per_node == AUTO:
+        # a network node alone can fill a step, with half as much again for files lost or late; the trainer's own
+        # workers are limited by what it has not trained yet instead
+        per_node = 0 if workers else needed + -(-needed // 2)
+    if pending == AUTO:
+        # local workers: the files of the step being trained and of the next one, shared out. Each worker then
+        # generates step s + 1's files while the trainer trains on step s's, and makes none that would go stale.
+        pending = -(-needed * (learner.async_level + 1) // workers) if workers else 0
+    values["api"] = replace(api, files_per_node_per_step=per_node, pending_files_per_node=pending)
     return RunConfig(**(values | overrides))

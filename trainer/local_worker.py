@@ -51,13 +51,16 @@ async def run(args: argparse.Namespace) -> int:
     files = 0
     failures = 0  # in a row, of anything but an unreachable coordinator
     unreachable_since: float | None = None
+    backend: TorchBackend | None = None  # rebuilt when a new policy is loaded
     async with new_session() as session:
         coordinator = CoordinatorClient(session, args.coordinator, account, domain)
         while not stop.is_set():
             try:
                 job = await coordinator.request_task()
+                started = time.perf_counter()
                 loaded = await weights.hold(job.step)
-                backend = TorchBackend.from_loaded(loaded, max_batch_size=args.batch_size)
+                if backend is None or backend.model is not loaded.model:
+                    backend = TorchBackend.from_loaded(loaded, max_batch_size=args.batch_size)
                 with tempfile.TemporaryDirectory(dir=work) as tmp:
                     written = await asyncio.to_thread(
                         generate_file,
@@ -73,7 +76,10 @@ async def run(args: argparse.Namespace) -> int:
                 files += 1
                 failures = 0
                 unreachable_since = None
-                log.info("uploaded 0x%s (step %d, counter %d)", written.work_key.hex()[:12], job.step, job.counter)
+                log.info(
+                    "uploaded 0x%s (step %d, counter %d) in %.2f s",
+                    written.work_key.hex()[:12], job.step, job.counter, time.perf_counter() - started,
+                )  # fmt: skip
             except CoordinatorRefused as exc:
                 log.error("%s", exc)
                 return 1
@@ -110,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", required=True, help="task spec (TOML)")
     parser.add_argument("--work", required=True, help="folder for weights and files in progress")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
+    parser.add_argument(
+        "--batch-size", type=int, default=128, help="sequences decoded together (128: a default file in one pass)"
+    )
     parser.add_argument("--patience", type=float, default=10.0, help="seconds without a coordinator before exiting")
     parser.add_argument("--max-failures", type=int, default=20, help="failed files in a row before exiting 1")
     args = parser.parse_args(argv)

@@ -116,11 +116,13 @@ class TrainingLoop:
         max_files_per_step: int,
         eval_every: int = 0,
         eval_problems: int = 128,
+        eval_task: tuple[TaskSpec, TaskSource] | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
         self.learner, self.loaded, self.spec, self.source, self.paths = learner, loaded, spec, source, paths
         self.rollouts_per_step, self.max_files_per_step = rollouts_per_step, max_files_per_step
         self.eval_every, self.eval_problems, self.max_file_bytes = eval_every, eval_problems, max_file_bytes
+        self.eval_spec, self.eval_source = eval_task or (spec, source)
         self.counters = LoopCounters()
         self.assignment_counters: dict[str, int] = {}
         self._parsed: dict[Path, Candidate | None] = {}  # None: unreadable, refused once and never re-read
@@ -231,11 +233,15 @@ class TrainingLoop:
         _append_line(self.paths.trained, {"step": stats.step, "work_keys": ["0x" + f.work_key.hex() for f in files]})
         return record
 
+    def eval_problem_ids(self) -> list[str]:
+        """The last `eval_problems` problems of the evaluation task (the run's own task unless one was given)."""
+        return list(self.eval_source.problem_ids())[-self.eval_problems :]
+
     def evaluate(self) -> float:
-        """Pass rate on the last `eval_problems` problems of the task, one sample each at the task's sampling."""
-        ids = list(self.source.problem_ids())[-self.eval_problems :]
+        """Pass rate on `eval_problem_ids()`, one sample each at the evaluation task's sampling."""
         self.loaded.model.eval()
-        return pass_rate(self.loaded, self.spec, self.source, ids, seed=10_000 + self.learner.step).rate
+        ids = self.eval_problem_ids()
+        return pass_rate(self.loaded, self.eval_spec, self.eval_source, ids, seed=10_000 + self.learner.step).rate
 
     def save_checkpoint(self) -> Path:
         """The current policy as `checkpoints/step_<s>/`; the older ones beyond the last two are removed."""

@@ -31,8 +31,8 @@ from node.coordinator import PublishedStep
 from node.model.loading import load_model
 from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from node.tasks.sources import TaskSource, open_source
+from node.tasks.spec import TaskSpec, load_task_spec
 from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState
 from trainer.config import RunConfig
 from trainer.inbox import RolloutInbox
@@ -224,6 +224,7 @@ async def run_training(
         max_files_per_step=config.max_files_per_step,
         eval_every=config.eval_every,
         eval_problems=config.eval_problems,
+        eval_task=_eval_task(config.eval_task),
         max_file_bytes=config.api.max_upload_bytes,
     )
     await asyncio.to_thread(loop.resume)
@@ -245,8 +246,10 @@ async def run_training(
         publish_atomically(counters_file, json.dumps(loop.assignment_counters, sort_keys=True).encode())
 
     arrived = asyncio.Event()
+    uploaded: dict[str, set[bytes]] = {}  # node -> its uploads (since this process started) no published step used
 
     async def on_upload(work_key: bytes, node: str) -> None:
+        uploaded.setdefault(node, set()).add(work_key)
         arrived.set()
 
     inbox = RolloutInbox(config.run_dir / "inbox")
@@ -261,6 +264,7 @@ async def run_training(
         on_upload=on_upload,
         on_assign=persist_counter,
         on_attest=lambda _: arrived.set(),  # network mode trains on attested files: look again at once
+        pending=lambda node: len(uploaded.get(node, ())),
     )
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
@@ -324,6 +328,7 @@ async def run_training(
                 record = await asyncio.to_thread(loop.train, selection.files, idle_seconds=idle)
                 manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
                 publish_step(state, learner.step, steps_file)
+                _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
                 if gossip is not None:  # after the coordinator serves the step: a worker may act on it at once
                     await gossip.announce(manifest)
                 last.clear()
@@ -349,6 +354,20 @@ async def run_training(
         stale_files=loop.counters.stale_files,
         run_dir=config.run_dir,
     )
+
+
+def _release(uploaded: dict[str, set[bytes]], consumed: set[bytes]) -> None:
+    """Forget the uploads a step trained on or dropped as stale. Called as a step is published, not as it is
+    trained: a worker whose files were just trained on then gets the new step's assignments, not the old step's."""
+    for node, keys in uploaded.items():
+        uploaded[node] = {k for k in keys if k not in consumed}
+
+
+def _eval_task(path: Path | None) -> tuple[TaskSpec, TaskSource] | None:
+    if path is None:
+        return None
+    spec = load_task_spec(path)
+    return spec, open_source(spec)
 
 
 async def _until_stopped() -> None:

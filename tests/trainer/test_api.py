@@ -228,6 +228,32 @@ def test_a_node_gets_its_share_of_each_step_then_waits_for_the_next_step(tmp_pat
     run(tmp_path, scenario, files_per_node_per_step=2, retry_after=2.5, hold_seconds=0.3)
 
 
+def test_a_node_with_enough_untrained_uploads_waits_until_the_trainer_trains_on_them(tmp_path: Path) -> None:
+    waiting = {WORKER.address: 1}  # the node's uploads the trainer has not consumed, as the training loop counts
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        api.pending = lambda node: waiting[node]
+        first = await client.send("POST", "/v1/tasks", b"{}")
+        assert (first.status, first.body["step"]) == (200, 0)
+        waiting[WORKER.address] = 2
+        held = asyncio.create_task(client.send("POST", "/v1/tasks", b"{}"))
+        await asyncio.sleep(0.1)
+        assert not held.done()
+        waiting[WORKER.address] = 0  # the trainer trained on them, then published the next step
+        api.state.publish(1, time.time())
+        answer = await asyncio.wait_for(held, timeout=0.5)
+        assert (answer.status, answer.body["step"], answer.body["counter"]) == (200, 1, 1)
+        waiting[WORKER.address] = 2  # and now a step comes and goes without training on them
+        over = asyncio.create_task(client.send("POST", "/v1/tasks", b"{}"))
+        await asyncio.sleep(0.1)
+        api.state.publish(2, time.time())
+        refused = await over
+        assert refused.status == 503 and refused.body["error"] == "no_work"
+        assert "2 uploads the trainer has not trained on yet" in refused.body["message"]
+
+    run(tmp_path, scenario, pending_files_per_node=2, hold_seconds=0.3)
+
+
 def test_only_validators_attest_and_only_with_their_own_signature(tmp_path: Path) -> None:
     work_key = b"\x42" * 32
 
@@ -304,6 +330,24 @@ def test_the_step_history_is_bounded_and_survives_a_restart(tmp_path: Path) -> N
     restarted.remember(load_published(record))
     publish_step(restarted, STEP_HISTORY + 4, record)  # the trainer resumes at its last step: same time as before
     assert list(restarted.history) == list(state.history)
+
+
+def test_a_wait_for_the_next_step_ends_when_it_is_published_and_not_before() -> None:
+    async def scenario() -> None:
+        state = PoolState(pool_id=POOL, trainer=TRAINER.address, step=3)
+        await asyncio.wait_for(state.wait_past(2, timeout=5), 1)  # step 3 is already past step 2
+        waiting = [asyncio.create_task(state.wait_past(3, timeout=5)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        state.publish(3, time.time())  # the same step again (a restart's republication) wakes nobody
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waiting)
+        state.publish(4, time.time())
+        await asyncio.wait_for(asyncio.gather(*waiting), 0.5)  # woken by the publication, not by the timeout
+        started = time.monotonic()
+        await state.wait_past(4, timeout=0.2)  # nothing published: the timeout ends it
+        assert time.monotonic() - started >= 0.2
+
+    asyncio.run(scenario())
 
 
 def signed_attestation(signer: Any, work_key: bytes, accepted: bool, reason: int) -> bytes:

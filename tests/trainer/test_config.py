@@ -20,6 +20,9 @@ def test_the_shipped_config_loads_and_flags_override_it() -> None:
     assert config.learner.async_level == 1 and config.max_minutes is None
 
 
+NETWORK = "[run]\ndir='r'\nmodel='m'\ntask='t'\n[pool]\nid=1\ndeployment='d.json'\n"
+
+
 @pytest.mark.parametrize(
     ("extra", "per_node"),
     [
@@ -31,10 +34,38 @@ def test_the_shipped_config_loads_and_flags_override_it() -> None:
         ("[data]\nrollouts_per_step = 64\n", 2),
     ],
 )
-def test_each_node_gets_a_steps_files_and_half_again_unless_told(tmp_path: Path, extra: str, per_node: int) -> None:
+def test_each_network_node_gets_a_steps_files_and_half_again_unless_told(
+    tmp_path: Path, extra: str, per_node: int
+) -> None:
     path = tmp_path / "trainer.toml"
-    path.write_text("[run]\ndir='r'\nmodel='m'\ntask='t'\n[local]\nworkers=1\n" + extra)
-    assert load_run_config(path).api.files_per_node_per_step == per_node
+    path.write_text(NETWORK + extra)
+    api = load_run_config(path).api
+    assert (api.files_per_node_per_step, api.pending_files_per_node) == (per_node, 0)
+
+
+@pytest.mark.parametrize(
+    ("workers", "extra", "pending"),
+    [
+        (1, "", 8),  # 4 files a step; the step being trained and the next one
+        (2, "", 4),
+        (3, "", 3),  # shared out, rounded up
+        (1, "[coordinator]\nprompts_per_task = 16\n", 4),
+        (1, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 0\n", 2),  # no overlap to make room for
+        (2, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 2\n[shardcast]\nkeep = 4\n", 3),
+        (1, "[coordinator]\npending_files_per_node = 0\n", 0),
+    ],
+)
+def test_each_local_worker_may_be_a_step_ahead_of_the_trainer(
+    tmp_path: Path, workers: int, extra: str, pending: int
+) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(f"[run]\ndir='r'\nmodel='m'\ntask='t'\n[local]\nworkers={workers}\n" + extra)
+    api = load_run_config(path).api
+    assert (api.files_per_node_per_step, api.pending_files_per_node) == (0, pending)
+    flag = tmp_path / "flag.toml"  # --local-workers counts as the file's value does
+    flag.write_text(NETWORK + extra)
+    api = load_run_config(flag, local_workers=workers).api
+    assert (api.files_per_node_per_step, api.pending_files_per_node) == (0, pending)
 
 
 @pytest.mark.parametrize(
