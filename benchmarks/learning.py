@@ -5,11 +5,15 @@ Run: `.venv/bin/python benchmarks/learning.py [--minutes 10] [--workers 2]`.
 1. The SFT model: `prime-train init-model` (seed 0) then `prime-train sft` (600 steps), cached in
    ~/.cache/prime-node/warm-start/ by the task's spec hash and the SFT settings (about 3 minutes the first time;
    `node/devnet/warmstart.py`, shared with `prime-devnet up`).
-2. Its pass rate on the task's held-out problems (the last 256, which SFT never trains on), 4 samples each at the
-   task's own sampling (temperature 1).
-3. `prime-train run --local-workers N --max-minutes M`: the coordinator, the SHARDCAST origin and N worker
-   processes that fetch each new policy, generate with proofs and upload; the trainer trains on what arrives.
-4. The pass rate of the last policy on the same problems, the same samples, the same seeds; the reward curve
+2. Its pass rate on the task's held-out problems (the last 256, which neither SFT nor RL ever trains on), 4 samples
+   each at the task's own sampling (temperature 1).
+3. The RL task: the other 9,744 problems, and of those only the ones whose pass rate under the SFT model lies in
+   `--band` (the offline filter of `prime-train filter`, 8 samples each; about 70 s the first time, then cached
+   with the SFT model). `--band 0 1` keeps them all.
+4. `prime-train run --local-workers N --max-minutes M`: the coordinator, the SHARDCAST origin and N worker
+   processes that fetch each new policy, generate with proofs and upload; the trainer trains on what arrives and
+   measures the held-out problems every `--eval-every` steps (`[eval] task`).
+5. The pass rate of the last policy on the same problems, the same samples, the same seeds; the reward curve
    (`prime-train plot`) and the trainer's idle time.
 
 The goal of issue 5: at least +25 points of pass rate within 10 minutes on a 2-core machine.
@@ -49,12 +53,41 @@ def held_out_rate(model: Path, problems: int, samples: int) -> float:
     return held_out_pass_rate(model, TASK, problems=problems, samples=samples, seed=123).rate
 
 
-def write_config(path: Path, run_dir: Path, model: Path, args: argparse.Namespace) -> None:
+def training_task(model: Path, args: argparse.Namespace) -> Path:
+    """The task RL draws problems from: the default task without its held-out problems, which only the
+    evaluations see; with `--band`, only the problems whose pass rate under `model` lies in the band (the offline
+    filter, 8 samples each; cached with the SFT model, keyed by the model's hash, the band and the seed)."""
+    from node.devnet.warmstart import DEFAULT_CACHE
+    from node.model.loading import model_hash_of
+    from node.tasks.sources import open_source
+    from node.tasks.spec import load_task_spec
+    from trainer.offline_filter import PassBand, measure_pass_rates, select_in_band, write_filtered_spec
+
+    everything = tuple(args.band) == (0.0, 1.0)
+    band = "" if everything else f"-band{args.band[0]}-{args.band[1]}-seed{args.seed}"
+    name = f"rl-task-{model_hash_of(model).hex()[:16]}-holdout{args.eval_problems}{band}"
+    target = DEFAULT_CACHE / name / "task.toml"
+    if target.is_file():
+        return target
+    spec = load_task_spec(TASK)
+    ids = list(open_source(spec).problem_ids())[: -args.eval_problems]
+    if not everything:
+        from node.model.loading import load_model
+
+        started = time.perf_counter()
+        rates = measure_pass_rates(load_model(model), spec, open_source(spec), ids, samples=8, seed=args.seed)
+        ids = select_in_band(rates, PassBand(*args.band))
+        print(f"offline filter: kept {len(ids)} of {len(rates)} problems ({time.perf_counter() - started:.0f} s)")
+    write_filtered_spec(TASK, ids, target, overwrite=True)
+    return target
+
+
+def write_config(path: Path, run_dir: Path, model: Path, task: Path, args: argparse.Namespace) -> None:
     path.write_text(
         f"""[run]
 dir = "{run_dir}"
 model = "{model}"
-task = "{TASK}"
+task = "{task}"
 steps = 100000
 max_minutes = {args.minutes}
 threads = {args.train_threads}
@@ -81,6 +114,7 @@ keep = {args.async_level + 3}
 [eval]
 every = {args.eval_every}
 problems = 128
+task = "{TASK}"
 
 [local]
 workers = {args.workers}
@@ -97,15 +131,23 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--vector-lr-scale", type=float, default=1.0, help="lr multiplier for norm gains and biases")
+    parser.add_argument("--vector-lr-scale", type=float, default=10.0, help="lr multiplier for norm gains and biases")
     parser.add_argument("--async-level", type=int, default=1)
     parser.add_argument("--rollouts-per-step", type=int, default=256)
     parser.add_argument("--prompts-per-task", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--train-threads", type=int, default=1)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--eval-problems", type=int, default=256)
     parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument(
+        "--band",
+        type=float,
+        nargs=2,
+        default=(0.1, 0.9),
+        metavar=("MIN", "MAX"),
+        help="offline filter: RL draws only problems whose SFT pass rate lies in [MIN, MAX] (0 1: all of them)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "learning", help="run folder (replaced)")
     args = parser.parse_args()
     args.out = args.out.resolve()  # the run folder goes into a config file read from another directory
@@ -117,7 +159,8 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     config = args.out / "trainer.toml"
-    write_config(config, args.out / "run", model, args)
+    task = training_task(model, args)
+    write_config(config, args.out / "run", model, task, args)
     started = time.perf_counter()
     prime_train("run", "--config", str(config), "--json")
     seconds = time.perf_counter() - started
