@@ -249,7 +249,8 @@ async def run_training(
     uploaded: dict[str, set[bytes]] = {}  # node -> its uploads (since this process started) no published step used
 
     async def on_upload(work_key: bytes, node: str) -> None:
-        uploaded.setdefault(node, set()).add(work_key)
+        if config.api.pending_files_per_node:  # a rejected file is never consumed: keep none when nobody counts
+            uploaded.setdefault(node, set()).add(work_key)
         arrived.set()
 
     inbox = RolloutInbox(config.run_dir / "inbox")
@@ -316,12 +317,13 @@ async def run_training(
             while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):
                 waited = time.monotonic()
                 while True:
-                    selection = loop.select(network.accepted(inbox, attestations))
+                    arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
+                    # off the event loop: reading new files and the attestation log would hold up uploads
+                    selection = await asyncio.to_thread(lambda: loop.select(network.accepted(inbox, attestations)))
                     if selection.rows >= config.rollouts_per_step:
                         break
                     if workers is not None:
                         workers.check()
-                    arrived.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(arrived.wait(), timeout=0.5)
                 idle = time.monotonic() - waited

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ledger.types import Reason
-from validator.store import INVALIDATED, ValidatorStore, WorkRow
+from validator.store import ValidatorStore, WorkRow
 
 log = logging.getLogger("validator.dashboard")
 
@@ -54,27 +54,16 @@ class ValidatorDashboard:
             await asyncio.sleep(self.refresh_seconds)
 
     async def snapshot(self) -> dict[str, Any]:
-        db = self.store.db
-        verdicts = db.execute(
-            "SELECT accepted, reason, COUNT(*) FROM work WHERE accepted IS NOT NULL GROUP BY accepted, reason"
-        ).fetchall()
-        sent = db.execute(
-            "SELECT COUNT(*) FROM work WHERE stage = ? AND tx_hash IS NOT NULL", (INVALIDATED,)
-        ).fetchone()[0]
-        newest = db.execute(
-            "SELECT work_key FROM work ORDER BY block DESC, log_index DESC LIMIT ?", (MAX_FILES_SHOWN,)
-        ).fetchall()
-        rows = [row for (key,) in newest if (row := self.store.get(bytes.fromhex(key))) is not None]
         return validator_snapshot(
             validator=self.validator,
             pool_id=self.store.pool_id,
             counts=self.store.counts(),
-            verdicts=[(bool(accepted), reason, int(n)) for accepted, reason, n in verdicts],
-            invalidations_sent=int(sent),
+            verdicts=self.store.verdict_counts(),
+            invalidations_sent=self.store.invalidations_sent(),
             backlog=self.store.open_count(),
             cursor_block=self.cursor(),
             head_block=self.head_block,
-            rows=rows,
+            rows=self.store.newest(MAX_FILES_SHOWN),
             stopping=self.stopping(),
             started_at=self.started_at,
             now=time.time(),

@@ -258,6 +258,22 @@ class ValidatorStore:
         rows = self.db.execute("SELECT stage, COUNT(*) FROM work GROUP BY stage").fetchall()
         return {stage: 0 for stage in STAGES} | dict(rows)
 
+    def newest(self, limit: int) -> list[WorkRow]:
+        """The `limit` most recent submissions, newest first (chain order reversed)."""
+        return self._rows("ORDER BY block DESC, log_index DESC LIMIT ?", (limit,))
+
+    def verdict_counts(self) -> list[tuple[bool, int | None, int]]:
+        """(accepted, reason, files) for every verdict given so far, grouped."""
+        rows = self.db.execute(
+            "SELECT accepted, reason, COUNT(*) FROM work WHERE accepted IS NOT NULL GROUP BY accepted, reason"
+        ).fetchall()
+        return [(bool(accepted), reason, int(n)) for accepted, reason, n in rows]
+
+    def invalidations_sent(self) -> int:
+        """Rejected files whose invalidation transaction was sent."""
+        query = "SELECT COUNT(*) FROM work WHERE stage = ? AND tx_hash IS NOT NULL"
+        return int(self.db.execute(query, (INVALIDATED,)).fetchone()[0])
+
     def _rows(self, where: str, args: Sequence[object]) -> list[WorkRow]:
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM work {where}", args).fetchall()
         return [_work_row(row) for row in rows]

@@ -91,6 +91,19 @@ def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) ->
     }  # fmt: skip
 
 
+def test_the_newest_files_verdict_groups_and_sent_invalidations_are_read_from_the_store(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.record([submission("a", 10), submission("b", 11, 1), submission("c", 11, 2), submission("d", 12)], 13)
+    assert [r.work_key for r in store.newest(3)] == [key("d"), key("c"), key("b")]
+    store.record_verdict(key("a"), accept("fine"))
+    store.record_verdict(key("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0"))
+    store.record_verdict(key("c"), reject(Reason.REWARD_MISMATCH, "rewards", "row 1"))
+    store.move(key("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
+    store.move(key("c"), INVALIDATED)  # moved without a transaction: not counted as sent
+    assert sorted(store.verdict_counts(), key=str) == sorted([(True, None, 1), (False, 6, 2)], key=str)
+    assert store.invalidations_sent() == 1
+
+
 def test_a_state_folder_of_another_pool_or_validator_is_refused(tmp_path: Path) -> None:
     open_store(tmp_path).close()
     with pytest.raises(ValidatorStateError, match="pool_id 1, not 2"):
