@@ -55,13 +55,13 @@ def held_out_rate(model: Path, problems: int, samples: int) -> float:
 
 def training_task(model: Path, args: argparse.Namespace) -> Path:
     """The task RL draws problems from: the default task without its held-out problems, which only the
-    evaluations see; with `--band`, only the problems whose pass rate under `model` lies in the band (the offline
-    filter, 8 samples each; cached with the SFT model, keyed by the model's hash, the band and the seed)."""
+    evaluations see; with `--band`, only the problems whose pass rate under `model` lies in the band (`prime-train
+    filter`, 8 samples each; cached with the SFT model, keyed by the model's hash, the band and the seed)."""
     from node.devnet.warmstart import DEFAULT_CACHE
     from node.model.loading import model_hash_of
     from node.tasks.sources import open_source
     from node.tasks.spec import load_task_spec
-    from trainer.offline_filter import PassBand, measure_pass_rates, select_in_band, write_filtered_spec
+    from trainer.offline_filter import write_filtered_spec
 
     everything = tuple(args.band) == (0.0, 1.0)
     band = "" if everything else f"-band{args.band[0]}-{args.band[1]}-seed{args.seed}"
@@ -69,16 +69,15 @@ def training_task(model: Path, args: argparse.Namespace) -> Path:
     target = DEFAULT_CACHE / name / "task.toml"
     if target.is_file():
         return target
-    spec = load_task_spec(TASK)
-    ids = list(open_source(spec).problem_ids())[: -args.eval_problems]
-    if not everything:
-        from node.model.loading import load_model
-
-        started = time.perf_counter()
-        rates = measure_pass_rates(load_model(model), spec, open_source(spec), ids, samples=8, seed=args.seed)
-        ids = select_in_band(rates, PassBand(*args.band))
-        print(f"offline filter: kept {len(ids)} of {len(rates)} problems ({time.perf_counter() - started:.0f} s)")
-    write_filtered_spec(TASK, ids, target, overwrite=True)
+    ids = list(open_source(load_task_spec(TASK)).problem_ids())[: -args.eval_problems]
+    if everything:
+        write_filtered_spec(TASK, ids, target, overwrite=True)
+    else:  # measures the first len(ids) problems: all but the held-out ones
+        low, high = (str(bound) for bound in args.band)
+        prime_train(
+            "filter", "--model", str(model), "--task", str(TASK), "--out", str(target), "--limit", str(len(ids)),
+            "--min", low, "--max", high, "--seed", str(args.seed), "--overwrite",
+        )  # fmt: skip
     return target
 
 
