@@ -2,13 +2,20 @@
 
 The name is the file's work key, so an upload is idempotent: the same bytes again change nothing. Each file's
 uploader is recorded beside it (`<sha256>.node`), so the trainer knows whose work it trains on.
+
+The folder is listed once, when the inbox is opened; from then on `put` (the API, in the same process) is the
+only writer, and the keys are kept in memory: the step loop lists the uploads at every look, and a listing of
+the folder would grow with the run.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
+
+_SHA256_HEX = re.compile("[0-9a-f]{64}")
 
 
 class RolloutInbox:
@@ -17,6 +24,7 @@ class RolloutInbox:
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob("*.tmp"):  # a crash mid-write
             leftover.unlink()
+        self._keys = {key for p in self.root.glob("*.parquet") if (key := named_work_key(p)) is not None}
 
     def path(self, work_key: bytes) -> Path:
         return self.root / f"{work_key.hex()}.parquet"
@@ -40,8 +48,19 @@ class RolloutInbox:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        self._keys.add(work_key)
         return True
 
     def uploads(self) -> list[bytes]:
         """Work keys of every stored file."""
-        return sorted(bytes.fromhex(p.stem) for p in self.root.glob("*.parquet"))
+        return sorted(self._keys)
+
+
+def named_work_key(path: Path) -> bytes | None:
+    """The work key an inbox file's name gives (`<sha256 hex>.parquet`), or None for any other name.
+
+    The API stores an upload only under the sha256 of its bytes, which is the file's work key (DESIGN section 6),
+    so the name tells which upload a file is without reading it."""
+    if path.suffix != ".parquet" or not _SHA256_HEX.fullmatch(path.stem):
+        return None
+    return bytes.fromhex(path.stem)

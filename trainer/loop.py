@@ -38,6 +38,7 @@ from node.tasks.spec import TaskSpec
 from trainer.data import DEFAULT_MAX_FILE_BYTES
 from trainer.errors import TrainerError
 from trainer.evaluate import pass_rate
+from trainer.inbox import named_work_key
 from trainer.learner import Learner, StepStats
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class TrainingLoop:
     # --- data ---------------------------------------------------------------------------------------
 
     def _candidate(self, path: Path) -> Candidate | None:
+        """The file at `path`, read once; None if it can never be trained on (unreadable, or several steps)."""
         if path in self._parsed:
             return self._parsed[path]
         try:
@@ -183,6 +185,9 @@ class TrainingLoop:
         ready: list[Candidate] = []
         stale = 0
         for path in paths:
+            named = named_work_key(path)
+            if named is not None and named in self.counters.consumed:
+                continue  # trained on or stale: not read again (every look lists every upload of the run)
             candidate = self._candidate(path)
             if candidate is None or candidate.file.work_key in self.counters.consumed:
                 continue
@@ -192,6 +197,7 @@ class TrainingLoop:
                 )
                 self.counters.consumed.add(candidate.file.work_key)
                 self.counters.stale_files += 1
+                del self._parsed[path]
                 stale += 1
             elif candidate.step <= step:
                 ready.append(candidate)

@@ -76,27 +76,56 @@ def every_upload(inbox: RolloutInbox, attestations: Path) -> list[Path]:
     return [inbox.path(k) for k in inbox.uploads()]
 
 
-def attested(min_attestations: int) -> Callable[[RolloutInbox, Path], list[Path]]:
-    """Uploads accepted by at least `min_attestations` distinct validators and rejected by none."""
+class AttestedUploads:
+    """Uploads accepted by at least `min_attestations` distinct validators and rejected by none (network mode).
 
-    def accepted(inbox: RolloutInbox, attestations: Path) -> list[Path]:
-        accepts: dict[str, set[str]] = {}
-        rejected: set[str] = set()
-        with contextlib.suppress(FileNotFoundError), attestations.open(encoding="utf-8") as lines:
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                    key, verdict, validator = record["work_key"], record["accepted"], record["validator"]
-                except (ValueError, KeyError, TypeError):
-                    continue  # a line cut by a crash
-                if verdict is True:
-                    accepts.setdefault(key, set()).add(validator)
-                else:
-                    rejected.add(key)
-        keys = [k for k, v in accepts.items() if len(v) >= min_attestations and k not in rejected]
-        return [p for p in (inbox.path(bytes.fromhex(k.removeprefix("0x"))) for k in keys) if p.is_file()]
+    The attestation log only grows, so each call parses just the lines appended since the last one: the step
+    loop asks after every upload and attestation, and re-reading the whole log each time would grow with the
+    run. A line still being written (no newline yet) is read once it is complete; a line cut by a crash is
+    skipped (the API ends it with a newline before the next record, and its validator posts again). A log
+    that shrank (replaced by hand) is read again from its start.
+    """
 
-    return accepted
+    def __init__(self, min_attestations: int) -> None:
+        self.min_attestations = min_attestations
+        self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._offset = 0  # bytes of the log parsed so far: whole lines only
+        self._accepts: dict[bytes, set[str]] = {}  # work key -> validators that accepted it
+        self._rejected: set[bytes] = set()
+        self._ready: set[bytes] = set()  # accepted often enough and never rejected
+
+    def __call__(self, inbox: RolloutInbox, attestations: Path) -> list[Path]:
+        self._read(attestations)
+        return [inbox.path(key) for key in sorted(self._ready) if inbox.has(key)]
+
+    def _read(self, attestations: Path) -> None:
+        try:
+            with attestations.open("rb") as log_file:
+                size = log_file.seek(0, os.SEEK_END)
+                if size < self._offset:
+                    self._forget_all()
+                log_file.seek(self._offset)
+                appended = log_file.read(size - self._offset)
+        except FileNotFoundError:
+            return
+        complete = appended.rfind(b"\n") + 1
+        self._offset += complete
+        for line in appended[:complete].splitlines():
+            try:
+                record = json.loads(line)
+                key = bytes.fromhex(str(record["work_key"]).removeprefix("0x"))
+                verdict, validator = record["accepted"], str(record["validator"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a crash
+            if verdict is True:
+                self._accepts.setdefault(key, set()).add(validator)
+                if len(self._accepts[key]) >= self.min_attestations and key not in self._rejected:
+                    self._ready.add(key)
+            else:
+                self._rejected.add(key)
+                self._ready.discard(key)
 
 
 def local_network(run_dir: Path, workers: int) -> tuple[Network, list[Path]]:
@@ -400,4 +429,4 @@ def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
     if account is None:
         raise TrainerConfigError("network mode needs the trainer's key: [pool] keystore or --dev-key")
     domain = SigningDomain(ledger.deployment.chain_id, ledger.deployment.address("ComputePool"))
-    return Network(account, domain, pool.id, LedgerRoles(ledger, pool.id), attested(pool.min_attestations))
+    return Network(account, domain, pool.id, LedgerRoles(ledger, pool.id), AttestedUploads(pool.min_attestations))

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from trainer.inbox import RolloutInbox
-from trainer.run import attested, every_upload
+from trainer.run import AttestedUploads, every_upload
 
 V1 = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 V2 = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
@@ -37,9 +37,52 @@ def test_network_mode_trains_only_on_files_enough_validators_accepted_and_none_r
     with log.open("a") as out:
         out.write('{"work_key": "0x')  # a line cut by a crash
     names = lambda paths: {"0x" + p.stem for p in paths}  # noqa: E731
-    assert names(attested(1)(inbox, log)) == {one, two}
-    assert names(attested(2)(inbox, log)) == {two}  # V1 twice would not count as two validators
+    assert names(AttestedUploads(1)(inbox, log)) == {one, two}
+    assert names(AttestedUploads(2)(inbox, log)) == {two}  # V1 twice would not count as two validators
     attest(log, one, True, V1)
-    assert names(attested(2)(inbox, log)) == {two}
+    assert names(AttestedUploads(2)(inbox, log)) == {two}
     assert names(every_upload(inbox, log)) == {one, two, bad, silent}
-    assert attested(1)(inbox, tmp_path / "missing.jsonl") == []
+    assert AttestedUploads(1)(inbox, tmp_path / "missing.jsonl") == []
+
+
+def test_the_attestation_log_is_read_once_as_it_grows(tmp_path: Path) -> None:
+    inbox = RolloutInbox(tmp_path / "inbox")
+    log = tmp_path / "attestations.jsonl"
+    one, two, three = (put(inbox, bytes([i]) * 10) for i in range(3))
+    accepted = AttestedUploads(2)
+    names = lambda: {"0x" + p.stem for p in accepted(inbox, log)}  # noqa: E731
+    assert names() == set()  # no log yet
+    attest(log, one, True, V1)
+    attest(log, one, True, V2)
+    assert names() == {one}
+    with log.open("a") as out:  # a validator's record half written: not read until its line ends
+        out.write(json.dumps({"work_key": two, "accepted": True, "reason": "", "validator": V1})[:30])
+    assert names() == {one}
+    with log.open("a") as out:
+        out.write(json.dumps({"work_key": two, "accepted": True, "reason": "", "validator": V1})[30:] + "\n")
+    attest(log, two, True, V2)
+    assert names() == {one, two}
+    attest(log, one, False, V1)  # a rejection after the acceptances still withdraws the file
+    attest(log, three, True, V1)
+    attest(log, three, True, V2)
+    assert names() == {two, three}
+    # the parsed part of the log is not read again: a line changed in place there is not seen
+    text = log.read_text()
+    log.write_text(text.replace('"accepted": false', '"accepted": true '))
+    assert names() == {two, three}
+    log.write_text("")  # a log that shrank is read again from its start
+    attest(log, three, True, V1)
+    assert names() == set()
+    attest(log, three, True, V2)
+    assert names() == {three}
+
+
+def test_the_inbox_lists_its_uploads_from_memory_after_one_scan(tmp_path: Path) -> None:
+    inbox = RolloutInbox(tmp_path / "inbox")
+    first = put(inbox, b"first")
+    (tmp_path / "inbox" / "notes.parquet").write_bytes(b"not an upload")  # not named by a hash: never listed
+    reopened = RolloutInbox(tmp_path / "inbox")
+    assert ["0x" + k.hex() for k in reopened.uploads()] == [first]
+    second = put(reopened, b"second")
+    assert sorted("0x" + k.hex() for k in reopened.uploads()) == sorted([first, second])
+    assert not reopened.put(bytes.fromhex(second[2:]), b"second", "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1")

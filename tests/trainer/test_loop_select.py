@@ -1,0 +1,68 @@
+"""Which files the step loop reads: an upload a step consumed (trained on, or dropped as stale) is never read again."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import pytest
+from rollout_factory import make_file
+
+from node.model.loading import load_model
+from node.model.tiny import init_model
+from node.tasks.sources import open_source
+from node.tasks.spec import load_task_spec
+from trainer.inbox import RolloutInbox
+from trainer.learner import Learner, LearnerConfig
+from trainer.loop import RunPaths, TrainingLoop
+from trainer.run import every_upload
+
+TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_model(tmp_path_factory.mktemp("select") / "tiny", seed=0)
+
+
+def upload(inbox: RolloutInbox, made: Path) -> Path:
+    data = made.read_bytes()
+    key = hashlib.sha256(data).digest()
+    inbox.put(key, data, "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1")
+    return inbox.path(key)
+
+
+def test_consumed_uploads_are_not_read_again(model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    loaded = load_model(model_dir)
+    spec = load_task_spec(TASK)
+    source = open_source(spec)
+    loop = TrainingLoop(
+        Learner(loaded.model, LearnerConfig(async_level=1), pad_id=0), loaded, spec, source, RunPaths(tmp_path / "run"),
+        rollouts_per_step=16, max_files_per_step=4,
+    )  # fmt: skip
+    inbox = RolloutInbox(tmp_path / "inbox")
+    made = tmp_path / "made"
+    made.mkdir()
+    look = lambda: loop.select(every_upload(inbox, tmp_path / "attestations.jsonl"))  # noqa: E731
+    files = {
+        name: upload(inbox, make_file(made / f"{name}.parquet", loaded, spec, source, step=0, counter=counter))
+        for counter, name in enumerate(("first", "late"))
+    }
+    spoil = lambda name: files[name].write_bytes(b"not parquet")  # noqa: E731  (a read of it would fail loudly)
+    caplog.set_level(logging.ERROR, logger="trainer.loop")
+    first = look()
+    assert len(first.files) == 1 and first.files[0].meta.counter == 0  # 16 rows a file, 16 a step
+    loop.train(first.files, idle_seconds=0.0)  # policy 1: the other file of step 0 is still in the window
+    spoil("first")
+    files["fresh"] = upload(inbox, make_file(made / "fresh.parquet", loaded, spec, source, step=1, counter=2))
+    second = look()
+    assert [f.meta.counter for f in second.files] == [2]  # the freshest policy first
+    loop.train(second.files, idle_seconds=0.0)  # policy 2: step 0 has left the window
+    spoil("fresh")
+    third = look()
+    assert (third.rows, third.stale, loop.counters.stale_files) == (0, 1, 1)
+    spoil("late")
+    fourth = look()
+    assert (fourth.rows, fourth.stale, loop.counters.stale_files) == (0, 0, 1)
+    assert "never training on" not in caplog.text
