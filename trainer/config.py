@@ -212,7 +212,10 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         per_node = 0 if workers else needed + -(-needed // 2)
     if pending == AUTO:
         # local workers: the files of the step being trained and of the next one, shared out. Each worker then
-        # generates step s + 1's files while the trainer trains on step s's, and makes none that would go stale.
-        pending = -(-needed * (learner.async_level + 1) // workers) if workers else 0
+        # generates step s + 1's files while the trainer trains on step s's, and makes none that would go stale:
+        # with k = 2 a third step's files would wait behind fresher ones (the freshest go first) until too old.
+        # With k = 0 the trainer cannot use the next step's files, so a worker holds the current step's only.
+        steps_ahead = min(learner.async_level, 1) + 1
+        pending = -(-needed * steps_ahead // workers) if workers else 0
     values["api"] = replace(api, files_per_node_per_step=per_node, pending_files_per_node=pending)
     return RunConfig(**(values | overrides))
