@@ -45,24 +45,25 @@ def test_consumed_uploads_are_not_read_again(model_dir: Path, tmp_path: Path, ca
     made = tmp_path / "made"
     made.mkdir()
     look = lambda: loop.select(every_upload(inbox, tmp_path / "attestations.jsonl"))  # noqa: E731
-    files = {
-        name: upload(inbox, make_file(made / f"{name}.parquet", loaded, spec, source, step=0, counter=counter))
-        for counter, name in enumerate(("first", "late"))
-    }
-    spoil = lambda name: files[name].write_bytes(b"not parquet")  # noqa: E731  (a read of it would fail loudly)
+    step_zero = [
+        upload(inbox, make_file(made / f"{counter}.parquet", loaded, spec, source, step=0, counter=counter))
+        for counter in range(2)
+    ]
+    spoil = lambda path: path.write_bytes(b"not parquet")  # noqa: E731  (a read of it would fail loudly)
     caplog.set_level(logging.ERROR, logger="trainer.loop")
     first = look()
-    assert len(first.files) == 1 and first.files[0].meta.counter == 0  # 16 rows a file, 16 a step
+    trained, late = sorted(step_zero)  # named by work key; of two files of one step the smaller key goes first
+    assert [f.work_key.hex() + ".parquet" for f in first.files] == [trained.name]  # 16 rows a file, 16 a step
     loop.train(first.files, idle_seconds=0.0)  # policy 1: the other file of step 0 is still in the window
-    spoil("first")
-    files["fresh"] = upload(inbox, make_file(made / "fresh.parquet", loaded, spec, source, step=1, counter=2))
+    spoil(trained)
+    fresh = upload(inbox, make_file(made / "fresh.parquet", loaded, spec, source, step=1, counter=2))
     second = look()
     assert [f.meta.counter for f in second.files] == [2]  # the freshest policy first
     loop.train(second.files, idle_seconds=0.0)  # policy 2: step 0 has left the window
-    spoil("fresh")
+    spoil(fresh)
     third = look()
     assert (third.rows, third.stale, loop.counters.stale_files) == (0, 1, 1)
-    spoil("late")
+    spoil(late)
     fourth = look()
     assert (fourth.rows, fourth.stale, loop.counters.stale_files) == (0, 0, 1)
     assert "never training on" not in caplog.text
