@@ -146,17 +146,34 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
+@dataclass(frozen=True)
+class LoggedVerdict:
+    """One line of the attestations log: a validator's verdict on a work key, and the record as the API wrote it."""
+
+    work_key: bytes
+    validator: str
+    accepted: bool
+    record: dict[str, object]
+
+
+def parse_logged_verdict(line: bytes) -> LoggedVerdict | None:
+    """A line of the attestations log, or None for one cut short by a crash (its validator posts again)."""
+    try:
+        record = loads_bounded(line, 1)
+        key = bytes.fromhex(str(record["work_key"]).removeprefix("0x"))
+        return LoggedVerdict(key, str(record["validator"]), record["accepted"] is True, record)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _load_verdicts(path: Path) -> dict[bytes, dict[str, dict[str, object]]]:
-    """The attestations log, indexed; a line cut short by a crash is skipped (its validator posts again)."""
+    """The attestations log, indexed by work key and validator (each validator's latest record)."""
     verdicts: dict[bytes, dict[str, dict[str, object]]] = {}
     if not path.exists():
         return verdicts
     for line in path.read_bytes().splitlines():
-        try:
-            record = loads_bounded(line, 1)
-            verdicts.setdefault(bytes.fromhex(record["work_key"][2:]), {})[record["validator"]] = record
-        except (ValueError, KeyError, TypeError):
-            continue
+        if (verdict := parse_logged_verdict(line)) is not None:
+            verdicts.setdefault(verdict.work_key, {})[verdict.validator] = verdict.record
     return verdicts
 
 

@@ -33,7 +33,7 @@ from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec
-from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState
+from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState, parse_logged_verdict
 from trainer.config import RunConfig
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner
@@ -98,7 +98,7 @@ class AttestedUploads:
 
     def __call__(self, inbox: RolloutInbox, attestations: Path) -> list[Path]:
         self._read(attestations)
-        return [inbox.path(key) for key in sorted(self._ready) if inbox.has(key)]
+        return [inbox.path(key) for key in self._ready if inbox.has(key)]
 
     def _read(self, attestations: Path) -> None:
         try:
@@ -113,14 +113,12 @@ class AttestedUploads:
         complete = appended.rfind(b"\n") + 1
         self._offset += complete
         for line in appended[:complete].splitlines():
-            try:
-                record = json.loads(line)
-                key = bytes.fromhex(str(record["work_key"]).removeprefix("0x"))
-                verdict, validator = record["accepted"], str(record["validator"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut by a crash
-            if verdict is True:
-                self._accepts.setdefault(key, set()).add(validator)
+            verdict = parse_logged_verdict(line)
+            if verdict is None:
+                continue
+            key = verdict.work_key
+            if verdict.accepted:
+                self._accepts.setdefault(key, set()).add(verdict.validator)
                 if len(self._accepts[key]) >= self.min_attestations and key not in self._rejected:
                     self._ready.add(key)
             else:
