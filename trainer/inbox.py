@@ -5,7 +5,8 @@ uploader is recorded beside it (`<sha256>.node`), so the trainer knows whose wor
 
 The folder is listed once, when the inbox is opened; from then on `put` (the API, in the same process) is the
 only writer, and the keys are kept in memory: the step loop lists the uploads at every look, and a listing of
-the folder would grow with the run.
+the folder would grow with the run. `arrivals` keeps them in the order they came (the first scan's in key
+order), so a reader can take only those that came since its last look.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class RolloutInbox:
         for leftover in self.root.glob("*.tmp"):  # a crash mid-write
             leftover.unlink()
         self._keys = {key for p in self.root.glob("*.parquet") if (key := named_work_key(p)) is not None}
+        self._arrivals = sorted(self._keys)
 
     def path(self, work_key: bytes) -> Path:
         return self.root / f"{work_key.hex()}.parquet"
@@ -49,11 +51,16 @@ class RolloutInbox:
             Path(tmp).unlink(missing_ok=True)
             raise
         self._keys.add(work_key)
+        self._arrivals.append(work_key)
         return True
 
     def uploads(self) -> list[bytes]:
         """Work keys of every stored file."""
         return sorted(self._keys)
+
+    def arrivals(self, since: int = 0) -> list[bytes]:
+        """Work keys in the order they were stored, from the `since`-th on: `since` = how many a reader has seen."""
+        return self._arrivals[since:]
 
 
 def named_work_key(path: Path) -> bytes | None:

@@ -19,9 +19,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from eth_account import Account
@@ -58,7 +59,7 @@ class Network:
     domain: SigningDomain
     pool_id: int
     roles: Roles
-    accepted: Callable[[RolloutInbox, Path], list[Path]]  # files of the inbox that may be trained on
+    accepted: Uploads  # which files of the inbox may be trained on
 
 
 def _key_file(path: Path) -> LocalAccount:
@@ -72,8 +73,30 @@ def _key_file(path: Path) -> LocalAccount:
     return Account.from_key(bytes.fromhex(path.read_text().strip().removeprefix("0x")))
 
 
-def every_upload(inbox: RolloutInbox, attestations: Path) -> list[Path]:
-    return [inbox.path(k) for k in inbox.uploads()]
+class Uploads(Protocol):
+    """The uploads the step loop may train on now, less those in `consumed` (trained on, or dropped as stale).
+
+    The loop asks after every upload and attestation, and every 0.5 s while it waits, for the whole run: an
+    answer costs what arrived since the last call plus the uploads still waiting, never all uploads of the run.
+    A consumed upload is left out for good, so `consumed` must only grow.
+    """
+
+    def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]: ...
+
+
+class EveryUpload:
+    """Every upload (local mode: the trainer trusts its own workers)."""
+
+    def __init__(self) -> None:
+        self._seen = 0  # arrivals of the inbox taken into `_waiting`
+        self._waiting: set[bytes] = set()
+
+    def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]:
+        arrived = inbox.arrivals(self._seen)
+        self._seen += len(arrived)
+        self._waiting.update(arrived)
+        self._waiting = {key for key in self._waiting if key not in consumed}
+        return [inbox.path(key) for key in self._waiting if inbox.has(key)]
 
 
 class AttestedUploads:
@@ -94,10 +117,11 @@ class AttestedUploads:
         self._offset = 0  # bytes of the log parsed so far: whole lines only
         self._accepts: dict[bytes, set[str]] = {}  # work key -> validators that accepted it
         self._rejected: set[bytes] = set()
-        self._ready: set[bytes] = set()  # accepted often enough and never rejected
+        self._ready: set[bytes] = set()  # accepted often enough, never rejected, and not consumed when last asked
 
-    def __call__(self, inbox: RolloutInbox, attestations: Path) -> list[Path]:
+    def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]:
         self._read(attestations)
+        self._ready = {key for key in self._ready if key not in consumed}
         return [inbox.path(key) for key in self._ready if inbox.has(key)]
 
     def _read(self, attestations: Path) -> None:
@@ -131,7 +155,7 @@ def local_network(run_dir: Path, workers: int) -> tuple[Network, list[Path]]:
     trainer = _key_file(keys / "trainer.key")
     worker_keys = [keys / f"worker-{i}.key" for i in range(workers)]
     members = frozenset(_key_file(path).address for path in worker_keys)
-    network = Network(trainer, LOCAL_DOMAIN, LOCAL_POOL_ID, StaticRoles(members=members), every_upload)
+    network = Network(trainer, LOCAL_DOMAIN, LOCAL_POOL_ID, StaticRoles(members=members), EveryUpload())
     return network, worker_keys
 
 
@@ -346,7 +370,9 @@ async def run_training(
                 while True:
                     arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
                     # off the event loop: reading new files and the attestation log would hold up uploads
-                    selection = await asyncio.to_thread(lambda: loop.select(network.accepted(inbox, attestations)))
+                    selection = await asyncio.to_thread(
+                        lambda: loop.select(network.accepted(inbox, attestations, loop.counters.consumed))
+                    )
                     if selection.rows >= config.rollouts_per_step:
                         break
                     if workers is not None:

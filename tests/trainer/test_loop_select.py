@@ -16,7 +16,7 @@ from node.tasks.spec import load_task_spec
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner, LearnerConfig
 from trainer.loop import RunPaths, TrainingLoop
-from trainer.run import every_upload
+from trainer.run import EveryUpload
 
 TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
 
@@ -44,7 +44,8 @@ def test_consumed_uploads_are_not_read_again(model_dir: Path, tmp_path: Path, ca
     inbox = RolloutInbox(tmp_path / "inbox")
     made = tmp_path / "made"
     made.mkdir()
-    look = lambda: loop.select(every_upload(inbox, tmp_path / "attestations.jsonl"))  # noqa: E731
+    uploads = EveryUpload()
+    look = lambda: loop.select(uploads(inbox, tmp_path / "attestations.jsonl", loop.counters.consumed))  # noqa: E731
     step_zero = [
         upload(inbox, make_file(made / f"{counter}.parquet", loaded, spec, source, step=0, counter=counter))
         for counter in range(2)
