@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--vector-lr-scale", type=float, default=10.0, help="lr multiplier for norm gains and biases")
-    parser.add_argument("--async-level", type=int, default=1)
+    parser.add_argument("--async-level", type=int, default=2, help="k; local mode takes the oldest files first")
     parser.add_argument("--rollouts-per-step", type=int, default=256)
     parser.add_argument("--prompts-per-task", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)

@@ -18,6 +18,7 @@ from trainer.api import ApiConfig
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig
 from trainer.learner import LearnerConfig
+from trainer.loop import FILE_ORDERS, FileOrder
 
 AUTO = -1  # files_per_node_per_step not given: derived from rollouts_per_step and the assignment size
 
@@ -55,6 +56,7 @@ class RunConfig:
     serve_after: bool = False  # after the last step, keep serving the API and the origin until SIGTERM or SIGINT
     rollouts_per_step: int = 256  # completions that must be available before a step trains
     max_files_per_step: int = 256
+    order: FileOrder = "freshest"  # which files of the async window a step takes first (trainer.loop.FILE_ORDERS)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     host: str = "127.0.0.1"
@@ -154,6 +156,9 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
     )
     per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
     pending = coord.integer("pending_files_per_node", AUTO, minimum=AUTO)
+    order = data.text("order", "")
+    if order and order not in FILE_ORDERS:
+        data.fail("order", f"must be one of {', '.join(FILE_ORDERS)}, got {order!r}")
     pool = None
     if pool_table:
         fields = Fields(path, "pool", pool_table)
@@ -210,12 +215,16 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         # a network node alone can fill a step, with half as much again for files lost or late; the trainer's own
         # workers are limited by what it has not trained yet instead
         per_node = 0 if workers else needed + -(-needed // 2)
+    if not order:  # local workers are capped below, so none of their files needs to go stale: first come first
+        order = "oldest" if workers else "freshest"
     if pending == AUTO:
-        # local workers: the files of the step being trained and of the next one, shared out. Each worker then
-        # generates step s + 1's files while the trainer trains on step s's, and makes none that would go stale:
-        # with k = 2 a third step's files would wait behind fresher ones (the freshest go first) until too old.
-        # With k = 0 the trainer cannot use the next step's files, so a worker holds the current step's only.
-        steps_ahead = min(learner.async_level, 1) + 1
+        # local workers: the files of the k + 1 steps the window holds, shared out. Each worker then generates
+        # while the trainer trains, up to k steps ahead, and makes none that would go stale, as the oldest go first.
+        # Were the freshest to go first, a worker more than one step ahead would see its older files wait behind
+        # its newer ones until they left the window: then only the step being trained and the next one.
+        k = learner.async_level
+        steps_ahead = k + 1 if order == "oldest" else min(k, 1) + 1
         pending = -(-needed * steps_ahead // workers) if workers else 0
+    values["order"] = order
     values["api"] = replace(api, files_per_node_per_step=per_node, pending_files_per_node=pending)
     return RunConfig(**(values | overrides))

@@ -2,9 +2,10 @@
 
 At policy step s the loop trains on accepted files whose step lies in [s - k, s] (k = async level) and that no
 earlier step consumed. It waits until `rollouts_per_step` completions are available (the wait is the trainer's
-idle time, logged per step), then takes files, the freshest policy first, until it has that many; the rest wait
-for the next step while they are inside its window. Files older than s - k are consumed without training (logged
-as stale), so a slow worker's late file can never be trained on, however late it arrives.
+idle time, logged per step), then takes files, the freshest policy first (or the oldest: `order = "oldest"`), until
+it has that many; the rest wait for the next step while they are inside its window. Files older than s - k are
+consumed without training (logged as stale), so a slow worker's late file can never be trained on, however late it
+arrives.
 
 After each update it writes, in this order:
 1. the rollout checkpoint `checkpoints/step_<s+1>/` (Hugging Face layout, what workers load);
@@ -25,7 +26,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -45,6 +46,13 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 KEEP_STATES = 2
+
+# Which files of the window a step takes first. "freshest": the least off-policy data; when more arrives than the
+# trainer uses (the network's nodes get half a step's files more than needed) the oldest surplus goes stale.
+# "oldest": first come, first trained, so a worker may run further ahead without its files going stale (local
+# mode, where each worker's untrained uploads are capped): the queue absorbs the jitter of both sides.
+FileOrder = Literal["freshest", "oldest"]
+FILE_ORDERS: tuple[FileOrder, ...] = ("freshest", "oldest")
 
 
 class StateError(TrainerError):
@@ -119,8 +127,12 @@ class TrainingLoop:
         eval_problems: int = 128,
         eval_task: tuple[TaskSpec, TaskSource] | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        order: FileOrder = "freshest",
     ) -> None:
+        if order not in FILE_ORDERS:
+            raise ValueError(f"order must be one of {FILE_ORDERS}, got {order!r}")
         self.learner, self.loaded, self.spec, self.source, self.paths = learner, loaded, spec, source, paths
+        self.order = order
         self.rollouts_per_step, self.max_files_per_step = rollouts_per_step, max_files_per_step
         self.eval_every, self.eval_problems, self.max_file_bytes = eval_every, eval_problems, max_file_bytes
         self.eval_spec, self.eval_source = eval_task or (spec, source)
@@ -201,7 +213,8 @@ class TrainingLoop:
                 stale += 1
             elif candidate.step <= step:
                 ready.append(candidate)
-        ready.sort(key=lambda c: (-c.step, c.file.work_key))  # the freshest policy first: the least off-policy data
+        newest_first = self.order == "freshest"
+        ready.sort(key=lambda c: (-c.step if newest_first else c.step, c.file.work_key))
         chosen: list[Candidate] = []
         rows = 0
         for candidate in ready:

@@ -277,6 +277,7 @@ async def run_training(
         eval_problems=config.eval_problems,
         eval_task=_eval_task(config.eval_task),
         max_file_bytes=config.api.max_upload_bytes,
+        order=config.order,
     )
     await asyncio.to_thread(loop.resume)
     start_step = learner.step

@@ -51,8 +51,11 @@ def test_each_network_node_gets_a_steps_files_and_half_again_unless_told(
         (3, "", 3),  # shared out, rounded up
         (1, "[coordinator]\nprompts_per_task = 16\n", 4),
         (1, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 0\n", 2),  # no overlap to make room for
-        # k = 2 as k = 1: a third step's files would wait behind fresher ones until they left the window
-        (2, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 2\n[shardcast]\nkeep = 4\n", 2),
+        # k = 2: the oldest go first (local mode's order), so a worker may hold the files of the 3 steps the window
+        # holds; with the freshest first, as with k = 1: a third step's files would wait until they left the window
+        (1, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 2\n[shardcast]\nkeep = 4\n", 6),
+        (2, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 2\n[shardcast]\nkeep = 4\n", 3),
+        (2, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level=2\norder='freshest'\n[shardcast]\nkeep=4\n", 2),
         (1, "[coordinator]\npending_files_per_node = 0\n", 0),
     ],
 )
@@ -69,10 +72,20 @@ def test_each_local_worker_may_be_a_step_ahead_of_the_trainer(
     assert (api.files_per_node_per_step, api.pending_files_per_node) == (0, pending)
 
 
+def test_local_mode_takes_the_oldest_files_first_and_the_network_the_freshest(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(NETWORK)
+    assert load_run_config(path).order == "freshest"
+    assert load_run_config(path, local_workers=1).order == "oldest"
+    path.write_text(NETWORK + "[data]\norder = 'oldest'\n")
+    assert load_run_config(path).order == "oldest"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[data]\nasync_level=-1\n[local]\nworkers=1\n", "data.async_level"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[data]\norder='newest'\n[local]\nworkers=1\n", "data.order"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlr=true\n[local]\nworkers=1\n", "optim.lr"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlearning_rate=1\n[local]\nworkers=1\n", "unknown key"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "keep_versions"),

@@ -68,3 +68,34 @@ def test_consumed_uploads_are_not_read_again(model_dir: Path, tmp_path: Path, ca
     fourth = look()
     assert (fourth.rows, fourth.stale, loop.counters.stale_files) == (0, 0, 1)
     assert "never training on" not in caplog.text
+
+
+@pytest.mark.parametrize(("order", "taken"), [("freshest", [2, 1]), ("oldest", [0, 1])])
+def test_a_step_takes_the_freshest_or_the_oldest_files_of_its_window_first(
+    model_dir: Path, tmp_path: Path, order: str, taken: list[int]
+) -> None:
+    loaded = load_model(model_dir)
+    spec = load_task_spec(TASK)
+    source = open_source(spec)
+    learner = Learner(loaded.model, LearnerConfig(async_level=2), pad_id=0)
+    learner.step = 2  # the window holds files of policies 0, 1 and 2
+    loop = TrainingLoop(
+        learner, loaded, spec, source, RunPaths(tmp_path / "run"), rollouts_per_step=32, max_files_per_step=4,
+        order=order,  # type: ignore[arg-type]  # the parametrized str is one of FILE_ORDERS
+    )  # fmt: skip
+    made = tmp_path / "made"
+    made.mkdir()
+    paths = [make_file(made / f"{step}.parquet", loaded, spec, source, step=step, counter=step) for step in (1, 0, 2)]
+    selection = loop.select(paths)  # 16 rows a file: a step takes two
+    assert [f.rows[0].step for f in selection.files] == taken
+    assert selection.stale == 0
+
+
+def test_an_unknown_order_is_refused(model_dir: Path, tmp_path: Path) -> None:
+    loaded = load_model(model_dir)
+    spec = load_task_spec(TASK)
+    with pytest.raises(ValueError, match="order must be one of"):
+        TrainingLoop(
+            Learner(loaded.model, LearnerConfig(), pad_id=0), loaded, spec, open_source(spec), RunPaths(tmp_path),
+            rollouts_per_step=1, max_files_per_step=1, order="newest",  # type: ignore[arg-type]
+        )  # fmt: skip
