@@ -348,7 +348,8 @@ class Learner:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights, optimiser, step, kept past policies, RNG.
 
-        Tensors are whole and on CPU (gathered from every rank under FSDP2: call it on all ranks).
+        Tensors are whole and on CPU (gathered from every rank under FSDP2: call it on all ranks). The current
+        policy is stored once, as the model: its copy among the kept policies is rebuilt from it on load.
         """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -360,7 +361,7 @@ class Learner:
             "config": asdict(self.config),
             "model": model_state,
             "optimizer": optimizer_state,
-            "history": {s: [_full(t) for t in snapshot] for s, snapshot in self.history.items()},
+            "history": {s: [_full(t) for t in snapshot] for s, snapshot in self.history.items() if s != self.step},
             "reference": None if self.reference is None else [_full(t) for t in self.reference],
             "rng": torch.get_rng_state(),
         }
@@ -382,6 +383,7 @@ class Learner:
             int(s): [_like(p, t) for p, t in zip(self.params, snap, strict=True)]
             for s, snap in state["history"].items()
         }
+        self.history[self.step] = self._snapshot()  # states saved before it was left out carry the same values
         if state["reference"] is not None:
             self.reference = [_like(p, t) for p, t in zip(self.params, state["reference"], strict=True)]
         torch.set_rng_state(state["rng"])

@@ -150,22 +150,28 @@ def test_a_restored_state_continues_exactly_like_an_uninterrupted_run(
     first = learner(straight)
     first.train_step([files["a"]])
     expected = first.train_step([files["b"], files["c"]])
+    expected_next = first.train_step([files["c"]])  # at policy 2, 'c' (step 1) is scored under the kept policy 1
 
     interrupted = fresh(model_dir)
     before_kill = learner(interrupted)
     before_kill.train_step([files["a"]])
-    buffer = io.BytesIO()
-    torch.save(before_kill.state_dict(), buffer)
-    buffer.seek(0)
-
-    restarted = fresh(model_dir)  # a new process: the initial weights, then the saved state
-    resumed = learner(restarted)
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
-    assert resumed.step == 1
-    again = resumed.train_step([files["b"], files["c"]])
-    assert again.loss == expected.loss and again.grad_norm == expected.grad_norm
-    for a, b in zip(weights(straight), weights(restarted), strict=True):
-        assert torch.equal(a, b)
+    saved = before_kill.state_dict()
+    assert list(saved["history"]) == [0]  # policy 1 is the model itself: stored once, not twice
+    with_current = dict(saved, history=saved["history"] | {1: [p.detach().clone() for p in before_kill.params]})
+    for state in (saved, with_current):  # a state written before the current policy was left out loads the same
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        restarted = fresh(model_dir)  # a new process: the initial weights, then the saved state
+        resumed = learner(restarted)
+        resumed.load_state_dict(torch.load(buffer, weights_only=True))
+        assert resumed.step == 1 and sorted(resumed.history) == [0, 1]
+        again = resumed.train_step([files["b"], files["c"]])
+        assert again.loss == expected.loss and again.grad_norm == expected.grad_norm
+        after = resumed.train_step([files["c"]])
+        assert after.loss == expected_next.loss and after.mean_ratio == expected_next.mean_ratio
+        for a, b in zip(weights(straight), weights(restarted), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_a_step_whose_groups_are_all_uniform_advances_without_an_update(
