@@ -23,8 +23,9 @@ of the last `async_level + 1` steps, so a fast node left unlimited would fill th
 the pool's reward bill with files that go stale before anyone trains on them.
 
 A node may also be limited by its uploads the trainer has not yet trained on (`pending_files_per_node`; local
-mode sets it to two steps' files, one with k = 0): held the same way, a worker then generates the next step's files
-while the trainer trains on the last ones, and never more than the trainer can use.
+mode sets it to the files of the k + 1 steps the window holds, as it takes the oldest files first): held the same
+way, a worker then generates the next steps' files while the trainer trains on the last ones, and never more than
+the trainer can use.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ The name is the file's work key, so an upload is idempotent: the same bytes agai
 uploader is recorded beside it (`<sha256>.node`), so the trainer knows whose work it trains on.
 
 The folder is listed once, when the inbox is opened; from then on `put` (the API, in the same process) is the
-only writer, and the keys are kept in memory: the step loop lists the uploads at every look, and a listing of
-the folder would grow with the run. `arrivals` keeps them in the order they came (the first scan's in key
-order), so a reader can take only those that came since its last look.
+only writer, and the keys are kept in memory, in the order they came (the first scan's in key order): the step
+loop looks for new uploads many times a step, and a listing of the folder would grow with the run; with
+`arrivals` a reader takes only those that came since its last look.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ class RolloutInbox:
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob("*.tmp"):  # a crash mid-write
             leftover.unlink()
-        self._keys = {key for p in self.root.glob("*.parquet") if (key := named_work_key(p)) is not None}
-        self._arrivals = sorted(self._keys)
+        found = (named_work_key(p) for p in self.root.glob("*.parquet"))
+        self._arrivals = sorted(key for key in found if key is not None)  # `put` stores each key once
 
     def path(self, work_key: bytes) -> Path:
         return self.root / f"{work_key.hex()}.parquet"
@@ -50,13 +50,12 @@ class RolloutInbox:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self._keys.add(work_key)
         self._arrivals.append(work_key)
         return True
 
     def uploads(self) -> list[bytes]:
         """Work keys of every stored file."""
-        return sorted(self._keys)
+        return sorted(self._arrivals)
 
     def arrivals(self, since: int = 0) -> list[bytes]:
         """Work keys in the order they were stored, from the `since`-th on: `since` = how many a reader has seen."""

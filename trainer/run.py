@@ -84,6 +84,11 @@ class Uploads(Protocol):
     def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]: ...
 
 
+def _stored(inbox: RolloutInbox, keys: AbstractSet[bytes]) -> list[Path]:
+    """The files of `keys` still on disk (one removed by hand is skipped, not read and refused)."""
+    return [inbox.path(key) for key in keys if inbox.has(key)]
+
+
 class EveryUpload:
     """Every upload (local mode: the trainer trusts its own workers)."""
 
@@ -96,7 +101,7 @@ class EveryUpload:
         self._seen += len(arrived)
         self._waiting.update(arrived)
         self._waiting = {key for key in self._waiting if key not in consumed}
-        return [inbox.path(key) for key in self._waiting if inbox.has(key)]
+        return _stored(inbox, self._waiting)
 
 
 class AttestedUploads:
@@ -122,7 +127,7 @@ class AttestedUploads:
     def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]:
         self._read(attestations)
         self._ready = {key for key in self._ready if key not in consumed}
-        return [inbox.path(key) for key in self._ready if inbox.has(key)]
+        return _stored(inbox, self._ready)
 
     def _read(self, attestations: Path) -> None:
         try:
