@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 from eth_account.signers.local import LocalAccount
 
+from node.bodies import read_body
 from node.errors import NodeError
 from node.generation.plan import Job
 from node.safejson import loads_bounded
@@ -78,7 +79,7 @@ class CoordinatorClient:
         headers = sign_request(self.account, self.domain, method, path, body) if signed else {}
         try:
             async with self.session.request(method, self.url + path, data=body or None, headers=headers) as response:
-                raw = await response.content.read(_MAX_ANSWER + 1)
+                raw = await read_body(response.content, _MAX_ANSWER)
                 status = response.status
                 retry_after = response.headers.get("Retry-After", "")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -153,7 +154,7 @@ class CoordinatorClient:
                     raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
                 if response.status != 200:
                     raise CoordinatorRefused(response.status, "http", f"GET {url} answered HTTP {response.status}")
-                return await response.content.read(max_bytes + 1)
+                return await read_body(response.content, max_bytes)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise CoordinatorUnavailable(f"GET {url}: {exc or type(exc).__name__}") from exc
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from aiohttp import web
 from eth_utils import is_checksum_address
 
+from node.bodies import read_body
 from node.coordinator import PublishedStep
 from node.metrics import Registry
 from node.rollouts.reader import read_rollouts
@@ -247,7 +248,7 @@ class CoordinatorApi:
     async def _body(self, request: web.Request, limit: int) -> bytes:
         if request.content_length is not None and request.content_length > limit:
             raise ApiError(413, "too_large", f"body of {request.content_length} bytes is over the {limit}-byte limit")
-        body = await request.content.read(limit + 1)
+        body = await read_body(request.content, limit)
         if len(body) > limit:
             raise ApiError(413, "too_large", f"body is over the {limit}-byte limit")
         return body

@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from node.bodies import read_body
 from node.relay import (
     DownloadFailed,
     ManifestError,
@@ -110,7 +111,7 @@ def _step(value: object) -> int:
 
 
 async def _read_limited(response: aiohttp.ClientResponse, limit: int, what: str, source: str) -> bytes:
-    body = await response.content.read(limit + 1)
+    body = await read_body(response.content, limit)
     if len(body) > limit:
         raise SourceError(source, f"{what} is over {limit} bytes")
     return body

@@ -166,13 +166,22 @@ class Response:
         self.pool, self.key, self.sock, self.reply, self.early = pool, key, sock, reply, early
         self.status, self.headers, self.length = reply.status, reply.headers, reply.length
         self._stray = False
+        self._released = False
 
     def _keep_alive(self) -> bool:
         return self.headers.get("Connection", "").lower() != "close"
 
+    def _release(self, reusable: bool) -> None:
+        """Hand the connection back once: a socket closed after it went back to the pool would be handed out again
+        closed (a 429 was discarded, then closed by the caller's status check, and every later request through the
+        pool failed with EBADF)."""
+        if not self._released:
+            self._released = True
+            self.pool._release(self.key, self.sock, reusable)
+
     def close(self) -> None:
-        """Drop the connection without reading the body (idempotent)."""
-        self.pool._release(self.key, self.sock, False)
+        """Drop the connection without reading the body (idempotent; nothing after `discard` or `splice_into`)."""
+        self._release(False)
 
     async def discard(self) -> None:
         """Read and drop a small body (an error message), keeping the connection if it ends cleanly."""
@@ -189,7 +198,7 @@ class Response:
                 body += more
             reusable = len(body) == self.length and self._keep_alive()
         finally:
-            self.pool._release(self.key, self.sock, reusable)
+            self._release(reusable)
 
     async def splice_into(self, fd: int, file_offset: int, absorb: Absorb, every: int) -> None:
         """Move the body into `fd` at `file_offset`; `absorb(offset, n)` is awaited, in order, every `every`
@@ -201,7 +210,7 @@ class Response:
             await self._body(fd, file_offset, absorb, every)
             reusable = self._keep_alive() and not self._stray
         finally:
-            self.pool._release(self.key, self.sock, reusable)
+            self._release(reusable)
 
     async def _body(self, fd: int, file_offset: int, absorb: Absorb, every: int) -> None:
         sock, length, early = self.sock, self.length, self.early

@@ -33,7 +33,8 @@ VALIDATOR = Account.from_key(b"\x13" * 32)
 TRAINER = Account.from_key(b"\x14" * 32)
 
 
-def rollout_bytes(node: str = WORKER.address, pool: int = POOL, rows: int = 4) -> bytes:
+def rollout_bytes(node: str = WORKER.address, pool: int = POOL, rows: int = 4, proof_bytes: int = 258) -> bytes:
+    """A well-formed file; `proof_bytes` of random proof per row make it as large as needed (they do not compress)."""
     rng = random.Random(rows)
     meta = RolloutMeta(
         pool_id=pool,
@@ -61,7 +62,7 @@ def rollout_bytes(node: str = WORKER.address, pool: int = POOL, rows: int = 4) -
                 target_length=NO_TARGET_LENGTH,
                 seed=i,
                 step=0,
-                proofs=b"\x00" * 258,
+                proofs=rng.randbytes(proof_bytes),
             )
             for i in range(rows)
         ],
@@ -134,6 +135,25 @@ def test_a_member_uploads_once_and_the_same_bytes_again_change_nothing(tmp_path:
 
     run(tmp_path, scenario)
     assert RolloutInbox(tmp_path / "inbox").uploads() == [hashlib.sha256(data).digest()]
+
+
+@pytest.mark.parametrize("megabytes", [1, 10, 50])
+def test_a_large_upload_is_stored_whole_and_a_validator_downloads_it_whole(tmp_path: Path, megabytes: int) -> None:
+    # aiohttp's content.read(n) returns what is buffered, not n bytes: a body read in one call was a 64-112 KB
+    # prefix, so uploads of 256 KB were refused (the signed hash is of the whole body) and downloads truncated
+    data = rollout_bytes(rows=1024, proof_bytes=megabytes * 1024)
+    work_key = hashlib.sha256(data).digest()
+    assert megabytes * 2**20 <= len(data) < (megabytes + 1) * 2**20
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        worker = CoordinatorClient(client.session, client.url, WORKER, DOMAIN)
+        validator = CoordinatorClient(client.session, client.url, VALIDATOR, DOMAIN)
+        assert (await worker.upload(work_key, data)).created
+        downloaded = await validator.download(work_key, len(data))
+        assert downloaded is not None and hashlib.sha256(downloaded).digest() == work_key
+
+    run(tmp_path, scenario)
+    assert RolloutInbox(tmp_path / "inbox").uploads() == [work_key]
 
 
 def test_each_bad_request_gets_its_own_refusal(tmp_path: Path) -> None:

@@ -199,6 +199,38 @@ def test_a_source_sending_extra_bytes_is_dropped(tmp_path: Path, checkpoint: Pat
     assert good.banned is None
 
 
+def test_a_source_that_is_busy_now_and_then_still_delivers_every_shard(tmp_path: Path, checkpoint: Path) -> None:
+    # a busy answer's connection went back to the pool and was then closed by the status check: every later shard
+    # through that pool failed with EBADF (seen as a relay giving up on a 2,560-shard checkpoint after ~440 shards)
+    asked: set[str] = set()
+
+    async def busy_first(request: web.Request, data: bytes) -> web.StreamResponse:
+        if request.path not in asked:
+            asked.add(request.path)
+            return web.json_response({"error": "busy"}, status=429, headers={"Retry-After": "0.1"})
+        return web.Response(body=data)
+
+    async def scenario() -> list[str]:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        url, runner = await serve(hostile(store, busy_first))
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                downloader = Downloader(session, having, parallel=2)
+                await downloader.download(sink)
+                sink.finish()
+        finally:
+            await runner.cleanup()
+        return downloader.errors
+
+    errors = asyncio.run(scenario())
+    assert_same(tmp_path / "out", checkpoint)
+    assert len(errors) == 18 and all("busy (HTTP 429)" in e for e in errors), errors
+    assert len(asked) == 18  # each of the 17 shards of model.safetensors and the one of config.json was refused once
+
+
 def test_when_every_source_is_bad_the_download_fails_with_the_reasons(tmp_path: Path, checkpoint: Path) -> None:
     async def flipped(request: web.Request, data: bytes) -> web.StreamResponse:
         return web.Response(body=bytes([data[0] ^ 1]) + data[1:])

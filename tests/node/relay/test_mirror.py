@@ -11,6 +11,7 @@ from pathlib import Path
 
 from eth_account import Account
 
+from node.relay.client import fetch_checkpoint
 from node.relay.mirror import Mirror
 from node.relay.origin import Origin
 from node.relay.server import ShardServer
@@ -164,3 +165,37 @@ def test_a_restarted_relay_resumes_a_half_mirrored_version(tmp_path: Path) -> No
 
 def _bytes_sent(metrics: str) -> float:
     return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("shardcast_bytes_sent"))
+
+
+def test_a_checkpoint_with_a_manifest_of_hundreds_of_kilobytes_reaches_a_client_through_a_relay(
+    tmp_path: Path,
+) -> None:
+    # a manifest is read whole: one content.read(n) call returned the first 64-112 KB, which then failed its hash
+    port = free_port()
+    relay_store = ShardStore(tmp_path / "relay")
+    source = checkpoint(tmp_path / "c1", seed=3, size=10 * 1024 * 1024)
+    fetched: list[Path] = []
+
+    async def scenario() -> None:
+        relay = ShardServer(relay_store, role="relay")
+        relay_port = await relay.start("127.0.0.1", 0)
+        mirror = Mirror(relay, [f"http://127.0.0.1:{port}"], policy=POLICY, keep=2)
+        task = asyncio.create_task(mirror.run())
+
+        async def body(origin: Origin) -> None:
+            origin.shard_size = 4096  # 2,560 shards: a manifest of about 0.4 MB
+            await origin.publish(source, 1)
+            await until(lambda: relay_store.versions() == [1], timeout=60.0)
+            fetched.append(await fetch_checkpoint([f"http://127.0.0.1:{relay_port}"], POLICY, tmp_path / "out", step=1))
+
+        try:
+            await with_origin(tmp_path, port, body)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await relay.stop()
+
+    asyncio.run(scenario())
+    assert len(relay_store.manifest_bytes(1)) > 256 * 1024
+    assert (fetched[0] / "model.safetensors").read_bytes() == source.joinpath("model.safetensors").read_bytes()
