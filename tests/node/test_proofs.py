@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import toploc
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -15,6 +16,7 @@ from node.proofs import (
     ProofBuildError,
     ProofError,
     ProofThresholds,
+    _as_bf16_rows,
     build_proof,
     chunk_proof_size,
     num_chunks,
@@ -97,6 +99,46 @@ def test_honest_cached_decoding_verifies_against_prefill(
     assert check.ok, check
     assert len(check.chunks) == num_chunks(n_out) and check.first_bad_chunk is None
     assert all(c.exp_mismatches == 0 and c.mant_err_median == 0 for c in check.chunks)
+
+
+def near_tie_at_the_boundary(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A worker's and a validator's hidden states (32, H) of one chunk that differ in one entry by 1e-6 (relative):
+    the 129th magnitude sits on a bfloat16 rounding midpoint just above the 128th, so the worker's copy rounds into
+    a tie with it and stays out of the top-k while the validator's rounds up and takes its place."""
+    generator = torch.Generator().manual_seed(seed)
+    worker = (torch.randn(32, HIDDEN, generator=generator) * 2).to(torch.bfloat16).float().reshape(-1)  # (C,)
+    order = worker.abs().sort(descending=True).indices
+    kth, next_one = int(order[127]), int(order[128])
+    magnitude = worker[kth].abs().to(torch.bfloat16)
+    one_step_up = float((magnitude.view(torch.int16) + 1).view(torch.bfloat16))
+    midpoint = (float(magnitude) + one_step_up) / 2
+    validator = worker.clone()
+    worker[next_one] = torch.sign(worker[next_one]) * midpoint * (1 - 1e-6)
+    validator[next_one] = torch.sign(worker[next_one]) * midpoint * (1 + 1e-6)
+    return worker.reshape(32, HIDDEN), validator.reshape(32, HIDDEN)
+
+
+def test_a_near_tie_at_the_top_k_boundary_does_not_fail_an_honest_chunk() -> None:
+    """The false slash of issue 17: toploc compares the committed polynomial at the validator's top-k, so a rounding
+    flip at the k-th magnitude compares an uncommitted index; its arbitrary value failed the mantissa mean."""
+    worker, validator = near_tie_at_the_boundary(seed=89)
+    proof = build_proof(worker)
+    (theirs,) = toploc.verify_proofs_bytes(_as_bf16_rows(validator), [proof], PROOF_CHUNK, 128, skip_prefill=True)
+    assert theirs.exp_mismatches <= CPU.max_exp_mismatches and theirs.mant_err_mean > CPU.max_mant_err_mean
+    check = verify_proof(validator, proof, CPU)
+    assert check.ok, check
+    assert check.chunks[0].boundary_skipped >= 1 and check.chunks[0].exp_mismatches == 0
+
+
+def test_boundary_entries_left_out_are_capped() -> None:
+    worker, _ = near_tie_at_the_boundary(seed=89)
+    unrelated = torch.randn(32, HIDDEN, generator=torch.Generator().manual_seed(1)) * 2
+    check = verify_proof(unrelated, build_proof(worker), CPU)
+    assert not check.ok and check.chunks[0].boundary_skipped <= CPU.max_boundary_skips
+    assert check.chunks[0].exp_mismatches > 100  # what is left out hides nothing of a foreign chunk
+    no_skips = ProofThresholds(8, 0.1, 1.0, max_boundary_skips=0)
+    _, validator = near_tie_at_the_boundary(seed=89)
+    assert not verify_proof(validator, build_proof(worker), no_skips).ok  # without them, toploc's verdict
 
 
 def test_one_changed_output_token_fails(model: Qwen2ForCausalLM, honest: tuple[list[int], torch.Tensor]) -> None:
