@@ -180,19 +180,7 @@ def check_sampled(
     tokens = tokens.to(device=logits.device, dtype=torch.int64)
     if (outside := _out_of_vocab(tokens, logits.shape[-1], positions)) is not None:
         return outside
-    scaled = _scaled(logits, params.temperature)  # (N, V)
-    claimed = tokens.unsqueeze(-1)  # (N, 1)
-    if params.temperature == 0:
-        scores = scaled.double()
-        in_nucleus = torch.ones(n, dtype=torch.bool, device=logits.device)
-        rivals = scores
-    else:
-        seeds = torch.full((n,), seed_to_int64(seed), dtype=torch.int64, device=logits.device)
-        scores = _perturbed(scaled, seeds, positions.to(logits.device))  # (N, V)
-        in_nucleus = _nucleus(scaled, params.top_p + margin).gather(-1, claimed).squeeze(-1)  # (N,)
-        rivals = scores.masked_fill(~_nucleus(scaled, params.top_p - margin), -math.inf)
-    best, expected = rivals.max(dim=-1)  # (N,)
-    gap = best - scores.gather(-1, claimed).squeeze(-1)  # (N,) >= 0 unless the claimed token is out-ranked
+    gap, expected, in_nucleus = _gaps(logits, tokens, seed, positions, params, margin)
     bad = ~in_nucleus | (gap > margin)
     if not bool(bad.any()):
         return SamplingCheck(ok=True, first_bad_position=None, detail=f"{n} tokens match")
@@ -208,6 +196,42 @@ def check_sampled(
             f"{float(gap[i]):.3g} higher, margin {margin}"
         )
     return SamplingCheck(ok=False, first_bad_position=position, detail=detail)
+
+
+def _gaps(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    seed: int,
+    positions: torch.Tensor,
+    params: SamplingParams,
+    margin: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N,) each claimed token's perturbed score below the best rival's (0 when it is the choice), the best
+    rival, and whether the claimed token lies in the nucleus of top_p + margin (rivals from top_p - margin)."""
+    scaled = _scaled(logits, params.temperature)  # (N, V)
+    claimed = tokens.unsqueeze(-1)  # (N, 1)
+    if params.temperature == 0:
+        scores = scaled.double()
+        in_nucleus = torch.ones(tokens.shape[0], dtype=torch.bool, device=logits.device)
+        rivals = scores
+    else:
+        seeds = torch.full(tokens.shape, seed_to_int64(seed), dtype=torch.int64, device=logits.device)
+        scores = _perturbed(scaled, seeds, positions.to(logits.device))  # (N, V)
+        in_nucleus = _nucleus(scaled, params.top_p + margin).gather(-1, claimed).squeeze(-1)  # (N,)
+        rivals = scores.masked_fill(~_nucleus(scaled, params.top_p - margin), -math.inf)
+    best, expected = rivals.max(dim=-1)  # (N,)
+    return best - scores.gather(-1, claimed).squeeze(-1), expected, in_nucleus  # gap >= 0 unless out-ranked
+
+
+def claimed_gaps(
+    logits: torch.Tensor, tokens: torch.Tensor, seed: int, positions: torch.Tensor, params: SamplingParams
+) -> torch.Tensor:
+    """(N,) how far each claimed token's seeded score is below the best one: 0 for the exact choice, a few 1e-6
+    for an honest token recomputed elsewhere; `check_sampled` allows up to its margin (calibration reads this)."""
+    n = _check_rows("claimed_gaps", logits, tokens)
+    if n == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    return _gaps(logits, tokens.to(device=logits.device, dtype=torch.int64), seed, positions, params, 0.0)[0]
 
 
 def check_logprobs(

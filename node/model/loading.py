@@ -7,6 +7,7 @@ trains (its on-chain `modelHash`) and the checkpoint a validator must prove agai
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ CONFIG_FILE = "config.json"
 _CHUNK_BYTES = 1 << 20
 # What a bad directory raises inside transformers and safetensors: unreadable, malformed or mismatched files.
 _LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError)
+# transformers' from_pretrained changes process-wide state while it builds a model (the meta-device init, the
+# skipped weight init): two loads in two threads made one report its weights "newly initialized" and keep random
+# values under the checkpoint's hash, and the other fail on meta tensors. A worker prefetching the next policy
+# while another part of the process loads one would prove against weights nobody trained. One load at a time.
+_LOAD_LOCK = threading.Lock()
 
 
 class ModelLoadError(NodeError):
@@ -108,10 +114,14 @@ def load_model(
     path = Path(path)
     _check_layout(path)
     try:
-        with transformers_progress(progress):
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        with _LOAD_LOCK, transformers_progress(progress):
+            model, info = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=dtype, output_loading_info=True
+            )
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(path, f"weights: {exc}") from exc
+    if missing := sorted(info.get("missing_keys") or ()):  # transformers would fill them with random values
+        raise ModelLoadError(path, f"weights: {len(missing)} tensors are missing from the checkpoint: {missing[:3]}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except _LOAD_ERRORS as exc:

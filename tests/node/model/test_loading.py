@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from node.errors import NodeError
 from node.model.forward import forward_hidden
@@ -86,6 +88,25 @@ def test_missing_weights_are_reported(model_dir: Path) -> None:
     (model_dir / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match=r"no \*\.safetensors"):
         load_model(model_dir)
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused_not_filled_with_random_values(model_dir: Path) -> None:
+    weights = model_dir / "model.safetensors"
+    tensors = load_file(weights)
+    dropped = next(name for name in tensors if name.endswith("mlp.up_proj.weight"))
+    save_file({name: t for name, t in tensors.items() if name != dropped}, weights, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"1 tensors are missing from the checkpoint"):
+        load_model(model_dir)
+
+
+def test_loads_in_two_threads_at_once_both_get_the_checkpoints_weights(pristine: Path) -> None:
+    # transformers' loading changes process-wide state: two at once gave one model random weights
+    want = load_model(pristine).model.state_dict()
+    with ThreadPoolExecutor(4) as pool:
+        loaded = list(pool.map(lambda _: load_model(pristine), range(8)))
+    for model in loaded:
+        got = model.model.state_dict()
+        assert all(torch.equal(got[name], want[name]) for name in want)
 
 
 def test_truncated_weights_are_a_one_line_error(model_dir: Path) -> None:
