@@ -21,6 +21,7 @@ import torch
 from node.model.loading import LoadedModel, load_model
 from node.relay import DownloadFailed, SourceError
 from node.relay.client import STEP_DIR_PREFIX, Source, fetch_checkpoint, list_versions, new_session
+from node.relay.manifest import Manifest, manifest_hash
 from node.relay.trust import TrustPolicy
 from validator.errors import CheckpointGone
 
@@ -46,10 +47,16 @@ class Checkpoints:
         if step in self._loaded:
             self._loaded.move_to_end(step)
             return self._loaded[step]
-        path = self.root / f"{STEP_DIR_PREFIX}{step}"
+        path = self.path_of(step)
         if not path.is_dir():  # fetch_checkpoint publishes a step's directory only after every byte verified
+            sidecar = self._manifest_file(step)
+
+            def remember(manifest: Manifest, _done: int) -> None:  # kept with a rejection's evidence
+                sidecar.parent.mkdir(parents=True, exist_ok=True)
+                sidecar.write_text(manifest_hash(manifest).hex())
+
             try:
-                path = await fetch_checkpoint(self.sources, self.policy, self.root, step=step)
+                path = await fetch_checkpoint(self.sources, self.policy, self.root, step=step, on_start=remember)
             except DownloadFailed:
                 if await self._gone(step):
                     raise CheckpointGone(step, self.sources) from None
@@ -58,8 +65,23 @@ class Checkpoints:
         self._loaded[step] = await asyncio.to_thread(load_model, path, dtype=torch.float32)
         while len(self._loaded) > self.keep:
             old, _ = self._loaded.popitem(last=False)
-            shutil.rmtree(self.root / f"{STEP_DIR_PREFIX}{old}", ignore_errors=True)
+            shutil.rmtree(self.path_of(old), ignore_errors=True)
+            self._manifest_file(old).unlink(missing_ok=True)
         return self._loaded[step]
+
+    def path_of(self, step: int) -> Path:
+        """Where the checkpoint of `step` is (or would be) on disk."""
+        return self.root / f"{STEP_DIR_PREFIX}{step}"
+
+    def manifest_hash(self, step: int) -> bytes | None:
+        """The hash of the trainer-signed manifest the step was fetched by; None when not recorded."""
+        try:
+            return bytes.fromhex(self._manifest_file(step).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _manifest_file(self, step: int) -> Path:
+        return self.root / f"{STEP_DIR_PREFIX}{step}.manifest-hash"
 
     async def _gone(self, step: int) -> bool:
         """Whether every source answered its version list and none lists `step`."""

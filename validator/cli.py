@@ -1,4 +1,4 @@
-"""`prime-validate`: verify rollout files offline, run the validator daemon, list what it rejected.
+"""`prime-validate`: verify rollout files offline, run the validator daemon, list and explain what it rejected.
 
 Thin: parse flags, call `validator.verify.verify_file` or `validator.daemon.ValidatorDaemon`, print.
 `prime-validate file` exits 0 accepted, 1 rejected, 2 bad input (a missing file or directory, a bad task spec,
@@ -266,7 +266,16 @@ def run_command(
 
 
 # ValidatorConfig fields a validator.toml may set directly (no flag of their own)
-_TUNING = ("sampling_margin", "logprob_atol", "max_file_bytes", "prefill_batch_size", "checkpoints_kept", "clock_slack")
+_TUNING = (
+    "sampling_margin",
+    "logprob_atol",
+    "max_file_bytes",
+    "prefill_batch_size",
+    "checkpoints_kept",
+    "clock_slack",
+    "clear_factor",
+    "max_rechecked_rows",
+)
 
 
 def _pool_setup(
@@ -330,6 +339,32 @@ def rejections_command(
     stdout_console().print(table)
 
 
+@app.command("explain")
+def explain_command(
+    work_key: Annotated[str, typer.Argument(metavar="WORK_KEY", help="The rejected file's work key (0x...).")],
+    state: Annotated[Path, typer.Option("--state", metavar="DIR", help="The validator's state folder.")],
+    task: Annotated[
+        Path | None, typer.Option("--task", metavar="SPEC", help="The task spec, if it moved since the verdict.")
+    ] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Re-verify a rejection from the evidence kept with it and print why (exit 0 it holds, 1 it does not)."""
+    with bad_input_errors():
+        key = parse_bytes32(work_key, what="WORK_KEY")
+        from validator.evidence import Evidence
+        from validator.explain import report, reverify, same_outcome
+
+        kept = Evidence(state).load(key)
+        again = reverify(kept, task=task)
+    holds = same_outcome(kept, again)
+    if json_output:
+        print_json({"kept": kept.record, "reverified": again.to_dict(), "holds": holds})
+    else:
+        for line in report(kept, again):
+            typer.echo(line)
+    raise typer.Exit(0 if holds else 1)
+
+
 def _rejection(row: WorkRow) -> dict[str, Any]:
     from ledger.types import Reason
 
@@ -346,6 +381,7 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
         "detail": row.detail,
         "invalidation_tx": row.tx_hash,
         "note": row.note,
+        "borderline": row.borderline,
     }
 
 

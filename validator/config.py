@@ -54,6 +54,12 @@ class ValidatorConfig:
     max_rows: int = DEFAULT_MAX_ROWS  # rows per file, >= 1
     max_tokens: int = DEFAULT_MAX_TOKENS  # list values per file (prompt + output tokens + log-probs), >= 1
     prefill_batch_size: int = 8  # rows recomputed per forward pass, in [1, MAX_PREFILL_BATCH]
+    # Slash only on clear evidence (docs/verification.md): a failing row is recomputed alone in float64, and the
+    # file is slashable only when the row fails there too by more than clear_factor times a threshold (> 1, at most
+    # 1000); otherwise it is refused as borderline and not sent on chain. At most max_rechecked_rows failing rows
+    # of a file are recomputed that way (in [1, 1024]).
+    clear_factor: float = 4.0
+    max_rechecked_rows: int = 8
     # The daemon (`prime-validate run`).
     # Seconds a submitted file may stay missing from the coordinator (counted from when this validator first saw
     # the submission, across restarts) before it is invalidated as unavailable (reason 8), in (0, MAX_GRACE_SECONDS].
@@ -82,6 +88,10 @@ class ValidatorConfig:
             raise ValidatorConfigError(
                 "prefill_batch_size", self.prefill_batch_size, f"an integer in [1, {MAX_PREFILL_BATCH}]"
             )
+        if not (_is_number(self.clear_factor) and 1 < self.clear_factor <= 1000):
+            raise ValidatorConfigError("clear_factor", self.clear_factor, "a number in (1, 1000]")
+        if not (_is_int(self.max_rechecked_rows) and 1 <= self.max_rechecked_rows <= 1024):
+            raise ValidatorConfigError("max_rechecked_rows", self.max_rechecked_rows, "an integer in [1, 1024]")
         if not (_is_number(self.grace_seconds) and 0 < self.grace_seconds <= MAX_GRACE_SECONDS):
             raise ValidatorConfigError("grace_seconds", self.grace_seconds, f"a number in (0, {MAX_GRACE_SECONDS}]")
         if not (_is_number(self.poll_seconds) and 0 < self.poll_seconds <= 3600):

@@ -13,8 +13,11 @@ One loop, one submission at a time (DESIGN section 1, step 5):
    offers any more makes the file `unverifiable`: logged, never slashed;
 4. post a signed attestation to the coordinator, and (with a p2p port) publish it on the pool's attestations
    topic (`validator.gossip`; best effort, never fatal);
-5. on a rejection, re-read the work on chain and, unless it is already invalidated or its challenge window has
-   closed, call `invalidateWork` with the reason (slashing the provider and ejecting the node).
+5. on a rejection, keep the evidence first (`validator.evidence`: the file, the verdict with its per-chunk
+   statistics, the checkpoint; until the challenge window closes), then re-read the work on chain and, unless it
+   is already invalidated or its window has closed, call `invalidateWork` with the reason (slashing the provider
+   and ejecting the node). A borderline rejection (not clear on the second route of `validator.recompute`) is
+   attested, so nobody trains on it, and never sent on chain.
 
 Every transition is committed before the next side effect, so a restart resumes where the last run stopped. SIGTERM
 or SIGINT drops a verification in progress (its row stays `seen`) and lets a chain call in flight finish.
@@ -43,13 +46,16 @@ from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorRef
 from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
 from node.relay.trust import TrustPolicy
+from node.rollouts import read_rollouts
+from node.rollouts.schema import RolloutFormatError
 from node.rollouts.writer import publish_atomically
 from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
-from node.tasks.spec import TaskSpec
+from node.tasks.spec import TaskSpec, spec_hash
 from validator.checkpoints import Checkpoints
 from validator.config import ValidatorConfig
 from validator.errors import CheckpointGone, NotAValidator, ValidatorError
+from validator.evidence import Evidence
 from validator.store import (
     ATTESTED,
     INVALIDATED,
@@ -62,7 +68,7 @@ from validator.store import (
     WorkRow,
 )
 from validator.timing import Stopped, interruptible, retry_delay, steps_around
-from validator.verdict import reject
+from validator.verdict import Verdict, reject
 from validator.verify import Expected, verify_file
 
 if TYPE_CHECKING:
@@ -71,6 +77,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("validator.daemon")
 
 DOWNLOAD = "download"  # `Verdict.check` of a file that could not be downloaded
+EVIDENCE_SLACK_SECONDS = 24 * 3600  # evidence outlives its window by this much: block times and clocks drift
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class ValidatorDaemon:
             state_dir / "checkpoints", setup.checkpoints, policy, keep=config.checkpoints_kept
         )
         self.source = open_source(setup.task)
+        self.evidence = Evidence(state_dir)
+        self._window: int | None = None  # the pool's challenge window (seconds), read from the chain at start
         self.stopping = asyncio.Event()
         self.metrics_url: str | None = None
         self.dashboard_url: str | None = None
@@ -147,6 +156,9 @@ class ValidatorDaemon:
             "validator_files_unverifiable_total", "Files whose step's checkpoint no source offers any more."
         )
         self._invalidations = m.counter("validator_invalidations_sent_total", "invalidateWork transactions sent.")
+        self._borderline = m.counter(
+            "validator_files_borderline_total", "Rejections not clear enough to slash: attested, never invalidated."
+        )
         self._verify_seconds = m.counter("validator_verification_seconds_total", "Seconds spent verifying files.")
         self._last_verify = m.gauge("validator_last_verification_seconds", "Seconds the last verification took.")
         m.gauge("validator_cursor_block", "The next block to read events from.", lambda: self.follower.next_block)
@@ -175,6 +187,10 @@ class ValidatorDaemon:
             f", metrics at {self.metrics_url}" if self.metrics_url else "",
         )  # fmt: skip
         try:
+            self._window = await asyncio.to_thread(self.ledger.challenge_window, pool_id)
+            pruned = await asyncio.to_thread(self.evidence.prune, time.time())
+            if pruned:
+                log.info("pruned the evidence of %d rejections whose challenge windows closed", len(pruned))
             if self.p2p_port is not None:
                 from validator.gossip import AttestationGossip  # libp2p takes a second or two to import
 
@@ -355,6 +371,13 @@ class ValidatorDaemon:
         seconds = time.perf_counter() - started
         self._verify_seconds.inc(seconds)
         self._last_verify.set(seconds)
+        if not verdict.accepted:  # the evidence exists before anything can go on chain
+            try:
+                await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row)
+            except OSError as exc:
+                log.warning("%s: keeping the evidence of its rejection failed, verifying again later: %s", short, exc)
+                self._retry(row, f"keeping evidence: {exc}")
+                return
         self.store.record_verdict(key, verdict)
         if verdict.accepted:
             self._accepted.inc()
@@ -366,6 +389,28 @@ class ValidatorDaemon:
                 "%s from %s: rejected, %s (reason %d) at %s: %s",
                 short, row.node, verdict.reason.name.lower(), verdict.reason, verdict.check, verdict.detail,
             )  # fmt: skip
+
+    def _keep_evidence(self, data: bytes, verdict: Verdict, expected: Expected, row: WorkRow) -> None:
+        """In a worker thread: the file, the verdict and the checkpoint of its step, until its window closes."""
+        try:
+            step: int | None = read_rollouts(data, max_bytes=self.config.max_file_bytes).rows[0].step
+        except (RolloutFormatError, IndexError):
+            step = None  # rejected before any checkpoint was needed
+        on_disk = step is not None and self.checkpoints.path_of(step).is_dir()
+        window = self._window if self._window is not None else int(self.config.grace_seconds)
+        self.evidence.keep(
+            data,
+            verdict,
+            expected=expected,
+            config=self.config,
+            task=self.setup.task.path,
+            task_hash=spec_hash(self.setup.task),
+            kept_until=row.submitted_at + window + EVIDENCE_SLACK_SECONDS,
+            step=step,
+            checkpoint=self.checkpoints.path_of(step) if on_disk and step is not None else None,
+            manifest_hash=self.checkpoints.manifest_hash(step) if step is not None else None,
+        )
+        self.evidence.prune(time.time())
 
     # --- attestation and invalidation ---------------------------------------------------------------
 
@@ -380,7 +425,13 @@ class ValidatorDaemon:
             log.warning("%s: posting the attestation failed, trying again: %s", _short(row.work_key), exc)
             self._retry(row, str(exc))
             return
-        self.store.move(row.work_key, ATTESTED)
+        if row.borderline:  # refused for training by the attestation, never slashed: a person should look
+            note = "borderline: refused for training, not invalidated (prime-validate explain shows why)"
+            self.store.move(row.work_key, ATTESTED, note=note)
+            self._borderline.inc()
+            log.warning("%s from %s: %s: %s", _short(row.work_key), row.node, note, row.detail)
+        else:
+            self.store.move(row.work_key, ATTESTED)
         if self.gossip is not None:
             await self.gossip.publish(attestation)
 

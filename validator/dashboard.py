@@ -134,6 +134,7 @@ def _file(row: WorkRow) -> dict[str, Any]:
         "detail": row.detail,
         "tx": row.tx_hash,
         "note": row.note,
+        "borderline": row.borderline,
         "last_error": row.last_error,
         "attempts": row.attempts,
     }

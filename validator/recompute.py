@@ -3,18 +3,26 @@
 One prefill of prompt + completion per row (`node.model.forward.forward_hidden`) gives the hidden states the
 TOPLOC proofs commit to and the logits the seeded sampler chose from; a row passes when its proof verifies
 within the thresholds and every sampled token and log-prob is the one those logits give.
+
+A slash takes an honest worker's money if the validator is wrong, so a row that fails is checked a second time by
+an independent route before anything is decided: the row alone, with the checkpoint in float64 (no batch
+neighbours, no float32 reduction order). A file is rejected as slashable only when a row fails on both routes and,
+on the second, lies clearly past a threshold (`clear_factor` times it). Otherwise the verdict is borderline: the
+file is refused (never trained on) but not slashed, and the daemon logs it and shows it on the dashboard.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from ledger.types import Reason
-from node.inference.sampler import SamplingParams, check_logprobs, check_sampled
+from node.inference.sampler import SamplingParams, check_logprobs, check_sampled, claimed_gaps
 from node.model.forward import forward_hidden
 from node.model.loading import LoadedModel
 from node.proofs import ChunkResult, ProofCheck, ProofThresholds, verify_proof
@@ -109,13 +117,47 @@ def check_row_recomputed(
     tokens = torch.tensor(row.output_tokens, dtype=torch.int64, device=logits.device)  # (n_out,)
     positions = torch.arange(len(row.output_tokens), dtype=torch.int64, device=logits.device)  # (n_out,)
     sampled = check_sampled(logits, tokens, row.seed, positions, params, config.sampling_margin)
+    measured: dict[str, float] = {}
+    if not sampled.ok and (at := sampled.first_bad_position) is not None:
+        gap = claimed_gaps(logits[at : at + 1], tokens[at : at + 1], row.seed, positions[at : at + 1], params)
+        measured["gap"] = float(gap[0])  # inf when the token lies outside the nucleus
     if sampled.ok:
         sampled = check_logprobs(logits, tokens, row.output_logprobs, params, config.logprob_atol)
+        if not sampled.ok and (at := sampled.first_bad_position) is not None:
+            scaled = logits[at].float() / params.temperature if params.temperature > 0 else logits[at].float()
+            recomputed = float(torch.log_softmax(scaled, dim=-1)[int(tokens[at])])
+            measured["logprob_error"] = abs(float(row.output_logprobs[at]) - recomputed)
     if sampled.ok:
         return proof
     return reject(
-        Reason.INVALID_SAMPLING, MODEL, f"row {index}: {sampled.detail}", row=index, position=sampled.first_bad_position
+        Reason.INVALID_SAMPLING,
+        MODEL,
+        f"row {index}: {sampled.detail}",
+        row=index,
+        position=sampled.first_bad_position,
+        **measured,
     )
+
+
+def _chunk_stats(proof: ProofCheck) -> list[dict[str, float]]:
+    return [
+        {
+            "exp_mismatches": c.exp_mismatches,
+            "mant_err_mean": c.mant_err_mean,
+            "mant_err_median": c.mant_err_median,
+            "boundary_skipped": c.boundary_skipped,
+        }
+        for c in proof.chunks
+    ]
+
+
+def _thresholds(thresholds: ProofThresholds) -> dict[str, float]:
+    return {
+        "max_exp_mismatches": thresholds.max_exp_mismatches,
+        "max_mant_err_mean": thresholds.max_mant_err_mean,
+        "max_mant_err_median": thresholds.max_mant_err_median,
+        "max_boundary_skips": thresholds.max_boundary_skips,
+    }
 
 
 def _proof_rejected(index: int, proof: ProofCheck, thresholds: ProofThresholds) -> Verdict:
@@ -132,26 +174,115 @@ def _proof_rejected(index: int, proof: ProofCheck, thresholds: ProofThresholds) 
         exp_mismatches=result.exp_mismatches,
         mant_err_mean=result.mant_err_mean,
         mant_err_median=result.mant_err_median,
-        thresholds={
-            "max_exp_mismatches": thresholds.max_exp_mismatches,
-            "max_mant_err_mean": thresholds.max_mant_err_mean,
-            "max_mant_err_median": thresholds.max_mant_err_median,
-        },
+        chunks=_chunk_stats(proof),  # every chunk of the row, against the thresholds below
+        thresholds=_thresholds(thresholds),
     )
+
+
+def is_clear(failure: Verdict, config: ValidatorConfig) -> bool:
+    """Whether a row's rejection lies clearly past its threshold (`clear_factor` times it), not near it.
+
+    Bytes that are not a proof at all are clear; so is a token outside the nucleus (its gap is infinite)."""
+    e, factor = failure.evidence, config.clear_factor
+    if failure.reason == Reason.PROOF_INVALID:
+        if "exp_mismatches" not in e:  # malformed proof bytes
+            return True
+        t = config.thresholds
+        return (
+            e["exp_mismatches"] > factor * t.max_exp_mismatches
+            or e["mant_err_mean"] > factor * t.max_mant_err_mean
+            or e["mant_err_median"] > factor * max(t.max_mant_err_median, 1.0)
+        )
+    if "gap" in e:
+        return bool(e["gap"] > factor * max(config.sampling_margin, 1e-6))
+    if "logprob_error" in e:
+        return bool(e["logprob_error"] > factor * config.logprob_atol)
+    return True
+
+
+def _alone_in_float64(model: PreTrainedModel) -> PreTrainedModel:
+    """The second route's model: a float64 copy (the checkpoint itself is left as it is)."""
+    copied = copy.deepcopy(model)
+    torch.nn.Module.to(copied, torch.float64)  # in place; PreTrainedModel.to's stub does not take a dtype
+    return copied
+
+
+def second_route(
+    index: int, row: RolloutRow, model64: PreTrainedModel, params: SamplingParams, config: ValidatorConfig
+) -> Verdict | ProofCheck:
+    """The row recomputed alone (batch of one) in float64, judged by the same thresholds."""
+    ((_, hidden, logits),) = prefill_outputs(model64, [row], 1)
+    return check_row_recomputed(index, row, hidden, logits, params, config)
 
 
 def check_model(
     rows: Sequence[RolloutRow], meta: RolloutMeta, checkpoint: LoadedModel, config: ValidatorConfig
 ) -> Verdict | ProofHeadroom:
-    """The claimed weights are the checkpoint's, then every row recomputed with it holds; the first failure decides."""
+    """The claimed weights are the checkpoint's, then every row recomputed with it holds.
+
+    Every row is recomputed; failing rows go to the second route (at most `max_rechecked_rows` of them), and the
+    first row confirmed there clearly decides a slashable rejection. Failures that none confirm clearly give a
+    borderline verdict (evidence `borderline: true`), which the daemon never sends on chain.
+    """
     if verdict := check_model_hash(meta.model_hash, checkpoint.model_hash):
         return verdict
     sampling = meta.sampling
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens)
     headroom = ProofHeadroom()
+    failures: list[Verdict] = []
     for index, hidden, logits in prefill_outputs(checkpoint.model, rows, config.prefill_batch_size):
         result = check_row_recomputed(index, rows[index], hidden, logits, params, config)
         if isinstance(result, Verdict):
-            return result
-        headroom = headroom.including(result.chunks)
-    return headroom
+            failures.append(result)
+        else:
+            headroom = headroom.including(result.chunks)
+    if not failures:
+        return headroom
+    return _judge_failures(rows, meta, checkpoint, config, params, failures)
+
+
+def _judge_failures(
+    rows: Sequence[RolloutRow],
+    meta: RolloutMeta,
+    checkpoint: LoadedModel,
+    config: ValidatorConfig,
+    params: SamplingParams,
+    failures: list[Verdict],
+) -> Verdict:
+    model64 = _alone_in_float64(checkpoint.model)
+    rechecked: list[dict[str, Any]] = []
+    where = {"step": rows[0].step, "model_hash": "0x" + checkpoint.model_hash.hex(), "failing_rows": len(failures)}
+    for first in failures[: config.max_rechecked_rows]:
+        index = int(first.evidence["row"])
+        second = second_route(index, rows[index], model64, params, config)
+        confirmed = isinstance(second, Verdict)
+        clear = isinstance(second, Verdict) and is_clear(second, config)
+        if isinstance(second, Verdict):
+            second_record = second.to_dict() | {"route": "alone, float64"}
+        else:
+            second_record = {"accepted": True, "route": "alone, float64", "chunks": _chunk_stats(second)}
+        first_record = first.to_dict() | {"route": f"batches of {config.prefill_batch_size}, float32"}
+        rechecked.append(
+            {"row": index, "first": first_record, "second": second_record, "confirmed": confirmed, "clear": clear}
+        )
+        if clear:
+            assert isinstance(second, Verdict) and second.reason is not None
+            return reject(
+                second.reason,
+                MODEL,
+                f"{first.detail}; confirmed alone in float64",
+                **first.evidence,
+                **where,
+                rechecked=rechecked,
+            )
+    reason = failures[0].reason
+    assert reason is not None
+    return reject(
+        reason,
+        MODEL,
+        f"borderline: {failures[0].detail}; not clearly confirmed alone in float64, so refused but not slashed",
+        **failures[0].evidence,
+        **where,
+        borderline=True,
+        rechecked=rechecked,
+    )

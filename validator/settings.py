@@ -29,6 +29,8 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "logprob_atol": (int, float),
     "max_file_bytes": int,
     "prefill_batch_size": int,
+    "clear_factor": (int, float),
+    "max_rechecked_rows": int,
     "checkpoints_kept": int,
     "clock_slack": (int, float),
 }

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS work (
     note TEXT,                       -- why the row ended where it did (an attested rejection with a note is done)
     last_error TEXT,                 -- the last transient failure (the row is tried again)
     attempts INTEGER NOT NULL DEFAULT 0,
+    borderline INTEGER NOT NULL DEFAULT 0,  -- a rejection not clear enough to slash: attested, never invalidated
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
     next_try REAL NOT NULL,          -- unix time before which the row is left alone
     updated REAL NOT NULL,
@@ -89,6 +90,7 @@ class WorkRow(Submission):
     note: str | None
     last_error: str | None
     attempts: int
+    borderline: bool
     first_seen: float
     next_try: float
 
@@ -121,6 +123,7 @@ class ValidatorStore:
             )
 
         db = open_bound(path, SCHEMA, identity, mismatch=mismatch)
+        _add_missing_columns(db)
         return cls(path, db, pool_id)
 
     @classmethod
@@ -136,6 +139,7 @@ class ValidatorStore:
             raise ValidatorStateError(f"{path} is not a validator state: {exc}") from None
         if "pool_id" not in meta:
             raise ValidatorStateError(f"{path} is not a validator state: it names no pool")
+        _add_missing_columns(db)
         return cls(path, db, int(meta["pool_id"]))
 
     def close(self) -> None:
@@ -218,7 +222,7 @@ class ValidatorStore:
             raise ValueError(f"a verdict moves a row to verified or unavailable, not {stage!r}")
         now = time.time()
         self.db.execute(
-            "UPDATE work SET stage = ?, accepted = ?, reason = ?, check_name = ?, detail = ?, "
+            "UPDATE work SET stage = ?, accepted = ?, reason = ?, check_name = ?, detail = ?, borderline = ?, "
             "next_try = ?, updated = ? WHERE pool_id = ? AND work_key = ?",
             (
                 stage,
@@ -226,6 +230,7 @@ class ValidatorStore:
                 None if verdict.reason is None else int(verdict.reason),
                 verdict.check,
                 verdict.detail,
+                int(verdict.borderline),
                 now,
                 now,
                 self.pool_id,
@@ -284,4 +289,12 @@ def _work_row(row: Sequence[Any]) -> WorkRow:
     values = dict(zip(_FIELDS, row, strict=True))
     values["work_key"] = bytes.fromhex(values["work_key"])
     values["accepted"] = None if values["accepted"] is None else bool(values["accepted"])
+    values["borderline"] = bool(values["borderline"])
     return WorkRow(**values)
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """A state written before a column existed gets it with its default (CREATE IF NOT EXISTS adds none)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(work)")}
+    if "borderline" not in have:
+        db.execute("ALTER TABLE work ADD COLUMN borderline INTEGER NOT NULL DEFAULT 0")

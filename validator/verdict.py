@@ -31,6 +31,11 @@ class Verdict:
         if self.accepted != (self.reason is None):
             raise ValueError(f"a verdict has a reason iff it rejects: accepted={self.accepted}, reason={self.reason}")
 
+    @property
+    def borderline(self) -> bool:
+        """A rejection not clear enough to slash (validator.recompute): refused for training, never sent on chain."""
+        return self.evidence.get("borderline") is True
+
     def with_timings(self, timings: dict[str, float]) -> Verdict:
         return replace(self, timings=dict(timings))
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -115,9 +116,11 @@ def load_model(
     _check_layout(path)
     try:
         with _LOAD_LOCK, transformers_progress(progress):
-            model, info = AutoModelForCausalLM.from_pretrained(
+            # with output_loading_info it returns (model, info); transformers' stub names only the model
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, dtype=dtype, output_loading_info=True
             )
+            model, info = loaded
     except _LOAD_ERRORS as exc:
         raise ModelLoadError(path, f"weights: {exc}") from exc
     if missing := sorted(info.get("missing_keys") or ()):  # transformers would fill them with random values

@@ -237,6 +237,13 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     table = CliRunner().invoke(app, ["rejections", "--state", str(state)])
     assert "reward_mismatch (6)" in table.output and "file_unavailable (8)" in table.output
 
+    # the invalidation's evidence was kept (file, verdict, checkpoint) and re-verifies to the same verdict
+    explained = CliRunner().invoke(app, ["explain", "0x" + faked[1].hex(), "--state", str(state)])
+    assert explained.exit_code == 0, explained.output
+    assert "rejected, reward_mismatch (6)" in explained.output and "the re-verification agrees" in explained.output
+    assert (state / "evidence" / "checkpoints" / "step_0" / "model.safetensors").is_file()
+    assert not (state / "evidence" / missing_key.hex()).exists()  # nothing to keep of a file never downloaded
+
 
 def test_run_refuses_a_pool_without_a_usable_spec_and_an_account_that_is_not_its_validator(
     tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deployment

@@ -91,6 +91,20 @@ def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) ->
     }  # fmt: skip
 
 
+def test_a_borderline_rejection_is_remembered_as_such_and_a_state_from_before_gets_the_column(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    store.record([submission("near", 10), submission("clear", 11)], next_block=12)
+    store.record_verdict(key("near"), reject(Reason.PROOF_INVALID, "model", "borderline: row 3", borderline=True))
+    store.record_verdict(key("clear"), reject(Reason.PROOF_INVALID, "model", "row 0"))
+    near, clear = store.get(key("near")), store.get(key("clear"))
+    assert near is not None and near.borderline and clear is not None and not clear.borderline
+    store.db.execute("ALTER TABLE work DROP COLUMN borderline")  # the schema before issue 17
+    store.close()
+    reopened = open_store(tmp_path)
+    row = reopened.get(key("near"))
+    assert row is not None and row.borderline is False and row.detail == "borderline: row 3"
+
+
 def test_the_newest_files_verdict_groups_and_sent_invalidations_are_read_from_the_store(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.record([submission("a", 10), submission("b", 11, 1), submission("c", 11, 2), submission("d", 12)], 13)

@@ -91,7 +91,7 @@ def test_flags_reach_the_checks(files: dict[str, Path], flags: list[str], expect
 
 @pytest.mark.parametrize(
     ("flags", "limits"),
-    [([], [8, 0.1, 1.0]), (["--thresholds", "gpu-bf16", "--max-exp-mismatches", "3"], [3, 10.0, 8.0])],
+    [([], [8, 0.1, 1.0, 4]), (["--thresholds", "gpu-bf16", "--max-exp-mismatches", "3"], [3, 10.0, 8.0, 4])],
     ids=["cpu-fp32-default", "gpu-bf16-overridden"],
 )
 def test_threshold_flags_reach_the_proof_check(files: dict[str, Path], flags: list[str], limits: list[float]) -> None:

@@ -1,0 +1,88 @@
+"""Slash only on clear evidence: a failing row is recomputed alone in float64, and only a clear failure there is
+slashable; a failure near the thresholds is refused as borderline (never sent on chain)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from ledger.types import Reason
+from node.generation.generate import Generated
+from node.model.loading import LoadedModel
+from node.proofs import build_proof, proof_topk
+from node.rollouts import RolloutRow, encode_rollouts
+from validator.config import ValidatorConfig, ValidatorConfigError
+from validator.recompute import prefill_outputs
+from validator.verdict import Verdict
+
+
+@pytest.fixture(scope="module")
+def honest(generate: Callable[..., Generated]) -> Generated:
+    return generate(counter=31, prompts=4, group=4)
+
+
+def nudged_proof(row: RolloutRow, checkpoint: LoadedModel, entries: int, factor: float) -> bytes:
+    """The row's proof rebuilt from its honest hidden states with `entries` of chunk 0's top-k scaled by `factor`:
+    a few mantissa units off, the size of disagreement that sits just past the thresholds."""
+    ((_, hidden, _),) = prefill_outputs(checkpoint.model, [row], 1)  # (n_out, H)
+    chunk = hidden[:32].clone()
+    flat = chunk.reshape(-1)
+    top = flat.to(torch.bfloat16).abs().topk(proof_topk(hidden.shape[1])).indices
+    flat[top[:entries]] *= factor
+    return build_proof(torch.cat([chunk, hidden[32:]]))
+
+
+def with_row(generated: Generated, index: int, **changes: object) -> bytes:
+    rows = list(generated.rows)
+    rows[index] = dataclasses.replace(rows[index], **changes)  # type: ignore[arg-type]
+    return encode_rollouts(generated.meta, rows)
+
+
+def test_a_failure_near_the_threshold_is_borderline_and_not_slashable(
+    honest: Generated, verify: Callable[..., Verdict], checkpoint: LoadedModel
+) -> None:
+    index = next(i for i, row in enumerate(honest.rows) if len(row.output_tokens) >= 8)
+    data = with_row(honest, index, proofs=nudged_proof(honest.rows[index], checkpoint, entries=3, factor=1.06))
+    verdict = verify(data)
+    assert not verdict.accepted and verdict.reason == Reason.PROOF_INVALID, verdict.to_json()
+    assert verdict.evidence["borderline"] is True and verdict.detail.startswith("borderline:")
+    (recheck,) = verdict.evidence["rechecked"]
+    assert recheck["row"] == index and recheck["confirmed"] and not recheck["clear"]
+    assert 0.1 < recheck["second"]["evidence"]["mant_err_mean"] <= 0.4  # past the limit, within 4x of it
+    assert recheck["second"]["route"] == "alone, float64"
+
+
+def test_a_clear_failure_confirmed_alone_in_float64_is_slashable(
+    generate: Callable[..., Generated], verify: Callable[..., Verdict], checkpoint: LoadedModel
+) -> None:
+    stale = generate(counter=32, prompts=2, group=4, model="m0_step")  # one training step behind, claiming m0
+    data = encode_rollouts(dataclasses.replace(stale.meta, model_hash=checkpoint.model_hash), stale.rows)
+    verdict = verify(data)
+    assert not verdict.accepted and verdict.reason in (Reason.PROOF_INVALID, Reason.INVALID_SAMPLING)
+    assert "borderline" not in verdict.evidence, verdict.to_json()
+    assert verdict.detail.endswith("confirmed alone in float64")
+    first = verdict.evidence["rechecked"][0]
+    assert first["confirmed"] and first["clear"] and verdict.evidence["failing_rows"] == len(stale.rows)
+    assert len(verdict.evidence["rechecked"]) == 1  # the first clear row decides: no more float64 recomputation
+
+
+def test_a_many_row_failure_with_no_clear_row_stays_borderline_after_max_rechecks(
+    honest: Generated, verify: Callable[..., Verdict], checkpoint: LoadedModel
+) -> None:
+    rows = list(honest.rows)
+    long_rows = [i for i, row in enumerate(rows) if len(row.output_tokens) >= 8][:3]
+    for i in long_rows:
+        rows[i] = dataclasses.replace(rows[i], proofs=nudged_proof(rows[i], checkpoint, entries=3, factor=1.06))
+    verdict = verify(encode_rollouts(honest.meta, rows), config=ValidatorConfig(max_rechecked_rows=2))
+    assert verdict.evidence["borderline"] is True and verdict.evidence["failing_rows"] == 3
+    assert [r["row"] for r in verdict.evidence["rechecked"]] == long_rows[:2]
+
+
+def test_the_policy_settings_are_bounded() -> None:
+    with pytest.raises(ValidatorConfigError, match="clear_factor"):
+        ValidatorConfig(clear_factor=1.0)
+    with pytest.raises(ValidatorConfigError, match="max_rechecked_rows"):
+        ValidatorConfig(max_rechecked_rows=0)
