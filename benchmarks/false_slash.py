@@ -74,7 +74,8 @@ class Condition:
 class Tally:
     files: int = 0
     rows: int = 0
-    rejected: int = 0  # files verify_file rejected: each one a false slash
+    rejected: int = 0  # files verify_file rejected as slashable: each one a false slash
+    borderline: int = 0  # files refused as borderline (not clear on the second route): refused, not slashed
     toploc_rejected: int = 0  # rows toploc's comparison would have failed (the code before issue 17)
     skipped_chunks: int = 0  # chunks with a near-tie boundary entry left out
     worst: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WORST, 0.0))
@@ -164,7 +165,10 @@ def honest_runs(
                     torch.set_num_threads(condition.worker_threads)
                     tally.files += 1
                     tally.rows += len(generated.rows)
-                    if not verdict.accepted:
+                    if verdict.borderline:  # refused, never slashed: counted apart from the slashable rejects
+                        tally.borderline += 1
+                        tally.reasons.append(f"counter {job.counter}: borderline: {verdict.detail}")
+                    elif not verdict.accepted:
                         tally.rejected += 1
                         tally.reasons.append(f"counter {job.counter}: {verdict.reason_name}: {verdict.detail}")
         finally:
@@ -252,14 +256,15 @@ def main() -> None:
     thresholds = ValidatorConfig().thresholds
     print(f"model {args.model}; thresholds {thresholds}; sampling margin 1e-4, log-prob atol 1e-4")
     print(
-        f"{'condition':<22} {'files':>6} {'rows':>7} {'rejected files':>14} {'toploc compare':>14} "
+        f"{'condition':<22} {'files':>6} {'rows':>7} {'slashed files':>13} {'borderline':>10} {'toploc rejects':>14} "
         f"{'skipped':>7} {'exp':>4} {'mean':>7} {'median':>6} {'gap':>8} {'logprob':>8}"
     )
     total = Tally()
     for condition, tally in honest_runs(conditions, rows, args.model, spec):
         w = tally.worst
         print(
-            f"{condition!s:<22} {tally.files:>6} {tally.rows:>7} {tally.rejected:>14} {tally.toploc_rejected:>14} "
+            f"{condition!s:<22} {tally.files:>6} {tally.rows:>7} {tally.rejected:>13} {tally.borderline:>10} "
+            f"{tally.toploc_rejected:>14} "
             f"{tally.skipped_chunks:>7} {w['exp_mismatches']:>4.0f} {w['mant_err_mean']:>7.4f} "
             f"{w['mant_err_median']:>6.1f} {w['sampling_gap']:>8.1e} {w['logprob_diff']:>8.1e}",
             flush=True,
@@ -269,12 +274,14 @@ def main() -> None:
         total.files += tally.files
         total.rows += tally.rows
         total.rejected += tally.rejected
+        total.borderline += tally.borderline
         total.toploc_rejected += tally.toploc_rejected
         total.skipped_chunks += tally.skipped_chunks
         total.worst = {k: max(total.worst[k], w[k]) for k in WORST}
     w = total.worst
     print(
-        f"honest rows {total.rows} in {total.files} files: false rejects {total.rejected}; "
+        f"honest rows {total.rows} in {total.files} files: false slashes {total.rejected}, "
+        f"borderline {total.borderline}; "
         f"toploc's comparison would have rejected {total.toploc_rejected} rows"
     )
     print(

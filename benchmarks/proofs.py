@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import toploc
 import torch
 
 from node.generation.generate import Generated, generate_rollouts, sampling_params
@@ -23,11 +24,12 @@ from node.inference.base import GenerationRequest
 from node.inference.torch_backend import TorchBackend
 from node.model.loading import load_model
 from node.model.tiny import TinyModelConfig, init_model
-from node.proofs import PROOF_CHUNK, build_proof
+from node.proofs import PROOF_CHUNK, build_proof, proof_topk, split_proof, verify_proof
 from node.rollouts import encode_rollouts
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
 from validator.config import ValidatorConfig
+from validator.recompute import prefill_outputs
 from validator.verify import Expected, verify_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,6 +42,14 @@ SIZES = {
     ),
 }
 NODE = "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65"
+
+
+def toploc_verify(hidden: torch.Tensor, proof: bytes) -> object:
+    """toploc's own comparison of one row (what node.proofs used before issue 17)."""
+    n_out, size = hidden.shape
+    chunks = split_proof(proof, n_out, size)
+    rows = hidden.detach().to(torch.bfloat16).contiguous()
+    return toploc.verify_proofs_bytes(rows, chunks, PROOF_CHUNK, proof_topk(size), skip_prefill=True)
 
 
 def median_seconds(action, repeats: int) -> tuple[float, object]:
@@ -85,6 +95,13 @@ def main() -> None:
             lambda: verify_file(data, spec=spec, checkpoint=loaded, config=config, expected=expected, source=source),
             args.repeats,
         )
+        # the proof comparison alone: ours (node.proofs, boundary-aware) against toploc's C++ verify_proofs
+        recomputed = [hidden for _, hidden, _ in prefill_outputs(loaded.model, generated.rows, 8)]
+        pairs = list(zip(recomputed, generated.rows, strict=True))
+        ours_s, _ = median_seconds(
+            lambda: [verify_proof(h, r.proofs, config.thresholds) for h, r in pairs], args.repeats
+        )
+        toploc_s, _ = median_seconds(lambda: [toploc_verify(h, r.proofs) for h, r in pairs], args.repeats)
 
     tokens = sum(len(row.output_tokens) for row in generated.rows)
     chunks = sum(-(-len(row.output_tokens) // PROOF_CHUNK) for row in generated.rows)
@@ -98,6 +115,11 @@ def main() -> None:
     print(f"{'generation':<28}{generation_s:>10.3f}{1.0:>15.3f}")
     print(f"{'proof building':<28}{proof_s:>10.4f}{proof_s / generation_s:>15.4f}   goal < 0.02")
     print(f"{'validation (all checks)':<28}{validation_s:>10.3f}{validation_s / generation_s:>15.3f}")
+    print(f"{'  proof check, ours':<28}{ours_s:>10.4f}{ours_s / generation_s:>15.4f}")
+    print(
+        f"{'  proof check, toploc':<28}{toploc_s:>10.4f}{toploc_s / generation_s:>15.4f}   "
+        f"ours / toploc {ours_s / toploc_s:.2f}x"
+    )
     print(
         f"proof bytes per {PROOF_CHUNK} tokens: {proof_bytes / chunks:.0f} ({proof_bytes:,} bytes over {chunks} chunks)"
     )

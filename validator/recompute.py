@@ -14,6 +14,7 @@ file is refused (never trained on) but not slashed, and the daemon logs it and s
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -140,24 +141,8 @@ def check_row_recomputed(
 
 
 def _chunk_stats(proof: ProofCheck) -> list[dict[str, float]]:
-    return [
-        {
-            "exp_mismatches": c.exp_mismatches,
-            "mant_err_mean": c.mant_err_mean,
-            "mant_err_median": c.mant_err_median,
-            "boundary_skipped": c.boundary_skipped,
-        }
-        for c in proof.chunks
-    ]
-
-
-def _thresholds(thresholds: ProofThresholds) -> dict[str, float]:
-    return {
-        "max_exp_mismatches": thresholds.max_exp_mismatches,
-        "max_mant_err_mean": thresholds.max_mant_err_mean,
-        "max_mant_err_median": thresholds.max_mant_err_median,
-        "max_boundary_skips": thresholds.max_boundary_skips,
-    }
+    """Each chunk's statistics (what `ChunkResult` holds but its verdict), for the evidence of a rejection."""
+    return [{k: v for k, v in dataclasses.asdict(c).items() if k != "ok"} for c in proof.chunks]
 
 
 def _proof_rejected(index: int, proof: ProofCheck, thresholds: ProofThresholds) -> Verdict:
@@ -175,7 +160,7 @@ def _proof_rejected(index: int, proof: ProofCheck, thresholds: ProofThresholds) 
         mant_err_mean=result.mant_err_mean,
         mant_err_median=result.mant_err_median,
         chunks=_chunk_stats(proof),  # every chunk of the row, against the thresholds below
-        thresholds=_thresholds(thresholds),
+        thresholds=dataclasses.asdict(thresholds),
     )
 
 
@@ -238,12 +223,11 @@ def check_model(
             headroom = headroom.including(result.chunks)
     if not failures:
         return headroom
-    return _judge_failures(rows, meta, checkpoint, config, params, failures)
+    return _judge_failures(rows, checkpoint, config, params, failures)
 
 
 def _judge_failures(
     rows: Sequence[RolloutRow],
-    meta: RolloutMeta,
     checkpoint: LoadedModel,
     config: ValidatorConfig,
     params: SamplingParams,

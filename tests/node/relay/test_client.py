@@ -89,6 +89,25 @@ def hostile(store: ShardStore, shard: Callable[[web.Request, bytes], Awaitable[w
     return app
 
 
+async def download_from_hostile(
+    tmp_path: Path, checkpoint: Path, shard: Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
+) -> Downloader:
+    """Step 1 of `checkpoint`, published to a store served by `hostile(store, shard)`, downloaded into out/."""
+    store = ShardStore(tmp_path / "store")
+    publish(store, checkpoint, 1)
+    url, runner = await serve(hostile(store, shard))
+    try:
+        async with aiohttp.ClientSession() as session:
+            manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
+            sink = PartialCheckpoint(tmp_path / "out", manifest)
+            downloader = Downloader(session, having, parallel=2)
+            await downloader.download(sink)
+            sink.finish()
+    finally:
+        await runner.cleanup()
+    return downloader
+
+
 @pytest.fixture(autouse=True, params=["splice", "aiohttp"])
 def transfer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs over both ways of moving shard bytes: zero-copy splice (Linux) and aiohttp."""
@@ -210,22 +229,7 @@ def test_a_source_that_is_busy_now_and_then_still_delivers_every_shard(tmp_path:
             return web.json_response({"error": "busy"}, status=429, headers={"Retry-After": "0.1"})
         return web.Response(body=data)
 
-    async def scenario() -> list[str]:
-        store = ShardStore(tmp_path / "store")
-        publish(store, checkpoint, 1)
-        url, runner = await serve(hostile(store, busy_first))
-        try:
-            async with aiohttp.ClientSession() as session:
-                manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
-                sink = PartialCheckpoint(tmp_path / "out", manifest)
-                downloader = Downloader(session, having, parallel=2)
-                await downloader.download(sink)
-                sink.finish()
-        finally:
-            await runner.cleanup()
-        return downloader.errors
-
-    errors = asyncio.run(scenario())
+    errors = asyncio.run(download_from_hostile(tmp_path, checkpoint, busy_first)).errors
     assert_same(tmp_path / "out", checkpoint)
     assert len(errors) == 18 and all("busy (HTTP 429)" in e for e in errors), errors
     assert len(asked) == 18  # each of the 17 shards of model.safetensors and the one of config.json was refused once
@@ -363,22 +367,7 @@ def test_a_chunked_response_falls_back_from_splice_to_aiohttp(tmp_path: Path, ch
         await response.write(data)
         return response
 
-    async def scenario() -> Downloader:
-        store = ShardStore(tmp_path / "store")
-        publish(store, checkpoint, 1)
-        url, runner = await serve(hostile(store, chunked))
-        try:
-            async with aiohttp.ClientSession() as session:
-                manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
-                sink = PartialCheckpoint(tmp_path / "out", manifest)
-                downloader = Downloader(session, having, parallel=2)
-                await downloader.download(sink)
-                sink.finish()
-        finally:
-            await runner.cleanup()
-        return downloader
-
-    downloader = asyncio.run(scenario())
+    downloader = asyncio.run(download_from_hostile(tmp_path, checkpoint, chunked))
     assert_same(tmp_path / "out", checkpoint)
     assert downloader.errors == []
 
