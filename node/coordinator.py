@@ -69,6 +69,11 @@ class Verdict:
 class Upload:
     work_key: bytes
     created: bool  # False: the coordinator already held these exact bytes
+    receipt: bytes | None = None  # the trainer's signature over UploadReceipt(pool, work key, node); None: none sent
+
+
+class CoordinatorLostFile(CoordinatorError):
+    """The coordinator acknowledged the file once and no longer has it (410): its loss, never the worker's fault."""
 
 
 class CoordinatorClient:
@@ -150,6 +155,8 @@ class CoordinatorClient:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
                 if response.status == 404:
                     return None
+                if response.status == 410:
+                    raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this file and lost it")
                 if response.status >= 500:
                     raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
                 if response.status != 200:
@@ -177,8 +184,14 @@ class CoordinatorClient:
         return job
 
     async def upload(self, work_key: bytes, data: bytes) -> Upload:
+        """Stores the file; the receipt comes back unchecked (the caller knows the trainer to check it against)."""
         answer = await self._call("PUT", f"/v1/rollouts/{work_key.hex()}", data, signed=True)
-        return Upload(work_key, bool(answer.get("created", False)))
+        receipt = answer.get("receipt")
+        try:
+            signature = bytes.fromhex(receipt.removeprefix("0x")) if isinstance(receipt, str) else None
+        except ValueError:
+            signature = None
+        return Upload(work_key, bool(answer.get("created", False)), signature)
 
     async def attest(self, attestation: Attestation) -> None:
         """Posts a validator's signed verdict (the attestation is signed by this client's account)."""

@@ -225,6 +225,30 @@ class Attestation(TypedMessage):
         _check_uint("reason", self.reason, _UINT8_MAX)
 
 
+@dataclass(frozen=True)
+class UploadReceipt(TypedMessage):
+    """The coordinator's acknowledgement, signed by the pool's trainer, that it stored `node`'s file `work_key`.
+
+    A worker keeps it: a file the coordinator acknowledged and then lost is the coordinator's fault, not the
+    worker's, and the receipt proves the upload happened."""
+
+    pool_id: int
+    work_key: bytes
+    node: str
+
+    TYPE_NAME: ClassVar[str] = "UploadReceipt"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pool_id", "poolId", "uint256"),
+        ("work_key", "workKey", "bytes32"),
+        ("node", "node", "address"),
+    )
+
+    def __post_init__(self) -> None:
+        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
+        _check_bytes("work_key", self.work_key, 32)
+        _check_checksum_address("node", self.node)
+
+
 def _signable(message: TypedMessage, domain: SigningDomain) -> SignableMessage:
     return encode_typed_data(full_message=message.typed_data(domain))
 

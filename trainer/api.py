@@ -5,8 +5,8 @@
 | `GET /v1/pool`, `GET /v1/step` | anyone | the pool's id, trainer and current policy step |
 | `GET /v1/steps` | anyone | when each recent step became current (validators judge staleness at submission time) |
 | `POST /v1/tasks` | signed, a pool member | the next assignment for the signing node (503 `no_work`: see below) |
-| `PUT /v1/rollouts/{sha256}` | signed, a pool member | upload a rollout file; content-addressed, idempotent |
-| `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators) |
+| `PUT /v1/rollouts/{sha256}` | signed, a member | upload a rollout file; content-addressed, idempotent, receipted |
+| `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators); 410 `lost`: stored, then lost |
 | `GET /v1/rollouts/{sha256}/attestations` | anyone | the signed verdicts validators posted on that file |
 | `POST /v1/attestations` | signed, a validator | a signed verdict on a work key |
 | `GET /metrics` | anyone | Prometheus text |
@@ -14,7 +14,9 @@
 Every signed request carries the EIP-712 `Request` headers (DESIGN section 5). The order of checks on an upload
 is cheapest first: the declared size, the bounded body read, the signature (timestamp, signer, nonce), the
 signer's role, the body's sha256 against the name, then the file's format and its node and pool. Each refusal
-is a 4xx JSON body `{"error": code, "message": text}` with its own code.
+is a 4xx JSON body `{"error": code, "message": text}` with its own code. A stored upload is answered with a
+`receipt`: the trainer's EIP-712 signature over `UploadReceipt(poolId, workKey, node)`, which the worker keeps. A
+file acknowledged that way and lost afterwards answers 410 `lost`, not 404: validators never slash for it.
 
 Assignments are capped per node and policy step (`files_per_node_per_step`). A request over the cap is held until
 the trainer publishes the next step (at most `hold_seconds`), then answered with that step's assignment, or with
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
+from eth_account.signers.local import LocalAccount
 from eth_utils import is_checksum_address
 
 from node.bodies import read_body
@@ -57,7 +60,9 @@ from node.signing import (
     RequestAuthError,
     SignatureError,
     SigningDomain,
+    UploadReceipt,
     recover,
+    sign,
     verify_request,
 )
 from trainer.inbox import RolloutInbox
@@ -197,8 +202,10 @@ class CoordinatorApi:
         on_assign: Callable[[str, int], None] | None = None,
         on_attest: Callable[[bytes], None] | None = None,
         pending: Callable[[str], int] | None = None,
+        signer: LocalAccount | None = None,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
+        self.signer = signer  # the trainer's key: signs upload receipts (None: uploads get none)
         self.attestations = attestations
         self.verdicts = _load_verdicts(attestations)  # work key -> validator -> its latest record
         self.config = config or ApiConfig()
@@ -338,7 +345,7 @@ class CoordinatorApi:
         if actual != work_key:
             raise ApiError(400, "hash_mismatch", f"the body's sha256 is {actual.hex()}, not {name}")
         if self.inbox.has(work_key):
-            return web.json_response({"work_key": "0x" + name, "created": False})
+            return web.json_response({"work_key": "0x" + name, "created": False, **self._receipt(work_key, node)})
         try:
             parsed = read_rollouts(body, max_bytes=self.config.max_upload_bytes)
         except RolloutFormatError as exc:
@@ -352,13 +359,27 @@ class CoordinatorApi:
             self._uploads.inc()
             if self.on_upload is not None:
                 await self.on_upload(work_key, node)
-        return web.json_response({"work_key": "0x" + name, "created": created}, status=201 if created else 200)
+        answer = {"work_key": "0x" + name, "created": created, **self._receipt(work_key, node)}
+        return web.json_response(answer, status=201 if created else 200)
+
+    def _receipt(self, work_key: bytes, node: str) -> dict[str, str]:
+        """The trainer-signed `UploadReceipt` for the node that stored the file ({} without a signing key, or for
+        another node re-sending bytes someone else uploaded first)."""
+        if self.signer is None or self.inbox.uploader(work_key) != node:
+            return {}
+        receipt = UploadReceipt(self.state.pool_id, work_key, node)
+        return {"receipt": "0x" + sign(receipt, self.signer, self.domain).hex()}
 
     async def _download(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["sha256"]
-        if not _SHA256.fullmatch(name) or not self.inbox.has(bytes.fromhex(name)):
+        if not _SHA256.fullmatch(name):
             raise ApiError(404, "not_found", f"no rollout file {name}")
-        return web.FileResponse(self.inbox.path(bytes.fromhex(name)))
+        work_key = bytes.fromhex(name)
+        if self.inbox.lost(work_key):  # acknowledged, then lost here: no worker may be slashed for it
+            raise ApiError(410, "lost", f"rollout file {name} was stored and acknowledged, and is gone")
+        if not self.inbox.has(work_key):
+            raise ApiError(404, "not_found", f"no rollout file {name}")
+        return web.FileResponse(self.inbox.path(work_key))
 
     async def _attest(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.config.max_json_bytes)

@@ -34,6 +34,17 @@ class RolloutInbox:
     def has(self, work_key: bytes) -> bool:
         return self.path(work_key).is_file()
 
+    def uploader(self, work_key: bytes) -> str | None:
+        """The node whose upload stored the file (recorded beside it before it was acknowledged), or None."""
+        try:
+            return (self.root / f"{work_key.hex()}.node").read_text().strip() or None
+        except OSError:
+            return None
+
+    def lost(self, work_key: bytes) -> bool:
+        """Acknowledged once (its uploader is recorded) but its bytes are gone: the coordinator's loss."""
+        return not self.has(work_key) and self.uploader(work_key) is not None
+
     def put(self, work_key: bytes, data: bytes, node: str) -> bool:
         """Store `data` under its work key (the caller checked the hash); False if it was already there."""
         final = self.path(work_key)

@@ -323,6 +323,7 @@ async def run_training(
         on_assign=persist_counter,
         on_attest=lambda _: arrived.set(),  # network mode trains on attested files: look again at once
         pending=lambda node: len(uploaded.get(node, ())),
+        signer=network.account,  # upload receipts: what a worker shows if the coordinator loses its file
     )
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds

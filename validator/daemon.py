@@ -5,7 +5,8 @@ One loop, one submission at a time (DESIGN section 1, step 5):
    submission and the new cursor in one transaction (`validator.store`);
 2. download the file from the coordinator; a file the coordinator still does not have `grace_seconds` after
    the submission was first seen gets the verdict "file unavailable" (reason 8). An unreachable coordinator
-   is never held against the worker: the file is tried again later;
+   is never held against the worker: the file is tried again later; nor is a file the coordinator stored,
+   acknowledged with a receipt and then lost (410 `lost`): it is unverifiable, never slashed;
 3. verify it (`validator.verify.verify_file`) with the checkpoint of the step its rows claim, fetched through
    SHARDCAST on demand (`validator.checkpoints`), against the pool's step at the time of the submission (the
    newest step of the coordinator's `GET /v1/steps` published by the submission's block timestamp): a validator
@@ -42,7 +43,7 @@ from ledger.errors import ContractRevert, LedgerError
 from ledger.events import EventFollower, WorkSubmitted
 from ledger.tx import with_retries
 from ledger.types import Reason, WorkStatus
-from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorRefused
+from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
 from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
 from node.relay.trust import TrustPolicy
@@ -305,6 +306,11 @@ class ValidatorDaemon:
         try:
             data = await self.client.download(key, self.config.max_file_bytes)
             history = await self.client.steps() if data is not None else []
+        except CoordinatorLostFile as exc:  # stored and acknowledged, then lost there: never the worker's fault
+            self.store.move(key, UNVERIFIABLE, note=str(exc))
+            self._unverifiable.inc()
+            log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
+            return
         except CoordinatorError as exc:  # not the worker's fault: try again, whatever the grace period
             log.warning("%s: the coordinator failed, trying again: %s", short, exc)
             self._retry(row, str(exc))

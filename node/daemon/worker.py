@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from ledger.types import WorkStatus
-from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet
+from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet, Upload
 from node.daemon.faults import Fault, falsify, perturb_weights
 from node.daemon.state import FileRecord, WorkerState
 from node.daemon.weights import Weights
@@ -52,7 +52,7 @@ from node.relay.client import new_session
 from node.relay.trust import TrustPolicy
 from node.rollouts import encode_rollouts
 from node.rollouts.writer import publish_atomically
-from node.signing import SigningDomain
+from node.signing import SignatureError, SigningDomain, UploadReceipt, recover
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec
 
@@ -127,6 +127,7 @@ class WorkerDaemon:
         self._last_submit = time.monotonic()
         self._last_chain_look = 0.0
         self._window = 0
+        self._receipts_from: tuple[str, SigningDomain] | None = None  # (trainer, domain), known once running
         self._coordinator: CoordinatorClient | None = None
 
     # --- standing on chain --------------------------------------------------------------------------
@@ -168,6 +169,7 @@ class WorkerDaemon:
         pool = await asyncio.to_thread(self.ledger.pool, settings.pool_id)
         self._window = pool.config.challenge_window
         domain = SigningDomain(self.ledger.deployment.chain_id, self.ledger.deployment.address("ComputePool"))
+        self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
         spec = load_task_spec(settings.task)
         source = open_source(spec)
         on_load = perturb_weights if settings.fault is Fault.WRONG_MODEL else None
@@ -289,9 +291,28 @@ class WorkerDaemon:
 
     async def _upload(self, coordinator: CoordinatorClient, work_key: bytes) -> None:
         data = await asyncio.to_thread(self.state.path_of(work_key).read_bytes)
-        await coordinator.upload(work_key, data)
+        upload = await coordinator.upload(work_key, data)
+        self._keep_receipt(upload)
         self.state.move([work_key], "uploaded")
         log.info("uploaded 0x%s", work_key.hex()[:12])
+
+    def _keep_receipt(self, upload: Upload) -> None:
+        """The trainer's signed receipt beside the file (`<work key>.receipt`): proof of the upload if the
+        coordinator loses it. One that does not recover to the pool's trainer is logged and not kept."""
+        key = "0x" + upload.work_key.hex()[:12]
+        if upload.receipt is None:
+            log.warning("uploaded %s: the coordinator sent no receipt", key)
+            return
+        assert self._receipts_from is not None  # set by run() before any upload
+        trainer, domain = self._receipts_from
+        try:
+            signer = recover(UploadReceipt(self.settings.pool_id, upload.work_key, self.node), upload.receipt, domain)
+        except SignatureError:
+            signer = None
+        if signer != trainer:
+            log.warning("uploaded %s: the receipt is not the trainer's (%s); not kept", key, signer)
+            return
+        publish_atomically(self.state.path_of(upload.work_key).with_suffix(".receipt"), upload.receipt.hex().encode())
 
     # --- upload and submission ----------------------------------------------------------------------
 

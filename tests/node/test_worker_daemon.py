@@ -27,6 +27,7 @@ from ledger.events import EventFollower, WorkSubmitted
 from ledger.types import WorkStatus
 from node.model.tiny import init_model
 from node.rollouts import read_rollouts, work_units
+from node.signing import SigningDomain, UploadReceipt, recover
 from tests.ledger.helpers import fund_provider, make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 
@@ -149,6 +150,11 @@ def test_a_killed_worker_resumes_without_losing_or_resubmitting_a_file(pool: Poo
     before = journal(pool)
     uploaded = sorted(k for k, (s, _) in before.items() if s == "uploaded")
     assert not submissions(pool), "nothing was submitted before the kill"
+    for key in uploaded:  # each upload's receipt, signed by the pool's trainer, is kept beside the file
+        receipt = bytes.fromhex((pool.root / "state-3" / "files" / f"{key}.receipt").read_text())
+        signed = UploadReceipt(pool.id, bytes.fromhex(key), pool.node.address)
+        domain = SigningDomain(pool.deployment.chain_id, pool.deployment.address("ComputePool"))
+        assert recover(signed, receipt, domain) == dev_account(0).address  # the trainer runs with --dev-key 0
     # a crash right after a transaction, before the journal recorded it: the chain knows, the journal does not
     sent_by_hand = bytes.fromhex(uploaded[0])
     units = work_units(

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient, NoWorkYet, PublishedStep, Verdict
+from node.coordinator import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
-from node.signing import Attestation, SigningDomain, sign, sign_request
+from node.signing import Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
 from trainer.api import STEP_HISTORY, ApiConfig, CoordinatorApi, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.roles import StaticRoles
@@ -104,6 +104,7 @@ def run(tmp_path: Path, scenario: Callable[[Client, CoordinatorApi], Awaitable[N
             inbox=RolloutInbox(tmp_path / "inbox"),
             attestations=tmp_path / "attestations.jsonl",
             config=ApiConfig(**config),
+            signer=TRAINER,
         )
         runner = web.AppRunner(api.app)
         await runner.setup()
@@ -154,6 +155,24 @@ def test_a_large_upload_is_stored_whole_and_a_validator_downloads_it_whole(tmp_p
 
     run(tmp_path, scenario)
     assert RolloutInbox(tmp_path / "inbox").uploads() == [work_key]
+
+
+def test_an_upload_is_receipted_by_the_trainer_and_a_lost_file_is_gone_not_missing(tmp_path: Path) -> None:
+    data = rollout_bytes()
+    work_key = hashlib.sha256(data).digest()
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        worker = CoordinatorClient(client.session, client.url, WORKER, DOMAIN)
+        first, again = await worker.upload(work_key, data), await worker.upload(work_key, data)
+        for upload in (first, again):
+            assert upload.receipt is not None
+            assert recover(UploadReceipt(POOL, work_key, WORKER.address), upload.receipt, DOMAIN) == TRAINER.address
+        api.inbox.path(work_key).unlink()  # the coordinator's disk loses the file it acknowledged
+        with pytest.raises(CoordinatorLostFile, match="acknowledged"):
+            await worker.download(work_key, len(data))
+        assert await worker.download(hashlib.sha256(b"never sent").digest(), 100) is None  # unknown: 404
+
+    run(tmp_path, scenario)
 
 
 def test_each_bad_request_gets_its_own_refusal(tmp_path: Path) -> None:

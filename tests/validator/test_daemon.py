@@ -42,7 +42,7 @@ from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.trainer.rollout_factory import make_file
 from validator.cli import app
-from validator.store import ATTESTED, INVALIDATED, SEEN, ValidatorStore
+from validator.store import ATTESTED, INVALIDATED, SEEN, UNVERIFIABLE, ValidatorStore
 
 GRACE = 20  # seconds; long enough that the first validator is killed while the missing file's grace still runs
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -144,6 +144,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
         rollouts("second", honest, 1, **keep),
     )
     missing_key = hashlib.sha256(b"never uploaded").digest()  # reason 8 after the grace period
+    lost = rollouts("lost", honest, 2, **keep)  # uploaded, acknowledged, then lost by the coordinator: never slashed
 
     write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=100_000)  # never trains: step 0 stays
     trainer_log, run = tmp_path / "trainer.log", tmp_path / "run"
@@ -164,6 +165,9 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
             upload(coordinator, node, domain, data)
             node_ledgers[node.address].submit_work(pool_id, key, units)
         node_ledgers[cheater.address].submit_work(pool_id, missing_key, 123)
+        upload(coordinator, honest, domain, lost[0])
+        node_ledgers[honest.address].submit_work(pool_id, lost[1], lost[2])
+        (run / "inbox" / f"{lost[1].hex()}.parquet").unlink()  # the coordinator's disk lost it
 
         common = ["--pool", str(pool_id), "--dev-key", "2", "--deployment", "deployment.json", "--state", str(state)]
         common += ["--metrics-port", "0", "--grace", str(GRACE), "--poll", "0.2"]
@@ -171,8 +175,9 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
         validator_a = start(["validator.cli", "run", *common], tmp_path, log_a)  # the pool spec from chain
         processes.append(validator_a)
         wait_for(
-            lambda: stage_of(state, first[1]) == ATTESTED and stage_of(state, faked[1]) == INVALIDATED,
-            "verdicts on the first two files", validator_a, log_a, 90,
+            lambda: stage_of(state, first[1]) == ATTESTED and stage_of(state, faked[1]) == INVALIDATED
+            and stage_of(state, lost[1]) == UNVERIFIABLE,
+            "verdicts on the first three files", validator_a, log_a, 90,
         )  # fmt: skip
         os.killpg(validator_a.pid, signal.SIGKILL)  # mid-run: the missing file's grace period is still running
         validator_a.wait()
@@ -207,7 +212,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     )
     assert ledger.w3.eth.get_transaction_count(validator.address) == sent_before + 2  # and no other transaction
     assert ledger.is_ejected(pool_id, cheater.address) and ledger.is_member(pool_id, honest.address)
-    assert {ledger.get_work(pool_id, key).status for key in (first[1], second[1])} == {WorkStatus.PENDING}
+    assert {ledger.get_work(pool_id, key).status for key in (first[1], second[1], lost[1])} == {WorkStatus.PENDING}
 
     # the coordinator holds one attestation per file: nothing recorded before the kill was attested again
     attestations = [json.loads(line) for line in (run / "attestations.jsonl").read_text().splitlines()]
