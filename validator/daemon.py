@@ -402,7 +402,7 @@ class ValidatorDaemon:
             step: int | None = read_rollouts(data, max_bytes=self.config.max_file_bytes).rows[0].step
         except (RolloutFormatError, IndexError):
             step = None  # rejected before any checkpoint was needed
-        on_disk = step is not None and self.checkpoints.path_of(step).is_dir()
+        checkpoint = None if step is None else self.checkpoints.path_of(step)
         window = self._window if self._window is not None else int(self.config.grace_seconds)
         self.evidence.keep(
             data,
@@ -413,7 +413,7 @@ class ValidatorDaemon:
             task_hash=spec_hash(self.setup.task),
             kept_until=row.submitted_at + window + EVIDENCE_SLACK_SECONDS,
             step=step,
-            checkpoint=self.checkpoints.path_of(step) if on_disk and step is not None else None,
+            checkpoint=checkpoint if checkpoint is not None and checkpoint.is_dir() else None,
             manifest_hash=self.checkpoints.manifest_hash(step) if step is not None else None,
         )
         self.evidence.prune(time.time())

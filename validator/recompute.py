@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,10 +119,13 @@ def check_row_recomputed(
     tokens = torch.tensor(row.output_tokens, dtype=torch.int64, device=logits.device)  # (n_out,)
     positions = torch.arange(len(row.output_tokens), dtype=torch.int64, device=logits.device)  # (n_out,)
     sampled = check_sampled(logits, tokens, row.seed, positions, params, config.sampling_margin)
-    measured: dict[str, float] = {}
+    measured: dict[str, float | bool] = {}
     if not sampled.ok and (at := sampled.first_bad_position) is not None:
         gap = claimed_gaps(logits[at : at + 1], tokens[at : at + 1], row.seed, positions[at : at + 1], params)
-        measured["gap"] = float(gap[0])  # inf when the token lies outside the nucleus
+        if math.isfinite(float(gap[0])):
+            measured["gap"] = float(gap[0])
+        else:  # outside the nucleus: always clear (and JSON has no infinity)
+            measured["outside_nucleus"] = True
     if sampled.ok:
         sampled = check_logprobs(logits, tokens, row.output_logprobs, params, config.logprob_atol)
         if not sampled.ok and (at := sampled.first_bad_position) is not None:
@@ -167,7 +171,7 @@ def _proof_rejected(index: int, proof: ProofCheck, thresholds: ProofThresholds) 
 def is_clear(failure: Verdict, config: ValidatorConfig) -> bool:
     """Whether a row's rejection lies clearly past its threshold (`clear_factor` times it), not near it.
 
-    Bytes that are not a proof at all are clear; so is a token outside the nucleus (its gap is infinite)."""
+    Bytes that are not a proof at all are clear; so is a token outside the nucleus."""
     e, factor = failure.evidence, config.clear_factor
     if failure.reason == Reason.PROOF_INVALID:
         if "exp_mismatches" not in e:  # malformed proof bytes
@@ -178,6 +182,8 @@ def is_clear(failure: Verdict, config: ValidatorConfig) -> bool:
             or e["mant_err_mean"] > factor * t.max_mant_err_mean
             or e["mant_err_median"] > factor * max(t.max_mant_err_median, 1.0)
         )
+    if e.get("outside_nucleus"):
+        return True
     if "gap" in e:
         return bool(e["gap"] > factor * max(config.sampling_margin, 1e-6))
     if "logprob_error" in e:

@@ -227,11 +227,14 @@ def claimed_gaps(
     logits: torch.Tensor, tokens: torch.Tensor, seed: int, positions: torch.Tensor, params: SamplingParams
 ) -> torch.Tensor:
     """(N,) how far each claimed token's seeded score is below the best one: 0 for the exact choice, a few 1e-6
-    for an honest token recomputed elsewhere; `check_sampled` allows up to its margin (calibration reads this)."""
+    for an honest token recomputed elsewhere, inf for a token outside the top-p nucleus; `check_sampled` allows up
+    to its margin (calibration and the validator's evidence read this)."""
     n = _check_rows("claimed_gaps", logits, tokens)
     if n == 0:
         return torch.zeros(0, dtype=torch.float64)
-    return _gaps(logits, tokens.to(device=logits.device, dtype=torch.int64), seed, positions, params, 0.0)[0]
+    tokens = tokens.to(device=logits.device, dtype=torch.int64)
+    gap, _, in_nucleus = _gaps(logits, tokens, seed, positions, params, 0.0)
+    return torch.where(in_nucleus, gap, torch.full_like(gap, math.inf))
 
 
 def check_logprobs(

@@ -86,3 +86,19 @@ def test_the_policy_settings_are_bounded() -> None:
         ValidatorConfig(clear_factor=1.0)
     with pytest.raises(ValidatorConfigError, match="max_rechecked_rows"):
         ValidatorConfig(max_rechecked_rows=0)
+
+
+def test_a_changed_last_token_is_caught_by_the_sampling_recheck_and_is_clear(
+    honest: Generated, verify: Callable[..., Verdict], checkpoint: LoadedModel
+) -> None:
+    # the last token's own hidden state does not depend on it: only the seeded sampling recheck sees the change
+    index = next(i for i, row in enumerate(honest.rows) if row.finish_reason == "length")
+    tokens = list(honest.rows[index].output_tokens)
+    tokens[-1] = next(
+        t for t in range(3, checkpoint.vocab_size) if t != tokens[-1] and t not in checkpoint.eos_token_ids
+    )
+    verdict = verify(with_row(honest, index, output_tokens=tokens))
+    assert verdict.reason == Reason.INVALID_SAMPLING and "borderline" not in verdict.evidence, verdict.to_json()
+    second = verdict.evidence["rechecked"][0]["second"]["evidence"]
+    assert second.get("outside_nucleus") or second["gap"] > 4 * 1e-4
+    verdict.to_json()  # the evidence is JSON (no infinities)
