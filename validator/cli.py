@@ -199,6 +199,9 @@ def run_command(
         int | None,
         typer.Option("--p2p-port", min=0, max=65535, metavar="P", help="Also gossip attestations (0: any port)."),
     ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=0, metavar="N", help="torch threads for recomputation (0: default).")
+    ] = None,
 ) -> None:
     """Validate pool N: verify each submitted file, attest, invalidate the bad ones on chain; runs until stopped."""
     configure_daemon_logging()
@@ -218,6 +221,11 @@ def run_command(
 
         task = pick(task, "task")
         p2p_port = pick(p2p_port, "p2p_port")
+        if torch_threads := pick(threads, "threads", 0):
+            # on a machine whose cores are busy, threads that spin at every barrier made verification 30x slower
+            import torch
+
+            torch.set_num_threads(torch_threads)
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer

@@ -25,6 +25,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "metrics_port": int,
     "dashboard_port": int,
     "p2p_port": int,
+    "threads": int,
     "sampling_margin": (int, float),
     "logprob_atol": (int, float),
     "max_file_bytes": int,

@@ -318,7 +318,7 @@ class Devnet:
         pool = ("--pool", str(self.pool_id), "--deployment", "deployment.json")
         self.supervisor.start(
             "validator", "validator.cli", "run", *pool, "--dev-key", str(VALIDATOR), "--state", "validator",
-            "--metrics-port", "0", "--poll", "0.5",
+            "--metrics-port", "0", "--poll", "0.5", "--threads", "1",
         )  # fmt: skip
         for i, name in enumerate(self.workers):
             args = [*pool, "--dev-key", str(NODES[i]), "--state", f"workers/{name}", "--threads", "1"]
