@@ -45,10 +45,10 @@ def test_relative_paths_are_the_files_and_bad_keys_are_named(tmp_path: Path) -> 
 
 def test_a_bad_config_stops_prime_validate_run_with_one_line_before_any_chain_call(tmp_path: Path) -> None:
     path = tmp_path / "v.toml"
-    path.write_text("[validator]\nthreads = 4\n")
+    path.write_text("[validator]\nworkers = 4\n")
     result = CliRunner().invoke(app, ["run", "--pool", "1", "--dev-key", "9", "--config", str(path)])
     assert result.exit_code == 1
-    assert "unknown key validator.threads" in result.output and "Traceback" not in result.output
+    assert "unknown key validator.workers" in result.output and "Traceback" not in result.output
 
 
 def test_the_shipped_pool_spec_loads_and_names_the_default_task() -> None:
