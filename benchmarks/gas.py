@@ -132,19 +132,26 @@ def measure(chain: LocalChain) -> list[Row]:
         rows += [row(f"submitWorkBatch({size})", used), row(f"submitWorkBatch({size}) per key", used // size)]
         batch_keys = keys
 
-    # Invalidating one work: slash the provider into the escrow and eject the node.
+    # Invalidating one work: burn the slash from the node's lock in this pool and eject the node.
     doomed_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(3)), pool_id)
     doomed = random_key()
     doomed_node.submit_work(pool_id, doomed, random_units())
-    rows.append(
-        row("invalidateWork", gas(owner.as_account(validator).invalidate_work(pool_id, doomed, Reason.HASH_MISMATCH)))
+    invalidated = owner.as_account(validator).invalidate_work(
+        pool_id, doomed_node.address, doomed, Reason.HASH_MISMATCH
     )
+    rows.append(row("invalidateWork", gas(invalidated)))
+
+    # Leaving: the lock is held one challenge window, then anyone releases it.
+    leaver, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(4)), pool_id)
+    leaver.submit_work(pool_id, random_key(), random_units())
+    rows.append(row("leave", gas(leaver.leave(pool_id))))
 
     # Claiming, after the window: one work, then the batch of 32. Anyone may claim; the provider is paid.
     chain.increase_time(WINDOW)
     claimer = owner.as_account(validator)
-    rows.append(row("claimRewards(1)", gas(claimer.claim_rewards(pool_id, single_keys[:1]))))
-    used = gas(claimer.claim_rewards(pool_id, batch_keys))
+    rows.append(row("releaseStake", gas(claimer.release_stake(pool_id, leaver.address))))
+    rows.append(row("claimRewards(1)", gas(claimer.claim_rewards(pool_id, node.address, single_keys[:1]))))
+    used = gas(claimer.claim_rewards(pool_id, node.address, batch_keys))
     many = len(batch_keys)
     rows += [row(f"claimRewards({many})", used), row(f"claimRewards({many}) per work", used // many)]
     return rows

@@ -14,7 +14,7 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from ledger.accounts import dev_account
-from ledger.deployment import DEFAULT_UNBONDING_PERIOD, Deployment, deploy
+from ledger.deployment import DEFAULT_MIN_CHALLENGE_WINDOW, DEFAULT_UNBONDING_PERIOD, Deployment, deploy
 from ledger.errors import ChainError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -109,10 +109,20 @@ class LocalChain:
             process.wait(timeout=5)
 
     def deploy(
-        self, deployer: LocalAccount | None = None, *, unbonding_period: int = DEFAULT_UNBONDING_PERIOD
+        self,
+        deployer: LocalAccount | None = None,
+        *,
+        unbonding_period: int = DEFAULT_UNBONDING_PERIOD,
+        min_challenge_window: int = DEFAULT_MIN_CHALLENGE_WINDOW,
     ) -> Deployment:
         """Deploys the contracts with anvil's account 0 (or `deployer`)."""
-        return deploy(self.w3, deployer or dev_account(0), rpc_url=self.rpc_url, unbonding_period=unbonding_period)
+        return deploy(
+            self.w3,
+            deployer or dev_account(0),
+            rpc_url=self.rpc_url,
+            unbonding_period=unbonding_period,
+            min_challenge_window=min_challenge_window,
+        )
 
     # Time control: the challenge window and unbonding are measured in block timestamps.
     def increase_time(self, seconds: int) -> int:

@@ -18,7 +18,7 @@ from ledger.artifacts import load_artifact
 from ledger.deployment import Deployment
 from ledger.errors import DeploymentError, LedgerError
 from ledger.tx import Transactor, revert_from_exception, with_retries
-from ledger.types import PoolConfig, PoolInfo, Reason, StakeInfo, WorkRecord, WorkStatus
+from ledger.types import PoolConfig, PoolInfo, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 
 
 def connect(rpc_url: str, timeout: float = 30.0) -> Web3:
@@ -179,6 +179,18 @@ class Ledger:
     def unbonding_period(self) -> int:
         return int(self._call(self.registry.functions.unbondingPeriod(), "unbondingPeriod"))
 
+    def lock_of(self, pool_id: int, node: str) -> StakeLock:
+        amount, release_at, member, is_open = self._call(self.registry.functions.lockOf(pool_id, node), "lockOf")
+        return StakeLock(pool_id, to_checksum_address(node), int(amount), int(release_at), bool(member), bool(is_open))
+
+    def release_stake(self, pool_id: int, node: str) -> TxReceipt:
+        """Frees `node`'s lock in `pool_id` once it left (or was ejected) and one challenge window has passed."""
+        return self._send(self.registry.functions.releaseStake(pool_id, node), "releaseStake")
+
+    def burned(self) -> int:
+        """Every token slashed so far: held by the registry for good, paid to nobody."""
+        return int(self._call(self.registry.functions.burned(), "burned"))
+
     # --- pools -----------------------------------------------------------------------------------
     def create_pool(self, config: PoolConfig) -> int:
         """Creates a pool owned by this account and returns its id."""
@@ -201,9 +213,13 @@ class Ledger:
     def pool_count(self) -> int:
         return int(self._call(self.pools.functions.poolCount(), "poolCount"))
 
+    def min_challenge_window(self) -> int:
+        """The deployment-wide lower bound of every pool's challenge window, in seconds."""
+        return int(self._call(self.pools.functions.minChallengeWindow(), "minChallengeWindow"))
+
     def pool(self, pool_id: int) -> PoolInfo:
         config, owner = self._call(self.pools.functions.getPool(pool_id), "getPool")
-        name, model_hash, spec_uri, trainer, min_stake, window, reward, slash, max_nodes = config
+        name, model_hash, spec_uri, trainer, min_stake, window, reward, slash, max_nodes, max_units = config
         return PoolInfo(
             pool_id=pool_id,
             owner=to_checksum_address(owner),
@@ -217,6 +233,7 @@ class Ledger:
                 reward_per_unit=int(reward),
                 slash_amount=int(slash),
                 max_nodes=int(max_nodes),
+                max_units_per_key=int(max_units),
             ),
         )
 
@@ -244,18 +261,20 @@ class Ledger:
     def submit_work_batch(self, pool_id: int, work_keys: Sequence[bytes], units: Sequence[int]) -> TxReceipt:
         return self._send(self.work.functions.submitWorkBatch(pool_id, list(work_keys), list(units)), "submitWorkBatch")
 
-    def invalidate_work(self, pool_id: int, work_key: bytes, reason: Reason | int) -> TxReceipt:
-        return self._send(self.work.functions.invalidateWork(pool_id, work_key, int(reason)), "invalidateWork")
+    def invalidate_work(self, pool_id: int, node: str, work_key: bytes, reason: Reason | int) -> TxReceipt:
+        return self._send(self.work.functions.invalidateWork(pool_id, node, work_key, int(reason)), "invalidateWork")
 
-    def claim_rewards(self, pool_id: int, work_keys: Sequence[bytes]) -> TxReceipt:
-        return self._send(self.work.functions.claimRewards(pool_id, list(work_keys)), "claimRewards")
+    def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> TxReceipt:
+        """Pays `node`'s provider for `node`'s work `work_keys` (anyone may send this)."""
+        return self._send(self.work.functions.claimRewards(pool_id, node, list(work_keys)), "claimRewards")
 
     def escrow_of(self, pool_id: int) -> int:
         return int(self._call(self.work.functions.escrowOf(pool_id), "escrowOf"))
 
-    def get_work(self, pool_id: int, work_key: bytes) -> WorkRecord:
-        node, provider, units, submitted_at, status = self._call(
-            self.work.functions.getWork(pool_id, work_key), "getWork"
+    def get_work(self, pool_id: int, node: str, work_key: bytes) -> WorkRecord:
+        """`node`'s record of `work_key`: status NONE when `node` never submitted it (whoever else did)."""
+        provider, units, submitted_at, status = self._call(
+            self.work.functions.getWork(pool_id, node, work_key), "getWork"
         )
         return WorkRecord(
             pool_id=pool_id,
@@ -268,5 +287,5 @@ class Ledger:
         )
 
     def challenge_window(self, pool_id: int) -> int:
-        window, _, _ = self._call(self.pools.functions.terms(pool_id), "terms")
+        window, _, _, _ = self._call(self.pools.functions.terms(pool_id), "terms")
         return int(window)

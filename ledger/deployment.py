@@ -18,6 +18,7 @@ from ledger.errors import DeploymentError
 from ledger.tx import Transactor
 
 DEFAULT_UNBONDING_PERIOD = 7 * 24 * 3600  # must be at least every pool's challenge window (default 24 h)
+DEFAULT_MIN_CHALLENGE_WINDOW = 3600  # no pool may give its validators less than an hour to check a file
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def deploy(
     *,
     rpc_url: str,
     unbonding_period: int = DEFAULT_UNBONDING_PERIOD,
+    min_challenge_window: int = DEFAULT_MIN_CHALLENGE_WINDOW,
     keep_admin: bool = False,
 ) -> Deployment:
     """Deploys StakeToken, NodeRegistry, ComputePool and WorkLedger and wires their roles.
@@ -108,7 +110,7 @@ def deploy(
     first_block = w3.eth.block_number + 1
     token = create("StakeToken", deployer.address)
     registry = create("NodeRegistry", token, unbonding_period)
-    pools = create("ComputePool", registry)
+    pools = create("ComputePool", registry, min_challenge_window)
     ledger = create("WorkLedger", pools, registry)
 
     registry_c = w3.eth.contract(address=to_checksum_address(registry), abi=load_artifact("NodeRegistry").abi)

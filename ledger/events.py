@@ -51,6 +51,7 @@ class WorkSubmitted:
 class WorkInvalidated:
     pool_id: int
     work_key: bytes
+    node: str
     validator: str
     reason: int
     slashed: int
@@ -61,6 +62,7 @@ class WorkInvalidated:
 class RewardsClaimed:
     pool_id: int
     provider: str
+    node: str
     amount: int
     count: int
     at: EventPosition
@@ -192,16 +194,21 @@ class EventFollower:
                 yield WorkSubmitted(args["poolId"], bytes(key), node, provider, units, at)
         elif name == "WorkInvalidated":
             yield WorkInvalidated(
-                args["poolId"], bytes(args["workKey"]), to_checksum_address(args["validator"]),
-                args["reason"], args["slashed"], at,
+                args["poolId"], bytes(args["workKey"]), to_checksum_address(args["node"]),
+                to_checksum_address(args["validator"]), args["reason"], args["slashed"], at,
             )  # fmt: skip
         elif name == "RewardsClaimed":
             yield RewardsClaimed(
-                args["poolId"], to_checksum_address(args["provider"]), args["amount"], args["count"], at
-            )
+                args["poolId"], to_checksum_address(args["provider"]), to_checksum_address(args["node"]),
+                args["amount"], args["count"], at,
+            )  # fmt: skip
 
 
-def invalidations(ledger: Ledger, pool_id: int) -> dict[bytes, WorkInvalidated]:
-    """Every invalidation in the pool since the deployment, by work key."""
+def invalidations(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[bytes, WorkInvalidated]:
+    """Every invalidation in the pool since the deployment (of `node`'s work only, when given), by work key."""
     follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
-    return {e.work_key: e for e in follower.poll() if isinstance(e, WorkInvalidated)}
+    return {
+        e.work_key: e
+        for e in follower.poll()
+        if isinstance(e, WorkInvalidated) and (node is None or e.node == to_checksum_address(node))
+    }

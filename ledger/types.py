@@ -47,6 +47,7 @@ class PoolConfig:
     reward_per_unit: int
     slash_amount: int
     max_nodes: int = 0
+    max_units_per_key: int = 1_000_000  # a rollout file's output tokens; the contract allows up to 2^48 - 1
 
     def as_tuple(self) -> tuple[object, ...]:
         return (
@@ -59,6 +60,7 @@ class PoolConfig:
             self.reward_per_unit,
             self.slash_amount,
             self.max_nodes,
+            self.max_units_per_key,
         )
 
 
@@ -75,6 +77,21 @@ class StakeInfo:
     unbonding: int
     locked: int
     release_at: int  # block timestamp when `unbonding` may be withdrawn; 0 when nothing unbonds
+
+
+@dataclass(frozen=True)
+class StakeLock:
+    """What `node`'s membership of `pool_id` locks (`NodeRegistry.lockOf`)."""
+
+    pool_id: int
+    node: str
+    amount: int  # what a slash in this pool can still take
+    release_at: int  # when a lock that is no longer a membership may be released; 0 while a member
+    member: bool
+    open: bool  # False: no lock (never joined, or released)
+
+    def releasable(self, now: int) -> bool:
+        return self.open and not self.member and now >= self.release_at
 
 
 @dataclass(frozen=True)

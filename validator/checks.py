@@ -36,6 +36,12 @@ from validator.verdict import Verdict, reject
 SIZE, WORK_KEY, FORMAT, METADATA, STEP = "size", "work_key", "format", "metadata", "step"
 ASSIGNMENT, SAMPLING_SANITY, REWARDS, MODEL = "assignment", "sampling_sanity", "rewards", "model"
 CHECKS = (SIZE, WORK_KEY, FORMAT, METADATA, STEP, ASSIGNMENT, SAMPLING_SANITY, REWARDS, MODEL)
+FOREIGN_NODE = "the file names another node than its submitter"  # a copy of another node's work key
+
+
+def names_another_node(check: str | None, detail: str | None) -> bool:
+    """A rejection of a record whose file is another node's: the record is invalid, the file is not judged by it."""
+    return check == METADATA and detail is not None and detail.startswith(FOREIGN_NODE)
 
 
 def check_size(data: bytes, max_bytes: int) -> Verdict | None:
@@ -89,7 +95,7 @@ def check_metadata(
     if pool_id is not None and meta.pool_id != pool_id:
         return _bad_meta("the file is for another pool", "pool_id", pool_id, meta.pool_id)
     if node is not None and meta.node.lower() != node.lower():
-        return _bad_meta("the file names another node than its submitter", "node", node, meta.node)
+        return _bad_meta(FOREIGN_NODE, "node", node, meta.node)
     if meta.task_spec_hash != task_spec_hash:
         return _bad_meta(
             "the file was scored with another task spec",

@@ -54,6 +54,7 @@ from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import TaskSpec, spec_hash
 from validator.checkpoints import Checkpoints
+from validator.checks import names_another_node
 from validator.config import ValidatorConfig
 from validator.errors import CheckpointGone, NotAValidator, ValidatorError
 from validator.evidence import Evidence
@@ -297,7 +298,7 @@ class ValidatorDaemon:
         delay = retry_delay(row.attempts)
         if before is not None:
             delay = max(0.0, min(delay, before - time.time()))
-        self.store.retry_later(row.work_key, delay, error)
+        self.store.retry_later(row, delay, error)
 
     # --- verification -------------------------------------------------------------------------------
 
@@ -307,7 +308,7 @@ class ValidatorDaemon:
             data = await self.client.download(key, self.config.max_file_bytes)
             history = await self.client.steps() if data is not None else []
         except CoordinatorLostFile as exc:  # stored and acknowledged, then lost there: never the worker's fault
-            self.store.move(key, UNVERIFIABLE, note=str(exc))
+            self.store.move(row, UNVERIFIABLE, note=str(exc))
             self._unverifiable.inc()
             log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
             return
@@ -326,7 +327,7 @@ class ValidatorDaemon:
                 f"the coordinator did not have the file {self.config.grace_seconds:g} s after the submission was seen",
                 attempts=row.attempts + 1,
             )
-            self.store.record_verdict(key, verdict, stage=UNAVAILABLE)
+            self.store.record_verdict(row, verdict, stage=UNAVAILABLE)
             self._unavailable.inc()
             log.info("%s from %s: unavailable after %d tries", short, row.node, row.attempts + 1)
             return
@@ -363,7 +364,7 @@ class ValidatorDaemon:
                 self.stopping,
             )
         except CheckpointGone as exc:
-            self.store.move(key, UNVERIFIABLE, note=str(exc))
+            self.store.move(row, UNVERIFIABLE, note=str(exc))
             self._unverifiable.inc()
             log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
             return
@@ -384,7 +385,7 @@ class ValidatorDaemon:
                 log.warning("%s: keeping the evidence of its rejection failed, verifying again later: %s", short, exc)
                 self._retry(row, f"keeping evidence: {exc}")
                 return
-        self.store.record_verdict(key, verdict)
+        self.store.record_verdict(row, verdict)
         if verdict.accepted:
             self._accepted.inc()
             log.info("%s from %s: accepted in %.2f s (pool step %s then)", short, row.node, seconds, current)
@@ -421,6 +422,13 @@ class ValidatorDaemon:
     # --- attestation and invalidation ---------------------------------------------------------------
 
     async def _attest(self, row: WorkRow) -> None:
+        if names_another_node(row.check, row.detail):
+            # A record of another node's key (a squatter): its invalidation goes on chain, but an attestation is on
+            # the file, which is the other node's and judged under that node's record.
+            self.store.move(row, ATTESTED)
+            log.warning("%s from %s: another node's file; invalidating the record, not attesting the file",
+                        _short(row.work_key), row.node)  # fmt: skip
+            return
         accepted = bool(row.accepted)
         attestation = Attestation(self.setup.pool_id, row.work_key, accepted, 0 if accepted else int(row.reason or 0))
         try:
@@ -433,11 +441,11 @@ class ValidatorDaemon:
             return
         if row.borderline:  # refused for training by the attestation, never slashed: a person should look
             note = "borderline: refused for training, not invalidated (prime-validate explain shows why)"
-            self.store.move(row.work_key, ATTESTED, note=note)
+            self.store.move(row, ATTESTED, note=note)
             self._borderline.inc()
             log.warning("%s from %s: %s: %s", _short(row.work_key), row.node, note, row.detail)
         else:
-            self.store.move(row.work_key, ATTESTED)
+            self.store.move(row, ATTESTED)
         if self.gossip is not None:
             await self.gossip.publish(attestation)
 
@@ -449,7 +457,7 @@ class ValidatorDaemon:
         try:
             if await self._settled_on_chain(row):
                 return
-            receipt = await asyncio.to_thread(ledger.invalidate_work, pool_id, key, reason)
+            receipt = await asyncio.to_thread(ledger.invalidate_work, pool_id, row.node, key, reason)
         except ContractRevert as exc:  # invalidated by another validator meanwhile, or the window closed: ask again
             log.warning("%s: invalidateWork reverted: %s", short, exc)
             with contextlib.suppress(LedgerError):
@@ -462,7 +470,7 @@ class ValidatorDaemon:
             self._retry(row, str(exc))
             return
         tx = "0x" + bytes(receipt["transactionHash"]).hex()
-        self.store.move(key, INVALIDATED, tx_hash=tx)
+        self.store.move(row, INVALIDATED, tx_hash=tx)
         self._invalidations.inc()
         log.info("%s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short, reason.name.lower(),
                  reason, tx, row.node)  # fmt: skip
@@ -470,21 +478,21 @@ class ValidatorDaemon:
     async def _settled_on_chain(self, row: WorkRow) -> bool:
         """Records and returns True when nothing is left to send: already invalidated, gone, or its window closed."""
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
-        work = await asyncio.to_thread(ledger.get_work, pool_id, key)
+        work = await asyncio.to_thread(ledger.get_work, pool_id, row.node, key)
         if work.status == WorkStatus.INVALIDATED:
-            self.store.move(key, INVALIDATED, note="already invalidated on chain")
+            self.store.move(row, INVALIDATED, note="already invalidated on chain")
             log.info("%s: already invalidated on chain; not sending it again", short)
             return True
         if work.status != WorkStatus.PENDING:
             note = f"the work is {work.status.name.lower()} on chain; nothing to invalidate"
-            self.store.move(key, ATTESTED, note=note)
+            self.store.move(row, ATTESTED, note=note)
             log.warning("%s: %s", short, note)
             return True
         window = await asyncio.to_thread(ledger.challenge_window, pool_id)
         now = await asyncio.to_thread(ledger.timestamp)
         if now >= work.submitted_at + window:
             note = f"the challenge window closed at {work.submitted_at + window} (chain time {now})"
-            self.store.move(key, ATTESTED, note=note)
+            self.store.move(row, ATTESTED, note=note)
             log.warning("%s: rejected too late to invalidate: %s", short, note)
             return True
         return False

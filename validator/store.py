@@ -1,4 +1,7 @@
-"""The validator daemon's progress, in SQLite: the event cursor and one row per submitted work key.
+"""The validator daemon's progress, in SQLite: the event cursor and one row per submitted work record.
+
+A record is (node, work key): records belong to their submitter on chain, so two nodes submitting the same key are
+two records, each verified against its own node (a copied file names another node and is rejected).
 
 A submission moves through these stages; each transition is committed before the daemon's next side effect:
 
@@ -54,10 +57,11 @@ CREATE TABLE IF NOT EXISTS work (
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
     next_try REAL NOT NULL,          -- unix time before which the row is left alone
     updated REAL NOT NULL,
-    PRIMARY KEY (pool_id, work_key)
+    PRIMARY KEY (pool_id, node, work_key)
 );
 CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
 """
+_ROW = "WHERE pool_id = ? AND node = ? AND work_key = ?"
 # Rows with something left to do: a verdict to reach, an attestation to post, or a rejection to act on.
 _OPEN = (
     f"(stage IN ('{SEEN}', '{VERIFIED}', '{UNAVAILABLE}') OR (stage = '{ATTESTED}' AND accepted = 0 AND note IS NULL))"
@@ -208,22 +212,21 @@ class ValidatorStore:
 
     # --- transitions ---------------------------------------------------------------------------------
 
-    def retry_later(self, work_key: bytes, delay: float, error: str) -> None:
+    def retry_later(self, row: Submission, delay: float, error: str) -> None:
         """Leaves the stage as it is; counts the attempt and its failure, and waits `delay` seconds."""
         now = time.time()
         self.db.execute(
-            "UPDATE work SET attempts = attempts + 1, next_try = ?, last_error = ?, updated = ? "
-            "WHERE pool_id = ? AND work_key = ?",
-            (now + delay, error, now, self.pool_id, work_key.hex()),
+            f"UPDATE work SET attempts = attempts + 1, next_try = ?, last_error = ?, updated = ? {_ROW}",
+            (now + delay, error, now, *self._identity(row)),
         )
 
-    def record_verdict(self, work_key: bytes, verdict: Verdict, *, stage: str = VERIFIED) -> None:
+    def record_verdict(self, row: Submission, verdict: Verdict, *, stage: str = VERIFIED) -> None:
         if stage not in (VERIFIED, UNAVAILABLE):
             raise ValueError(f"a verdict moves a row to verified or unavailable, not {stage!r}")
         now = time.time()
         self.db.execute(
             "UPDATE work SET stage = ?, accepted = ?, reason = ?, check_name = ?, detail = ?, borderline = ?, "
-            "next_try = ?, updated = ? WHERE pool_id = ? AND work_key = ?",
+            f"next_try = ?, updated = ? {_ROW}",
             (
                 stage,
                 int(verdict.accepted),
@@ -233,26 +236,28 @@ class ValidatorStore:
                 int(verdict.borderline),
                 now,
                 now,
-                self.pool_id,
-                work_key.hex(),
+                *self._identity(row),
             ),
         )
 
-    def move(self, work_key: bytes, stage: str, *, tx_hash: str | None = None, note: str | None = None) -> None:
+    def move(self, row: Submission, stage: str, *, tx_hash: str | None = None, note: str | None = None) -> None:
         """Moves a row to `stage`; `note` (None clears it) ends an attested rejection that needs nothing more."""
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}")
         now = time.time()
         self.db.execute(
-            "UPDATE work SET stage = ?, tx_hash = COALESCE(?, tx_hash), note = ?, next_try = ?, updated = ? "
-            "WHERE pool_id = ? AND work_key = ?",
-            (stage, tx_hash, note, now, now, self.pool_id, work_key.hex()),
+            f"UPDATE work SET stage = ?, tx_hash = COALESCE(?, tx_hash), note = ?, next_try = ?, updated = ? {_ROW}",
+            (stage, tx_hash, note, now, now, *self._identity(row)),
         )
+
+    def _identity(self, row: Submission) -> tuple[int, str, str]:
+        return self.pool_id, row.node, row.work_key.hex()
 
     # --- reading -------------------------------------------------------------------------------------
 
-    def get(self, work_key: bytes) -> WorkRow | None:
-        found = self._rows("WHERE pool_id = ? AND work_key = ?", (self.pool_id, work_key.hex()))
+    def get(self, work_key: bytes, node: str) -> WorkRow | None:
+        """`node`'s record of `work_key`, if this validator has seen it."""
+        found = self._rows(_ROW, (self.pool_id, node, work_key.hex()))
         return found[0] if found else None
 
     def rejections(self) -> list[WorkRow]:

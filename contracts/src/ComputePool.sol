@@ -8,12 +8,15 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 
 /// @title ComputePool
 /// @notice Anyone may create a pool; its owner appoints validators; registered nodes with enough stake join.
-/// @dev A membership records the node's provider so that the WorkLedger learns both in one call.
+/// @dev A membership records the node's provider so that the WorkLedger learns both, and the pool's cap on units
+/// per key, in one call. Pool terms are fixed at creation: a member's risk cannot change after it joins.
 contract ComputePool is IComputePool, AccessControl {
     using EnumerableSet for EnumerableSet.AddressSet;
 
     /// @notice May eject members: the WorkLedger, when it invalidates their work.
     bytes32 public constant LEDGER_ROLE = keccak256("LEDGER_ROLE");
+    /// @notice The largest `maxUnitsPerKey`: a work record stores units in 48 bits.
+    uint64 public constant MAX_UNITS = type(uint48).max;
 
     struct Pool {
         PoolConfig config;
@@ -26,6 +29,8 @@ contract ComputePool is IComputePool, AccessControl {
     }
 
     INodeRegistry public immutable registry;
+    /// @notice The shortest challenge window a pool may have: long enough for a validator to check a file.
+    uint64 public immutable minChallengeWindow;
 
     uint256 public poolCount;
     mapping(uint256 poolId => Pool) private _pools;
@@ -34,9 +39,15 @@ contract ComputePool is IComputePool, AccessControl {
     mapping(uint256 poolId => mapping(address validator => bool)) private _validators;
 
     /// @param registry_ The NodeRegistry whose stake backs memberships.
-    constructor(INodeRegistry registry_) {
+    /// @param minChallengeWindow_ Deployment-wide lower bound of every pool's challenge window, in seconds.
+    constructor(INodeRegistry registry_, uint64 minChallengeWindow_) {
         if (address(registry_) == address(0)) revert ZeroAddress();
+        uint64 unbonding = registry_.unbondingPeriod();
+        if (minChallengeWindow_ == 0 || minChallengeWindow_ > unbonding) {
+            revert MinChallengeWindowOutOfRange(minChallengeWindow_, unbonding);
+        }
         registry = registry_;
+        minChallengeWindow = minChallengeWindow_;
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
     }
 
@@ -47,12 +58,24 @@ contract ComputePool is IComputePool, AccessControl {
     }
 
     /// @inheritdoc IComputePool
-    /// @dev Requirements: `trainer` set, `0 < challengeWindow <= registry.unbondingPeriod()`. Emits {PoolCreated}.
+    /// @dev Requirements: `trainer` set; `0 < minStakePerNode < 2^128`; `0 < slashAmount <= minStakePerNode`;
+    /// `minChallengeWindow <= challengeWindow <= registry.unbondingPeriod()`; `0 < maxUnitsPerKey < 2^48`.
+    /// Emits {PoolCreated}.
     function createPool(PoolConfig calldata config) external returns (uint256 poolId) {
         if (config.trainer == address(0)) revert ZeroAddress();
-        if (config.challengeWindow == 0) revert ChallengeWindowZero();
+        uint256 minStake = config.minStakePerNode;
+        if (minStake == 0 || minStake > type(uint128).max) revert MinStakeOutOfRange(minStake, type(uint128).max);
+        if (config.slashAmount == 0 || config.slashAmount > minStake) {
+            revert SlashAmountOutOfRange(config.slashAmount, minStake);
+        }
+        if (config.challengeWindow < minChallengeWindow) {
+            revert ChallengeWindowTooShort(config.challengeWindow, minChallengeWindow);
+        }
         uint64 unbonding = registry.unbondingPeriod();
         if (config.challengeWindow > unbonding) revert ChallengeWindowTooLong(config.challengeWindow, unbonding);
+        if (config.maxUnitsPerKey == 0 || config.maxUnitsPerKey > MAX_UNITS) {
+            revert MaxUnitsPerKeyOutOfRange(config.maxUnitsPerKey, MAX_UNITS);
+        }
         poolId = ++poolCount;
         Pool storage pool = _pools[poolId];
         pool.config = config;
@@ -81,23 +104,25 @@ contract ComputePool is IComputePool, AccessControl {
         _members[poolId].add(msg.sender);
         // the registry is trusted code fixed at construction and makes no calls back; it reverts when the node
         // is not active or its provider's stake does not cover the lock
-        address provider = registry.lockStake(msg.sender, pool.config.minStakePerNode);
+        address provider = registry.lockStake(poolId, msg.sender, pool.config.minStakePerNode);
         m.provider = provider;
         emit NodeJoined(poolId, msg.sender, provider);
     }
 
     /// @inheritdoc IComputePool
-    /// @dev Requirements: the caller is a member. Emits {NodeLeft}.
+    /// @dev Requirements: the caller is a member. Its lock is held one challenge window longer, until its last
+    /// submission's window has closed. Emits {NodeLeft}.
     function leave(uint256 poolId) external {
         Pool storage pool = _existing(poolId);
         if (_memberships[poolId][msg.sender].provider == address(0)) revert NotMember(poolId, msg.sender);
         _removeMember(poolId, msg.sender);
         emit NodeLeft(poolId, msg.sender);
-        registry.unlockStake(msg.sender, pool.config.minStakePerNode);
+        registry.unlockStake(poolId, msg.sender, _lockEnd(pool));
     }
 
     /// @inheritdoc IComputePool
-    /// @dev Requirements: caller owns the pool or has LEDGER_ROLE. A non-member is banned from joining.
+    /// @dev Requirements: caller owns the pool or has LEDGER_ROLE. A non-member is banned from joining. An
+    /// ejected node's pending work is never paid (WorkLedger), and its lock is held one challenge window longer.
     /// Emits {NodeEjected}.
     function eject(uint256 poolId, address node) external {
         Pool storage pool = _existing(poolId);
@@ -107,7 +132,7 @@ contract ComputePool is IComputePool, AccessControl {
         if (wasMember) _removeMember(poolId, node);
         m.ejected = true;
         emit NodeEjected(poolId, node, msg.sender);
-        if (wasMember) registry.unlockStake(node, pool.config.minStakePerNode);
+        if (wasMember) registry.unlockStake(poolId, node, _lockEnd(pool));
     }
 
     /// @inheritdoc IComputePool
@@ -117,14 +142,21 @@ contract ComputePool is IComputePool, AccessControl {
     }
 
     /// @inheritdoc IComputePool
-    /// @dev The three terms the WorkLedger needs, without copying the pool's strings.
+    /// @dev The terms the WorkLedger needs, without copying the pool's strings.
     function terms(uint256 poolId)
         external
         view
-        returns (uint64 challengeWindow, uint256 rewardPerUnit, uint256 slashAmount)
+        returns (uint64 challengeWindow, uint256 rewardPerUnit, uint256 slashAmount, uint64 maxUnitsPerKey)
     {
         PoolConfig storage c = _existing(poolId).config;
-        return (c.challengeWindow, c.rewardPerUnit, c.slashAmount);
+        return (c.challengeWindow, c.rewardPerUnit, c.slashAmount, c.maxUnitsPerKey);
+    }
+
+    /// @inheritdoc IComputePool
+    /// @dev Two storage reads: the membership and the slot holding `maxNodes` and `maxUnitsPerKey`.
+    function memberTerms(uint256 poolId, address node) external view returns (address provider, uint64 maxUnitsPerKey) {
+        provider = _memberships[poolId][node].provider;
+        if (provider != address(0)) maxUnitsPerKey = _pools[poolId].config.maxUnitsPerKey;
     }
 
     /// @inheritdoc IComputePool
@@ -156,6 +188,11 @@ contract ComputePool is IComputePool, AccessControl {
     function _removeMember(uint256 poolId, address node) private {
         _memberships[poolId][node].provider = address(0);
         _members[poolId].remove(node);
+    }
+
+    /// @dev When a lock that stops being a membership now may be released: a submission made up to now closes then.
+    function _lockEnd(Pool storage pool) private view returns (uint64) {
+        return uint64(block.timestamp) + pool.config.challengeWindow;
     }
 
     function _existing(uint256 poolId) private view returns (Pool storage pool) {

@@ -11,15 +11,17 @@ import {EnumerableSet} from "@openzeppelin/contracts/utils/structs/EnumerableSet
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 
 /// @title NodeRegistry
-/// @notice Holds providers' stake and the node keys bound to them.
-/// @dev Stake moves active -> unbonding -> withdrawn. Unbonding takes `unbondingPeriod`, which every pool's
-/// challenge window is at most, so stake that backed a submission is still here when a validator slashes it.
-/// Pools lock `minStakePerNode` of active stake per membership; unstaking below the locked amount reverts.
+/// @notice Holds providers' stake and the node keys bound to them, and the stake each node locks in each pool.
+/// @dev Stake moves active -> unbonding -> withdrawn. A pool membership locks part of the provider's active stake
+/// (`lockStake`); unstaking below the locked total reverts. A slash reaches only the lock of the pool the invalid
+/// work was submitted to, and the slashed tokens stay in this contract for good (`burned`): no function pays them
+/// out, so no pool owner, validator or member can recover them. A lock outlives the membership: leaving or being
+/// ejected holds it until one challenge window later, which is when the last submission it backs closes.
 contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
     using EnumerableSet for EnumerableSet.AddressSet;
 
-    /// @notice May take stake: the WorkLedger, on invalidated work.
+    /// @notice May slash locks: the WorkLedger, on invalidated work.
     bytes32 public constant SLASHER_ROLE = keccak256("SLASHER_ROLE");
     /// @notice May lock and unlock stake for memberships: the ComputePool.
     bytes32 public constant POOL_ROLE = keccak256("POOL_ROLE");
@@ -27,8 +29,8 @@ contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTr
     bytes32 public constant NODE_BINDING_TYPEHASH = keccak256("NodeBinding(address provider,address node)");
 
     struct Provider {
-        uint128 active;
-        uint128 locked; // sum of minStakePerNode over the provider's node memberships
+        uint128 active; // includes `locked`
+        uint128 locked; // sum of the amounts of the provider's nodes' open locks
         uint128 unbonding;
         uint64 releaseAt; // when `unbonding` may be withdrawn
     }
@@ -36,7 +38,15 @@ contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTr
     struct Node {
         address provider; // set on the first binding and never changed
         bool active;
-        uint32 pools; // memberships, so a node in a pool cannot be removed
+        uint32 pools; // open locks (memberships, and locks still held after one), so a node in a pool cannot be removed
+    }
+
+    /// @dev One storage slot. Open from `lockStake` until `releaseStake` (or an unlock after `releaseAt`).
+    struct Lock {
+        uint128 amount; // what a slash in this pool can still take
+        uint64 releaseAt; // when a lock that is no longer a membership may be released
+        bool member; // the node is a member of the pool now
+        bool open;
     }
 
     IERC20 public immutable token;
@@ -45,6 +55,10 @@ contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTr
     mapping(address provider => Provider) private _providers;
     mapping(address node => Node) private _nodes;
     mapping(address provider => EnumerableSet.AddressSet) private _nodesOf;
+    mapping(uint256 poolId => mapping(address node => Lock)) private _locks;
+
+    /// @notice Tokens taken by slashes. They stay in this contract and no function transfers them.
+    uint256 public burned;
 
     /// @param token_ The ERC20 staked (and, in the WorkLedger, paid as reward).
     /// @param unbondingPeriod_ Seconds between an unstake request and its withdrawal; bounds every challenge window.
@@ -129,57 +143,96 @@ contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTr
     }
 
     /// @inheritdoc INodeRegistry
-    /// @dev Requirements: caller has SLASHER_ROLE. Takes at most what the provider has. Emits {Slashed}.
-    function slash(address provider, uint256 amount, address beneficiary)
+    /// @dev Requirements: caller has SLASHER_ROLE. Takes at most what the node's lock in `poolId` still holds, from
+    /// the provider's active (and locked) stake; never free stake, unbonding stake or another pool's lock.
+    /// Emits {Slashed}.
+    function slash(uint256 poolId, address node, uint256 amount)
         external
         onlyRole(SLASHER_ROLE)
-        nonReentrant
         returns (uint256 slashed)
     {
-        if (beneficiary == address(0)) revert ZeroAddress();
-        Provider storage p = _providers[provider];
-        uint256 fromActive = amount < p.active ? amount : p.active;
-        uint256 rest = amount - fromActive;
-        uint256 fromUnbonding = rest < p.unbonding ? rest : p.unbonding;
-        // unchecked: each part is at most the balance it is taken from
-        unchecked {
-            p.active -= uint128(fromActive);
-            p.unbonding -= uint128(fromUnbonding);
-        }
-        if (fromUnbonding != 0 && p.unbonding == 0) p.releaseAt = 0;
-        slashed = fromActive + fromUnbonding;
+        Lock storage lock = _locks[poolId][node];
+        uint256 held = lock.amount;
+        slashed = amount < held ? amount : held;
         if (slashed == 0) return 0;
-        emit Slashed(provider, slashed, fromUnbonding, beneficiary);
-        token.safeTransfer(beneficiary, slashed);
+        address provider = _nodes[node].provider;
+        Provider storage p = _providers[provider];
+        // unchecked: slashed <= lock.amount <= p.locked <= p.active, and burned counts tokens this contract holds
+        unchecked {
+            lock.amount = uint128(held - slashed);
+            p.locked -= uint128(slashed);
+            p.active -= uint128(slashed);
+            burned += slashed;
+        }
+        emit Slashed(provider, node, poolId, slashed);
     }
 
     /// @inheritdoc INodeRegistry
-    /// @dev Requirements: caller has POOL_ROLE, `node` is active, its provider's active stake covers every lock
-    /// including this one. Emits {StakeLocked}.
-    function lockStake(address node, uint256 amount) external onlyRole(POOL_ROLE) returns (address provider) {
+    /// @dev Requirements: caller has POOL_ROLE, `node` is active and not a member of `poolId`, and its provider's
+    /// active stake covers every lock including this one. A lock still held from an earlier membership is reused
+    /// and topped up to `amount`. Emits {StakeLocked}.
+    function lockStake(uint256 poolId, address node, uint256 amount)
+        external
+        onlyRole(POOL_ROLE)
+        returns (address provider)
+    {
         Node storage n = _nodes[node];
         if (!n.active) revert NodeNotActive(node);
+        Lock storage lock = _locks[poolId][node];
+        if (lock.member) revert AlreadyLocked(poolId, node);
+        if (amount > type(uint128).max) revert AmountTooLarge(amount, type(uint128).max);
         provider = n.provider;
         Provider storage p = _providers[provider];
-        uint256 required = uint256(p.locked) + amount;
+        uint256 added = amount > lock.amount ? amount - lock.amount : 0;
+        uint256 required = uint256(p.locked) + added;
         if (p.active < required) revert InsufficientActiveStake(provider, p.active, required);
-        // unchecked: required <= active < 2^128, and a node cannot be in 2^32 pools
+        if (!lock.open) {
+            // unchecked: a node cannot be in 2^32 pools
+            unchecked {
+                n.pools += 1;
+            }
+        }
+        // unchecked: required <= active < 2^128, and `added` was checked against it
         unchecked {
             p.locked = uint128(required);
-            n.pools += 1;
+            lock.amount += uint128(added);
         }
-        emit StakeLocked(provider, node, amount);
+        lock.member = true;
+        lock.open = true;
+        lock.releaseAt = 0;
+        emit StakeLocked(provider, node, poolId, lock.amount);
     }
 
     /// @inheritdoc INodeRegistry
-    /// @dev Requirements: caller has POOL_ROLE and locked exactly `amount` for `node` before. Emits {StakeUnlocked}.
-    function unlockStake(address node, uint256 amount) external onlyRole(POOL_ROLE) {
+    /// @dev Requirements: caller has POOL_ROLE and `node` is a member of `poolId`. The lock is held until
+    /// `releaseAt` (released at once when that has passed). Emits {StakeUnlocked}.
+    function unlockStake(uint256 poolId, address node, uint64 releaseAt_) external onlyRole(POOL_ROLE) {
+        Lock storage lock = _locks[poolId][node];
+        if (!lock.member) revert NotLocked(poolId, node);
+        lock.member = false;
+        lock.releaseAt = releaseAt_;
+        emit StakeUnlocked(_nodes[node].provider, node, poolId, lock.amount, releaseAt_);
+        if (block.timestamp >= releaseAt_) _release(poolId, node, lock);
+    }
+
+    /// @inheritdoc INodeRegistry
+    /// @dev Anyone may call: the stake stays the provider's, it only stops being locked. Requirements: the lock is
+    /// open, no longer a membership, and `releaseAt` has passed. Emits {StakeReleased}.
+    function releaseStake(uint256 poolId, address node) external {
+        Lock storage lock = _locks[poolId][node];
+        if (!lock.open) revert NotLocked(poolId, node);
+        if (lock.member || block.timestamp < lock.releaseAt) revert LockHeld(poolId, node, lock.member, lock.releaseAt);
+        _release(poolId, node, lock);
+    }
+
+    function _release(uint256 poolId, address node, Lock storage lock) private {
         Node storage n = _nodes[node];
-        Provider storage p = _providers[n.provider];
-        // checked: an unlock without its lock is a caller bug and must revert, not wrap
-        p.locked -= uint128(amount);
+        uint128 amount = lock.amount;
+        // checked: a release without its lock is a bug and must revert, not wrap
+        _providers[n.provider].locked -= amount;
         n.pools -= 1;
-        emit StakeUnlocked(n.provider, node, amount);
+        delete _locks[poolId][node];
+        emit StakeReleased(n.provider, node, poolId, amount);
     }
 
     /// @inheritdoc INodeRegistry
@@ -199,10 +252,13 @@ contract NodeRegistry is INodeRegistry, AccessControl, EIP712, ReentrancyGuardTr
     }
 
     /// @inheritdoc INodeRegistry
-    /// @dev False after a slash left less active stake than the provider's memberships lock.
-    function isCollateralized(address provider) external view returns (bool) {
-        Provider storage p = _providers[provider];
-        return p.active >= p.locked;
+    function lockOf(uint256 poolId, address node)
+        external
+        view
+        returns (uint256 amount, uint64 releaseAt_, bool member, bool open)
+    {
+        Lock storage lock = _locks[poolId][node];
+        return (lock.amount, lock.releaseAt, lock.member, lock.open);
     }
 
     /// @inheritdoc INodeRegistry

@@ -11,14 +11,15 @@ import {IWorkLedger} from "./interfaces/IWorkLedger.sol";
 /// @title WorkLedger
 /// @notice Holds each pool's reward escrow, records submitted work, lets validators invalidate it inside the
 /// challenge window, and pays providers for work that outlived the window.
-/// @dev A work record fits one storage slot (node, units, submittedAt, status): submitting costs one fresh slot.
-/// The provider is not stored: a node's binding in the registry is permanent, so it is looked up.
+/// @dev A work record is one storage slot (units, submittedAt, status) under (pool, node, key): submitting costs
+/// one fresh slot, and a record belongs to the node that made it. The provider is not stored: a node's binding in
+/// the registry is permanent, so it is looked up. Slashed stake is burned in the registry, never credited here: a
+/// pool's escrow holds only what was funded, so no invalidation pays anyone.
 contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
     struct Work {
-        address node; // 160 bits
-        uint48 units; // output tokens; 2^48 is far beyond any file size limit
+        uint48 units; // output tokens, at most the pool's maxUnitsPerKey (< 2^48)
         uint40 submittedAt; // seconds; good for 34,000 years
         WorkStatus status; // 8 bits
     }
@@ -31,7 +32,7 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     IERC20 public immutable token;
 
     mapping(uint256 poolId => uint256) public escrowOf;
-    mapping(uint256 poolId => mapping(bytes32 workKey => Work)) private _works;
+    mapping(uint256 poolId => mapping(address node => mapping(bytes32 workKey => Work))) private _works;
 
     /// @param pools_ The ComputePool whose members submit and whose validators invalidate.
     /// @param registry_ The NodeRegistry this ledger slashes (it needs SLASHER_ROLE there).
@@ -53,11 +54,11 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: the caller is a member node whose provider is collateralized, the key is new,
-    /// `0 < units < 2^48`. Emits {WorkSubmitted}.
+    /// @dev Requirements: the caller is a member node, the key is new for it, `0 < units <= maxUnitsPerKey`.
+    /// Emits {WorkSubmitted}.
     function submitWork(uint256 poolId, bytes32 workKey, uint256 units) external {
-        address provider = _memberProvider(poolId);
-        _record(_works[poolId], poolId, workKey, units);
+        (address provider, uint256 maxUnits) = _memberTerms(poolId);
+        _record(_works[poolId][msg.sender], poolId, workKey, units, maxUnits);
         emit WorkSubmitted(poolId, workKey, msg.sender, provider, units);
     }
 
@@ -68,10 +69,10 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         uint256 n = workKeys.length;
         if (n == 0) revert EmptyBatch();
         if (n != units.length) revert LengthMismatch(n, units.length);
-        address provider = _memberProvider(poolId);
-        mapping(bytes32 => Work) storage works = _works[poolId];
+        (address provider, uint256 maxUnits) = _memberTerms(poolId);
+        mapping(bytes32 => Work) storage works = _works[poolId][msg.sender];
         for (uint256 i; i < n; ++i) {
-            _record(works, poolId, workKeys[i], units[i]);
+            _record(works, poolId, workKeys[i], units[i], maxUnits);
         }
         emit WorkBatchSubmitted(poolId, msg.sender, provider, workKeys, units);
     }
@@ -79,44 +80,36 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     /// @inheritdoc IWorkLedger
     /// @dev Requirements: the caller validates the pool, the work is pending, `1 <= reason <= MAX_REASON`, and
     /// `block.timestamp < submittedAt + challengeWindow`. Emits {WorkInvalidated}.
-    function invalidateWork(uint256 poolId, bytes32 workKey, uint8 reason) external nonReentrant {
+    function invalidateWork(uint256 poolId, address node, bytes32 workKey, uint8 reason) external nonReentrant {
         if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
-        Work storage work = _pending(poolId, workKey);
+        Work storage work = _pending(poolId, node, workKey);
         if (!pools.isValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
-        (uint64 window,, uint256 slashAmount) = pools.terms(poolId);
+        (uint64 window,, uint256 slashAmount,) = pools.terms(poolId);
         uint64 closesAt = uint64(work.submittedAt) + window;
-        if (block.timestamp >= closesAt) revert ChallengeWindowClosed(poolId, workKey, closesAt);
+        if (block.timestamp >= closesAt) revert ChallengeWindowClosed(poolId, node, workKey, closesAt);
         work.status = WorkStatus.Invalidated;
-        address node = work.node;
-        // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant);
-        // the escrow credit needs the slashed amount, which only the registry knows.
-        uint256 slashed = registry.slash(registry.providerOf(node), slashAmount, address(this));
-        escrowOf[poolId] += slashed;
+        // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant).
+        // The registry burns what it takes from the lock; the ejection voids the node's other pending work.
+        uint256 slashed = registry.slash(poolId, node, slashAmount);
         pools.eject(poolId, node);
-        emit WorkInvalidated(poolId, workKey, msg.sender, reason, slashed);
+        emit WorkInvalidated(poolId, workKey, node, msg.sender, reason, slashed);
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: every key is pending, past its window, and belongs to one provider; the escrow covers
-    /// the payout. Anyone may call: the tokens always go to the provider. Emits {RewardsClaimed}.
-    function claimRewards(uint256 poolId, bytes32[] calldata workKeys) external nonReentrant {
+    /// @dev Requirements: `node` is not ejected from the pool, every key is its pending work past its window, and
+    /// the escrow covers the payout. Anyone may call: the tokens always go to the node's provider.
+    /// Emits {RewardsClaimed}.
+    function claimRewards(uint256 poolId, address node, bytes32[] calldata workKeys) external nonReentrant {
         uint256 n = workKeys.length;
         if (n == 0) revert EmptyBatch();
-        (uint64 window, uint256 rewardPerUnit,) = pools.terms(poolId);
-        address provider;
-        address lastNode;
+        if (pools.isEjected(poolId, node)) revert NodeEjected(poolId, node);
+        (uint64 window, uint256 rewardPerUnit,,) = pools.terms(poolId);
+        address provider = registry.providerOf(node);
         uint256 units;
         for (uint256 i; i < n; ++i) {
-            Work storage work = _pending(poolId, workKeys[i]);
+            Work storage work = _pending(poolId, node, workKeys[i]);
             uint64 closesAt = uint64(work.submittedAt) + window;
-            if (block.timestamp < closesAt) revert ChallengeWindowOpen(poolId, workKeys[i], closesAt);
-            address node = work.node;
-            if (node != lastNode) {
-                address owner = registry.providerOf(node);
-                if (provider == address(0)) provider = owner;
-                else if (owner != provider) revert MixedProviders(provider, owner);
-                lastNode = node;
-            }
+            if (block.timestamp < closesAt) revert ChallengeWindowOpen(poolId, node, workKeys[i], closesAt);
             units += work.units;
             work.status = WorkStatus.Claimed;
         }
@@ -127,47 +120,50 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         unchecked {
             escrowOf[poolId] = available - amount;
         }
-        emit RewardsClaimed(poolId, provider, amount, n);
+        emit RewardsClaimed(poolId, provider, node, amount, n);
         token.safeTransfer(provider, amount);
     }
 
     /// @inheritdoc IWorkLedger
-    function getWork(uint256 poolId, bytes32 workKey)
+    function getWork(uint256 poolId, address node, bytes32 workKey)
         external
         view
-        returns (address node, address provider, uint256 units, uint64 submittedAt, WorkStatus status)
+        returns (address provider, uint256 units, uint64 submittedAt, WorkStatus status)
     {
-        Work storage work = _works[poolId][workKey];
-        node = work.node;
-        provider = node == address(0) ? address(0) : registry.providerOf(node);
-        return (node, provider, work.units, work.submittedAt, work.status);
+        Work storage work = _works[poolId][node][workKey];
+        status = work.status;
+        if (status != WorkStatus.None) provider = registry.providerOf(node);
+        return (provider, work.units, work.submittedAt, status);
     }
 
-    /// @dev The caller's provider, if the caller is a member of `poolId` and its provider's stake still covers
-    /// its locks (a slash may have left it short).
-    function _memberProvider(uint256 poolId) private view returns (address provider) {
-        provider = pools.memberProvider(poolId, msg.sender);
+    /// @dev The caller's provider and the pool's cap on units per key, if the caller is a member of `poolId`.
+    function _memberTerms(uint256 poolId) private view returns (address provider, uint256 maxUnits) {
+        (provider, maxUnits) = pools.memberTerms(poolId, msg.sender);
         if (provider == address(0)) revert NotPoolMember(poolId, msg.sender);
-        if (!registry.isCollateralized(provider)) revert ProviderUndercollateralized(provider);
     }
 
-    function _record(mapping(bytes32 => Work) storage works, uint256 poolId, bytes32 workKey, uint256 units) private {
-        if (units == 0 || units > type(uint48).max) revert UnitsOutOfRange(units, type(uint48).max);
+    function _record(
+        mapping(bytes32 => Work) storage works,
+        uint256 poolId,
+        bytes32 workKey,
+        uint256 units,
+        uint256 maxUnits
+    ) private {
+        if (units == 0 || units > maxUnits) revert UnitsOutOfRange(units, maxUnits);
         Work storage work = works[workKey];
-        if (work.status != WorkStatus.None) revert WorkExists(poolId, workKey);
-        // One SSTORE of the whole slot; a struct assignment would write it field by field. The layout is the
-        // struct's, low bits first: node 0-159, units 160-207, submittedAt 208-247, status 248-255. units < 2^48 was
-        // checked above; block.timestamp < 2^40 holds until the year 36812.
-        uint256 packed = uint256(uint160(msg.sender)) | (units << 160) | (block.timestamp << 208)
-            | (uint256(uint8(WorkStatus.Pending)) << 248);
+        if (work.status != WorkStatus.None) revert WorkExists(poolId, msg.sender, workKey);
+        // One SSTORE of the whole slot; a struct assignment would write each field with its own read-modify-write.
+        // The layout is the struct's, low bits first: units 0-47, submittedAt 48-87, status 88-95. units <= maxUnits
+        // < 2^48 (ComputePool caps it); block.timestamp < 2^40 holds until the year 36812.
+        uint256 packed = units | (block.timestamp << 48) | (uint256(uint8(WorkStatus.Pending)) << 88);
         assembly ("memory-safe") {
             sstore(work.slot, packed)
         }
     }
 
-    function _pending(uint256 poolId, bytes32 workKey) private view returns (Work storage work) {
-        work = _works[poolId][workKey];
-        if (work.status == WorkStatus.None) revert WorkNotFound(poolId, workKey);
-        if (work.status != WorkStatus.Pending) revert WorkNotPending(poolId, workKey, work.status);
+    function _pending(uint256 poolId, address node, bytes32 workKey) private view returns (Work storage work) {
+        work = _works[poolId][node][workKey];
+        if (work.status == WorkStatus.None) revert WorkNotFound(poolId, node, workKey);
+        if (work.status != WorkStatus.Pending) revert WorkNotPending(poolId, node, workKey, work.status);
     }
 }

@@ -67,6 +67,9 @@ def deploy_command(
     unbonding_period: Annotated[
         str, typer.Option(help="How long unstaked tokens stay slashable; at least every pool's challenge window.")
     ] = "7d",
+    min_challenge_window: Annotated[
+        str, typer.Option(help="The shortest challenge window any pool of this deployment may have.")
+    ] = "1h",
     out: Annotated[Path, typer.Option("--out", help="Where to write the deployment file.")] = DEFAULT_DEPLOYMENT,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
 ) -> None:
@@ -74,6 +77,12 @@ def deploy_command(
     with cli_errors():
         check_key_flags(keystore, dev_key, required=True)
         period = parse_duration(unbonding_period)
+        min_window = parse_duration(min_challenge_window)
+        if not 0 < min_window <= period:
+            raise CommandError(
+                f"--min-challenge-window {format_duration(min_window)} must be more than 0 and at most the "
+                f"unbonding period {format_duration(period)}"
+            )
         if out.exists() and not force:
             raise CommandError(f"{out} exists; pass --force to replace it (the contracts it names stay on chain)")
         from ledger.client import connect
@@ -83,13 +92,16 @@ def deploy_command(
         w3 = connect(rpc_url)
         chain_id = with_retries(lambda: w3.eth.chain_id, what="read chain id", url=rpc_url)
         account = require_signer(keystore, dev_key, chain_id=chain_id)
-        deployment = deploy(w3, account, rpc_url=rpc_url, unbonding_period=period)
+        deployment = deploy(w3, account, rpc_url=rpc_url, unbonding_period=period, min_challenge_window=min_window)
         deployment.save(out)
         console = stdout_console()
         console.print(f"deployed on chain {deployment.chain_id} ({rpc_url}) at block {deployment.block}")
         for name, address in deployment.contracts.items():
             console.print(f"  {name:<13} {address}")
-        console.print(f"unbonding period {format_duration(period)}; StakeToken owner {account.address}")
+        console.print(
+            f"unbonding period {format_duration(period)}; challenge windows at least {format_duration(min_window)}; "
+            f"StakeToken owner {account.address}"
+        )
         console.print(f"wrote {out}")
 
 
@@ -98,7 +110,9 @@ def create(
     name: Annotated[str, typer.Option(help="Pool name.")],
     min_stake: Annotated[str, typer.Option(metavar="TOKENS", help="Stake each member node locks from its provider.")],
     reward_per_unit: Annotated[str, typer.Option(metavar="TOKENS", help="Reward per work unit (output token).")],
-    slash: Annotated[str, typer.Option(metavar="TOKENS", help="Stake a provider loses per invalidated work.")],
+    slash: Annotated[
+        str, typer.Option(metavar="TOKENS", help="Stake burned per invalidated work; at most --min-stake.")
+    ],
     model_hash: Annotated[str, typer.Option(metavar="HEX32", help="Hash of the model being trained.")] = ZERO_HASH,
     spec_uri: Annotated[str, typer.Option(help="Where the pool's spec lives (coordinator URL, ...).")] = "",
     trainer: Annotated[str | None, typer.Option(metavar="ADDR", help="Trainer address; default: the signer.")] = None,
@@ -106,6 +120,9 @@ def create(
         str, typer.Option(metavar="DURATION", help="How long validators may invalidate work (90m, 24h, ...).")
     ] = "24h",
     max_nodes: Annotated[int, typer.Option(min=0, help="Member limit; 0 for none.")] = 0,
+    max_units_per_key: Annotated[
+        int, typer.Option(min=1, max=2**48 - 1, help="Most units (output tokens) one submitted file may claim.")
+    ] = 1_000_000,
     json_output: JsonOption = False,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     rpc_url: RpcUrlOption = None,
@@ -130,6 +147,7 @@ def create(
             reward_per_unit=parse_tokens(reward_per_unit, ledger.decimals, what="--reward-per-unit"),
             slash_amount=parse_tokens(slash, ledger.decimals, what="--slash"),
             max_nodes=max_nodes,
+            max_units_per_key=max_units_per_key,
         )
         pool_id = ledger.create_pool(config)
         if json_output:

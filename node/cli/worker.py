@@ -125,11 +125,57 @@ def leave(
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,
 ) -> None:
-    """Leave POOL as the node (--keystore/--dev-key is the NODE key); unlocks its provider's stake."""
+    """Leave POOL as the node (--keystore/--dev-key is the NODE key).
+
+    The provider's stake stays locked one challenge window longer, until the last submitted work's window has
+    closed; `prime-node release POOL` frees it then.
+    """
     with cli_errors():
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         ledger.leave(pool)
-        stdout_console().print(f"node {ledger.address} left pool {pool}")
+        lock = ledger.lock_of(pool, ledger.address)
+        stdout_console().print(
+            f"node {ledger.address} left pool {pool}; {format_tokens(lock.amount, ledger.decimals)} tokens stay "
+            f"locked until {format_time(lock.release_at)} (the last challenge window), then `prime-node release {pool}`"
+        )
+
+
+@worker_app.command()
+def release(
+    pool: PoolArgument,
+    node: Annotated[
+        list[str] | None,
+        typer.Option("--node", metavar="ADDR", help="Release this node's lock (repeat); default: every node's."),
+    ] = None,
+    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+    rpc_url: RpcUrlOption = None,
+    keystore: KeystoreOption = None,
+    dev_key: DevKeyOption = None,
+) -> None:
+    """Free the stake locked in POOL by nodes that left it (or were ejected) once their challenge window closed.
+
+    Sign with any key (the provider's, a node's): the stake stays the provider's, it only stops being locked.
+    """
+    with cli_errors():
+        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        provider = ledger.provider_of(ledger.address) or ledger.address
+        nodes = [parse_address(n, what="--node") for n in node] if node else ledger.nodes_of(provider)
+        now, console, released = ledger.timestamp(), stdout_console(), 0
+        for address in nodes:
+            lock = ledger.lock_of(pool, address)
+            amount = format_tokens(lock.amount, ledger.decimals)
+            if not lock.open:
+                console.print(f"node {address}: no lock in pool {pool}")
+            elif lock.member:
+                console.print(f"node {address}: a member of pool {pool}; its {amount} tokens stay locked (leave first)")
+            elif not lock.releasable(now):
+                console.print(f"node {address}: {amount} tokens locked until {format_time(lock.release_at)}")
+            else:
+                ledger.release_stake(pool, address)
+                released += lock.amount
+                console.print(f"node {address}: released {amount} tokens")
+        if released:
+            console.print(f"provider {provider}: {format_tokens(released, ledger.decimals)} tokens free again")
 
 
 @worker_app.command()
@@ -202,11 +248,20 @@ def claim(
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         provider = ledger.provider_of(ledger.address) or ledger.address  # a node key claims for its provider
         console = stdout_console()
-        if not keys:
-            window, now = ledger.challenge_window(pool), ledger.timestamp()
-            pending = [w for w in provider_works(ledger, pool, provider) if w.status == WorkStatus.PENDING]
-            keys = [w.work_key for w in pending if work_state(w, window, now) == "claimable"]
-            if not keys:
+        window, now = ledger.challenge_window(pool), ledger.timestamp()
+        works = provider_works(ledger, pool, provider)
+        if keys:
+            wanted = set(keys)
+            chosen = [w for w in works if w.work_key in wanted]
+            missing = wanted - {w.work_key for w in chosen}
+            if missing:
+                shown = ", ".join("0x" + k.hex() for k in sorted(missing))
+                raise CommandError(f"no work of provider {provider}'s nodes in pool {pool} has key {shown}")
+        else:
+            ejected = {n: ledger.is_ejected(pool, n) for n in {w.node for w in works}}
+            pending = [w for w in works if w.status == WorkStatus.PENDING and not ejected[w.node]]
+            chosen = [w for w in pending if work_state(w, window, now) == "claimable"]
+            if not chosen:
                 if pending:
                     first = min(w.submitted_at for w in pending) + window
                     console.print(
@@ -214,16 +269,21 @@ def claim(
                         f"challenge window; the first closes at {format_time(first)}"
                     )
                 else:
-                    console.print(f"nothing to claim: provider {provider} has no pending work in pool {pool}")
+                    console.print(f"nothing to claim: provider {provider} has no claimable work in pool {pool}")
                 return
         from web3.logs import DISCARD
 
-        receipt = ledger.claim_rewards(pool, keys)
-        events = ledger.work.events.RewardsClaimed().process_receipt(receipt, errors=DISCARD)
-        paid = sum(int(event["args"]["amount"]) for event in events)
+        by_node: dict[str, list[bytes]] = {}
+        for work in chosen:
+            by_node.setdefault(work.node, []).append(work.work_key)
+        paid = 0
+        for node, node_keys in by_node.items():  # one transaction per node: a record belongs to its node
+            receipt = ledger.claim_rewards(pool, node, node_keys)
+            events = ledger.work.events.RewardsClaimed().process_receipt(receipt, errors=DISCARD)
+            paid += sum(int(event["args"]["amount"]) for event in events)
         console.print(
-            f"claimed {len(keys)} works in pool {pool}: {format_tokens(paid, ledger.decimals)} tokens paid to "
-            f"{events[0]['args']['provider'] if events else provider}"
+            f"claimed {len(chosen)} works in pool {pool}: {format_tokens(paid, ledger.decimals)} tokens paid to "
+            f"{provider}"
         )
 
 
@@ -264,13 +324,18 @@ def provider_works(ledger: Ledger, pool_id: int, provider: str) -> list[WorkReco
     from ledger.events import EventFollower, WorkSubmitted
 
     follower = EventFollower(ledger, pool_id=pool_id, events=("WorkSubmitted",))
-    keys = [e.work_key for e in follower.poll() if isinstance(e, WorkSubmitted) and e.provider == provider]
-    return [ledger.get_work(pool_id, key) for key in dict.fromkeys(keys)]
+    records = [(e.node, e.work_key) for e in follower.poll() if isinstance(e, WorkSubmitted) and e.provider == provider]
+    return [ledger.get_work(pool_id, node, key) for node, key in dict.fromkeys(records)]
 
 
-def work_state(work: WorkRecord, window: int, now: int) -> str:
-    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated' or 'claimed'."""
+def work_state(work: WorkRecord, window: int, now: int, *, ejected: bool = False) -> str:
+    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated' or 'claimed'.
+
+    Pending work of a node ejected from the pool is 'void': the ledger never pays it.
+    """
     if work.status == WorkStatus.PENDING:
+        if ejected:
+            return "void"
         return "claimable" if now >= work.submitted_at + window else "pending"
     return work.status.name.lower()
 
@@ -311,9 +376,14 @@ def _print_status(ledger: Ledger, target: str, pool: int | None, verdicts: dict[
 def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
     if pool is None:
         return ""
+    lock = ledger.lock_of(pool, node)
+    locked = format_tokens(lock.amount, ledger.decimals)
     if ledger.is_member(pool, node):
-        return f"(member of pool {pool})"
-    return f"(ejected from pool {pool})" if ledger.is_ejected(pool, node) else f"(not in pool {pool})"
+        return f"(member of pool {pool}, locking {locked} tokens)"
+    state = f"ejected from pool {pool}" if ledger.is_ejected(pool, node) else f"not in pool {pool}"
+    if lock.open:
+        state += f"; {locked} tokens locked until {format_time(lock.release_at)}"
+    return f"({state})"
 
 
 def _print_works(
@@ -327,15 +397,16 @@ def _print_works(
 
     found = invalidations(ledger, pool) if any(w.status == WorkStatus.INVALIDATED for w in works) else {}
     reasons = {
-        k: f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed"
+        (e.node, k): f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed (burned)"
         for k, e in found.items()
     }
+    ejected = {n: ledger.is_ejected(pool, n) for n in {w.node for w in works}}
     table = Table(
         "work key", "units", "submitted", "state", "reward", title=f"work in pool {pool}", title_justify="left"
     )
-    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0}
+    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0, "void": 0}
     for work in works:
-        state = work_state(work, config.challenge_window, now)
+        state = work_state(work, config.challenge_window, now, ejected=ejected[work.node])
         reward = work.units * config.reward_per_unit
         totals[state] += reward
         shown = state
@@ -344,7 +415,9 @@ def _print_works(
             if work.work_key in verdicts:
                 shown += f"; {verdicts[work.work_key]}"
         elif state == "invalidated":
-            shown = f"invalidated: {reasons.get(work.work_key, 'reason not found')}"
+            shown = f"invalidated: {reasons.get((work.node, work.work_key), 'reason not found')}"
+        elif state == "void":
+            shown = "void: its node was ejected from the pool"
         table.add_row(
             "0x" + work.work_key.hex()[:12] + "…",
             str(work.units),
@@ -362,5 +435,6 @@ def _print_works(
         f"earned {tokens(earned)} (claimed {tokens(totals['claimed'])}, claimable {tokens(totals['claimable'])}); "
         f"at risk {tokens(totals['pending'])} in open challenge windows"
     )
-    if totals["invalidated"]:
-        console.print(f"lost {tokens(totals['invalidated'])} of rewards to invalidated work")
+    if totals["invalidated"] or totals["void"]:
+        lost = totals["invalidated"] + totals["void"]
+        console.print(f"lost {tokens(lost)} of rewards to invalidated work and the void work of ejected nodes")

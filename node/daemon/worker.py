@@ -343,7 +343,9 @@ class WorkerDaemon:
         ledger, pool_id = self.ledger, self.settings.pool_id
         fresh = []
         for record in records:  # a crash after the transaction but before the journal: the chain knows
-            work = await asyncio.to_thread(ledger.get_work, pool_id, record.work_key)
+            # Records are per node: this reads only this node's own record of the key, never a squatter's (another
+            # member submitting the same key makes a record of its own and does not block this one).
+            work = await asyncio.to_thread(ledger.get_work, pool_id, self.node, record.work_key)
             if work.status != WorkStatus.NONE:
                 self.state.move([record.work_key], "submitted", detail="found on chain after a restart")
             else:
@@ -373,7 +375,7 @@ class WorkerDaemon:
             now = await asyncio.to_thread(ledger.timestamp)
             claimable = []
             for record in submitted:
-                work = await asyncio.to_thread(ledger.get_work, pool_id, record.work_key)
+                work = await asyncio.to_thread(ledger.get_work, pool_id, self.node, record.work_key)
                 if work.status == WorkStatus.INVALIDATED:
                     self.state.move([record.work_key], "invalidated", detail=await self._reason(record.work_key))
                 elif work.status == WorkStatus.CLAIMED:
@@ -382,8 +384,11 @@ class WorkerDaemon:
                     claimable.append(record.work_key)
                 elif work.status == WorkStatus.PENDING and record.verdict is None:
                     await self._note_verdict(record.work_key)
+            if claimable and await self._ejected():  # an ejected node's pending work is void on chain
+                self.state.move(claimable, "expired", detail=f"void: node ejected from pool {pool_id}")
+                claimable = []
             if claimable and self.settings.claim:
-                receipt = await asyncio.to_thread(ledger.claim_rewards, pool_id, claimable)
+                receipt = await asyncio.to_thread(ledger.claim_rewards, pool_id, self.node, claimable)
                 tx = "0x" + bytes(receipt["transactionHash"]).hex()
                 self.state.move(claimable, "claimed", detail=f"claimed in {tx}")
                 log.info("claimed the rewards of %d files in %s", len(claimable), tx)
@@ -415,7 +420,7 @@ class WorkerDaemon:
         from ledger.events import invalidations
         from ledger.types import Reason
 
-        found = await asyncio.to_thread(invalidations, self.ledger, self.settings.pool_id)
+        found = await asyncio.to_thread(invalidations, self.ledger, self.settings.pool_id, self.node)
         event = found.get(work_key)
         if event is None:
             return "invalidated"

@@ -9,11 +9,13 @@ interface IComputePool {
     /// @param modelHash Hash identifying the base model the pool trains.
     /// @param specURI Where the pool spec (task, sampling, bootstrap peers, coordinator URL) lives.
     /// @param trainer Address that signs checkpoint manifests.
-    /// @param minStakePerNode Active stake each member node locks.
-    /// @param challengeWindow Seconds during which submitted work may be invalidated; at most the unbonding period.
+    /// @param minStakePerNode Active stake each member node locks; more than 0. A slash in this pool reaches only it.
+    /// @param challengeWindow Seconds during which submitted work may be invalidated; at least the deployment's
+    /// `minChallengeWindow`, at most the unbonding period.
     /// @param rewardPerUnit Tokens paid per work unit (output token) of accepted work.
-    /// @param slashAmount Tokens taken from a provider per invalidated work.
+    /// @param slashAmount Tokens burned from the node's lock per invalidated work; at most `minStakePerNode`.
     /// @param maxNodes Member limit; 0 means unlimited.
+    /// @param maxUnitsPerKey Most units one work key may claim, so one key cannot drain the escrow; `0 < x < 2^48`.
     struct PoolConfig {
         string name;
         bytes32 modelHash;
@@ -24,6 +26,7 @@ interface IComputePool {
         uint256 rewardPerUnit;
         uint256 slashAmount;
         uint32 maxNodes;
+        uint64 maxUnitsPerKey;
     }
 
     event PoolCreated(uint256 indexed poolId, address indexed owner, string name, address trainer);
@@ -36,8 +39,12 @@ interface IComputePool {
     error NotPoolOwner(uint256 poolId, address caller);
     error NotAllowedToEject(uint256 poolId, address caller);
     error ZeroAddress();
-    error ChallengeWindowZero();
+    error MinChallengeWindowOutOfRange(uint64 minChallengeWindow, uint64 unbondingPeriod);
+    error MinStakeOutOfRange(uint256 minStakePerNode, uint256 max);
+    error SlashAmountOutOfRange(uint256 slashAmount, uint256 minStakePerNode);
+    error ChallengeWindowTooShort(uint64 challengeWindow, uint64 minChallengeWindow);
     error ChallengeWindowTooLong(uint64 challengeWindow, uint64 unbondingPeriod);
+    error MaxUnitsPerKeyOutOfRange(uint64 maxUnitsPerKey, uint64 max);
     error AlreadyMember(uint256 poolId, address node);
     error NotMember(uint256 poolId, address node);
     error EjectedFromPool(uint256 poolId, address node);
@@ -52,18 +59,21 @@ interface IComputePool {
     /// @notice The calling node joins `poolId`, locking `minStakePerNode` of its provider's stake.
     function join(uint256 poolId) external;
 
-    /// @notice The calling node leaves `poolId` and its lock is released.
+    /// @notice The calling node leaves `poolId`; its lock is held one challenge window longer (`releaseStake`).
     function leave(uint256 poolId) external;
 
     /// @notice Removes `node` from `poolId` for good.
     function eject(uint256 poolId, address node) external;
 
     function poolCount() external view returns (uint256);
+    function minChallengeWindow() external view returns (uint64);
     function getPool(uint256 poolId) external view returns (PoolConfig memory config, address owner);
     function terms(uint256 poolId)
         external
         view
-        returns (uint64 challengeWindow, uint256 rewardPerUnit, uint256 slashAmount);
+        returns (uint64 challengeWindow, uint256 rewardPerUnit, uint256 slashAmount, uint64 maxUnitsPerKey);
+    /// @notice The provider of member `node` (zero when it is not a member) and the pool's cap on units per key.
+    function memberTerms(uint256 poolId, address node) external view returns (address provider, uint64 maxUnitsPerKey);
     function isMember(uint256 poolId, address node) external view returns (bool);
     function memberProvider(uint256 poolId, address node) external view returns (address);
     function isEjected(uint256 poolId, address node) external view returns (bool);

@@ -20,47 +20,59 @@ interface IWorkLedger {
     event WorkBatchSubmitted(
         uint256 indexed poolId, address indexed node, address provider, bytes32[] workKeys, uint256[] units
     );
+    /// @notice `validator` invalidated `node`'s work `workKey`; `slashed` tokens of its lock in the pool were burned.
     event WorkInvalidated(
-        uint256 indexed poolId, bytes32 indexed workKey, address indexed validator, uint8 reason, uint256 slashed
+        uint256 indexed poolId,
+        bytes32 indexed workKey,
+        address indexed node,
+        address validator,
+        uint8 reason,
+        uint256 slashed
     );
-    event RewardsClaimed(uint256 indexed poolId, address indexed provider, uint256 amount, uint256 count);
+    /// @notice `provider` was paid `amount` for `count` works of `node`.
+    event RewardsClaimed(
+        uint256 indexed poolId, address indexed provider, address indexed node, uint256 amount, uint256 count
+    );
 
     error ZeroAmount();
     error ZeroAddress();
     error PoolNotFound(uint256 poolId);
     error NotPoolMember(uint256 poolId, address node);
-    error ProviderUndercollateralized(address provider);
     error UnitsOutOfRange(uint256 units, uint256 max);
     error EmptyBatch();
     error LengthMismatch(uint256 workKeys, uint256 units);
-    error WorkExists(uint256 poolId, bytes32 workKey);
-    error WorkNotFound(uint256 poolId, bytes32 workKey);
-    error WorkNotPending(uint256 poolId, bytes32 workKey, WorkStatus status);
+    error WorkExists(uint256 poolId, address node, bytes32 workKey);
+    error WorkNotFound(uint256 poolId, address node, bytes32 workKey);
+    error WorkNotPending(uint256 poolId, address node, bytes32 workKey, WorkStatus status);
+    /// @dev The node was ejected from the pool (by an invalidation or its owner): its pending work is void.
+    error NodeEjected(uint256 poolId, address node);
     error NotValidator(uint256 poolId, address caller);
     error InvalidReason(uint8 reason);
-    error ChallengeWindowClosed(uint256 poolId, bytes32 workKey, uint64 closedAt);
-    error ChallengeWindowOpen(uint256 poolId, bytes32 workKey, uint64 closesAt);
-    error MixedProviders(address expected, address found);
+    error ChallengeWindowClosed(uint256 poolId, address node, bytes32 workKey, uint64 closedAt);
+    error ChallengeWindowOpen(uint256 poolId, address node, bytes32 workKey, uint64 closesAt);
     error InsufficientEscrow(uint256 poolId, uint256 needed, uint256 available);
 
     /// @notice Adds `amount` tokens from the caller to `poolId`'s reward escrow.
     function fundRewards(uint256 poolId, uint256 amount) external;
 
-    /// @notice Records the caller node's work `workKey` (sha256 of the rollout file) worth `units`.
+    /// @notice Records the caller node's work `workKey` (sha256 of the rollout file) worth `units`, at most the pool's
+    /// `maxUnitsPerKey`. The record belongs to the caller: another node submitting the same key makes its own.
     function submitWork(uint256 poolId, bytes32 workKey, uint256 units) external;
 
     /// @notice `submitWork` for several files in one transaction.
     function submitWorkBatch(uint256 poolId, bytes32[] calldata workKeys, uint256[] calldata units) external;
 
-    /// @notice Marks pending work invalid, slashes its provider into the pool's escrow and ejects its node.
-    function invalidateWork(uint256 poolId, bytes32 workKey, uint8 reason) external;
+    /// @notice Marks `node`'s pending work invalid, burns `slashAmount` of the node's lock in the pool (never more
+    /// than that lock holds) and ejects the node, which voids its other pending work there.
+    function invalidateWork(uint256 poolId, address node, bytes32 workKey, uint8 reason) external;
 
-    /// @notice Pays one provider for pending work whose challenge window has passed.
-    function claimRewards(uint256 poolId, bytes32[] calldata workKeys) external;
+    /// @notice Pays `node`'s provider for `node`'s pending work whose challenge window has passed.
+    function claimRewards(uint256 poolId, address node, bytes32[] calldata workKeys) external;
 
     function escrowOf(uint256 poolId) external view returns (uint256);
-    function getWork(uint256 poolId, bytes32 workKey)
+    /// @notice The record of `node`'s work `workKey`: keys are per node, so no member can block or claim another's.
+    function getWork(uint256 poolId, address node, bytes32 workKey)
         external
         view
-        returns (address node, address provider, uint256 units, uint64 submittedAt, WorkStatus status);
+        returns (address provider, uint256 units, uint64 submittedAt, WorkStatus status);
 }
