@@ -113,7 +113,8 @@ def join(
         locked = format_tokens(config.min_stake_per_node, ledger.decimals)
         stdout_console().print(
             f"node {ledger.address} joined pool {pool} {config.name!r}; {locked} tokens of "
-            f"provider {ledger.provider_of(ledger.address)}'s stake are locked while it stays"
+            f"provider {ledger.provider_of(ledger.address)}'s stake are locked in this pool while it stays "
+            "and one challenge window after it leaves"
         )
 
 

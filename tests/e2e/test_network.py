@@ -32,6 +32,8 @@ OWNER, HONEST_PROVIDER, CHEAT_PROVIDER, VALIDATOR, HONEST, CHEAT = 0, 1, 2, 5, 3
 WINDOW = 3600
 TOKEN = 10**18
 STEPS = 3
+CHEATER = dev_account(CHEAT).address
+CHEATER = dev_account(CHEAT).address
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +96,7 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
     for event in submitted:
         by_node[event.node].add(event.work_key)
     wait_for(
-        lambda: all(owner.get_work(pool_id, k).status != WorkStatus.NONE for k in by_node[dev_account(CHEAT).address]),
+        lambda: all(owner.get_work(pool_id, CHEATER, k).status != WorkStatus.NONE for k in by_node[CHEATER]),
         "the validator's verdicts",
         processes,
         timeout=60,
@@ -115,6 +117,6 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
     honest_keys = sorted(by_node[dev_account(HONEST).address])
     claim = ledger_for(HONEST_PROVIDER)
     before = claim.balance_of(claim.address)
-    claim.claim_rewards(pool_id, honest_keys)
+    claim.claim_rewards(pool_id, dev_account(HONEST).address, honest_keys)
     assert claim.balance_of(claim.address) > before
-    assert {owner.get_work(pool_id, k).status for k in honest_keys} == {WorkStatus.CLAIMED}
+    assert {owner.get_work(pool_id, dev_account(HONEST).address, k).status for k in honest_keys} == {WorkStatus.CLAIMED}

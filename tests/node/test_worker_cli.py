@@ -155,8 +155,32 @@ def test_join_and_leave_as_the_node(deployment_file: Path, pool_id: int, ledger_
     assert reader.is_member(pool_id, node)
     assert reader.stake_of(dev_account(PROVIDER).address).locked == 100 * TOKEN
     left = ok(node_cli(deployment_file, "leave", pool_id, "--dev-key", NODE))
-    assert f"node {node} left pool {pool_id}" in left.stdout
+    assert f"node {node} left pool {pool_id}; 100 tokens stay locked until " in left.stdout
     assert not reader.is_member(pool_id, node)
+
+
+def test_the_lock_of_a_node_that_left_is_released_after_one_challenge_window(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    """Work submitted just before leaving is still slashable for its whole window, so the stake stays locked."""
+    node, provider = dev_account(NODE).address, dev_account(PROVIDER).address
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("last", 100))
+    ok(node_cli(deployment_file, "leave", pool_id, "--dev-key", NODE))
+    reader = ledger_for(0)
+    early = ok(node_cli(deployment_file, "release", pool_id, "--dev-key", PROVIDER))
+    assert f"node {node}: 100 tokens locked until " in early.stdout
+    assert reader.stake_of(provider).locked == 100 * TOKEN
+    assert_one_line_error(
+        node_cli(deployment_file, "unstake", "150", "--dev-key", PROVIDER), "InsufficientActiveStake"
+    )  # 200 staked, 100 still locked
+    chain.increase_time(WINDOW)
+    done = ok(node_cli(deployment_file, "release", pool_id, "--dev-key", PROVIDER))
+    assert f"node {node}: released 100 tokens" in done.stdout and "100 tokens free again" in done.stdout
+    assert reader.stake_of(provider).locked == 0
+    assert not reader.lock_of(pool_id, node).open
+    again = ok(node_cli(deployment_file, "release", pool_id, "--dev-key", NODE))  # any key may ask
+    assert f"node {node}: no lock in pool {pool_id}" in again.stdout
 
 
 def test_join_without_a_key_is_one_line(deployment_file: Path, pool_id: int) -> None:
@@ -211,7 +235,10 @@ def test_claim_before_the_window_shows_challenge_window_open(
     onboarded(deployment_file, pool_id)
     submit(ledger_for, NODE, pool_id, ("a", 100))
     result = node_cli(deployment_file, "claim", pool_id, "--work-key", key("a").hex(), "--dev-key", PROVIDER)
-    assert_one_line_error(result, "claimRewards reverted: ChallengeWindowOpen(poolId=1, workKey=0x" + key("a").hex())
+    node = dev_account(NODE).address
+    assert_one_line_error(
+        result, f"claimRewards reverted: ChallengeWindowOpen(poolId=1, node={node}, workKey=0x" + key("a").hex()
+    )
 
 
 def test_claim_without_keys_before_the_window_says_when(
@@ -244,7 +271,7 @@ def test_claim_finds_and_pays_this_providers_claimable_work(
     result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
     assert f"claimed 4 works in pool {pool_id}: 1 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
     assert reader.balance_of(dev_account(PROVIDER).address) - before == 1000 * REWARD_PER_UNIT
-    assert reader.get_work(pool_id, key("other")).status == WorkStatus.PENDING
+    assert reader.get_work(pool_id, other.address, key("other")).status == WorkStatus.PENDING
     again = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
     assert "nothing to claim" in again.stdout
 
@@ -273,29 +300,36 @@ def test_claim_with_a_malformed_work_key_is_one_line(deployment_file: Path, pool
 def test_status_by_address_shows_stake_nodes_and_every_work_state(
     deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
 ) -> None:
-    provider, node = dev_account(PROVIDER).address, dev_account(NODE).address
+    provider, node, second = dev_account(PROVIDER).address, dev_account(NODE).address, dev_account(SECOND_NODE).address
     onboarded(deployment_file, pool_id)
-    submit(ledger_for, NODE, pool_id, ("claimed", 100), ("claimable", 200), ("invalid", 300))
-    ledger_for(VALIDATOR).invalidate_work(pool_id, key("invalid"), Reason.PROOF_INVALID)  # slashes 50, ejects node
-    chain.increase_time(WINDOW)
-    ledger_for(PROVIDER).claim_rewards(pool_id, [key("claimed")])
-    # a second node of the same provider submits work that is still inside its window
-    provider_ledger = ledger_for(PROVIDER)
-    provider_ledger.add_node(dev_account(SECOND_NODE))
+    submit(ledger_for, NODE, pool_id, ("claimed", 100), ("claimable", 200))
+    # a second node of the same provider cheats: one file invalidated, which voids its other pending file
+    ledger_for(PROVIDER).add_node(dev_account(SECOND_NODE))
     ledger_for(SECOND_NODE).join(pool_id)
-    submit(ledger_for, SECOND_NODE, pool_id, ("pending", 400))
+    submit(ledger_for, SECOND_NODE, pool_id, ("invalid", 300), ("void", 500))
+    ledger_for(VALIDATOR).invalidate_work(pool_id, second, key("invalid"), Reason.PROOF_INVALID)  # burns 50, ejects
+    chain.increase_time(WINDOW)
+    ledger_for(PROVIDER).claim_rewards(pool_id, node, [key("claimed")])
+    submit(ledger_for, NODE, pool_id, ("pending", 400))  # still inside its window
 
     result = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node.lower()))
     out = result.stdout
-    assert provider in out and f"{node} (ejected from pool {pool_id})" in out
-    assert f"{dev_account(SECOND_NODE).address} (member of pool {pool_id})" in out
+    assert provider in out and f"{node} (member of pool {pool_id}, locking 100 tokens)" in out
+    assert f"{second} (ejected from pool {pool_id}; 50 tokens locked until " in out  # what the slash left of its lock
     assert "150 tokens" in out  # active stake: 200 staked, 50 slashed
-    for work, state in [("claimed", "claimed"), ("claimable", "claimable"), ("invalid", "invalidated")]:
+    for work, state in [
+        ("claimed", "claimed"),
+        ("claimable", "claimable"),
+        ("invalid", "invalidated"),
+        ("void", "void"),
+    ]:
         assert re.search(rf"0x{key(work).hex()[:12]}.*\b{state}\b", out), (work, out)
     assert re.search(rf"0x{key('pending').hex()[:12]}.*pending until", out)
-    assert re.search(rf"0x{key('invalid').hex()[:12]}.*invalidated: proof_invalid \(7\), 50 tokens slashed", out), out
+    assert re.search(
+        rf"0x{key('invalid').hex()[:12]}.*invalidated: proof_invalid \(7\), 50 tokens slashed \(burned\)", out
+    ), out
     assert "earned 0.3 tokens (claimed 0.1 tokens, claimable 0.2 tokens); at risk 0.4 tokens" in out
-    assert "lost 0.3 tokens" in out
+    assert "lost 0.8 tokens" in out  # 0.3 invalidated, 0.5 void
     assert result.stderr == ""  # read-only: no key, no warning
 
 
@@ -325,3 +359,4 @@ def test_status_needs_an_address_or_a_key(deployment_file: Path) -> None:
 def test_work_state_follows_the_window(status: WorkStatus, now: int, state: str) -> None:
     work = WorkRecord(1, key("w"), dev_account(2).address, dev_account(1).address, 10, 1000, status)
     assert work_state(work, WINDOW, now) == state
+    assert work_state(work, WINDOW, now, ejected=True) == ("void" if status == WorkStatus.PENDING else state)

@@ -133,7 +133,7 @@ def test_a_worker_generates_uploads_and_submits_each_file_once(pool: Pool) -> No
     assert len(files) == 2 and {stage for stage, _ in files.values()} == {"submitted"}
     assert sorted(submissions(pool)) == sorted(bytes.fromhex(k) for k in files)
     for key in files:
-        work = pool.owner.get_work(pool.id, bytes.fromhex(key))
+        work = pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(key))
         assert work.status == WorkStatus.PENDING and work.node == pool.node.address
         served = urllib.request.urlopen(f"{pool.coordinator}/v1/rollouts/{key}", timeout=10).read()
         assert hashlib.sha256(served).hexdigest() == key  # the coordinator holds what was submitted
@@ -297,8 +297,8 @@ def test_with_claim_the_worker_claims_what_left_its_challenge_window(pool: Pool)
     files = journal(pool)
     assert files[matured][0] == "claimed" and files[matured][1].startswith("claimed in 0x")
     assert [s for k, (s, _) in files.items() if k != matured] == ["submitted"]  # still inside its window
-    assert pool.owner.get_work(pool.id, bytes.fromhex(matured)).status == WorkStatus.CLAIMED
-    units = pool.owner.get_work(pool.id, bytes.fromhex(matured)).units
+    assert pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(matured)).status == WorkStatus.CLAIMED
+    units = pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(matured)).units
     reward = units * pool.owner.pool(pool.id).config.reward_per_unit
     assert pool.owner.balance_of(pool.provider.address) == before + reward  # paid to the provider, not the node
 

@@ -86,12 +86,12 @@ def upload(url: str, node: LocalAccount, domain: SigningDomain, data: bytes) -> 
     asyncio.run(send())
 
 
-def stage_of(state: Path, work_key: bytes) -> str | None:
+def stage_of(state: Path, work_key: bytes, node: LocalAccount) -> str | None:
     if not (state / "validator.db").exists():
         return None
     store = ValidatorStore.open_existing(state)
     try:
-        row = store.get(work_key)
+        row = store.get(work_key, node.address)
         return None if row is None else row.stage
     finally:
         store.close()
@@ -114,11 +114,12 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     tmp_path: Path, chain: LocalChain, ledger_for: Callable[[int], Ledger], deployment: Deployment
 ) -> None:
     owner = ledger_for(0)
-    honest, cheater, validator = dev_account(3), dev_account(5), dev_account(2)
+    honest, cheater, validator, squatter = dev_account(3), dev_account(5), dev_account(2), dev_account(7)
     spec_file = tmp_path / "pool.toml"
     pool_id = make_pool(owner, spec_uri=str(spec_file))
     onboard(owner, ledger_for(1), honest, pool_id)
     onboard(owner, ledger_for(4), cheater, pool_id)
+    squatting = onboard(owner, ledger_for(6), squatter, pool_id)
     owner.set_validator(pool_id, validator.address)
     sent_before = owner.w3.eth.get_transaction_count(validator.address)
     deployment.save(tmp_path / "deployment.json")
@@ -164,6 +165,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
         for node, (data, key, units) in ((honest, first), (cheater, faked)):
             upload(coordinator, node, domain, data)
             node_ledgers[node.address].submit_work(pool_id, key, units)
+        squatting.submit_work(pool_id, first[1], first[2])  # another member copies the honest key: its own record
         node_ledgers[cheater.address].submit_work(pool_id, missing_key, 123)
         upload(coordinator, honest, domain, lost[0])
         node_ledgers[honest.address].submit_work(pool_id, lost[1], lost[2])
@@ -175,13 +177,13 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
         validator_a = start(["validator.cli", "run", *common], tmp_path, log_a)  # the pool spec from chain
         processes.append(validator_a)
         wait_for(
-            lambda: stage_of(state, first[1]) == ATTESTED and stage_of(state, faked[1]) == INVALIDATED
-            and stage_of(state, lost[1]) == UNVERIFIABLE,
+            lambda: stage_of(state, first[1], honest) == ATTESTED and stage_of(state, faked[1], cheater) == INVALIDATED
+            and stage_of(state, lost[1], honest) == UNVERIFIABLE and stage_of(state, first[1], squatter) == INVALIDATED,
             "verdicts on the first three files", validator_a, log_a, 90,
         )  # fmt: skip
         os.killpg(validator_a.pid, signal.SIGKILL)  # mid-run: the missing file's grace period is still running
         validator_a.wait()
-        assert stage_of(state, missing_key) == SEEN
+        assert stage_of(state, missing_key, cheater) == SEEN
 
         upload(coordinator, honest, domain, second[0])  # while no validator runs
         node_ledgers[honest.address].submit_work(pool_id, second[1], second[2])
@@ -190,7 +192,8 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
         validator_b = start(["validator.cli", "run", *common, *flags], tmp_path, log_b)
         processes.append(validator_b)
         wait_for(
-            lambda: stage_of(state, second[1]) == ATTESTED and stage_of(state, missing_key) == INVALIDATED,
+            lambda: stage_of(state, second[1], honest) == ATTESTED
+            and stage_of(state, missing_key, cheater) == INVALIDATED,
             "verdicts after the restart", validator_b, log_b, 90,
         )  # fmt: skip
         seen_by_b = metrics(state)
@@ -204,17 +207,22 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     ledger = ledger_for(0)
     follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
     invalidated = [e for e in follower.poll() if isinstance(e, WorkInvalidated)]
-    assert sorted((e.work_key, e.reason, e.validator) for e in invalidated) == sorted(
+    assert sorted((e.work_key, e.reason, e.validator, e.node) for e in invalidated) == sorted(
         [
-            (faked[1], Reason.REWARD_MISMATCH, validator.address),
-            (missing_key, Reason.FILE_UNAVAILABLE, validator.address),
+            (faked[1], Reason.REWARD_MISMATCH, validator.address, cheater.address),
+            (missing_key, Reason.FILE_UNAVAILABLE, validator.address, cheater.address),
+            (first[1], Reason.BAD_FORMAT, validator.address, squatter.address),  # the file names the honest node
         ]
     )
-    assert ledger.w3.eth.get_transaction_count(validator.address) == sent_before + 2  # and no other transaction
+    assert ledger.w3.eth.get_transaction_count(validator.address) == sent_before + 3  # and no other transaction
     assert ledger.is_ejected(pool_id, cheater.address) and ledger.is_member(pool_id, honest.address)
-    assert {ledger.get_work(pool_id, key).status for key in (first[1], second[1], lost[1])} == {WorkStatus.PENDING}
+    assert ledger.is_ejected(pool_id, squatter.address)
+    assert {ledger.get_work(pool_id, honest.address, f[1]).status for f in (first, second, lost)} == {
+        WorkStatus.PENDING
+    }
 
-    # the coordinator holds one attestation per file: nothing recorded before the kill was attested again
+    # the coordinator holds one attestation per file: nothing recorded before the kill was attested again, and the
+    # squatter's record of the honest key posted none (the file is the honest node's, and accepted)
     attestations = [json.loads(line) for line in (run / "attestations.jsonl").read_text().splitlines()]
     assert sorted((a["work_key"], a["accepted"], a["reason"]) for a in attestations) == sorted(
         [
@@ -235,7 +243,8 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     listing = CliRunner().invoke(app, ["rejections", "--state", str(state), "--json"])
     assert listing.exit_code == 0, listing.output
     rows = {row["work_key"]: row for row in json.loads(listing.output)}
-    assert set(rows) == {"0x" + faked[1].hex(), "0x" + missing_key.hex()}
+    assert set(rows) == {"0x" + faked[1].hex(), "0x" + missing_key.hex(), "0x" + first[1].hex()}
+    assert rows["0x" + first[1].hex()]["node"] == squatter.address
     assert rows["0x" + faked[1].hex()]["reason_name"] == "reward_mismatch"
     assert rows["0x" + faked[1].hex()]["invalidation_tx"].startswith("0x")
     assert rows["0x" + missing_key.hex()]["reason_name"] == "file_unavailable"

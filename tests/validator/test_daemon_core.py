@@ -34,7 +34,8 @@ def key(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
 
 
-def submission(label: str, block: int, log_index: int = 0) -> Submission:
+def submission(label: str, block: int = 0, log_index: int = 0) -> Submission:
+    """A submission of NODE; rows are identified by (pool, node, work key): `block` matters only when recorded."""
     return Submission(1, key(label), NODE, 100, block, log_index, 1_700_000_000 + block)
 
 
@@ -58,33 +59,35 @@ def test_submissions_and_the_cursor_are_recorded_together_and_survive_a_reopen(t
 def test_a_failed_attempt_waits_and_a_row_moves_through_its_stages(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.record([submission("a", 10), submission("b", 11)], next_block=12)
-    store.retry_later(key("a"), 60.0, "the coordinator does not have the file yet")
+    store.retry_later(submission("a"), 60.0, "the coordinator does not have the file yet")
     row = store.due(now=time.time())  # "a" waits a minute: "b" comes first although it is younger
     assert row is not None and row.work_key == key("b")
-    waiting = store.get(key("a"))
+    waiting = store.get(key("a"), NODE)
     assert waiting is not None and waiting.attempts == 1 and waiting.last_error is not None
     assert store.next_due_at() is not None
 
-    store.record_verdict(key("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0"))
-    verified = store.get(key("b"))
+    store.record_verdict(
+        submission("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0")
+    )
+    verified = store.get(key("b"), NODE)
     assert verified is not None and (verified.stage, verified.accepted, verified.reason) == (VERIFIED, False, 6)
-    store.move(key("b"), ATTESTED)
+    store.move(submission("b"), ATTESTED)
     assert store.open_count() == 2  # an attested rejection still has its invalidation to go
-    store.move(key("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
+    store.move(submission("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
     assert [r.work_key for r in store.rejections()] == [key("b")]
     assert store.rejections()[0].tx_hash == "0x" + "ab" * 32
 
-    store.record_verdict(key("a"), accept("fine"))
-    store.move(key("a"), ATTESTED)
+    store.record_verdict(submission("a"), accept("fine"))
+    store.move(submission("a"), ATTESTED)
     assert store.open_count() == 0 and store.due(now=2e9) is None
 
 
 def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.record([submission("late", 10), submission("gone", 11)], next_block=12)
-    store.record_verdict(key("late"), reject(Reason.FILE_UNAVAILABLE, "download", "missing"), stage=UNAVAILABLE)
-    store.move(key("late"), ATTESTED, note="the challenge window closed")
-    store.move(key("gone"), UNVERIFIABLE, note="the checkpoint of step 3 is gone")
+    store.record_verdict(submission("late"), reject(Reason.FILE_UNAVAILABLE, "download", "missing"), stage=UNAVAILABLE)
+    store.move(submission("late"), ATTESTED, note="the challenge window closed")
+    store.move(submission("gone"), UNVERIFIABLE, note="the checkpoint of step 3 is gone")
     assert store.open_count() == 0
     assert store.counts() == {
         SEEN: 0, VERIFIED: 0, ATTESTED: 1, INVALIDATED: 0, UNVERIFIABLE: 1, UNAVAILABLE: 0
@@ -94,14 +97,16 @@ def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) ->
 def test_a_borderline_rejection_is_remembered_as_such_and_a_state_from_before_gets_the_column(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.record([submission("near", 10), submission("clear", 11)], next_block=12)
-    store.record_verdict(key("near"), reject(Reason.PROOF_INVALID, "model", "borderline: row 3", borderline=True))
-    store.record_verdict(key("clear"), reject(Reason.PROOF_INVALID, "model", "row 0"))
-    near, clear = store.get(key("near")), store.get(key("clear"))
+    store.record_verdict(
+        submission("near"), reject(Reason.PROOF_INVALID, "model", "borderline: row 3", borderline=True)
+    )
+    store.record_verdict(submission("clear"), reject(Reason.PROOF_INVALID, "model", "row 0"))
+    near, clear = store.get(key("near"), NODE), store.get(key("clear"), NODE)
     assert near is not None and near.borderline and clear is not None and not clear.borderline
     store.db.execute("ALTER TABLE work DROP COLUMN borderline")  # the schema before issue 17
     store.close()
     reopened = open_store(tmp_path)
-    row = reopened.get(key("near"))
+    row = reopened.get(key("near"), NODE)
     assert row is not None and row.borderline is False and row.detail == "borderline: row 3"
 
 
@@ -109,11 +114,11 @@ def test_the_newest_files_verdict_groups_and_sent_invalidations_are_read_from_th
     store = open_store(tmp_path)
     store.record([submission("a", 10), submission("b", 11, 1), submission("c", 11, 2), submission("d", 12)], 13)
     assert [r.work_key for r in store.newest(3)] == [key("d"), key("c"), key("b")]
-    store.record_verdict(key("a"), accept("fine"))
-    store.record_verdict(key("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0"))
-    store.record_verdict(key("c"), reject(Reason.REWARD_MISMATCH, "rewards", "row 1"))
-    store.move(key("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
-    store.move(key("c"), INVALIDATED)  # moved without a transaction: not counted as sent
+    store.record_verdict(submission("a"), accept("fine"))
+    store.record_verdict(submission("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0"))
+    store.record_verdict(submission("c"), reject(Reason.REWARD_MISMATCH, "rewards", "row 1"))
+    store.move(submission("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
+    store.move(submission("c"), INVALIDATED)  # moved without a transaction: not counted as sent
     assert sorted(store.verdict_counts(), key=str) == sorted([(True, None, 1), (False, 6, 2)], key=str)
     assert store.invalidations_sent() == 1
 

@@ -52,23 +52,19 @@ def store(tmp_path: Path) -> Iterator[ValidatorStore]:
         tmp_path / "state", chain_id=31337, work_ledger="0x" + "11" * 20, pool_id=1, validator=VALIDATOR.address
     )
     names = ("good", "faked", "late", "missing", "waiting")
-    store.record(
-        [
-            Submission(1, key_of(n), dev_account(3).address, 100 + i, 10 + i, 0, 1_700_000_000)
-            for i, n in enumerate(names)
-        ],
-        next_block=20,
-    )
-    store.record_verdict(key_of("good"), accept("every check passed"))
-    store.move(key_of("good"), ATTESTED)
-    store.record_verdict(
-        key_of("faked"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0")
-    )
-    store.move(key_of("faked"), INVALIDATED, tx_hash="0x" + "ab" * 32)
-    store.record_verdict(key_of("late"), reject(Reason.REWARD_MISMATCH, "rewards", "row 1: reward 2.0, recomputed 0.0"))
-    store.move(key_of("late"), INVALIDATED, note="already invalidated on chain")
-    store.record_verdict(key_of("missing"), reject(Reason.FILE_UNAVAILABLE, "download", "gone"), stage=UNAVAILABLE)
-    store.retry_later(key_of("waiting"), 5.0, "the coordinator does not have the file yet")
+    rows = {
+        n: Submission(1, key_of(n), dev_account(3).address, 100 + i, 10 + i, 0, 1_700_000_000)
+        for i, n in enumerate(names)
+    }
+    store.record(list(rows.values()), next_block=20)
+    store.record_verdict(rows["good"], accept("every check passed"))
+    store.move(rows["good"], ATTESTED)
+    store.record_verdict(rows["faked"], reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0"))
+    store.move(rows["faked"], INVALIDATED, tx_hash="0x" + "ab" * 32)
+    store.record_verdict(rows["late"], reject(Reason.REWARD_MISMATCH, "rewards", "row 1: reward 2.0, recomputed 0.0"))
+    store.move(rows["late"], INVALIDATED, note="already invalidated on chain")
+    store.record_verdict(rows["missing"], reject(Reason.FILE_UNAVAILABLE, "download", "gone"), stage=UNAVAILABLE)
+    store.retry_later(rows["waiting"], 5.0, "the coordinator does not have the file yet")
     yield store
     store.close()
 

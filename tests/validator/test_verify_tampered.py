@@ -19,6 +19,7 @@ from node.model.loading import LoadedModel
 from node.proofs import num_chunks
 from node.rollouts import RolloutRow, SamplingMeta, encode_rollouts, work_units
 from node.tasks.spec import TaskSpec, spec_hash
+from validator.checks import names_another_node
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict
 
@@ -240,6 +241,9 @@ def test_a_file_naming_another_node_than_its_submitter_is_rejected(
     verdict = verify(_encode(honest), node=OTHER_NODE)
     _rejected(verdict, Reason.BAD_FORMAT, "metadata")
     assert verdict.evidence["field"] == "node"
+    # a squatter's record of another node's key: invalidated on chain, but no attestation is posted on the file
+    assert names_another_node(verdict.check, verdict.detail)
+    assert not names_another_node(verify(_encode(honest), pool_id=1).check, verify(_encode(honest), pool_id=1).detail)
 
 
 def test_a_file_for_another_pool_is_rejected(honest: Generated, verify: Callable[..., Verdict]) -> None:
