@@ -28,7 +28,8 @@ from node.cli.errors import node_cli_errors
 
 if TYPE_CHECKING:
     from ledger.deployment import Deployment
-    from node.devnet.lifecycle import LifecycleReport
+    from node.devnet.lifecycle import LifecycleReport, Role
+    from node.devnet.lifecycle import Snapshot as LifecycleSnapshot
     from node.devnet.network import DevnetReport, Snapshot
 
 app = typer.Typer(
@@ -140,7 +141,7 @@ def lifecycle(
         False, "--keep-running", help="Leave the chain running after the demo, until Ctrl-C."
     ),
 ) -> None:
-    """Walk the ledger through a pool's life: stake, work, a slash, a claim, and a refused claim."""
+    """Walk the ledger through a pool's life: stake, work, a burned slash, claims paid and refused, locks released."""
     console = Console(highlight=False, soft_wrap=True)
     with cli_errors():
         from ledger.accounts import DEV_KEY_LABEL
@@ -170,13 +171,30 @@ def lifecycle(
 
 
 def _print_report(console: Console, report: LifecycleReport) -> None:
+    from node.devnet.lifecycle import Role
+
+    tokens = report.tokens
     console.print(_holdings_table(report))
     console.print(_pool_table(report))
+    registry = (report.before.holdings[Role.REGISTRY].balance, report.after.holdings[Role.REGISTRY].balance)
     console.print(
-        f"provider 1 earned {report.tokens(report.claimed)}; provider 2 lost {report.tokens(report.slashed)} of stake; "
-        f"escrow {report.tokens(report.funded)} + {report.tokens(report.slashed)} - {report.tokens(report.claimed)}"
-        f" = {report.tokens(report.after.escrow)}"
+        f"provider 1 earned {tokens(report.claimed)}; provider 2 lost {tokens(report.slashed)} of stake, "
+        f"taken from node 2's lock in pool #{report.pool_id} and burned: the NodeRegistry holds it for good "
+        f"(burned {tokens(report.before.burned)} → {tokens(report.after.burned)}, its token balance "
+        f"{tokens(registry[0])} → {tokens(registry[1])}); nobody's balance rose by it"
     )
+    console.print(
+        f"escrow = funded - claimed: {tokens(report.funded)} - {tokens(report.claimed)} = "
+        f"{tokens(report.after.escrow)} (slashes are not credited to it)"
+    )
+    for node, release in report.releases.items():
+        provider = "provider 1" if node == Role.NODE_1 else "provider 2"
+        why = "left" if node == Role.NODE_1 else "ejected"
+        before, after = release.provider_locked
+        console.print(
+            f"{node}'s lock: {why} at block time {release.ended_at}, held until {release.held_until}, released at "
+            f"{release.released_at}: {provider} locked {tokens(before)} → {tokens(after)}"
+        )
 
 
 def _change(report: LifecycleReport, before: int, after: int) -> str:
@@ -189,8 +207,9 @@ def _change(report: LifecycleReport, before: int, after: int) -> str:
 def _holdings_table(report: LifecycleReport) -> Table:
     from node.devnet.lifecycle import TABLE_PARTIES
 
+    # nothing unbonds in the script: Holdings.unbonding stays 0, and the table fits 80 columns without it
     table = Table(
-        "party", "token balance", "active stake", "unbonding", title="before → after (tokens)", title_justify="left"
+        "party", "token balance", "active stake", "locked", title="before → after (tokens)", title_justify="left"
     )
     for role in TABLE_PARTIES:
         before, after = report.before.holdings[role], report.after.holdings[role]
@@ -198,19 +217,32 @@ def _holdings_table(report: LifecycleReport) -> Table:
             str(role),
             _change(report, before.balance, after.balance),
             _change(report, before.active_stake, after.active_stake),
-            _change(report, before.unbonding, after.unbonding),
+            _change(report, before.locked, after.locked),
         )
     return table
 
 
 def _pool_table(report: LifecycleReport) -> Table:
+    from node.devnet.lifecycle import NODES
+
     names = {address: str(role) for role, address in report.addresses.items()}
 
     def members(addresses: tuple[str, ...]) -> str:
         return ", ".join(names.get(address, address) for address in addresses) or "none"
 
+    def lock(role: Role, snapshot: LifecycleSnapshot) -> str:
+        held = snapshot.locks[role]
+        if not held.open:
+            return "none (released)"
+        if held.member:
+            return f"{report.tokens(held.amount)} (member)"
+        return f"{report.tokens(held.amount)} until block time {held.release_at}"
+
     table = Table(f"pool #{report.pool_id}", "before", "after", title_justify="left")
     table.add_row("escrow", report.tokens(report.before.escrow), report.tokens(report.after.escrow))
+    table.add_row("burned (NodeRegistry)", report.tokens(report.before.burned), report.tokens(report.after.burned))
+    for role in NODES:
+        table.add_row(f"{role}'s lock", lock(role, report.before), lock(role, report.after))
     table.add_row("members", members(report.before.members), members(report.after.members))
     return table
 
@@ -305,6 +337,7 @@ def _snapshot_line(s: Snapshot) -> str:
     rejected = sum(s.rejected.values())
     nodes = "; ".join(
         f"{n.name} {'ejected' if n.ejected else 'member' if n.member else 'joining'} stake {_tokens(n.stake)}"
+        f" lock {_tokens(n.lock)}"
         for n in s.nodes
     )
     return (
@@ -316,7 +349,8 @@ def _snapshot_line(s: Snapshot) -> str:
 
 def _snapshot_table(s: Snapshot) -> Table:
     table = Table(
-        "node", "role", "pool", "files", "invalidated", "slashed", "provider stake", title_justify="left",
+        "node", "role", "pool", "files", "invalidated", "slashed (burned)", "lock", "provider stake",
+        title_justify="left",
         title=(
             f"step {s.step}/{s.steps}  {s.seconds:.0f} s  reward {_rate(s.reward_mean)}  batch pass rate "
             f"{_rate(s.pass_rate)}  files: submitted {s.submitted}, accepted {s.accepted}, rejected "
@@ -332,6 +366,7 @@ def _snapshot_table(s: Snapshot) -> Table:
             str(n.submitted),
             str(n.invalidated),
             _tokens(n.slashed),
+            _tokens(n.lock),
             _tokens(n.stake),
         )
     return table
@@ -352,24 +387,54 @@ def _print_devnet_report(console: Console, report: DevnetReport) -> None:
         f"  files           submitted {report.submitted}, accepted {report.accepted}, rejected {rejected} ({reasons}),"
         f" trained on {report.trained_files}, not judged when the validator stopped {report.unverified}"
     )
-    table = Table("node", "role", "files", "invalidated", "pool", "provider stake", "claimed", title_justify="left")
+    table = Table(
+        "node", "role", "files", "invalidated", "pool", "lock", "provider stake", "claimed", title_justify="left"
+    )
     for n in report.nodes:
         before = report.stake_before.get(n.provider, n.stake)
         stake = _tokens(n.stake) if before == n.stake else f"{_tokens(before)} → {_tokens(n.stake)}"
+        lock = _tokens(n.lock) + (f" until block time {n.lock_release_at}" if n.lock and n.lock_release_at else "")
         table.add_row(
             f"{n.name} {n.address}",
             "cheater" if n.cheater else "honest",
             str(n.submitted),
             str(n.invalidated),
             "ejected" if n.ejected else "member" if n.member else "-",
+            lock,
             stake,
             _tokens(report.claimed.get(n.provider, 0)),
         )
     console.print(table)
+    for line in _slash_lines(report):
+        console.print(line)
     if report.plot is not None:
         console.print(f"  reward curve    {report.plot}")
     console.print(f"  logs            {report.logs}")
     console.print(f"  report          {report.root / 'report.json'}")
+
+
+def _slash_lines(report: DevnetReport) -> list[str]:
+    """Where the slashed tokens went (burned, in the registry), each slashed node's amount, and the escrow."""
+    names = {n.address: n.name for n in report.nodes}
+    invalidated = {n.address: n.invalidated for n in report.nodes}
+    lines = []
+    for node, amount in report.slashed.items():
+        void = report.void.get(node, 0)
+        lines.append(
+            f"  slashed         {names.get(node, node)} {node}: {_tokens(amount)} tokens burned from its lock "
+            f"({invalidated.get(node, 0)} invalidations"
+            + (f"; its {void} other pending files are void: ejected, never paid)" if void else ")")
+        )
+    lines.append(
+        f"  burned          {_tokens(report.burned)} tokens in all (NodeRegistry.burned): the registry keeps them,"
+        " nobody is paid them"
+    )
+    claimed = sum(report.claimed.values())
+    lines.append(
+        f"  escrow          {_tokens(report.funded)} funded - {_tokens(claimed)} claimed = {_tokens(report.escrow)}"
+        " (slashes are not credited to it)"
+    )
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,15 +1,18 @@
 """The worker dashboard's chain reads: blocking web3 calls, made in a thread on a refresh interval, never per request.
 
-One `WorkerChain.read` is a handful of calls (block, stake, membership) plus, for the journal's files, what only
-changes rarely: a file's `getWork` is read once (its submission time never changes) and again only while it
-looks claimable (someone may claim it outside this daemon); invalidations come from following `WorkInvalidated`
-events from where the last read stopped, so a refresh costs the same after a week as after a minute.
+One `WorkerChain.read` is a handful of calls (block, stake, membership, the node's lock in the pool) plus, for the
+journal's files, what only changes rarely: a file's `getWork(pool, node, key)` (this node's own record: records are
+per node) is read once (its submission time never changes) and again only while it looks claimable (someone may
+claim it outside this daemon); invalidations come from following `WorkInvalidated` events, this node's only, from
+where the last read stopped, so a refresh costs the same after a week as after a minute.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+
+from eth_utils import to_checksum_address
 
 from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated
@@ -25,7 +28,7 @@ class WorkerChain:
         self._pool: PoolConfig | None = None
         self._provider: str | None = None
         self._works: dict[bytes, WorkRecord] = {}
-        self._invalidated: dict[bytes, WorkInvalidated] = {}  # every invalidation in the pool, by work key
+        self._invalidated: dict[bytes, WorkInvalidated] = {}  # every invalidation of this node's work, by work key
         self._follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
 
     def read(self, work_keys: Iterable[bytes]) -> ChainReading:
@@ -45,8 +48,11 @@ class WorkerChain:
         stake = ledger.stake_of(self._provider) if self._provider is not None else None
         member = ledger.is_member(self.pool_id, self.node)
         ejected = ledger.is_ejected(self.pool_id, self.node)
+        lock = ledger.lock_of(self.pool_id, self.node)
+        node = to_checksum_address(self.node)
         for event in self._follower.poll():
-            if isinstance(event, WorkInvalidated):
+            # another node's record of the same key is its own: only this node's invalidations are this node's
+            if isinstance(event, WorkInvalidated) and event.node == node:
                 self._invalidated[event.work_key] = event
         keys = list(work_keys)
         for key in keys:
@@ -58,7 +64,7 @@ class WorkerChain:
                 and chain_time >= known.submitted_at + pool.challenge_window
             )
             if stale or maybe_claimed:
-                self._works[key] = ledger.get_work(self.pool_id, key)
+                self._works[key] = ledger.get_work(self.pool_id, self.node, key)
         return ChainReading(
             read_at=time.time(),
             block=number,
@@ -69,6 +75,7 @@ class WorkerChain:
             stake=stake,
             member=member,
             ejected=ejected,
+            lock=lock,
             works={key: self._works[key] for key in keys},
             invalidations={key: self._invalidated[key] for key in keys if key in self._invalidated},
         )

@@ -7,6 +7,10 @@ string (`ledger.units.format_amount`): base units of an 18-decimal token do not 
 
 Where a number is an estimate it says so (`estimate: true` or a label): throughput over a recent window, rewards
 that are only paid if no validator invalidates the file first, and slash exposure as an upper bound.
+
+A slash reaches only the stake this node locks in this pool (`NodeRegistry.lockOf`), and burns it; an ejected
+node's pending work is void (never paid), and its lock is held one challenge window after the ejection (or after
+leaving) before `releaseStake` frees it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.events import WorkInvalidated
-from ledger.types import PoolConfig, Reason, StakeInfo, WorkRecord, WorkStatus
+from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 from ledger.units import format_amount
 from node.daemon.state import STAGES, FileRecord
 
@@ -24,8 +28,11 @@ THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate ave
 MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file
 
 # A file's challenge-window state, as the dashboard shows it; the first three are the journal's own stages
-# before the file reaches the chain.
-FILE_STATES = ("written", "uploaded", "expired", "submitted", "pending", "claimable", "claimed", "invalidated")
+# before the file reaches the chain. `void`: pending work of a node ejected from the pool, which is never paid.
+FILE_STATES = ("written", "uploaded", "expired", "submitted", "pending", "claimable", "claimed", "invalidated", "void")
+# The daemon journals an ejected node's claimable files as `expired` with a detail starting so (node/daemon/worker.py)
+VOID_DETAIL = "void"
+VOID_REASON = "the node was ejected from the pool: its pending work is never paid"
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,9 @@ class ChainReading:
     stake: StakeInfo | None  # the provider's
     member: bool
     ejected: bool
-    works: dict[bytes, WorkRecord] = field(default_factory=dict)  # journal keys that reached the chain
-    invalidations: dict[bytes, WorkInvalidated] = field(default_factory=dict)  # of journal keys
+    lock: StakeLock | None  # this node's lock in this pool (`lockOf`); None when not read
+    works: dict[bytes, WorkRecord] = field(default_factory=dict)  # this node's records of journal keys
+    invalidations: dict[bytes, WorkInvalidated] = field(default_factory=dict)  # of this node's journal keys
 
 
 @dataclass(frozen=True)
@@ -63,13 +71,23 @@ class FileState:
 
 
 def file_state(
-    record: FileRecord, work: WorkRecord | None, invalidation: WorkInvalidated | None, window: int, now: int
+    record: FileRecord,
+    work: WorkRecord | None,
+    invalidation: WorkInvalidated | None,
+    window: int,
+    now: int,
+    *,
+    ejected: bool = False,
 ) -> FileState:
     """Where one file stands: the chain's word when it has one (an invalidation the daemon has not looked at yet
     shows at once), else the journal's.
 
-    `now` is the chain's time; a submitted file is `pending` until `submitted_at + window`, then `claimable`.
+    `now` is the chain's time; a submitted file is `pending` until `submitted_at + window`, then `claimable`; once
+    the node is `ejected` its pending work is `void` instead (`claimRewards` refuses it), though a validator may
+    still invalidate it until its window closes.
     """
+    if record.stage == "expired" and (record.detail or "").startswith(VOID_DETAIL):
+        return FileState("void", None, record.detail, 0)  # the daemon found it void and journaled so
     if record.stage in ("written", "uploaded", "expired"):
         return FileState(record.stage, None, record.detail if record.stage == "expired" else None, 0)
     closes_at = None if work is None or work.status == WorkStatus.NONE else work.submitted_at + window
@@ -83,6 +101,8 @@ def file_state(
         return FileState("claimed", closes_at, None, 0)
     if closes_at is None:  # journaled as submitted, not read from the chain yet
         return FileState("submitted", None, None, 0)
+    if ejected:
+        return FileState("void", closes_at, VOID_REASON, 0)
     return FileState("pending" if now < closes_at else "claimable", closes_at, None, 0)
 
 
@@ -145,12 +165,17 @@ def worker_snapshot(
     }
     if reading is None:
         states = {r.work_key: file_state(r, None, None, 0, 0) for r in records}
-        snapshot |= {"provider": None, "pool": None, "stake": None, "tokens": None}
+        snapshot |= {"provider": None, "pool": None, "stake": None, "lock": None, "tokens": None}
     else:
         window, now_chain = reading.pool.challenge_window, reading.chain_time
         states = {
             r.work_key: file_state(
-                r, reading.works.get(r.work_key), reading.invalidations.get(r.work_key), window, now_chain
+                r,
+                reading.works.get(r.work_key),
+                reading.invalidations.get(r.work_key),
+                window,
+                now_chain,
+                ejected=reading.ejected,
             )
             for r in records
         }
@@ -158,6 +183,7 @@ def worker_snapshot(
             "provider": reading.provider,
             "pool": _pool(reading),
             "stake": _stake(reading),
+            "lock": _lock(reading),
             "tokens": _tokens(records, states, reading),
         }
     shown = list(records)[-MAX_FILES_SHOWN:][::-1]  # newest first
@@ -196,45 +222,77 @@ def _stake(reading: ChainReading) -> dict[str, Any] | None:
     stake, d = reading.stake, reading.decimals
     if stake is None:
         return None
-    node_locked = reading.pool.min_stake_per_node if reading.member else 0
+    lock = reading.lock
+    node_locked = lock.amount if lock is not None and lock.open else 0
     return {
         "active": format_amount(stake.active, d),
         "unbonding": format_amount(stake.unbonding, d),
-        "locked": format_amount(stake.locked, d),  # by every pool the provider's nodes are in
+        "locked": format_amount(stake.locked, d),  # by every lock of the provider's nodes, in every pool
         "free": format_amount(max(0, stake.active - stake.locked), d),
-        "node_locked": format_amount(node_locked, d),  # by this pool for this node
-        "release_at": stake.release_at or None,
+        "node_locked": format_amount(node_locked, d),  # by this node's lock in this pool (held on after leaving)
+        "release_at": stake.release_at or None,  # of the unbonding stake
+    }
+
+
+def lock_state(lock: StakeLock | None, now: int) -> str:
+    """`member` (locked while a member), `held` (left or ejected: held until `release_at`), `releasable` (the
+    window passed: `releaseStake` frees it), or `none` (never joined, or released)."""
+    if lock is None or not lock.open:
+        return "none"
+    if lock.member:
+        return "member"
+    return "releasable" if lock.releasable(now) else "held"
+
+
+def _lock(reading: ChainReading) -> dict[str, Any]:
+    """This node's lock in this pool: what a slash here can still burn, and when it may be released."""
+    lock, d = reading.lock, reading.decimals
+    state = lock_state(lock, reading.chain_time)
+    held = lock is not None and lock.open
+    return {
+        "amount": format_amount(lock.amount if lock is not None and held else 0, d),
+        "state": state,
+        "release_at": lock.release_at if lock is not None and state in ("held", "releasable") else None,
     }
 
 
 def _tokens(records: Sequence[FileRecord], states: dict[bytes, FileState], reading: ChainReading) -> dict[str, Any]:
     """Earned and at-risk amounts of this node's files in this pool (the journal's files only)."""
     per_unit, d = reading.pool.reward_per_unit, reading.decimals
-    sums = {"claimed": 0, "claimable": 0, "pending": 0, "invalidated": 0}
-    pending, slashed = 0, 0
+    sums = {"claimed": 0, "claimable": 0, "pending": 0, "invalidated": 0, "void": 0}
+    pending, void, exposed, slashed = 0, 0, 0, 0
     for record in records:
         state = states[record.work_key]
         if state.state in sums:
             sums[state.state] += record.units * per_unit
         pending += state.state == "pending"
+        void += state.state == "void"
+        # a file may be invalidated while its window is open, void or not
+        open_window = state.closes_at is not None and reading.chain_time < state.closes_at
+        exposed += state.state in ("pending", "void") and open_window
         slashed += state.slashed
-    stake = reading.stake
-    slashable = 0 if stake is None else stake.active + stake.unbonding
-    # each invalidation slashes `slashAmount`, active stake first, then unbonding (NodeRegistry.slash)
-    exposure = min(pending * reading.pool.slash_amount, slashable)
+    lock = reading.lock
+    slashable = lock.amount if lock is not None and lock.open else 0
+    # each invalidation burns `slashAmount` from this node's lock in this pool, never more than it holds, and
+    # nothing else of the provider's stake (NodeRegistry.slash)
+    exposure = min(exposed * reading.pool.slash_amount, slashable)
     return {
         "claimed": format_amount(sums["claimed"], d),
         "claimable": format_amount(sums["claimable"], d),
         "pending_rewards": format_amount(sums["pending"], d),  # paid only if no validator invalidates first
-        "slash_exposure": format_amount(exposure, d),  # upper bound: every pending file invalidated
+        "slash_exposure": format_amount(exposure, d),  # upper bound: every file in its window invalidated
         "pending_files": pending,
+        "exposed_files": exposed,  # pending and void files whose challenge window is still open
+        "void_rewards": format_amount(sums["void"], d),  # of an ejected node's pending work: never paid
+        "void_files": void,
         "lost_rewards": format_amount(sums["invalidated"], d),
-        "slashed": format_amount(slashed, d),
+        "slashed": format_amount(slashed, d),  # burned from this node's lock
     }
 
 
 def _file(record: FileRecord, state: FileState, per_unit: int | None, decimals: int) -> dict[str, Any]:
-    paid = state.state not in ("expired", "invalidated")  # what it earns, will earn if not invalidated, or earned
+    # what it earns, will earn if not invalidated, or earned; never for an expired, invalidated or void file
+    paid = state.state not in ("expired", "invalidated", "void")
     return {
         "work_key": "0x" + record.work_key.hex(),
         "step": record.step,

@@ -63,7 +63,8 @@ const NONE = "\\u2013";  // an en dash: no value
 const TONES = { pending: "warn", claimable: "info", claimed: "ok", invalidated: "bad", expired: "muted",
   written: "muted", uploaded: "muted", submitted: "info", accepted: "ok", rejected: "bad", seen: "muted",
   verified: "info", attested: "ok", unavailable: "bad", unverifiable: "muted",
-  member: "ok", ejected: "bad", running: "ok", stopping: "warn" };
+  member: "ok", ejected: "bad", running: "ok", stopping: "warn", void: "bad", held: "warn", releasable: "info",
+  none: "muted" };
 
 function el(tag, props, ...children) {
   const node = document.createElement(tag);
@@ -114,7 +115,12 @@ function fileState(f, chainTime) {
   } else if (f.state === "claimable") {
     parts.push("challenge window closed " + utc(f.closes_at) + "; claimable");
   } else if (f.state === "invalidated") {
-    parts.push("invalidated: " + dash(f.reason) + (f.slashed ? "; slashed " + f.slashed + " tokens" : ""));
+    parts.push("invalidated: " + dash(f.reason) + (f.slashed ? "; slashed " + f.slashed + " tokens (burned)" : ""));
+  } else if (f.state === "void") {
+    parts.push("void: never paid, the node was ejected from the pool");
+    if (f.closes_at !== null && chainTime && chainTime < f.closes_at) {
+      parts.push(el("span", { class: "note" }, " (may still be invalidated until " + utc(f.closes_at) + ")"));
+    }
   } else if (f.state === "expired") {
     parts.push("never submitted: " + dash(f.reason));
   } else if (f.state === "claimed") {
@@ -127,8 +133,22 @@ function fileState(f, chainTime) {
   return el("td", { class: "state state-" + f.state }, parts);
 }
 
+function lockRelease(lock, chainTime, poolId) {
+  if (!lock) return null;
+  if (lock.state === "member") return [badge("member"), "held while a member, then one challenge window"];
+  if (lock.state === "held") {
+    return [badge("held"), "until " + utc(lock.release_at),
+      chainTime ? el("span", { class: "note" }, " (in " + span(lock.release_at - chainTime) + ")") : null];
+  }
+  if (lock.state === "releasable") {
+    return [badge("releasable"), "since " + utc(lock.release_at) + ": prime-node release " + poolId];
+  }
+  return [badge("none"), "no lock in this pool"];
+}
+
 function renderWorker(d) {
   const stake = d.stake || {}, tok = d.tokens || {}, pool = d.pool || {}, tp = d.throughput, chain = d.chain;
+  const lock = d.lock;
   document.getElementById("title").textContent = "prime-node worker";
   document.getElementById("subtitle").textContent = d.node + " · pool " + d.pool_id + (pool.name ? " " +
     JSON.stringify(pool.name) : "");
@@ -151,22 +171,28 @@ function renderWorker(d) {
        span(tp.window_s) + " (units = output tokens)."),
     card("Stake (provider's)", [
       ["active", tokens(stake.active), "stake-active"],
-      ["locked by this node", tokens(stake.node_locked), "stake-node-locked"],
+      ["locked by this node here", tokens(stake.node_locked), "stake-node-locked"],
+      ["lock release", lockRelease(lock, chain.time, d.pool_id), "lock-release"],
       ["min stake per node", tokens(pool.min_stake_per_node)],
       ["locked, all pools", tokens(stake.locked)],
       ["free", tokens(stake.free)],
       ["unbonding", tokens(stake.unbonding) + (stake.release_at ? " until " + utc(stake.release_at) : "")],
-    ], d.stake ? "From NodeRegistry.stakeOf / lockedOf." : "No provider stake read yet.", "stake"),
+    ], d.stake ? "From NodeRegistry.stakeOf / lockedOf / lockOf. A slash reaches only this node's lock in this " +
+       "pool, and burns it; after leaving or an ejection the lock is held one challenge window longer." :
+       "No provider stake read yet.", "stake"),
     card("Tokens", [
       ["earned (claimed)", tokens(tok.claimed), "earned"],
       ["claimable now", tokens(tok.claimable), "claimable"],
       ["at risk: pending rewards", tokens(tok.pending_rewards), "pending-rewards"],
       ["at risk: slash exposure", tokens(tok.slash_exposure), "slash-exposure"],
+      ["void (node ejected)", tokens(tok.void_rewards) + (tok.void_files ? " (" + tok.void_files + " files)" : ""),
+       "void-rewards"],
       ["lost rewards", tokens(tok.lost_rewards)],
-      ["slashed", tokens(tok.slashed), "slashed"],
+      ["slashed (burned)", tokens(tok.slashed), "slashed"],
     ], "Estimates: rewards are units x reward per unit (" + dash(pool.reward_per_unit) + "), paid only if no " +
-       "validator invalidates the file in its window; slash exposure is an upper bound, " + dash(tok.pending_files) +
-       " pending files x " + dash(pool.slash_amount) + " tokens, capped by the stake. This node's journal only."),
+       "validator invalidates the file in its window; slash exposure is an upper bound, " + dash(tok.exposed_files) +
+       " files in their window x " + dash(pool.slash_amount) + " tokens, capped by this node's lock in the pool. " +
+       "An ejected node's pending work is void: never paid. This node's journal only."),
     card("Chain", [
       ["block", chain.block],
       ["chain time", utc(chain.time)],

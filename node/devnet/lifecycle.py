@@ -1,8 +1,12 @@
-"""The ledger's life in one run: pool, stake, work, a slash, a claim and a refused claim, on a fresh anvil.
+"""The ledger's life in one run: pool, stake, work, a burned slash, claims paid and refused, locks released, on a
+fresh anvil.
 
 `run_lifecycle()` takes the four contracts through the path a real pool takes (DESIGN.md section 1,
 steps 4 to 7), signing with anvil's public development keys. It reports each step through a callback
-as it happens and returns the holdings before and after, so a caller can check the accounting.
+as it happens and returns the holdings before and after, so a caller can check the accounting:
+a slash takes tokens from the node's lock in the pool and burns them (they stay in the NodeRegistry,
+counted in `burned`, and nobody's balance grows by them), so the escrow is funded - claimed; an ejected
+node's pending work is void; a lock outlives its membership by one challenge window.
 Nothing here prints: `prime-devnet lifecycle` does.
 """
 
@@ -16,14 +20,16 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from eth_utils import to_checksum_address
 from web3.logs import EventLogErrorFlags
+from web3.types import TxReceipt
 
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.errors import ContractRevert
-from ledger.types import PoolConfig, Reason, WorkStatus
+from ledger.types import PoolConfig, Reason, StakeLock, WorkStatus
 from ledger.units import format_amount, parse_amount
 
 # The receipts also hold the token's and registry's logs, which these contracts' ABIs cannot decode.
@@ -35,14 +41,16 @@ class LifecycleConfig:
     """The script's numbers; token amounts in whole tokens. Every amount shown or checked derives from these."""
 
     pool_name: str = "devnet-lifecycle"
-    challenge_window: int = 3600  # seconds; at most the registry's unbonding period (7 days by default)
+    # seconds; at least the deployment's minimum (1 h by default), at most the registry's unbonding period (7 days)
+    challenge_window: int = 3600
     min_stake_per_node: Decimal = Decimal("100")
     reward_per_unit: Decimal = Decimal("0.01")
-    slash_amount: Decimal = Decimal("50")
+    slash_amount: Decimal = Decimal("50")  # burned from the node's lock per invalidation; at most the min stake
     pool_funding: Decimal = Decimal("1000")
     provider_grant: Decimal = Decimal("500")  # minted to each provider
     provider_stake: Decimal = Decimal("200")  # must cover min_stake_per_node for its one node
-    units: tuple[int, int] = (1_500, 2_000)  # output tokens in the rollout file of node 1 and node 2
+    # output tokens in the rollout files of node 1, node 2 (the one invalidated) and node 2 again (void once ejected)
+    units: tuple[int, int, int] = (1_500, 2_000, 2_500)
     invalid_reason: Reason = Reason.PROOF_INVALID
 
 
@@ -54,6 +62,7 @@ class Role(StrEnum):
     NODE_1 = "node 1"
     NODE_2 = "node 2"
     ESCROW = "pool escrow"  # the WorkLedger contract, which holds every pool's reward escrow
+    REGISTRY = "NodeRegistry"  # holds the stake, and the burned tokens for good
 
 
 # Who signs with which anvil development key (public keys: fine here, never on a real chain).
@@ -65,7 +74,9 @@ DEV_KEY_INDEX: dict[Role, int] = {
     Role.NODE_1: 4,
     Role.NODE_2: 5,
 }
-TABLE_PARTIES = (Role.PROVIDER_1, Role.PROVIDER_2, Role.ESCROW, Role.VALIDATOR, Role.POOL_OWNER)
+TABLE_PARTIES = (Role.PROVIDER_1, Role.PROVIDER_2, Role.ESCROW, Role.REGISTRY, Role.VALIDATOR, Role.POOL_OWNER)
+NODES = (Role.NODE_1, Role.NODE_2)
+PROVIDER_OF = {Role.NODE_1: Role.PROVIDER_1, Role.NODE_2: Role.PROVIDER_2}
 
 _STATUS_WORDS = {
     WorkStatus.PENDING: "the work is still pending",
@@ -80,6 +91,7 @@ class Holdings:
 
     balance: int
     active_stake: int
+    locked: int  # of the active stake, by its nodes' locks in every pool (`lockedOf`)
     unbonding: int
 
 
@@ -87,7 +99,9 @@ class Holdings:
 class Snapshot:
     holdings: dict[Role, Holdings]
     escrow: int  # the pool's reward escrow (`escrowOf`)
+    burned: int  # every token slashed so far, held by the NodeRegistry for good (`burned`)
     members: tuple[str, ...]  # node addresses
+    locks: dict[Role, StakeLock]  # each node's lock in the pool (`lockOf`)
 
 
 @dataclass(frozen=True)
@@ -100,26 +114,42 @@ class Refusal:
     explanation: str
 
 
+@dataclass(frozen=True)
+class LockRelease:
+    """A lock that outlived its membership: held from `ended_at` (leave or ejection) until `held_until`, then freed."""
+
+    node: Role
+    ended_at: int  # chain time of the block that ended the membership
+    held_until: int  # `lockOf(...).releaseAt`: ended_at + the challenge window
+    released_at: int  # chain time of the `releaseStake` block
+    amount: int  # what the lock held when it was released (after any slash)
+    provider_locked: tuple[int, int]  # the provider's `lockedOf` just before and after the release
+
+
 class UnexpectedSuccess(AssertionError):
     """The contracts accepted what they must refuse: a bug in the contracts or in this script."""
 
 
 @dataclass(frozen=True)
 class LifecycleReport:
-    """Before is taken once both nodes have joined, before any work; after, once the refused claim is done."""
+    """Before is taken once both nodes have joined, before any work; after, once both locks are released."""
 
     config: LifecycleConfig
     deployment: Deployment
     pool_id: int
     decimals: int
     addresses: dict[Role, str]
-    work_keys: tuple[bytes, bytes]
+    work_keys: tuple[bytes, bytes, bytes]  # node 1's, node 2's invalidated one, node 2's second (void)
     before: Snapshot
     after: Snapshot
     funded: int
     claimed: int  # paid to provider 1 (from the RewardsClaimed event)
-    slashed: int  # taken from provider 2 (from the WorkInvalidated event)
-    refusal: Refusal
+    slashed: int  # burned from node 2's lock (from the WorkInvalidated event)
+    lock_after_slash: StakeLock  # node 2's lock right after the invalidation: what is left, held until when
+    repeat_claim: Refusal  # provider 1 claims node 1's work a second time: WorkNotPending (claimed)
+    ejected_claim: Refusal  # node 2's second work, past its window: NodeEjected (its pending work is void)
+    early_release: Refusal  # node 1's lock released before its window has passed: LockHeld
+    releases: dict[Role, LockRelease]  # node 1 (left) and node 2 (ejected)
 
     def tokens(self, base_units: int) -> str:
         return format_amount(base_units, self.decimals)
@@ -135,13 +165,25 @@ def dev_key_cast() -> list[tuple[Role, int, str]]:
 
 def explain_refusal(revert: ContractRevert) -> str:
     """The contract's reason for refusing, in words a person reads."""
+    values = revert.values
     if revert.name == "WorkNotPending":
-        status = WorkStatus(int(revert.values["status"]))
+        status = WorkStatus(int(values["status"]))
         return f"refused: {_STATUS_WORDS.get(status, f'the work is {status.name.lower()}')}"
+    if revert.name == "NodeEjected":
+        return "refused: the node was ejected from the pool, so its pending work is void and never paid"
     if revert.name == "ChallengeWindowOpen":
         return "refused: the challenge window is still open"
     if revert.name == "WorkNotFound":
         return "refused: no such work was submitted"
+    if revert.name == "LockHeld":
+        if values.get("member"):
+            return "refused: the node is still a member of the pool; its lock ends only after it leaves"
+        return (
+            f"refused: the lock is held until block time {values['releaseAt']}, when the challenge window of the "
+            "node's last submission closes"
+        )
+    if revert.name == "NotLocked":
+        return "refused: the node holds no lock in this pool"
     return f"refused: {revert.name}"
 
 
@@ -185,6 +227,7 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
     keys = {role: dev_account(index) for role, index in DEV_KEY_INDEX.items()}
     addresses: dict[Role, str] = {role: str(account.address) for role, account in keys.items()}
     addresses[Role.ESCROW] = deployment.address("WorkLedger")
+    addresses[Role.REGISTRY] = deployment.address("NodeRegistry")
     as_role = {role: Ledger(chain.w3, deployment, account) for role, account in keys.items()}
     owner = as_role[Role.POOL_OWNER]
     decimals = owner.decimals
@@ -194,6 +237,9 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
 
     def tokens(base_units: int) -> str:
         return format_amount(base_units, decimals)
+
+    def block_time(receipt: TxReceipt) -> int:
+        return int(chain.w3.eth.get_block(receipt["blockNumber"])["timestamp"])
 
     pool_config = PoolConfig(
         name=config.pool_name,
@@ -210,7 +256,8 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
         f"pool owner created pool #{pool_id} '{config.pool_name}': "
         f"challenge window {_duration(config.challenge_window)}, "
         f"min stake {tokens(pool_config.min_stake_per_node)} per node, "
-        f"reward {tokens(pool_config.reward_per_unit)} per unit, slash {tokens(pool_config.slash_amount)}"
+        f"reward {tokens(pool_config.reward_per_unit)} per unit, slash {tokens(pool_config.slash_amount)} "
+        f"(burned from the node's lock in this pool), at most {pool_config.max_units_per_key:,} units per file"
     )
     funded = base(config.pool_funding)
     owner.mint(owner.address, funded)
@@ -219,32 +266,47 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
     owner.set_validator(pool_id, addresses[Role.VALIDATOR])
     step(f"pool owner appointed the validator {addresses[Role.VALIDATOR]}")
 
-    pairs = ((Role.PROVIDER_1, Role.NODE_1), (Role.PROVIDER_2, Role.NODE_2))
-    for provider_role, node_role in pairs:
+    for node_role in NODES:
+        provider_role = PROVIDER_OF[node_role]
         provider = as_role[provider_role]
         owner.mint(provider.address, base(config.provider_grant))
         provider.stake(base(config.provider_stake))
         provider.add_node(keys[node_role])  # the node key signs the EIP-712 NodeBinding
         as_role[node_role].join(pool_id)
+        lock = owner.lock_of(pool_id, addresses[node_role])
         step(
             f"{provider_role} got {tokens(base(config.provider_grant))} tokens, staked "
             f"{tokens(base(config.provider_stake))}, bound {node_role} {addresses[node_role]} "
-            f"(binding signed by the node key); {node_role} joined pool #{pool_id}"
+            f"(binding signed by the node key); {node_role} joined pool #{pool_id}, locking "
+            f"{tokens(lock.amount)} of {provider_role}'s stake there"
         )
 
     before = _snapshot(owner, pool_id, addresses)
-    work_keys = (rollout_work_key(addresses[Role.NODE_1]), rollout_work_key(addresses[Role.NODE_2]))
-    for (_, node_role), work_key, units in zip(pairs, work_keys, config.units, strict=True):
+    work_keys = (
+        rollout_work_key(addresses[Role.NODE_1]),
+        rollout_work_key(addresses[Role.NODE_2]),
+        rollout_work_key(addresses[Role.NODE_2], step=1),
+    )
+    submitters = (Role.NODE_1, Role.NODE_2, Role.NODE_2)
+    for node_role, work_key, units in zip(submitters, work_keys, config.units, strict=True):
         as_role[node_role].submit_work(pool_id, work_key, units)
         step(f"{node_role} submitted work 0x{work_key.hex()[:16]}... ({units:,} units)")
 
     validator = as_role[Role.VALIDATOR]
-    receipt = validator.invalidate_work(pool_id, work_keys[1], config.invalid_reason)
+    node_2 = addresses[Role.NODE_2]
+    burned_before = owner.burned()
+    receipt = validator.invalidate_work(pool_id, node_2, work_keys[1], config.invalid_reason)
     (invalidated,) = validator.work.events.WorkInvalidated().process_receipt(receipt, errors=DISCARD)
     slashed = int(invalidated["args"]["slashed"])
+    ejected_at = block_time(receipt)
+    lock_after_slash = owner.lock_of(pool_id, node_2)
     step(
-        f"validator invalidated node 2's work ({config.invalid_reason.name}, reason {int(config.invalid_reason)}): "
-        f"provider 2 slashed {tokens(slashed)} tokens into the escrow, node 2 ejected"
+        f"validator invalidated node 2's first work ({config.invalid_reason.name}, reason "
+        f"{int(config.invalid_reason)}): {tokens(slashed)} tokens taken from node 2's lock in pool #{pool_id} "
+        f"({tokens(before.locks[Role.NODE_2].amount)} -> {tokens(lock_after_slash.amount)}) and burned: they stay "
+        f"in the NodeRegistry for good, paid to nobody (burned {tokens(burned_before)} -> {tokens(owner.burned())}); "
+        f"node 2 ejected, so its other pending work is void; its lock is held until block time "
+        f"{lock_after_slash.release_at}"
     )
 
     now = chain.increase_time(config.challenge_window + 1)
@@ -253,16 +315,71 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
         f"past the challenge window (block time {now})"
     )
 
-    receipt = as_role[Role.PROVIDER_1].claim_rewards(pool_id, [work_keys[0]])
+    provider_1 = as_role[Role.PROVIDER_1]
+    node_1 = addresses[Role.NODE_1]
+    receipt = provider_1.claim_rewards(pool_id, node_1, [work_keys[0]])
     (paid,) = owner.work.events.RewardsClaimed().process_receipt(receipt, errors=DISCARD)
     claimed = int(paid["args"]["amount"])
     step(
-        f"provider 1 claimed {tokens(claimed)} tokens "
+        f"provider 1 claimed {tokens(claimed)} tokens for node 1's work "
         f"({config.units[0]:,} units x {tokens(pool_config.reward_per_unit)})"
     )
 
-    refusal = _refused_claim(as_role[Role.PROVIDER_2], pool_id, work_keys[1])
-    step(f"provider 2 tried to claim its invalidated work -> {refusal.explanation}\n    {refusal.message}")
+    repeat_claim = _refused(
+        lambda: provider_1.claim_rewards(pool_id, node_1, [work_keys[0]]), "claiming claimed work again"
+    )
+    step(f"provider 1 tried to claim node 1's work again -> {repeat_claim.explanation}\n    {repeat_claim.message}")
+
+    ejected_claim = _refused(
+        lambda: as_role[Role.PROVIDER_2].claim_rewards(pool_id, node_2, [work_keys[2]]),
+        "claiming the pending work of an ejected node",
+    )
+    step(
+        f"provider 2 tried to claim node 2's second work, past its challenge window and never invalidated -> "
+        f"{ejected_claim.explanation} (its invalidated work is refused the same way: the ejection is checked "
+        f"before any key)\n    {ejected_claim.message}"
+    )
+
+    receipt = as_role[Role.NODE_1].leave(pool_id)
+    left_at = block_time(receipt)
+    held = owner.lock_of(pool_id, node_1)
+    step(
+        f"node 1 left pool #{pool_id}: its lock of {tokens(held.amount)} tokens is held until block time "
+        f"{held.release_at} (one challenge window: its last submission could still be invalidated until then); "
+        f"provider 1 still has {tokens(owner.stake_of(addresses[Role.PROVIDER_1]).locked)} locked"
+    )
+    early_release = _refused(lambda: provider_1.release_stake(pool_id, node_1), "releasing a held lock early")
+    step(
+        f"provider 1 tried to release node 1's lock at once -> {early_release.explanation}\n    {early_release.message}"
+    )
+
+    wait = held.release_at - now
+    now = chain.increase_time(wait)
+    step(f"chain time moved {_duration(wait)} forward, to node 1's release time (block time {now})")
+
+    releases: dict[Role, LockRelease] = {}
+    ended = {Role.NODE_1: left_at, Role.NODE_2: ejected_at}
+    for node_role in NODES:
+        provider_role = PROVIDER_OF[node_role]
+        lock = owner.lock_of(pool_id, addresses[node_role])
+        locked_before = owner.stake_of(addresses[provider_role]).locked
+        receipt = as_role[provider_role].release_stake(pool_id, addresses[node_role])
+        locked_after = owner.stake_of(addresses[provider_role]).locked
+        releases[node_role] = LockRelease(
+            node=node_role,
+            ended_at=ended[node_role],
+            held_until=lock.release_at,
+            released_at=block_time(receipt),
+            amount=lock.amount,
+            provider_locked=(locked_before, locked_after),
+        )
+        why = "left" if node_role == Role.NODE_1 else "was ejected"
+        step(
+            f"{provider_role} released {node_role}'s lock ({node_role} {why} at block time {ended[node_role]}, "
+            f"held until {lock.release_at}): {provider_role} locked {tokens(locked_before)} -> "
+            f"{tokens(locked_after)}; its {tokens(owner.stake_of(addresses[provider_role]).active)} staked tokens "
+            f"are free to unstake"
+        )
 
     return LifecycleReport(
         config=config,
@@ -276,16 +393,25 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
         funded=funded,
         claimed=claimed,
         slashed=slashed,
-        refusal=refusal,
+        lock_after_slash=lock_after_slash,
+        repeat_claim=repeat_claim,
+        ejected_claim=ejected_claim,
+        early_release=early_release,
+        releases=releases,
     )
 
 
-def _refused_claim(provider: Ledger, pool_id: int, work_key: bytes) -> Refusal:
+def _refused(send: Callable[[], TxReceipt], what: str) -> Refusal:
     try:
-        receipt = provider.claim_rewards(pool_id, [work_key])
+        receipt = send()
     except ContractRevert as revert:
-        return Refusal(revert.name, dict(revert.values), str(revert), explain_refusal(revert))
-    raise UnexpectedSuccess(f"claiming invalidated work succeeded (tx {receipt['transactionHash'].hex()})")
+        values = {k: to_checksum_address(v) if _is_address(v) else v for k, v in revert.values.items()}
+        return Refusal(revert.name, values, str(revert), explain_refusal(revert))
+    raise UnexpectedSuccess(f"{what} succeeded (tx {receipt['transactionHash'].hex()})")
+
+
+def _is_address(value: object) -> bool:
+    return isinstance(value, str) and value.startswith("0x") and len(value) == 42
 
 
 def _duration(seconds: int) -> str:
@@ -299,5 +425,11 @@ def _snapshot(ledger: Ledger, pool_id: int, addresses: dict[Role, str]) -> Snaps
     holdings: dict[Role, Holdings] = {}
     for role in TABLE_PARTIES:
         stake = ledger.stake_of(addresses[role])
-        holdings[role] = Holdings(ledger.balance_of(addresses[role]), stake.active, stake.unbonding)
-    return Snapshot(holdings, ledger.escrow_of(pool_id), tuple(ledger.members(pool_id)))
+        holdings[role] = Holdings(ledger.balance_of(addresses[role]), stake.active, stake.locked, stake.unbonding)
+    return Snapshot(
+        holdings,
+        ledger.escrow_of(pool_id),
+        ledger.burned(),
+        tuple(ledger.members(pool_id)),
+        {role: ledger.lock_of(pool_id, addresses[role]) for role in NODES},
+    )

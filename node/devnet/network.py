@@ -13,11 +13,14 @@ The run, in order (each phase reported through `on_phase`):
    with `--simulate-fault` when there is a cheater.
 5. While the trainer works towards `steps`, a `Snapshot` every second: the trainer's last step (reward, batch
    pass rate), the validator's verdicts (its /metrics), and from the chain each node's submissions,
-   invalidations, membership and its provider's stake.
+   invalidations (and the stake they burned), membership, its lock in the pool and its provider's stake.
 6. When the trainer has written its last step: the workers get SIGTERM (each finishes its file), the validator
    a few seconds to finish what it can still download, then everything stops. The last policy's held-out pass
    rate, the reward curve (`prime-train plot`), and a jump of chain time past the challenge window, after which
-   each honest provider claims its rewards, end the run with a `DevnetReport`.
+   each honest node's provider claims that node's work (one claim per node: work records are per node; an
+   ejected node's pending work is void and is not claimed), end the run with a `DevnetReport`: it says where the
+   slashed tokens went (burned: `NodeRegistry.burned()`, and each slashed node with its amount) and that the
+   escrow is what was funded minus what was claimed.
 
 Every process writes to `<root>/logs/<name>.log`; the report names the folder.
 """
@@ -55,6 +58,7 @@ PROVIDERS = (1, 2, 3, 4)  # worker i's provider ...
 NODES = (5, 6, 7, 8)  # ... and its node key
 MAX_WORKERS = len(NODES)
 CHEAT_FAULT = "fake-reward"  # caught by the reward check: reason 6, slashed, ejected
+FUNDING = 1000  # tokens of reward escrow the pool owner funds
 
 
 class DevnetError(NodeError):
@@ -79,10 +83,10 @@ class DevnetSettings:
     vector_lr_scale: float = 10.0
     eval_problems: int = 256
     eval_samples: int = 4
-    stake: int = 100  # tokens each worker's provider stakes for it (the pool's minimum)
-    slash: int = 50  # tokens an invalidation takes
+    stake: int = 100  # tokens each worker's provider stakes for it (the pool's minimum, which each node locks)
+    slash: int = 50  # tokens an invalidation burns from the node's lock in the pool (at most `stake`)
     reward_per_unit: float = 0.001  # tokens per output token
-    challenge_window: int = 3600
+    challenge_window: int = 3600  # at least the deployment's minimum challenge window (1 h by default)
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -108,8 +112,10 @@ class NodeView:
     ejected: bool
     submitted: int
     invalidated: int
-    slashed: int  # base units taken by invalidations
+    slashed: int  # base units its invalidations burned from its lock in the pool
     stake: int  # the provider's active stake, base units
+    lock: int = 0  # what the node's lock in the pool holds now (`lockOf`), base units; 0 once released
+    lock_release_at: int = 0  # when a lock held on after leaving or ejection may be released; 0 while a member
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,12 @@ class DevnetReport:
     claimed: dict[str, int] = field(default_factory=dict)  # provider -> base units claimed after the window
     plot: Path | None = None
     unverified: int = 0  # submitted files the validator had not judged when it stopped
+    # Where the slashed tokens went: burned, i.e. kept by the NodeRegistry for good and paid to nobody.
+    burned: int = 0  # `NodeRegistry.burned()` at the end, base units
+    slashed: dict[str, int] = field(default_factory=dict)  # node -> base units burned from its lock (slashed nodes)
+    void: dict[str, int] = field(default_factory=dict)  # ejected node -> its pending files, never paid
+    funded: int = 0  # the pool's reward escrow as funded, base units
+    escrow: int = 0  # what is left of it at the end: funded - claimed (slashes are not credited to it)
 
     @property
     def change_points(self) -> float:
@@ -176,8 +188,9 @@ class Devnet:
         self.pool_id = 0
         self.workers = [f"worker-{i + 1}" for i in range(settings.workers)]
         self.cheat = self.workers[-1] if settings.cheater else None
-        self._node_of: dict[bytes, str] = {}  # every submitted work key -> its node, in chain order
-        self._dead: set[bytes] = set()  # invalidated work keys
+        # every submitted (node, work key), in chain order: work records are per node, so a key alone names none
+        self._submitted: dict[tuple[str, bytes], None] = {}
+        self._dead: set[tuple[str, bytes]] = set()  # invalidated (node, work key)
         self._slashed: dict[str, int] = {}  # node -> base units its invalidations took
         self._stake_before: dict[str, int] = {}
         self._last_validator: dict[str, float] = {}
@@ -200,8 +213,9 @@ class Devnet:
             after = self._evaluate(final, cache=False)
             self.phase(f"pass rate after RL: {after:.1%} ({self._eval_words()})")
             plot = self._plot()
-            claimed = self._claim(owner)
+            claimed, void = self._claim(owner)
             snapshot = self._snapshot(owner, last, seconds)
+            burned, escrow = owner.burned(), owner.escrow_of(self.pool_id)
         finally:
             self.supervisor.stop_all()
             if self.chain is not None:
@@ -226,6 +240,11 @@ class Devnet:
             claimed=claimed,
             plot=plot,
             unverified=unverified,
+            burned=burned,
+            slashed={node: amount for node, amount in self._slashed.items() if amount},
+            void=void,
+            funded=FUNDING * TOKEN,
+            escrow=escrow,
         )
         (self.root / "report.json").write_text(json.dumps(report.as_json(), indent=2) + "\n")
         return report
@@ -282,14 +301,14 @@ class Devnet:
             max_nodes=0,
         )
         self.pool_id = owner.create_pool(config)
-        owner.mint(owner.address, 1000 * TOKEN)
-        owner.fund_rewards(self.pool_id, 1000 * TOKEN)
+        owner.mint(owner.address, FUNDING * TOKEN)
+        owner.fund_rewards(self.pool_id, FUNDING * TOKEN)
         owner.set_validator(self.pool_id, dev_account(VALIDATOR).address)
         for i in range(s.workers):
             owner.mint(dev_account(PROVIDERS[i]).address, 2 * s.stake * TOKEN)
         self.phase(
-            f"pool {self.pool_id} on {self.chain.rpc_url}: 1000 tokens of rewards, min stake {s.stake},"
-            f" slash {s.slash}, validator {dev_account(VALIDATOR).address}"
+            f"pool {self.pool_id} on {self.chain.rpc_url}: {FUNDING} tokens of rewards, min stake {s.stake} locked"
+            f" per node, slash {s.slash} (burned from the node's lock), validator {dev_account(VALIDATOR).address}"
         )
         return owner
 
@@ -416,23 +435,23 @@ deployment = "deployment.json"
     def _snapshot(self, owner: Ledger, last: dict[str, float], seconds: float) -> Snapshot:
         for event in self._follower.poll():
             if isinstance(event, WorkSubmitted):
-                self._node_of[event.work_key] = event.node
-            elif isinstance(event, WorkInvalidated):  # always after its submission, in chain order
-                node = self._node_of[event.work_key]
-                self._slashed[node] = self._slashed.get(node, 0) + event.slashed
-                self._dead.add(event.work_key)
+                self._submitted[(event.node, event.work_key)] = None
+            elif isinstance(event, WorkInvalidated):  # names the node whose record it invalidated
+                self._slashed[event.node] = self._slashed.get(event.node, 0) + event.slashed
+                self._dead.add((event.node, event.work_key))
         validator = self._validator_metrics()
         rejected = {
             Reason.label(r.value): int(validator.get(f'validator_files_rejected_total{{reason="{r.name.lower()}"}}', 0))
             for r in Reason
         }
         nodes = []
-        submitted = Counter(self._node_of.values())
-        invalidated = Counter(self._node_of[key] for key in self._dead)
+        submitted = Counter(node for node, _ in self._submitted)
+        invalidated = Counter(node for node, _ in self._dead)
         for i, name in enumerate(self.workers):
             address, provider = dev_account(NODES[i]).address, dev_account(PROVIDERS[i]).address
             child = self.supervisor.children.get(name)
             state = "running" if child and child.running else f"exited {child.process.returncode}" if child else "-"
+            lock = owner.lock_of(self.pool_id, address)
             nodes.append(
                 NodeView(
                     name=name,
@@ -446,6 +465,8 @@ deployment = "deployment.json"
                     invalidated=invalidated[address],
                     slashed=self._slashed.get(address, 0),
                     stake=owner.stake_of(provider).active,
+                    lock=lock.amount,
+                    lock_release_at=lock.release_at,
                 )
             )
         return Snapshot(
@@ -455,7 +476,7 @@ deployment = "deployment.json"
             reward_mean=last.get("reward_mean"),
             pass_rate=last.get("pass_rate"),
             trained_files=self._trained_files(),
-            submitted=len(self._node_of),
+            submitted=len(self._submitted),
             accepted=int(validator.get("validator_files_accepted_total", 0)),
             rejected={k: v for k, v in rejected.items() if v},
             nodes=tuple(nodes),
@@ -508,26 +529,31 @@ deployment = "deployment.json"
             done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return png if done.returncode == 0 and png.is_file() else None
 
-    def _claim(self, owner: Ledger) -> dict[str, int]:
-        """Moves chain time past the challenge window; each honest provider claims its node's surviving work."""
+    def _claim(self, owner: Ledger) -> tuple[dict[str, int], dict[str, int]]:
+        """Moves chain time past the challenge window; each honest provider claims its node's surviving work, one
+        claim per node. Returns what each provider was paid, and each ejected node's pending files: void, never paid
+        (`claimRewards` refuses an ejected node with `NodeEjected`), so not claimed."""
         assert self.chain is not None
         self.chain.increase_time(self.settings.challenge_window + 1)
         claimed: dict[str, int] = {}
+        void: dict[str, int] = {}
         for i, name in enumerate(self.workers):
-            if name == self.cheat:
-                continue
             node = dev_account(NODES[i]).address
-            keys = [k for k, n in self._node_of.items() if n == node and k not in self._dead]  # none claimed yet
-            if not keys:
+            keys = [k for n, k in self._submitted if n == node and (n, k) not in self._dead]  # none claimed yet
+            if owner.is_ejected(self.pool_id, node):
+                if keys:
+                    void[node] = len(keys)
+                continue
+            if name == self.cheat or not keys:
                 continue
             provider = owner.as_account(dev_account(PROVIDERS[i]))
             before = provider.balance_of(provider.address)
-            provider.claim_rewards(self.pool_id, keys)
+            provider.claim_rewards(self.pool_id, node, keys)
             claimed[provider.address] = provider.balance_of(provider.address) - before
         if claimed:
             window = self.settings.challenge_window
             self.phase(f"chain time moved past the {window} s challenge window; the honest providers claimed")
-        return claimed
+        return claimed, void
 
     def _wait(self, ready: Callable[[], bool], what: str, child: Child | None, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -1,5 +1,6 @@
-"""The worker's web dashboard: each file's challenge-window state (the chain's word first), stake, earned and at-risk
-tokens, in `/api/state` and in the page as headless Chromium renders it; `prime-node start --dashboard` serves it.
+"""The worker's web dashboard: each file's challenge-window state (the chain's word first; an ejected node's pending
+work void), stake and the node's lock in the pool, earned and at-risk tokens, in `/api/state` and in the page as
+headless Chromium renders it; `prime-node start --dashboard` serves it.
 
 The journal and the chain are real: files recorded with `WorkerState`, submitted, claimed and invalidated on anvil.
 Screenshots land in each test's tmp path; their paths are printed and recorded as the test's `screenshot` property.
@@ -26,11 +27,11 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventPosition, WorkInvalidated
-from ledger.types import PoolConfig, Reason, StakeInfo, WorkRecord, WorkStatus
+from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 from node.daemon.state import FileRecord, WorkerState
 from node.dashboard import serve_dashboard
 from node.dashboard.chain import WorkerChain
-from node.dashboard.model import ChainReading, WorkerLive, file_state, throughput, worker_snapshot
+from node.dashboard.model import ChainReading, WorkerLive, file_state, lock_state, throughput, worker_snapshot
 from node.dashboard.worker import WorkerDashboard
 from tests.chromium import Chromium, element_text, require_chromium, row_text
 from tests.ledger.helpers import DEFAULT_POOL, make_pool, onboard
@@ -72,10 +73,26 @@ def test_a_file_is_pending_until_its_window_closes_and_claimable_from_that_secon
     assert file_state(submitted, None, None, 3600, 4599).state == "submitted"  # the chain not read yet
 
 
+def test_an_ejected_nodes_pending_work_is_void_not_claimable() -> None:
+    key = b"\x03" * 32
+    submitted = record(key, "submitted")
+    for now in (4599, 4600):  # in its window or past it: never paid once the node is ejected
+        state = file_state(submitted, work(key, 1000), None, 3600, now, ejected=True)
+        assert (state.state, state.closes_at) == ("void", 4600)
+        assert state.reason is not None and "ejected" in state.reason
+    claimed = file_state(record(key, "claimed"), work(key, 1000, WorkStatus.CLAIMED), None, 3600, 9999, ejected=True)
+    assert claimed.state == "claimed"  # paid before the ejection: stays paid
+    # the daemon journals claimable work of an ejected node as expired, with a detail that says void
+    journaled = file_state(record(key, "expired", detail="void: node ejected from pool 1"), None, None, 0, 0)
+    assert (journaled.state, journaled.reason) == ("void", "void: node ejected from pool 1")
+
+
 def test_the_chains_invalidation_shows_before_the_journal_hears_of_it() -> None:
     key = b"\x02" * 32
-    event = WorkInvalidated(1, key, "0xvalidator", int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 0, "0x"))
-    state = file_state(record(key, "submitted"), work(key, 1000), event, 3600, 1001)
+    event = WorkInvalidated(
+        1, key, "0xnode", "0xvalidator", int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 0, "0x")
+    )
+    state = file_state(record(key, "submitted"), work(key, 1000), event, 3600, 1001, ejected=True)
     assert (state.state, state.slashed) == ("invalidated", 50 * TOKEN)
     assert state.reason is not None and state.reason.startswith("proof_invalid (7)")
     journaled = file_state(record(key, "invalidated", detail="proof_invalid (7), 50 tokens slashed"), None, None, 0, 0)
@@ -93,19 +110,58 @@ def test_throughput_averages_over_the_recent_window_or_since_the_start() -> None
     assert (long_running["files"], long_running["files_per_min"], long_running["estimate"]) == (2, 0.2, True)
 
 
-def test_slash_exposure_counts_each_pending_file_and_is_capped_by_the_stake() -> None:
-    keys = [bytes([i]) * 32 for i in range(3)]
-    reading = ChainReading(
-        read_at=0.0, block=1, chain_time=2000, pool=DEFAULT_POOL, decimals=18, provider="0xprovider",
-        stake=StakeInfo(active=120 * TOKEN, unbonding=0, locked=100 * TOKEN, release_at=0), member=True,
-        ejected=False, works={k: work(k, 1000) for k in keys}, invalidations={},
+def reading_of(keys: list[bytes], *, lock: StakeLock, ejected: bool = False, chain_time: int = 2000) -> ChainReading:
+    return ChainReading(
+        read_at=0.0, block=1, chain_time=chain_time, pool=DEFAULT_POOL, decimals=18, provider="0xprovider",
+        stake=StakeInfo(active=300 * TOKEN, unbonding=0, locked=lock.amount, release_at=0), member=not ejected,
+        ejected=ejected, lock=lock, works={k: work(k, 1000) for k in keys}, invalidations={},
     )  # fmt: skip
+
+
+def test_slash_exposure_counts_each_file_in_its_window_and_is_capped_by_the_nodes_lock_in_the_pool() -> None:
+    keys = [bytes([i]) * 32 for i in range(3)]
     live = WorkerLive(stopping=False, held_step=3, started_at=0.0)
     records = [record(k, "submitted", units=1000) for k in keys]
-    tokens = worker_snapshot(node="0xnode", pool_id=1, records=records, reading=reading, live=live, now=1.0)["tokens"]
-    assert tokens["pending_files"] == 3
-    assert tokens["slash_exposure"] == "120"  # 3 x 50 = 150 slashable, but only 120 are staked
+    member = StakeLock(1, "0xnode", 100 * TOKEN, 0, True, True)
+    snapshot = worker_snapshot(
+        node="0xnode", pool_id=1, records=records, reading=reading_of(keys, lock=member), live=live, now=1.0
+    )
+    tokens = snapshot["tokens"]
+    assert (tokens["pending_files"], tokens["exposed_files"]) == (3, 3)
+    # 3 x 50 = 150 slashable, but a slash reaches only this pool's lock of 100 (not the provider's other 200)
+    assert tokens["slash_exposure"] == "100"
     assert tokens["pending_rewards"] == "3"  # 3 x 1000 units x 1e15 per unit
+    assert snapshot["lock"] == {"amount": "100", "state": "member", "release_at": None}
+    assert snapshot["stake"]["node_locked"] == "100"
+
+    # ejected: the files are void, the lock (50 left after a slash) is held until 5600, and a void file can still
+    # be invalidated until its window closes at 4600
+    held = StakeLock(1, "0xnode", 50 * TOKEN, 5600, False, True)
+    snapshot = worker_snapshot(
+        node="0xnode", pool_id=1, records=records, reading=reading_of(keys, lock=held, ejected=True), live=live,
+        now=1.0,
+    )  # fmt: skip
+    tokens = snapshot["tokens"]
+    assert {f["state"] for f in snapshot["files"]} == {"void"} and all(f["reward"] is None for f in snapshot["files"])
+    assert (tokens["pending_files"], tokens["void_files"], tokens["exposed_files"]) == (0, 3, 3)
+    assert (tokens["void_rewards"], tokens["pending_rewards"], tokens["claimable"]) == ("3", "0", "0")
+    assert tokens["slash_exposure"] == "50"
+    assert snapshot["lock"] == {"amount": "50", "state": "held", "release_at": 5600}
+    assert snapshot["stake"]["node_locked"] == "50"  # still locked: held one challenge window after the ejection
+    late = worker_snapshot(
+        node="0xnode", pool_id=1, records=records, reading=reading_of(keys, lock=held, ejected=True, chain_time=5600),
+        live=live, now=1.0,
+    )  # fmt: skip
+    assert late["tokens"]["exposed_files"] == 0 and late["tokens"]["slash_exposure"] == "0"
+    assert late["lock"]["state"] == "releasable"
+
+
+def test_lock_states() -> None:
+    assert lock_state(None, 0) == "none"
+    assert lock_state(StakeLock(1, "0xnode", 0, 0, False, False), 0) == "none"  # never joined, or released
+    assert lock_state(StakeLock(1, "0xnode", 1, 0, True, True), 10**9) == "member"
+    assert lock_state(StakeLock(1, "0xnode", 1, 100, False, True), 99) == "held"
+    assert lock_state(StakeLock(1, "0xnode", 1, 100, False, True), 100) == "releasable"
 
 
 def test_the_dashboard_port_comes_from_the_flags_then_the_config() -> None:
@@ -132,14 +188,23 @@ class Journal:
     node: str
     keys: dict[str, bytes]
     config: PoolConfig
+    chain: LocalChain
+    validator: Ledger
+
+    def invalidate_cheat(self) -> int:
+        """The validator invalidates the file `cheat` (the journal does not look): 50 of the node's lock of 100 are
+        burned and the node is ejected. Returns the block time of the ejection."""
+        receipt = self.validator.invalidate_work(self.pool_id, self.node, self.keys["cheat"], Reason.PROOF_INVALID)
+        return int(self.chain.w3.eth.get_block(receipt["blockNumber"])["timestamp"])
 
 
 @pytest.fixture
 def journaled(
     tmp_path: Path, chain: LocalChain, ledger_for: Callable[[int], Ledger], deployment: Deployment
 ) -> Iterator[Journal]:
-    """A node's files in every state: claimed, claimable, pending (accepted by a validator), invalidated on chain
-    but still `submitted` in the journal, written, expired. The invalidation slashed 50 of the provider's 100."""
+    """A member node's files in every state: claimed, claimable, pending (accepted by a validator) and `cheat`
+    (pending), written, expired. `invalidate_cheat()` then invalidates `cheat` on chain, leaving it `submitted` in the
+    journal: the node is ejected and its other pending files are void."""
     owner, provider, validator = ledger_for(0), ledger_for(1), ledger_for(6)
     pool_id = make_pool(owner)  # window 3600 s, 100 tokens per node, 1e15 per unit, slash 50
     node = dev_account(3)
@@ -171,13 +236,13 @@ def journaled(
     write("cheat", 4000, 1)
     submit("pending", "cheat")
     state.note_verdict(keys["pending"], f"accepted by {validator.address}")
-    provider.claim_rewards(pool_id, [keys["claimed"]])
+    provider.claim_rewards(pool_id, node.address, [keys["claimed"]])
     state.move([keys["claimed"]], "claimed")
-    validator.invalidate_work(pool_id, keys["cheat"], Reason.PROOF_INVALID)  # the journal has not looked yet
     write("written", 500, 2)
     write("expired", 600, 0)
     state.move([keys["expired"]], "expired", detail="step < 1 when submitting")
-    yield Journal(state, Ledger(chain.w3, deployment), pool_id, node.address, keys, owner.pool(pool_id).config)
+    reader = Ledger(chain.w3, deployment)
+    yield Journal(state, reader, pool_id, node.address, keys, owner.pool(pool_id).config, chain, validator)
     state.close()
 
 
@@ -203,46 +268,114 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-def test_the_state_api_puts_the_chains_word_first_and_accounts_for_every_token(journaled: Journal) -> None:
+def served_state(journal: Journal) -> Any:
     async def use(url: str, _: WorkerDashboard) -> Any:
         return await asyncio.to_thread(get_json, f"{url}/api/state")
 
-    state = asyncio.run(with_dashboard(journaled, use))
+    return asyncio.run(with_dashboard(journal, use))
+
+
+def states_by_name(journal: Journal, state: Any) -> dict[str, Any]:
     files = {f["work_key"]: f for f in state["files"]}
-    by_name = {name: files["0x" + key.hex()] for name, key in journaled.keys.items()}
+    return {name: files["0x" + key.hex()] for name, key in journal.keys.items()}
+
+
+def test_the_state_api_puts_the_chains_word_first_and_accounts_for_every_token(journaled: Journal) -> None:
+    state = served_state(journaled)
+    by_name = states_by_name(journaled, state)
     assert {name: f["state"] for name, f in by_name.items()} == {
         "claimed": "claimed",
         "claimable": "claimable",
         "pending": "pending",
-        "cheat": "invalidated",  # the journal still says submitted; the chain said it first
+        "cheat": "pending",
         "written": "written",
         "expired": "expired",
     }
-    assert by_name["cheat"]["stage"] == "submitted" and by_name["cheat"]["slashed"] == "50"
-    assert by_name["cheat"]["reward"] is None and by_name["expired"]["reward"] is None  # never paid
-    assert by_name["cheat"]["reason"].startswith("proof_invalid (7); validator ")
     pending = by_name["pending"]
-    work = journaled.ledger.get_work(journaled.pool_id, journaled.keys["pending"])
+    work = journaled.ledger.get_work(journaled.pool_id, journaled.node, journaled.keys["pending"])
     assert pending["closes_at"] == work.submitted_at + journaled.config.challenge_window
     assert pending["verdict"] == f"accepted by {dev_account(6).address}" and pending["reward"] == "3"
-    assert state["standing"] == "ejected" and state["step"] == 1
-    assert state["stake"]["active"] == "50" and state["stake"]["node_locked"] == "0"  # 100 staked, 50 slashed
+    assert by_name["expired"]["reward"] is None  # never submitted, never paid
+    assert state["standing"] == "member" and state["step"] == 1
+    assert state["stake"]["active"] == "100" and state["stake"]["node_locked"] == "100"
+    assert state["lock"] == {"amount": "100", "state": "member", "release_at": None}
     assert state["tokens"] == {
         "claimed": "1",  # 1000 units x 1e15
         "claimable": "2",
-        "pending_rewards": "3",
-        "slash_exposure": "50",  # one pending file x 50, and 50 left to slash
-        "pending_files": 1,
-        "lost_rewards": "4",
-        "slashed": "50",
+        "pending_rewards": "7",  # pending 3000 + cheat 4000 units
+        "slash_exposure": "100",  # two files in their window x 50, and the node's lock holds 100
+        "pending_files": 2,
+        "exposed_files": 2,
+        "void_rewards": "0",
+        "void_files": 0,
+        "lost_rewards": "0",
+        "slashed": "0",
     }
     assert state["counts"]["submitted"] == 3 and state["files_total"] == 6
     assert state["chain"]["error"] is None and state["chain"]["block"] >= 1
 
 
-def test_the_page_in_chromium_shows_each_files_state_and_the_stake(
+def test_after_an_invalidation_the_node_is_ejected_its_pending_work_void_and_its_lock_held(
+    journaled: Journal,
+) -> None:
+    ejected_at = journaled.invalidate_cheat()
+    state = served_state(journaled)
+    by_name = states_by_name(journaled, state)
+    assert {name: f["state"] for name, f in by_name.items()} == {
+        "claimed": "claimed",
+        "claimable": "void",  # its window closed, but the node is ejected: never paid
+        "pending": "void",
+        "cheat": "invalidated",  # the journal still says submitted; the chain said it first
+        "written": "written",
+        "expired": "expired",
+    }
+    assert by_name["cheat"]["stage"] == "submitted" and by_name["cheat"]["slashed"] == "50"
+    assert by_name["cheat"]["reason"].startswith("proof_invalid (7); validator ")
+    assert all(by_name[n]["reward"] is None for n in ("cheat", "claimable", "pending", "expired"))
+    assert state["standing"] == "ejected"
+    # 100 staked, 50 burned from the lock; the other 50 stay locked one challenge window after the ejection
+    assert state["stake"]["active"] == "50" and state["stake"]["node_locked"] == "50"
+    release_at = ejected_at + journaled.config.challenge_window
+    assert state["lock"] == {"amount": "50", "state": "held", "release_at": release_at}
+    assert state["tokens"] == {
+        "claimed": "1",
+        "claimable": "0",
+        "pending_rewards": "0",
+        "slash_exposure": "50",  # `pending` is void but still in its window: it may burn the 50 left
+        "pending_files": 0,
+        "exposed_files": 1,
+        "void_rewards": "5",  # claimable 2000 + pending 3000 units, never paid
+        "void_files": 2,
+        "lost_rewards": "4",
+        "slashed": "50",
+    }
+
+    journaled.chain.increase_time(journaled.config.challenge_window + 1)
+    later = served_state(journaled)
+    assert later["lock"] == {"amount": "50", "state": "releasable", "release_at": release_at}
+    assert later["tokens"]["exposed_files"] == 0 and later["tokens"]["slash_exposure"] == "0"
+
+
+def test_another_nodes_invalidation_of_the_same_key_is_not_this_nodes(
+    journaled: Journal, ledger_for: Callable[[int], Ledger]
+) -> None:
+    """Records are per node: another member submitting this node's key, and being invalidated for it, leaves this
+    node's record pending and the node a member."""
+    other = onboard(ledger_for(0), ledger_for(2), dev_account(4), journaled.pool_id)
+    key = journaled.keys["pending"]
+    other.submit_work(journaled.pool_id, key, 3000)
+    journaled.validator.invalidate_work(journaled.pool_id, other.address, key, Reason.PROOF_INVALID)
+    state = served_state(journaled)
+    by_name = states_by_name(journaled, state)
+    assert by_name["pending"]["state"] == "pending" and by_name["pending"]["slashed"] is None
+    assert state["standing"] == "member" and state["tokens"]["slashed"] == "0"
+
+
+def test_the_page_in_chromium_shows_each_files_state_and_the_lock(
     journaled: Journal, chromium: Chromium, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
+    ejected_at = journaled.invalidate_cheat()
+
     async def use(url: str, _: WorkerDashboard) -> tuple[str, Path]:
         dom = await asyncio.to_thread(chromium.dom, url)
         shot = await asyncio.to_thread(chromium.screenshot, url, tmp_path / "dashboard-worker.png")
@@ -251,15 +384,21 @@ def test_the_page_in_chromium_shows_each_files_state_and_the_stake(
     dom, shot = asyncio.run(with_dashboard(journaled, use))
     keep_screenshot(shot, record_property)
     row = {name: row_text(dom, "0x" + key.hex()) for name, key in journaled.keys.items()}
-    work = journaled.ledger.get_work(journaled.pool_id, journaled.keys["pending"])
+    work = journaled.ledger.get_work(journaled.pool_id, journaled.node, journaled.keys["pending"])
     closes = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(work.submitted_at + 3600))
-    assert f"pending until {closes}" in row["pending"], row["pending"]
+    assert "void: never paid, the node was ejected from the pool" in row["pending"], row["pending"]
+    assert f"may still be invalidated until {closes}" in row["pending"]
     assert f"accepted by {dev_account(6).address}" in row["pending"]
-    assert "invalidated: proof_invalid (7)" in row["cheat"] and "slashed 50 tokens" in row["cheat"]
-    assert "claimable" in row["claimable"] and "reward claimed" in row["claimed"]
+    assert "void: never paid" in row["claimable"] and "may still be invalidated" not in row["claimable"]
+    assert "invalidated: proof_invalid (7)" in row["cheat"] and "slashed 50 tokens (burned)" in row["cheat"]
+    assert "reward claimed" in row["claimed"]
     assert "never submitted: step < 1 when submitting" in row["expired"]
     assert element_text(dom, "stake-active") == "50 tokens"
+    assert element_text(dom, "stake-node-locked") == "50 tokens"
+    release = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ejected_at + 3600))
+    assert element_text(dom, "lock-release").startswith(f"held until {release}")
     assert element_text(dom, "standing") == "ejected"
+    assert element_text(dom, "void-rewards") == "5 tokens (2 files)"
     assert element_text(dom, "earned") == "1 tokens" and element_text(dom, "slash-exposure") == "50 tokens"
 
 
@@ -296,5 +435,6 @@ def test_prime_node_start_dashboard_shows_a_submitted_files_state_and_the_stake(
     assert "pending until " in row_text(dom, key)
     assert element_text(dom, "stake-active") == "100 tokens"  # onboarding staked 100; nothing slashed
     assert element_text(dom, "stake-node-locked") == "100 tokens"
+    assert element_text(dom, "lock-release").startswith("member held while a member")
     assert element_text(dom, "standing") == "member" and "running" in element_text(dom, "daemon")
     assert element_text(dom, "step") == "0"
