@@ -276,7 +276,8 @@ def _pool_view(ledger: Ledger, info: PoolInfo) -> dict[str, Any]:
     for node in ledger.members(info.pool_id):
         provider = ledger.provider_of(node)
         active = ledger.stake_of(provider).active if provider else 0
-        members.append({"node": node, "provider": provider, "stake_active": str(active)})
+        locked = ledger.lock_of(info.pool_id, node).amount  # what a slash in this pool can take
+        members.append({"node": node, "provider": provider, "stake_active": str(active), "locked_here": str(locked)})
     return {
         "pool_id": info.pool_id,
         "name": config.name,
@@ -289,7 +290,9 @@ def _pool_view(ledger: Ledger, info: PoolInfo) -> dict[str, Any]:
         "reward_per_unit": str(config.reward_per_unit),
         "slash_amount": str(config.slash_amount),
         "max_nodes": config.max_nodes,
+        "max_units_per_key": config.max_units_per_key,
         "escrow": str(ledger.escrow_of(info.pool_id)),
+        "burned_all_pools": str(ledger.burned()),
         "decimals": ledger.decimals,
         "members": members,
     }
@@ -311,7 +314,9 @@ def _print_pool(view: dict[str, Any], decimals: int) -> None:
         ("reward per unit", tokens("reward_per_unit")),
         ("slash amount", tokens("slash_amount")),
         ("max nodes", str(view["max_nodes"] or "unlimited")),
+        ("max units per key", f"{view['max_units_per_key']:,}"),
         ("reward escrow", tokens("escrow")),
+        ("slashed and burned", f"{tokens('burned_all_pools')} (every pool of this deployment)"),
     ]
     for field, value in rows:
         table.add_row(field, value)
@@ -320,10 +325,13 @@ def _print_pool(view: dict[str, Any], decimals: int) -> None:
     members = Table(title=f"{len(view['members'])} members", title_justify="left")
     for column in ("node", "provider"):
         members.add_column(column, no_wrap=True, min_width=42)  # an address is never cut
-    members.add_column("stake", justify="right", no_wrap=True)
+    members.add_column("provider stake", justify="right", no_wrap=True)
+    members.add_column("locked here", justify="right", no_wrap=True)
     for member in view["members"]:
         stake = format_tokens(int(member["stake_active"]), decimals)
-        members.add_row(member["node"], member["provider"] or "-", stake)
+        members.add_row(
+            member["node"], member["provider"] or "-", stake, format_tokens(int(member["locked_here"]), decimals)
+        )
     console.print(members)
 
 

@@ -162,6 +162,8 @@ def release(
         provider = ledger.provider_of(ledger.address) or ledger.address
         nodes = [parse_address(n, what="--node") for n in node] if node else ledger.nodes_of(provider)
         now, console, released = ledger.timestamp(), stdout_console(), 0
+        if not nodes:
+            console.print(f"provider {provider} has no nodes; nothing is locked for it in pool {pool}")
         for address in nodes:
             lock = ledger.lock_of(pool, address)
             amount = format_tokens(lock.amount, ledger.decimals)
@@ -190,7 +192,17 @@ def unstake(
     """Start unbonding TOKENS of the provider's active stake; `withdraw` them after the unbonding period."""
     with cli_errors():
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
-        ledger.request_unstake(parse_tokens(tokens, ledger.decimals, what="TOKENS"))
+        try:
+            ledger.request_unstake(parse_tokens(tokens, ledger.decimals, what="TOKENS"))
+        except ContractRevert as exc:
+            if exc.name == "InsufficientActiveStake":
+                held = ledger.stake_of(ledger.address)
+                free, locked = (format_tokens(v, ledger.decimals) for v in (held.active - held.locked, held.locked))
+                raise CommandError(
+                    f"only {free} tokens of stake are free: pools lock {locked} (a node's lock is held until one "
+                    "challenge window after it leaves; `prime-node status --pool N` shows when)"
+                ) from exc
+            raise
         info = ledger.stake_of(ledger.address)
         unbonding = format_tokens(info.unbonding, ledger.decimals)
         stdout_console().print(

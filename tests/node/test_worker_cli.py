@@ -172,7 +172,8 @@ def test_the_lock_of_a_node_that_left_is_released_after_one_challenge_window(
     assert f"node {node}: 100 tokens locked until " in early.stdout
     assert reader.stake_of(provider).locked == 100 * TOKEN
     assert_one_line_error(
-        node_cli(deployment_file, "unstake", "150", "--dev-key", PROVIDER), "InsufficientActiveStake"
+        node_cli(deployment_file, "unstake", "150", "--dev-key", PROVIDER),
+        "only 100 tokens of stake are free: pools lock 100",
     )  # 200 staked, 100 still locked
     chain.increase_time(WINDOW)
     done = ok(node_cli(deployment_file, "release", pool_id, "--dev-key", PROVIDER))
