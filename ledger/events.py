@@ -204,11 +204,12 @@ class EventFollower:
             )  # fmt: skip
 
 
-def invalidations(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[bytes, WorkInvalidated]:
-    """Every invalidation in the pool since the deployment (of `node`'s work only, when given), by work key."""
+def invalidations(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkInvalidated]:
+    """Every invalidation in the pool since the deployment (of `node`'s work only, when given), by (node, work key):
+    records are per node, so two nodes' records of one key are two entries."""
     follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
     return {
-        e.work_key: e
+        (e.node, e.work_key): e
         for e in follower.poll()
         if isinstance(e, WorkInvalidated) and (node is None or e.node == to_checksum_address(node))
     }

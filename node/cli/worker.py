@@ -410,8 +410,8 @@ def _print_works(
 
     found = invalidations(ledger, pool) if any(w.status == WorkStatus.INVALIDATED for w in works) else {}
     reasons = {
-        (e.node, k): f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed (burned)"
-        for k, e in found.items()
+        record: f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed (burned)"
+        for record, e in found.items()
     }
     ejected = {n: ledger.is_ejected(pool, n) for n in {w.node for w in works}}
     table = Table(

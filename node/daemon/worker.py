@@ -421,7 +421,7 @@ class WorkerDaemon:
         from ledger.types import Reason
 
         found = await asyncio.to_thread(invalidations, self.ledger, self.settings.pool_id, self.node)
-        event = found.get(work_key)
+        event = found.get((self.node, work_key))
         if event is None:
             return "invalidated"
         return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.ledger.decimals)} tokens slashed"
