@@ -169,6 +169,7 @@ class CoordinatorClient:
         """The next assignment for this node; the coordinator chooses the step and the counter."""
         answer = await self._call("POST", "/v1/tasks", b"{}", signed=True)
         try:
+            signature = answer.get("signature")
             job = Job(
                 pool_id=int(answer["pool_id"]),
                 node=str(answer["node"]),
@@ -176,8 +177,9 @@ class CoordinatorClient:
                 counter=int(answer["counter"]),
                 prompts=int(answer["prompts"]),
                 group_size=int(answer["group_size"]),
+                signature=None if signature is None else _signature_bytes(signature),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CoordinatorUnavailable(f"/v1/tasks answered an invalid task {answer!r}: {exc}") from None
         if job.node != self.account.address:
             raise CoordinatorUnavailable(f"/v1/tasks answered a task for {job.node}, not {self.account.address}")
@@ -226,3 +228,10 @@ def _retry_after(text: str, *, default: float) -> float:
     except ValueError:
         return default
     return min(30.0, max(0.1, value)) if value == value else default
+
+
+def _signature_bytes(value: object) -> bytes:
+    """A 65-byte signature from its 0x-hex form; ValueError for anything else."""
+    if not isinstance(value, str) or not value.startswith("0x") or len(value) != 2 + 130:
+        raise ValueError(f"signature must be 0x and 130 hex digits, got {str(value)[:80]!r}")
+    return bytes.fromhex(value[2:])

@@ -43,7 +43,7 @@ HEADER_TIMESTAMP = "X-Prime-Timestamp"
 HEADER_NONCE = "X-Prime-Nonce"
 REQUEST_HEADERS = (HEADER_ADDRESS, HEADER_SIGNATURE, HEADER_TIMESTAMP, HEADER_NONCE)
 
-_UINT8_MAX, _UINT64_MAX, _UINT256_MAX = 2**8 - 1, 2**64 - 1, 2**256 - 1
+_UINT8_MAX, _UINT32_MAX, _UINT64_MAX, _UINT256_MAX = 2**8 - 1, 2**32 - 1, 2**64 - 1, 2**256 - 1
 _METHOD = re.compile(r"[A-Z]{1,16}")
 _TIMESTAMP = re.compile(r"[0-9]{1,20}")
 _NONCE = re.compile(r"0x[0-9a-fA-F]{32}")
@@ -223,6 +223,44 @@ class Attestation(TypedMessage):
         if not isinstance(self.accepted, bool):
             raise SignatureError("accepted must be a bool", field="accepted", value=self.accepted)
         _check_uint("reason", self.reason, _UINT8_MAX)
+
+
+@dataclass(frozen=True)
+class Assignment(TypedMessage):
+    """The coordinator's grant, signed by the pool's trainer, of one file of work: `node` answers the `prompts` x
+    `group_size` assignment `counter` at policy `step` under the task spec `task_spec_hash`.
+
+    The worker writes the signature into the file's metadata. A validator rebuilds this message from the file itself
+    and recovers the trainer: a file whose shape, counter, step, node or task differs from what was granted (one
+    generation re-sliced into many files, or a counter never handed out) recovers another address."""
+
+    pool_id: int
+    node: str
+    step: int
+    counter: int
+    prompts: int
+    group_size: int
+    task_spec_hash: bytes
+
+    TYPE_NAME: ClassVar[str] = "Assignment"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pool_id", "poolId", "uint256"),
+        ("node", "node", "address"),
+        ("step", "step", "uint64"),
+        ("counter", "counter", "uint64"),
+        ("prompts", "prompts", "uint32"),
+        ("group_size", "groupSize", "uint32"),
+        ("task_spec_hash", "taskSpecHash", "bytes32"),
+    )
+
+    def __post_init__(self) -> None:
+        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
+        _check_checksum_address("node", self.node)
+        _check_uint("step", self.step, _UINT64_MAX)
+        _check_uint("counter", self.counter, _UINT64_MAX)
+        _check_uint("prompts", self.prompts, _UINT32_MAX)
+        _check_uint("group_size", self.group_size, _UINT32_MAX)
+        _check_bytes("task_spec_hash", self.task_spec_hash, 32)
 
 
 @dataclass(frozen=True)

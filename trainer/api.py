@@ -18,6 +18,10 @@ is a 4xx JSON body `{"error": code, "message": text}` with its own code. A store
 `receipt`: the trainer's EIP-712 signature over `UploadReceipt(poolId, workKey, node)`, which the worker keeps. A
 file acknowledged that way and lost afterwards answers 410 `lost`, not 404: validators never slash for it.
 
+An assignment is answered with the trainer's EIP-712 signature over `Assignment(poolId, node, step, counter,
+prompts, groupSize, taskSpecHash)`: the worker writes it into the file, and validators refuse a file whose work
+was not handed out in exactly that shape (one generation re-sliced into many files, or a counter never issued).
+
 Assignments are capped per node and policy step (`files_per_node_per_step`). A request over the cap is held until
 the trainer publishes the next step (at most `hold_seconds`), then answered with that step's assignment, or with
 503 `no_work` and Retry-After: the trainer uses only the files
@@ -54,6 +58,7 @@ from node.rollouts.reader import read_rollouts
 from node.rollouts.schema import RolloutFormatError
 from node.safejson import loads_bounded
 from node.signing import (
+    Assignment,
     Attestation,
     AuthFailure,
     NonceCache,
@@ -203,9 +208,11 @@ class CoordinatorApi:
         on_attest: Callable[[bytes], None] | None = None,
         pending: Callable[[str], int] | None = None,
         signer: LocalAccount | None = None,
+        task_spec_hash: bytes | None = None,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox = domain, state, roles, inbox
-        self.signer = signer  # the trainer's key: signs upload receipts (None: uploads get none)
+        self.signer = signer  # the trainer's key: signs upload receipts and assignments (None: neither is signed)
+        self.task_spec_hash = task_spec_hash  # the pool's task, which every signed assignment names
         self.attestations = attestations
         self.verdicts = _load_verdicts(attestations)  # work key -> validator -> its latest record
         self.config = config or ApiConfig()
@@ -308,16 +315,22 @@ class CoordinatorApi:
         self.state.counters[node] = counter + 1
         if self.on_assign is not None:
             self.on_assign(node, counter)
-        return web.json_response(
-            {
-                "pool_id": self.state.pool_id,
-                "node": node,
-                "step": step,
-                "counter": counter,
-                "prompts": self.config.prompts_per_task,
-                "group_size": self.config.group_size,
-            }
-        )
+        answer: dict[str, object] = {
+            "pool_id": self.state.pool_id,
+            "node": node,
+            "step": step,
+            "counter": counter,
+            "prompts": self.config.prompts_per_task,
+            "group_size": self.config.group_size,
+        }
+        if self.signer is not None and self.task_spec_hash is not None:
+            grant = Assignment(
+                self.state.pool_id, node, step, counter, self.config.prompts_per_task, self.config.group_size,
+                self.task_spec_hash,
+            )  # fmt: skip
+            answer["task_spec_hash"] = "0x" + self.task_spec_hash.hex()
+            answer["signature"] = "0x" + sign(grant, self.signer, self.domain).hex()
+        return web.json_response(answer)
 
     def _over_limit(self, node: str, step: int, handed: int) -> str:
         """Why `node` gets no assignment now ("" when it does)."""

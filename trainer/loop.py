@@ -100,9 +100,16 @@ class Selection:
 @dataclass
 class LoopCounters:
     consumed: set[bytes] = field(default_factory=set)  # work keys trained on or skipped as stale
+    # (node, counter) of every file trained on: one assignment is trained on once, whatever files claim it
+    assignments: set[tuple[str, int]] = field(default_factory=set)
     stale_files: int = 0
     idle_seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
+
+
+def _assignment(file: RolloutFile) -> tuple[str, int]:
+    """The assignment a file answers: (node, counter) is handed out once (signed by the coordinator)."""
+    return file.meta.node, file.meta.counter
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
@@ -166,6 +173,7 @@ class TrainingLoop:
             raise StateError(f"{path} is not a training state of format {STATE_FORMAT} for step {step}")
         self.learner.load_state_dict(saved["learner"])
         self.counters.consumed = {bytes.fromhex(k) for k in saved["consumed"]}
+        self.counters.assignments = {(str(n), int(c)) for n, c in saved.get("assignments", [])}  # none before issue 19
         self.counters.stale_files = int(saved["stale_files"])
         self.counters.idle_seconds = float(saved["idle_seconds"])
         self.assignment_counters = {str(k): int(v) for k, v in saved["assignment_counters"].items()}
@@ -203,6 +211,11 @@ class TrainingLoop:
             candidate = self._candidate(path)
             if candidate is None or candidate.file.work_key in self.counters.consumed:
                 continue
+            if _assignment(candidate.file) in self.counters.assignments:
+                log.warning("never training on %s: its assignment was trained on already (another file)", path)
+                self.counters.consumed.add(candidate.file.work_key)
+                del self._parsed[path]
+                continue
             if candidate.step < oldest:
                 log.warning(
                     "not training on %s: step %d is older than the window [%d, %d]", path, candidate.step, oldest, step
@@ -216,10 +229,14 @@ class TrainingLoop:
         newest_first = self.order == "freshest"
         ready.sort(key=lambda c: (-c.step if newest_first else c.step, c.file.work_key))
         chosen: list[Candidate] = []
+        taken: set[tuple[str, int]] = set()
         rows = 0
         for candidate in ready:
             if rows >= self.rollouts_per_step or len(chosen) == self.max_files_per_step:
                 break
+            if _assignment(candidate.file) in taken:  # two files of one assignment: only the first one counts
+                continue
+            taken.add(_assignment(candidate.file))
             chosen.append(candidate)
             rows += len(candidate.file.rows)
         return Selection([c.file for c in chosen], rows, stale)
@@ -234,6 +251,7 @@ class TrainingLoop:
         """Trains one step, writes the checkpoint and the state; returns the metrics record."""
         stats: StepStats = self.learner.train_step(files)
         self.counters.consumed.update(f.work_key for f in files)
+        self.counters.assignments.update(_assignment(f) for f in files)
         self.counters.idle_seconds += idle_seconds
         self.forget(files)
         self.save_checkpoint()
@@ -279,6 +297,7 @@ class TrainingLoop:
             "step": step,
             "learner": self.learner.state_dict(),
             "consumed": sorted(k.hex() for k in self.counters.consumed),
+            "assignments": sorted([node, counter] for node, counter in self.counters.assignments),
             "stale_files": self.counters.stale_files,
             "idle_seconds": self.counters.idle_seconds,
             "assignment_counters": dict(self.assignment_counters),

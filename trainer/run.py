@@ -33,7 +33,7 @@ from node.model.loading import load_model
 from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
 from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState, parse_logged_verdict
 from trainer.config import RunConfig
 from trainer.inbox import RolloutInbox
@@ -323,7 +323,8 @@ async def run_training(
         on_assign=persist_counter,
         on_attest=lambda _: arrived.set(),  # network mode trains on attested files: look again at once
         pending=lambda node: len(uploaded.get(node, ())),
-        signer=network.account,  # upload receipts: what a worker shows if the coordinator loses its file
+        signer=network.account,  # upload receipts (what a worker shows if the coordinator loses its file), assignments
+        task_spec_hash=spec_hash(spec),
     )
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds

@@ -26,6 +26,7 @@ from node.rollouts import (
     read_rollouts,
     work_units,
 )
+from node.signing import Assignment, SignatureError, SigningDomain, recover
 from node.tasks.errors import AssignmentError
 from node.tasks.rewards import score_completion
 from node.tasks.sources import TaskSource
@@ -191,13 +192,52 @@ def plan_for(
         return reject(Reason.WRONG_ASSIGNMENT, ASSIGNMENT, str(exc), groups=shape[0])
 
 
+def check_signed_assignment(
+    meta: RolloutMeta, step: int, shape: tuple[int, int], trainer: str, domain: SigningDomain
+) -> Verdict | None:
+    """The file carries the trainer's `Assignment` signature over exactly its pool, node, step, counter, shape and
+    task. The message is rebuilt from the file, so a file cut from a larger generation, or made for a counter the
+    coordinator never handed out, recovers another address: reason 3."""
+    if meta.assignment_signature is None:
+        return reject(
+            Reason.WRONG_ASSIGNMENT, ASSIGNMENT, "the file carries no assignment signature", counter=meta.counter
+        )
+    grant = Assignment(meta.pool_id, meta.node, step, meta.counter, shape[0], shape[1], meta.task_spec_hash)
+    try:
+        signer = recover(grant, meta.assignment_signature, domain)
+    except SignatureError as exc:
+        return reject(Reason.WRONG_ASSIGNMENT, ASSIGNMENT, f"the assignment signature is malformed: {exc}")
+    if signer != trainer:
+        return reject(
+            Reason.WRONG_ASSIGNMENT,
+            ASSIGNMENT,
+            f"no such assignment was handed out: step {step}, counter {meta.counter}, {shape[0]} x {shape[1]} is "
+            f"not what the trainer signed (the signature recovers {signer}, not {trainer})",
+            counter=meta.counter,
+            groups=shape[0],
+            group_size=shape[1],
+        )
+    return None
+
+
 def assigned_plan(
-    rows: Sequence[RolloutRow], meta: RolloutMeta, step: int, spec: TaskSpec, source: TaskSource, tokenizer: Any
+    rows: Sequence[RolloutRow],
+    meta: RolloutMeta,
+    step: int,
+    spec: TaskSpec,
+    source: TaskSource,
+    tokenizer: Any,
+    *,
+    grantor: tuple[str, SigningDomain] | None = None,
 ) -> list[PlannedPrompt] | Verdict:
-    """The file's plan when its rows follow it exactly (layout, problems, prompts, seeds, targets); else reason 3."""
+    """The file's plan when its rows follow it exactly (layout, problems, prompts, seeds, targets); else reason 3.
+
+    With `grantor` (the pool's trainer and the signing domain) the assignment must also be one the trainer signed."""
     shape = group_shape(rows)
     if isinstance(shape, Verdict):
         return shape
+    if grantor is not None and (verdict := check_signed_assignment(meta, step, shape, *grantor)):
+        return verdict
     plan = plan_for(meta, step, shape, spec, source, tokenizer)
     if isinstance(plan, Verdict):
         return plan

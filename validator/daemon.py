@@ -54,7 +54,7 @@ from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import TaskSpec, spec_hash
 from validator.checkpoints import Checkpoints
-from validator.checks import names_another_node
+from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
 from validator.errors import CheckpointGone, NotAValidator, ValidatorError
 from validator.evidence import Evidence
@@ -344,6 +344,8 @@ class ValidatorDaemon:
             units=row.units,
             current_step=current,
             earliest_step=0 if earliest is None and current is not None else earliest,  # unknown: never stale
+            trainer=self.setup.trainer,  # the file's assignment must be one the trainer signed
+            domain=self.domain,
         )
         loop = asyncio.get_running_loop()
 
@@ -378,6 +380,8 @@ class ValidatorDaemon:
         seconds = time.perf_counter() - started
         self._verify_seconds.inc(seconds)
         self._last_verify.set(seconds)
+        if verdict.accepted:  # one assignment pays once: a second file under the node's counter is a re-slice
+            verdict = self._counter_once(row, verdict)
         if not verdict.accepted:  # the evidence exists before anything can go on chain
             try:
                 await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row)
@@ -396,6 +400,20 @@ class ValidatorDaemon:
                 "%s from %s: rejected, %s (reason %d) at %s: %s",
                 short, row.node, verdict.reason.name.lower(), verdict.reason, verdict.check, verdict.detail,
             )  # fmt: skip
+
+    def _counter_once(self, row: WorkRow, verdict: Verdict) -> Verdict:
+        """The verdict, or reason 3 when another file of this node already used the file's assignment counter."""
+        counter = int(verdict.evidence["counter"])
+        first = self.store.use_counter(row, counter)
+        if first == row.work_key:
+            return verdict
+        return reject(
+            Reason.WRONG_ASSIGNMENT,
+            ASSIGNMENT,
+            f"assignment counter {counter} of node {row.node} was already used by work 0x{first.hex()}",
+            counter=counter,
+            first=f"0x{first.hex()}",
+        )
 
     def _keep_evidence(self, data: bytes, verdict: Verdict, expected: Expected, row: WorkRow) -> None:
         """In a worker thread: the file, the verdict and the checkpoint of its step, until its window closes."""

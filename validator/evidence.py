@@ -27,6 +27,7 @@ from typing import Any
 
 from node.proofs import ProofThresholds
 from node.rollouts.writer import publish_atomically
+from node.signing import SigningDomain
 from validator.config import ValidatorConfig
 from validator.errors import ValidatorError
 from validator.verdict import Verdict
@@ -61,6 +62,8 @@ class Kept:
     def expected(self) -> Expected:
         fields = dict(self.record["expected"])
         work_key = fields.pop("work_key")
+        if isinstance(domain := fields.get("domain"), dict):  # the signing domain of the assignment signature
+            fields["domain"] = SigningDomain(int(domain["chain_id"]), str(domain["verifying_contract"]))
         return Expected(work_key=bytes.fromhex(work_key.removeprefix("0x")) if work_key else None, **fields)
 
 

@@ -60,6 +60,13 @@ CREATE TABLE IF NOT EXISTS work (
     PRIMARY KEY (pool_id, node, work_key)
 );
 CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
+CREATE TABLE IF NOT EXISTS counters (  -- assignment counters used by accepted files: each pays once
+    pool_id INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    counter INTEGER NOT NULL,
+    work_key TEXT NOT NULL,          -- the first accepted file that used it
+    PRIMARY KEY (pool_id, node, counter)
+);
 """
 _ROW = "WHERE pool_id = ? AND node = ? AND work_key = ?"
 # Rows with something left to do: a verdict to reach, an attestation to post, or a rejection to act on.
@@ -252,6 +259,20 @@ class ValidatorStore:
 
     def _identity(self, row: Submission) -> tuple[int, str, str]:
         return self.pool_id, row.node, row.work_key.hex()
+
+    def use_counter(self, row: Submission, counter: int) -> bytes:
+        """Records that `row`'s file used `counter` of its node, unless a file did before; returns the work key of
+        the first file that used it (`row`'s own when it is the first, also when asked again)."""
+        with self._transaction():
+            self.db.execute(
+                "INSERT OR IGNORE INTO counters (pool_id, node, counter, work_key) VALUES (?, ?, ?, ?)",
+                (self.pool_id, row.node, counter, row.work_key.hex()),
+            )
+            (first,) = self.db.execute(
+                "SELECT work_key FROM counters WHERE pool_id = ? AND node = ? AND counter = ?",
+                (self.pool_id, row.node, counter),
+            ).fetchone()
+        return bytes.fromhex(first)
 
     # --- reading -------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 from node.generation.generate import sampling_params
 from node.model.loading import LoadedModel
 from node.rollouts import work_units
+from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, spec_hash
 from validator import checks, recompute
@@ -40,10 +41,15 @@ class Expected:
     units: int | None = None  # the submitted work units
     current_step: int | None = None  # the pool's current policy step
     earliest_step: int | None = None  # the oldest step that may have been current (clock slack); default current
+    # the pool's trainer and the EIP-712 domain: the file must carry the trainer's signature of exactly its assignment
+    trainer: str | None = None
+    domain: SigningDomain | None = None
 
     def __post_init__(self) -> None:
         if self.work_key is not None and len(self.work_key) != 32:
             raise ValueError(f"Expected.work_key must be 32 bytes, got {len(self.work_key)}")
+        if (self.trainer is None) != (self.domain is None):
+            raise ValueError("Expected.trainer and Expected.domain go together")
         for name in ("pool_id", "units", "current_step", "earliest_step"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -125,8 +131,10 @@ def _run_checks(
         return verdict
     checkpoint = checkpoint_for if isinstance(checkpoint_for, LoadedModel) else checkpoint_for(step)
     task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))
+    grantor = None if expected.trainer is None or expected.domain is None else (expected.trainer, expected.domain)
     plan = timer.run(
-        checks.ASSIGNMENT, lambda: checks.assigned_plan(rows, meta, step, spec, task, checkpoint.tokenizer)
+        checks.ASSIGNMENT,
+        lambda: checks.assigned_plan(rows, meta, step, spec, task, checkpoint.tokenizer, grantor=grantor),
     )
     if isinstance(plan, Verdict):
         return plan

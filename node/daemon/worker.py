@@ -52,9 +52,9 @@ from node.relay.client import new_session
 from node.relay.trust import TrustPolicy
 from node.rollouts import encode_rollouts
 from node.rollouts.writer import publish_atomically
-from node.signing import SignatureError, SigningDomain, UploadReceipt, recover
+from node.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
 from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -205,6 +205,7 @@ class WorkerDaemon:
                             await self.flush(coordinator, force=True)
                             recovered = True
                         job = await coordinator.request_task()
+                        self._check_assignment(job, spec, pool.config.trainer, domain)
                         loaded = await weights.hold(job.step)
                         if self._held_step != job.step:
                             hash_hex = weights.manifest_hash.hex()[:12]
@@ -253,6 +254,23 @@ class WorkerDaemon:
                 await self._stop_relay(relay)
         log.info("stopped after %d files; journal: %s", made, self.state.counts())
         return 0
+
+    def _check_assignment(self, job: Job, spec: TaskSpec, trainer: str, domain: SigningDomain) -> None:
+        """Generates only work the pool's trainer signed for exactly this job: validators refuse any other file."""
+        if job.signature is None:
+            raise WorkerError(f"the coordinator handed out counter {job.counter} unsigned; validators would refuse it")
+        grant = Assignment(
+            job.pool_id, job.node, job.step, job.counter, job.prompts, job.group_size, spec_hash(spec)
+        )  # fmt: skip
+        try:
+            signer = recover(grant, job.signature, domain)
+        except SignatureError as exc:
+            raise WorkerError(f"the assignment of counter {job.counter} carries a malformed signature: {exc}") from exc
+        if signer != trainer:
+            raise WorkerError(
+                f"the assignment of counter {job.counter} is signed by {signer}, not the pool's trainer {trainer}: "
+                "the coordinator and this node disagree on the task or the pool"
+            )
 
     async def _wait_for_work(self, refusal: NoWorkYet) -> None:
         if self._idle_logged != self._held_step:

@@ -58,6 +58,7 @@ def generate_rollouts(
         task_spec_hash=spec_hash(spec),
         model_hash=loaded.model_hash,
         counter=job.counter,
+        assignment_signature=job.signature,
     )
     return Generated(meta, rows)
 

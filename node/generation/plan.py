@@ -31,6 +31,7 @@ class Job:
     counter: int
     prompts: int
     group_size: int
+    signature: bytes | None = None  # the coordinator's `Assignment` signature; None for work nobody assigned
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.group_size < 1:

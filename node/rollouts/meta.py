@@ -19,7 +19,8 @@ from node.rollouts.schema import FormatProblem, RolloutFormatError
 from node.safejson import json_too_deep
 
 METADATA_KEY = b"prime"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the coordinator's assignment signature (issue 19)
+SIGNATURE_BYTES = 65
 HASH_BYTES = 32
 MAX_CREATED_BY = 200
 MAX_META_BYTES = 4096  # the real document is about 400 bytes
@@ -73,6 +74,9 @@ class RolloutMeta:
     task_spec_hash: bytes
     model_hash: bytes  # node.model.loading's hash of the weights used
     counter: int  # the assignment counter: with (pool, node, step) it fixes which problems the file must answer
+    # the trainer's EIP-712 `Assignment` signature over (pool, node, step, counter, shape, task): proof the work was
+    # handed out; None in a file nobody assigned (a validator of a pool refuses it)
+    assignment_signature: bytes | None = None
     created_by: str = field(default_factory=_created_by)
     format_version: int = FORMAT_VERSION
 
@@ -89,6 +93,9 @@ class RolloutMeta:
                 raise _bad(f"{name} must be {HASH_BYTES} bytes, got {value!r}")
         if not (_is_int(self.counter) and 0 <= self.counter < 2**64):
             raise _bad(f"counter must be a uint64, got {self.counter!r}")
+        signature = self.assignment_signature
+        if signature is not None and not (isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES):
+            raise _bad(f"assignment_signature must be {SIGNATURE_BYTES} bytes or absent, got {signature!r}")
         if not isinstance(self.sampling, SamplingMeta):
             raise _bad(f"sampling must be a SamplingMeta, got {type(self.sampling).__name__}")
         if not (isinstance(self.created_by, str) and 0 < len(self.created_by) <= MAX_CREATED_BY):
@@ -110,6 +117,7 @@ def encode_meta(meta: RolloutMeta) -> bytes:
         "task_spec_hash": "0x" + meta.task_spec_hash.hex(),
         "model_hash": "0x" + meta.model_hash.hex(),
         "counter": meta.counter,
+        "assignment_signature": None if meta.assignment_signature is None else "0x" + meta.assignment_signature.hex(),
         "created_by": meta.created_by,
     }
     return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
@@ -124,6 +132,7 @@ _META_KEYS = {
     "task_spec_hash",
     "model_hash",
     "counter",
+    "assignment_signature",
     "created_by",
 }
 _SAMPLING_KEYS = {"temperature", "top_p", "max_tokens"}
@@ -144,6 +153,19 @@ def _parse_hash(value: Any, name: str) -> bytes:
     digits = value[2:]
     if digits != digits.lower() or any(c not in "0123456789abcdef" for c in digits):
         raise _bad(f"{name} must be lowercase hex, got {value!r}")
+    return bytes.fromhex(digits)
+
+
+def _parse_signature(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if not (isinstance(value, str) and len(value) == 2 + 2 * SIGNATURE_BYTES and value.startswith("0x")):
+        raise _bad(
+            f"assignment_signature must be null or 0x and {2 * SIGNATURE_BYTES} hex digits, got {str(value)[:80]!r}"
+        )
+    digits = value[2:]
+    if digits != digits.lower() or any(c not in "0123456789abcdef" for c in digits):
+        raise _bad(f"assignment_signature must be lowercase hex, got {value[:80]!r}")
     return bytes.fromhex(digits)
 
 
@@ -176,6 +198,7 @@ def parse_meta(raw: bytes | None) -> RolloutMeta:
         task_spec_hash=_parse_hash(top["task_spec_hash"], "task_spec_hash"),
         model_hash=_parse_hash(top["model_hash"], "model_hash"),
         counter=top["counter"],
+        assignment_signature=_parse_signature(top["assignment_signature"]),
         created_by=top["created_by"],
         format_version=top["format_version"],
     )

@@ -49,6 +49,7 @@ def make_meta(**changes: Any) -> RolloutMeta:
         "task_spec_hash": b"\x02" * 32,
         "model_hash": b"\x03" * 32,
         "counter": 2,
+        "assignment_signature": None,
         "created_by": "prime-node test",
     }
     return RolloutMeta(**(fields | changes))
@@ -94,7 +95,7 @@ def test_metadata_is_canonical_json_under_the_prime_key() -> None:
     data = encode_rollouts(make_meta(), make_rows())
     stored = pq.ParquetFile(io.BytesIO(data)).metadata.metadata[METADATA_KEY]
     assert json.loads(stored) == {
-        "format_version": 1,
+        "format_version": 2,
         "pool_id": 7,
         "node": NODE,
         "manifest_hash": "0x" + bytes(range(32)).hex(),
@@ -102,6 +103,7 @@ def test_metadata_is_canonical_json_under_the_prime_key() -> None:
         "task_spec_hash": "0x" + "02" * 32,
         "model_hash": "0x" + "03" * 32,
         "counter": 2,
+        "assignment_signature": None,
         "created_by": "prime-node test",
     }
 
@@ -251,7 +253,8 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], FormatProblem]] = {
     "meta_deeply_nested": (lambda: parquet_bytes(good_columns(), b"[" * 100_000), FormatProblem.METADATA),
     "meta_missing_key": (lambda: with_meta(pool_id=DROP), FormatProblem.METADATA),
     "meta_extra_key": (lambda: with_meta(bonus=1), FormatProblem.METADATA),
-    "meta_future_version": (lambda: with_meta(format_version=2), FormatProblem.METADATA),
+    "meta_future_version": (lambda: with_meta(format_version=3), FormatProblem.METADATA),
+    "meta_short_signature": (lambda: with_meta(assignment_signature="0x" + "ab" * 64), FormatProblem.METADATA),
     "meta_bool_version": (lambda: with_meta(format_version=True), FormatProblem.METADATA),
     "meta_negative_pool": (lambda: with_meta(pool_id=-1), FormatProblem.METADATA),
     "meta_float_counter": (lambda: with_meta(counter=2.0), FormatProblem.METADATA),

@@ -11,13 +11,16 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from eth_account.signers.local import LocalAccount
+
 from node.generation.generate import generate_rollouts
 from node.generation.plan import Job
 from node.inference.torch_backend import TorchBackend
 from node.model.loading import LoadedModel
 from node.rollouts import RolloutRow, write_rollouts
+from node.signing import Assignment, SigningDomain, sign
 from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from node.tasks.spec import TaskSpec, spec_hash
 
 NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 
@@ -39,8 +42,15 @@ def make_file(
     pool_id: int = 0,
     node: str = NODE,
     reward_of: Callable[[RolloutRow], float] = even_length,
+    signed_by: tuple[LocalAccount, SigningDomain] | None = None,
 ) -> Path:
+    """`signed_by` (the pool's trainer and the domain) signs the assignment, as the coordinator does when it hands
+    the work out; without it the file carries no assignment signature (a pool's validators refuse it)."""
     job = Job(pool_id=pool_id, node=node, step=step, counter=counter, prompts=prompts, group_size=group_size)
+    if signed_by is not None:
+        trainer, domain = signed_by
+        grant = Assignment(pool_id, node, step, counter, prompts, group_size, spec_hash(spec))
+        job = dataclasses.replace(job, signature=sign(grant, trainer, domain))
     backend = TorchBackend.from_loaded(loaded, max_batch_size=16)
     generated = generate_rollouts(job, spec, source, loaded, backend)
     rows = [dataclasses.replace(r, reward=reward_of(r), task_reward=reward_of(r)) for r in generated.rows]

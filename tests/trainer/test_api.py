@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -19,7 +20,7 @@ from eth_account import Account
 
 from node.coordinator import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
-from node.signing import Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
+from node.signing import Assignment, Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
 from trainer.api import STEP_HISTORY, ApiConfig, CoordinatorApi, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.roles import StaticRoles
@@ -31,6 +32,7 @@ WORKER = Account.from_key(b"\x11" * 32)
 STRANGER = Account.from_key(b"\x12" * 32)
 VALIDATOR = Account.from_key(b"\x13" * 32)
 TRAINER = Account.from_key(b"\x14" * 32)
+TASK_SPEC_HASH = bytes(range(32))
 
 
 def rollout_bytes(node: str = WORKER.address, pool: int = POOL, rows: int = 4, proof_bytes: int = 258) -> bytes:
@@ -105,6 +107,7 @@ def run(tmp_path: Path, scenario: Callable[[Client, CoordinatorApi], Awaitable[N
             attestations=tmp_path / "attestations.jsonl",
             config=ApiConfig(**config),
             signer=TRAINER,
+            task_spec_hash=TASK_SPEC_HASH,
         )
         runner = web.AppRunner(api.app)
         await runner.setup()
@@ -236,6 +239,14 @@ def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
         second = await client.send("POST", "/v1/tasks", b"{}")
         assert (first.body["counter"], second.body["counter"]) == (0, 1)
         assert first.body["step"] == 3 and first.body["node"] == WORKER.address
+        # each assignment comes signed by the trainer, over exactly what was handed out (issue 19)
+        shape = (first.body["prompts"], first.body["group_size"])
+        grant = Assignment(POOL, WORKER.address, 3, 0, *shape, TASK_SPEC_HASH)
+        assert first.body["task_spec_hash"] == "0x" + TASK_SPEC_HASH.hex()
+        assert recover(grant, bytes.fromhex(first.body["signature"][2:]), DOMAIN) == TRAINER.address
+        assert recover(dataclasses.replace(grant, counter=1), bytes.fromhex(first.body["signature"][2:]), DOMAIN) != (
+            TRAINER.address
+        )
         stranger = await client.send("POST", "/v1/tasks", b"{}", signer=STRANGER)
         assert stranger.status == 403
 

@@ -99,3 +99,41 @@ def test_an_unknown_order_is_refused(model_dir: Path, tmp_path: Path) -> None:
             Learner(loaded.model, LearnerConfig(), pad_id=0), loaded, spec, open_source(spec), RunPaths(tmp_path),
             rollouts_per_step=1, max_files_per_step=1, order="newest",  # type: ignore[arg-type]
         )  # fmt: skip
+
+
+def test_one_assignment_is_trained_on_once_whatever_files_claim_it(model_dir: Path, tmp_path: Path) -> None:
+    """Two files under one (node, counter) — the same job re-encoded with another `created_by` — are one piece of
+    work: a step takes one of them, and after training neither is taken again, also after a restart."""
+    import dataclasses
+
+    from node.rollouts import encode_rollouts, read_rollouts
+
+    loaded = load_model(model_dir)
+    spec = load_task_spec(TASK)
+    source = open_source(spec)
+
+    def new_loop() -> TrainingLoop:
+        learner = Learner(load_model(model_dir).model, LearnerConfig(async_level=1), pad_id=0)
+        return TrainingLoop(
+            learner, loaded, spec, source, RunPaths(tmp_path / "run"), rollouts_per_step=64, max_files_per_step=4
+        )
+
+    loop = new_loop()
+    inbox = RolloutInbox(tmp_path / "inbox")
+    made = tmp_path / "made"
+    made.mkdir()
+    original = make_file(made / "a.parquet", loaded, spec, source, step=0, counter=5)
+    file = read_rollouts(original, max_bytes=1 << 26)
+    copy = made / "b.parquet"
+    copy.write_bytes(encode_rollouts(dataclasses.replace(file.meta, created_by="prime-node again"), file.rows))
+    other = make_file(made / "c.parquet", loaded, spec, source, step=0, counter=6)
+    paths = [upload(inbox, p) for p in (original, copy, other)]
+    chosen = loop.select(paths)
+    assert sorted(f.meta.counter for f in chosen.files) == [5, 6]  # one file of counter 5, not both
+    loop.train(chosen.files, idle_seconds=0.0)
+    assert loop.select(paths).files == []
+    loop.save_state()
+    restarted = new_loop()
+    assert restarted.resume()
+    assert (file.meta.node, 5) in restarted.counters.assignments
+    assert restarted.select(paths).files == []

@@ -133,7 +133,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     def rollouts(name: str, node: LocalAccount, counter: int, **kwargs: Any) -> tuple[bytes, bytes, int]:
         path = make_file(
             tmp_path / f"{name}.parquet", loaded, spec, source, step=0, counter=counter, prompts=2, group_size=2,
-            pool_id=pool_id, node=node.address, **kwargs,
+            pool_id=pool_id, node=node.address, signed_by=(dev_account(0), domain), **kwargs,
         )  # fmt: skip
         data = path.read_bytes()
         return data, hashlib.sha256(data).digest(), work_units(read_rollouts(data, max_bytes=len(data)).rows)
