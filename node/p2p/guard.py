@@ -4,6 +4,7 @@
 dropped message is neither delivered nor forwarded. The checks, cheapest first, so that a flood costs
 little before it is refused:
 
+0. forged      libp2p's signature fails (`reject_forged`; pubsub checks it before `inspect` runs)
 1. banned      the originating peer is banned already (gossipsub's blacklist catches most of these first)
 2. oversized   more than `max_message_bytes`
 3. rate        the originating peer's token bucket is empty
@@ -13,11 +14,16 @@ little before it is refused:
 7. signature   unrecoverable (`bad_signature`), or recovers to another address than the originating
                peer's (`signer_mismatch`); the peer's address comes from its peer id (identity.address_of)
 
-The originating peer is gossipsub's `from` field, which libp2p's own message signature binds to the peer's
-key (strict signing), so a peer cannot blame another. Each drop is logged, counted in
-`p2p_messages_dropped_total{reason}`, and costs the originating peer `PENALTY[reason]` points; the
-forwarding peer, when it is another, pays too for content that every honest host refuses the same way
-(honest hosts validate before they forward), but not for limits that depend on timing (rate, staleness).
+The originating peer, the author, is gossipsub's `from` field. libp2p's message signature binds it to the
+author's key, and pubsub checks that signature before `inspect` runs (strict signing), so every message
+`inspect` sees was written by its originating peer. Each drop is logged, counted in
+`p2p_messages_dropped_total{reason}`, and costs the author `PENALTY[reason]` points. The forwarding peer,
+when it is another, pays nothing: it only handed over bytes their author signed, and an honest relay whose
+limits differ (size, clock, a newer message type) forwards what this host refuses.
+
+A message whose libp2p signature fails (`forged_origin`, reported by security.ForgeryReportingPubsub) is
+the other way round: anyone can write any `from`, so the named author pays nothing, and the forwarding peer,
+proven by the noise handshake, pays, since honest hosts check that signature before they forward.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class DropReason(StrEnum):
     STALE = "stale"
     BAD_SIGNATURE = "bad_signature"
     SIGNER_MISMATCH = "signer_mismatch"
+    FORGED_ORIGIN = "forged_origin"  # libp2p's signature does not verify with the `from` peer's key
 
 
 PENALTY: dict[DropReason, float] = {
@@ -60,8 +67,8 @@ PENALTY: dict[DropReason, float] = {
     DropReason.STALE: 5.0,
     DropReason.BAD_SIGNATURE: 50.0,
     DropReason.SIGNER_MISMATCH: 50.0,
+    DropReason.FORGED_ORIGIN: 50.0,
 }
-_TIMING = frozenset({DropReason.BANNED, DropReason.RATE_LIMITED, DropReason.STALE})
 
 
 class TokenBucket:
@@ -141,16 +148,31 @@ class MessageGuard:
         self._bans = registry.counter("p2p_peers_banned_total", "Peers banned for a score at the threshold.")
 
     def inspect(self, topic: str, data: bytes, origin: str, forwarder: str) -> Verdict:
-        """Accepts or drops `data`, published on `topic` by peer `origin` and handed over by `forwarder`."""
+        """Accepts or drops `data`, which peer `origin` wrote (its libp2p signature verified) on `topic`, and
+        peer `forwarder` handed over. A drop costs `origin` only."""
         now = self.clock()
         reason, detail, message = self._check(topic, data, origin, now)
         if reason is None:
             self._accepted.inc()
             return Verdict(message)
+        return self._drop(reason, detail, topic, origin, forwarder, now)
+
+    def reject_forged(self, topic: str, origin: str, forwarder: str) -> Verdict:
+        """Drops a message naming `origin` as its author whose libp2p signature does not verify with that key.
+
+        Costs `forwarder`, the peer proven to have sent it, and not `origin`, whom anyone can name.
+        """
+        return self._drop(DropReason.FORGED_ORIGIN, "libp2p signature fails", topic, origin, forwarder, self.clock())
+
+    def is_banned(self, peer: str) -> bool:
+        return peer in self.scores.banned
+
+    def _drop(self, reason: DropReason, detail: str, topic: str, origin: str, forwarder: str, now: float) -> Verdict:
         self._dropped.inc(reason=reason.value)
         level = logging.DEBUG if reason is DropReason.BANNED else logging.WARNING
         log.log(level, "dropped gossip from %s (via %s) on %s: %s: %.300s", origin, forwarder, topic, reason, detail)
-        banned = [p for p in self._blame(reason, origin, forwarder) if self.scores.penalize(p, PENALTY[reason], now)]
+        blamed = self._blame(reason, origin, forwarder)
+        banned = [p for p in blamed if self.scores.penalize(p, PENALTY[reason], now)]
         for peer in banned:
             self._bans.inc()
             log.warning(
@@ -161,13 +183,14 @@ class MessageGuard:
             self.scores.forget_neutral(now)
         return Verdict(None, reason, tuple(banned))
 
-    def is_banned(self, peer: str) -> bool:
-        return peer in self.scores.banned
-
-    def _blame(self, reason: DropReason, origin: str, forwarder: str) -> list[str]:
+    @staticmethod
+    def _blame(reason: DropReason, origin: str, forwarder: str) -> list[str]:
+        """Who pays for a drop: the peer proven to have done it, never one whom another could name."""
         if reason is DropReason.BANNED:
             return []
-        return [origin] if forwarder == origin or reason in _TIMING else [origin, forwarder]
+        if reason is DropReason.FORGED_ORIGIN:
+            return [forwarder]  # the noise handshake proved who sent it; `from` proves nothing here
+        return [origin]  # libp2p's signature proved who wrote it; the forwarder only relayed the author's bytes
 
     def _check(
         self, topic: str, data: bytes, origin: str, now: float

@@ -1,7 +1,8 @@
 """`P2PNode`: a node's libp2p host (gossipsub and the status protocol) behind an asyncio-facing API.
 
 The host, its services and every libp2p call live in one trio loop in one thread (node/p2p/bridge.py);
-this class is used from asyncio. Its identity is the node's Ethereum key (node/p2p/identity.py), every
+this class is used from asyncio. Its identity is the node's Ethereum key (node/p2p/identity.py), which
+every connection proves through noise, the only security transport offered (node/p2p/security.py). Every
 gossip message from another peer passes node/p2p/guard.py before it is delivered or forwarded, and the
 node's own messages are signed with the same key, so its peers can check them the same way.
 
@@ -44,6 +45,7 @@ from node.p2p.errors import MessageError, NotRunningError, P2PError, PeerError
 from node.p2p.guard import MessageGuard
 from node.p2p.identity import address_of, key_pair_of, peer_id_of
 from node.p2p.messages import TOPIC_PAYLOAD, Payload, SignedMessage, Topic, sign_message
+from node.p2p.security import ForgeryReportingPubsub, security_options
 from node.p2p.status import MAX_REQUEST_BYTES, STATUS_PROTOCOL, StatusCodec, StatusHandler
 from node.p2p.subscription import Received, Subscription
 from node.signing import SigningDomain
@@ -247,7 +249,8 @@ class P2PNode:
 
     async def _main(self) -> None:
         listen = multiaddr.Multiaddr(f"/ip4/{self.config.listen_host}/tcp/{self.config.listen_port}")
-        host = new_host(key_pair=key_pair_of(self.account), listen_addrs=[listen])
+        key_pair = key_pair_of(self.account)
+        host = new_host(key_pair=key_pair, sec_opt=security_options(key_pair), listen_addrs=[listen])  # noise only
         gossipsub = GossipSub(
             GOSSIPSUB_PROTOCOLS,
             degree=6,
@@ -256,7 +259,7 @@ class P2PNode:
             heartbeat_interval=self.config.heartbeat_interval_s,
             spam_protection_enabled=False,  # per forwarder and topic, it throttles honest relaying; guard.py limits
         )
-        pubsub = Pubsub(host, gossipsub, strict_signing=True)
+        pubsub = ForgeryReportingPubsub(host, gossipsub, self._forged)
         requests = RequestResponse(host)
         requests.set_handler(STATUS_PROTOCOL, self._serve_status, StatusCodec(), self._request_config())
         async with host.run([listen]), background_trio_service(pubsub), background_trio_service(gossipsub):
@@ -320,6 +323,17 @@ class P2PNode:
         except Exception:
             log.exception("gossip validator failed on %s; dropping the message", topic)
             return False
+
+    def _forged(self, forwarder: ID, msg: rpc_pb2.Message) -> None:
+        """Pubsub's report of a message whose libp2p signature fails, before it drops it. Never raises."""
+        try:
+            verdict = self.guard.reject_forged(
+                ",".join(msg.topicIDs), ID(msg.from_id).to_base58(), forwarder.to_base58()
+            )
+            for peer in verdict.banned:
+                self._ban(peer)
+        except Exception:
+            log.exception("scoring a forged gossip message from %s failed", forwarder)
 
     def _ban(self, peer: str) -> None:
         libp2p = self._require()

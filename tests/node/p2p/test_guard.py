@@ -45,19 +45,19 @@ def test_a_well_formed_message_signed_by_its_peer_is_accepted() -> None:
     assert registry._metrics["p2p_messages_accepted_total"].value() == 1
 
 
-@pytest.mark.parametrize(
-    ("topic", "data", "reason"),
-    [
-        (TOPIC, CHECKPOINT + b" " * 70_000, DropReason.OVERSIZED),
-        (TOPIC, b"{}", DropReason.MALFORMED),
-        (TOPIC, b"[" * 60_000, DropReason.MALFORMED),
-        ("/prime/8/checkpoints", CHECKPOINT, DropReason.WRONG_TOPIC),
-        (TOPIC, signed(Attestation(7, b"\x02" * 32, True, 0)), DropReason.WRONG_TOPIC),
-        ("/prime/7/relays", signed(RelayAdvert(7, "http://relay:1", 5, int(NOW) - 301)), DropReason.STALE),
-        (TOPIC, SignedMessage(Checkpoint(7, 1, b"\x01" * 32), b"\x00" * 65).encode(), DropReason.BAD_SIGNATURE),
-        (TOPIC, signed(Checkpoint(7, 1, b"\x01" * 32), OTHER), DropReason.SIGNER_MISMATCH),
-    ],
-)
+DROPS = [
+    (TOPIC, CHECKPOINT + b" " * 70_000, DropReason.OVERSIZED),
+    (TOPIC, b"{}", DropReason.MALFORMED),
+    (TOPIC, b"[" * 60_000, DropReason.MALFORMED),
+    ("/prime/8/checkpoints", CHECKPOINT, DropReason.WRONG_TOPIC),
+    (TOPIC, signed(Attestation(7, b"\x02" * 32, True, 0)), DropReason.WRONG_TOPIC),
+    ("/prime/7/relays", signed(RelayAdvert(7, "http://relay:1", 5, int(NOW) - 301)), DropReason.STALE),
+    (TOPIC, SignedMessage(Checkpoint(7, 1, b"\x01" * 32), b"\x00" * 65).encode(), DropReason.BAD_SIGNATURE),
+    (TOPIC, signed(Checkpoint(7, 1, b"\x01" * 32), OTHER), DropReason.SIGNER_MISMATCH),
+]
+
+
+@pytest.mark.parametrize(("topic", "data", "reason"), DROPS)
 def test_each_check_drops_counts_and_penalises(topic: str, data: bytes, reason: DropReason) -> None:
     check, clock, registry = guard()
     verdict = check.inspect(topic, data, SENDER_ID, SENDER_ID)
@@ -66,13 +66,33 @@ def test_each_check_drops_counts_and_penalises(topic: str, data: bytes, reason: 
     assert check.scores.score(SENDER_ID, clock.now) == -PENALTY[reason]
 
 
-def test_the_forwarder_pays_for_bad_content_but_not_for_timing() -> None:
+@pytest.mark.parametrize(("topic", "data", "reason"), DROPS)
+def test_a_relay_pays_nothing_for_a_bad_message_its_author_signed(topic: str, data: bytes, reason: DropReason) -> None:
+    # inspect sees only messages whose libp2p signature verified with SENDER's key: SENDER wrote them
+    check, clock, _ = guard()
+    assert check.inspect(topic, data, SENDER_ID, FORWARDER_ID).reason is reason
+    assert check.scores.score(SENDER_ID, clock.now) == -PENALTY[reason]
+    assert check.scores.score(FORWARDER_ID, clock.now) == 0
+
+
+def test_a_forged_origin_costs_the_peer_that_sent_it_and_not_the_author_it_names() -> None:
+    check, clock, registry = guard()
+    first = check.reject_forged(TOPIC, SENDER_ID, FORWARDER_ID)  # FORWARDER relays junk "from" SENDER
+    assert first.message is None and first.reason is DropReason.FORGED_ORIGIN and first.banned == ()
+    assert check.scores.score(FORWARDER_ID, clock.now) == -PENALTY[DropReason.FORGED_ORIGIN]
+    assert check.reject_forged(TOPIC, SENDER_ID, FORWARDER_ID).banned == (FORWARDER_ID,)
+    assert registry._metrics["p2p_messages_dropped_total"].value(reason="forged_origin") == 2
+
+    assert check.scores.score(SENDER_ID, clock.now) == 0 and not check.is_banned(SENDER_ID)
+    assert check.inspect(TOPIC, CHECKPOINT, SENDER_ID, SENDER_ID).message is not None  # its next message gets in
+
+
+def test_rate_limits_cost_the_author_only() -> None:
     check, clock, _ = guard(burst=1, rate_per_s=0.001)
-    check.inspect(TOPIC, b"{}", SENDER_ID, FORWARDER_ID)  # malformed: both pay
-    assert check.scores.score(FORWARDER_ID, clock.now) == -PENALTY[DropReason.MALFORMED]
+    assert check.inspect(TOPIC, CHECKPOINT, SENDER_ID, FORWARDER_ID).message is not None
     assert check.inspect(TOPIC, CHECKPOINT, SENDER_ID, FORWARDER_ID).reason is DropReason.RATE_LIMITED
-    assert check.scores.score(FORWARDER_ID, clock.now) == -PENALTY[DropReason.MALFORMED]
-    assert check.scores.score(SENDER_ID, clock.now) == -PENALTY[DropReason.MALFORMED] - PENALTY[DropReason.RATE_LIMITED]
+    assert check.scores.score(SENDER_ID, clock.now) == -PENALTY[DropReason.RATE_LIMITED]
+    assert check.scores.score(FORWARDER_ID, clock.now) == 0
 
 
 def test_a_ban_is_reported_once_and_later_messages_are_dropped_without_cost() -> None:

@@ -1,7 +1,6 @@
 """Real libp2p hosts on loopback (DESIGN section 11): announcements, drops, scoring, status, shutdown.
 
-pytest-asyncio is not installed: each test runs its scenario with `asyncio.run`. Hosts are fully connected
-and every test waits for the gossipsub mesh (`wait_for_topic_peers`) before it publishes.
+Hosts are fully connected unless a test says otherwise (tests/node/p2p/helpers.py).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -24,66 +22,30 @@ from node.p2p import (
     P2PError,
     P2PNode,
     PeerError,
-    Received,
     RelayAdvert,
-    Subscription,
     address_of,
     attestations_topic,
-    checkpoints_topic,
     relays_topic,
     sign_message,
 )
-from node.signing import Attestation, Checkpoint, SigningDomain
+from node.signing import Attestation, Checkpoint
+from tests.node.p2p.helpers import (
+    DOMAIN,
+    POOL,
+    TOPIC,
+    WAIT,
+    checkpoint,
+    dropped,
+    hosts,
+    next_message,
+    run,
+    score,
+    started,
+    subscribe_all,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-DOMAIN = SigningDomain(31337, "0x5FbDB2315678afecb367f032d93F642f64180aa3")
-POOL = 7
-TOPIC = checkpoints_topic(POOL)
-WAIT = 10.0  # seconds for anything that should take milliseconds on loopback
-
-
-def run(scenario: Coroutine[Any, Any, None]) -> None:
-    asyncio.run(scenario)
-
-
-@contextlib.asynccontextmanager
-async def hosts(count: int, config: P2PConfig | None = None) -> AsyncIterator[list[P2PNode]]:
-    """`count` started hosts, each connected to every other; all stopped afterwards."""
-    async with contextlib.AsyncExitStack() as stack:
-        nodes = [P2PNode(Account.create(), DOMAIN, config) for _ in range(count)]
-        for node in nodes:
-            await stack.enter_async_context(node)
-        for i, node in enumerate(nodes):
-            for other in nodes[i + 1 :]:
-                await node.connect(other.listen_addrs[0])
-        yield nodes
-
-
-async def subscribe_all(nodes: list[P2PNode], topic: str) -> list[Subscription]:
-    subscriptions = [await node.subscribe(topic) for node in nodes]
-    for node in nodes:
-        await node.wait_for_topic_peers(topic, len(nodes) - 1, WAIT)
-    return subscriptions
-
-
-async def next_message(subscription: Subscription) -> Received:
-    return await asyncio.wait_for(anext(subscription), WAIT)
-
-
-async def until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
-def dropped(node: P2PNode, reason: str) -> float:
-    return node.metrics._metrics["p2p_messages_dropped_total"].value(reason=reason)
-
-
-def checkpoint(step: int) -> Checkpoint:
-    return Checkpoint(POOL, step, bytes([step % 256]) * 32)
 
 
 def test_signed_checkpoint_announcement_reaches_the_other_two_hosts_with_its_signer() -> None:
@@ -190,6 +152,33 @@ def test_a_peer_scored_to_the_ban_threshold_is_disconnected_and_ignored() -> Non
                 await rogue.publish(TOPIC, checkpoint(2))
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(anext(received), 0.5)
+
+    run(scenario())
+
+
+def test_a_relay_that_forwards_bad_messages_their_author_signed_loses_no_score_and_is_not_banned() -> None:
+    """author - relay - worker: the relay's limits are looser than the worker's, so it forwards adverts the
+    worker refuses as oversized. The author signed them (libp2p and EIP-712), so the author pays; the relay,
+    had it paid as well, would be banned by the fifth and its own advert after them lost."""
+    strict = P2PConfig(max_message_bytes=512)
+    topic = relays_topic(POOL)
+
+    def advert(url_bytes: int) -> RelayAdvert:
+        return RelayAdvert(POOL, "http://relay.example/" + "a" * url_bytes, 1_000, int(time.time()))
+
+    async def scenario() -> None:
+        async with started(None, None, strict) as (author, relay, worker):
+            await author.connect(relay.listen_addrs[0])
+            await worker.connect(relay.listen_addrs[0])
+            received = (await subscribe_all([author, relay, worker], topic, peers=[1, 2, 1]))[2]
+            for _ in range(6):
+                await author.publish(topic, advert(600))  # about 900 bytes encoded: over the worker's 512
+            await until(lambda: dropped(worker, "oversized") == 6, "six oversized adverts dropped")
+
+            assert score(worker, relay) == 0 and not worker.guard.is_banned(relay.peer_id)
+            assert worker.guard.is_banned(author.peer_id)  # 6 x 20 points: its own doing
+            own = await relay.publish(topic, advert(10))
+            assert (await next_message(received)).message == own
 
     run(scenario())
 
