@@ -205,7 +205,7 @@ class WorkerDaemon:
                             await self.flush(coordinator, force=True)
                             recovered = True
                         job = await coordinator.request_task()
-                        self._check_assignment(job, spec, pool.config.trainer, domain)
+                        check_assignment(job, spec, pool.config.trainer, domain)
                         loaded = await weights.hold(job.step)
                         if self._held_step != job.step:
                             hash_hex = weights.manifest_hash.hex()[:12]
@@ -254,23 +254,6 @@ class WorkerDaemon:
                 await self._stop_relay(relay)
         log.info("stopped after %d files; journal: %s", made, self.state.counts())
         return 0
-
-    def _check_assignment(self, job: Job, spec: TaskSpec, trainer: str, domain: SigningDomain) -> None:
-        """Generates only work the pool's trainer signed for exactly this job: validators refuse any other file."""
-        if job.signature is None:
-            raise WorkerError(f"the coordinator handed out counter {job.counter} unsigned; validators would refuse it")
-        grant = Assignment(
-            job.pool_id, job.node, job.step, job.counter, job.prompts, job.group_size, spec_hash(spec)
-        )  # fmt: skip
-        try:
-            signer = recover(grant, job.signature, domain)
-        except SignatureError as exc:
-            raise WorkerError(f"the assignment of counter {job.counter} carries a malformed signature: {exc}") from exc
-        if signer != trainer:
-            raise WorkerError(
-                f"the assignment of counter {job.counter} is signed by {signer}, not the pool's trainer {trainer}: "
-                "the coordinator and this node disagree on the task or the pool"
-            )
 
     async def _wait_for_work(self, refusal: NoWorkYet) -> None:
         if self._idle_logged != self._held_step:
@@ -559,3 +542,22 @@ class WorkerDaemon:
         runner, url = await serve_dashboard(source, self.settings.dashboard_host, self.settings.dashboard_port)
         log.info("dashboard on %s", url)
         return runner
+
+
+def check_assignment(job: Job, spec: TaskSpec, trainer: str, domain: SigningDomain) -> None:
+    """Raises WorkerError unless the pool's trainer signed exactly this job: a worker generates nothing else, since
+    validators refuse (and slash) any other file."""
+    if job.signature is None:
+        raise WorkerError(f"the coordinator handed out counter {job.counter} unsigned; validators would refuse it")
+    grant = Assignment(
+        job.pool_id, job.node, job.step, job.counter, job.prompts, job.group_size, spec_hash(spec)
+    )  # fmt: skip
+    try:
+        signer = recover(grant, job.signature, domain)
+    except SignatureError as exc:
+        raise WorkerError(f"the assignment of counter {job.counter} carries a malformed signature: {exc}") from exc
+    if signer != trainer:
+        raise WorkerError(
+            f"the assignment of counter {job.counter} is signed by {signer}, not the pool's trainer {trainer}: "
+            "the coordinator and this node disagree on the task or the pool"
+        )

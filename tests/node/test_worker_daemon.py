@@ -3,6 +3,7 @@ submitted once each, through SIGKILL, SIGTERM and a transaction the journal neve
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from ledger.accounts import dev_account
@@ -25,9 +27,12 @@ from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkSubmitted
 from ledger.types import WorkStatus
+from node.daemon.worker import WorkerError, check_assignment
+from node.generation.plan import Job
 from node.model.tiny import init_model
 from node.rollouts import read_rollouts, work_units
-from node.signing import SigningDomain, UploadReceipt, recover
+from node.signing import Assignment, SigningDomain, UploadReceipt, recover, sign
+from node.tasks.spec import load_task_spec, spec_hash
 from tests.ledger.helpers import fund_provider, make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 
@@ -344,3 +349,22 @@ def test_register_and_join_bring_a_fresh_node_into_the_pool(pool: Pool) -> None:
     assert pool.owner.stake_of(pool.provider.address).active == 200 * TOKEN  # onboarding's 100, and these 100
     again = start(pool, *flags, dev_key=7, log="fresh-3.log")  # already bound and a member: nothing to redo
     assert finish(pool, again, "fresh-3.log") == 0, (pool.root / "fresh-3.log").read_text()[-3000:]
+
+
+def test_a_worker_generates_only_what_the_pools_trainer_signed() -> None:
+    """An unsigned assignment, one signed by another key, or one whose job differs from what was signed is refused
+    before any generation: its file would be rejected (reason 3) and the node slashed."""
+    spec = load_task_spec(Path(__file__).parents[2] / "configs" / "tasks" / "default.toml")
+    trainer, stranger = Account.from_key(b"\x61" * 32), Account.from_key(b"\x62" * 32)
+    domain = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
+    job = Job(pool_id=1, node=dev_account(3).address, step=2, counter=9, prompts=8, group_size=4)
+    grant = Assignment(1, job.node, 2, 9, 8, 4, spec_hash(spec))
+    check_assignment(dataclasses.replace(job, signature=sign(grant, trainer, domain)), spec, trainer.address, domain)
+    for bad, why in (
+        (job, "unsigned"),
+        (dataclasses.replace(job, signature=sign(grant, stranger, domain)), "not the pool's trainer"),
+        (dataclasses.replace(job, counter=10, signature=sign(grant, trainer, domain)), "not the pool's trainer"),
+        (dataclasses.replace(job, signature=b"\x00" * 65), "malformed signature"),
+    ):
+        with pytest.raises(WorkerError, match=why):
+            check_assignment(bad, spec, trainer.address, domain)
