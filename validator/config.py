@@ -45,11 +45,13 @@ class ValidatorConfig:
     # TOPLOC limits per 32-token chunk; cpu_fp32 for a float32 CPU validator, gpu_bf16 on a bf16 GPU.
     thresholds: ProofThresholds = field(default_factory=ProofThresholds.cpu_fp32)
     # Gumbel-score slack (logits / T units) when re-checking sampled tokens, in [0, 1]. Float32 CPU decode and
-    # prefill logits differ by ~1e-6 while the smallest honest best-vs-second gap seen was 2.4e-4: 1e-4 keeps a
-    # near-tie from slashing an honest node, and gives a cheater a free choice in ~1e-4 of the tokens.
-    sampling_margin: float = 1e-4
-    # Largest |recorded - recomputed| log-prob, in (0, 1]. Measured on float32 CPU: at most 9.5e-7.
-    logprob_atol: float = 1e-4
+    # prefill logits differ by ~1e-6 on the random tiny model, but by ~1e-4 on the devnet's trained one under load
+    # (a log-prob 1.1e-4 off, issue 18's devnet run): 1e-3 keeps a near-tie from slashing an honest node, and gives a
+    # cheater a free choice in ~1e-3 of the tokens, where the alternative is nearly as likely by construction.
+    sampling_margin: float = 1e-3
+    # Largest |recorded - recomputed| log-prob, in (0, 1]. Measured on float32 CPU: 9.5e-7 on the random tiny model,
+    # 1.1e-4 on the devnet's trained model with the cores saturated (it was borderline at 1e-4): 1e-3 is 9x that.
+    logprob_atol: float = 1e-3
     max_file_bytes: int = 64 << 20  # larger uploads are refused unread (reason 2), in [1, MAX_FILE_BYTES]
     max_rows: int = DEFAULT_MAX_ROWS  # rows per file, >= 1
     max_tokens: int = DEFAULT_MAX_TOKENS  # list values per file (prompt + output tokens + log-probs), >= 1

@@ -100,5 +100,6 @@ def test_a_changed_last_token_is_caught_by_the_sampling_recheck_and_is_clear(
     verdict = verify(with_row(honest, index, output_tokens=tokens))
     assert verdict.reason == Reason.INVALID_SAMPLING and "borderline" not in verdict.evidence, verdict.to_json()
     second = verdict.evidence["rechecked"][0]["second"]["evidence"]
-    assert second.get("outside_nucleus") or second["gap"] > 4 * 1e-4
+    config = ValidatorConfig()
+    assert second.get("outside_nucleus") or second["gap"] > config.clear_factor * config.sampling_margin
     verdict.to_json()  # the evidence is JSON (no infinities)
