@@ -2,7 +2,8 @@
 
 Every error raised by `node.relay` derives from `RelayError`; the leaves carry the step, file and shard index a
 person needs to find the offending bytes. The modules: `manifest` (what a checkpoint version is, pure),
-`store` (versions on a relay's disk, and the client-side assembler of a partial download).
+`store` (versions on a relay's disk, and the client-side assembler of a partial download), `server` and `polls`
+(the HTTP side), `sources` and `client` (the downloading side), `origin` and `mirror` (who fills a store).
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ class UntrustedManifest(RelayError):
         where = f" from {source}" if source else ""
         super().__init__(f"manifest of step {step}{where} refused: {reason}")
         self.step, self.reason, self.source = step, reason, source
+
+
+class LongPollRefused(RelayError):
+    """A server holds as many long-polls as it may (for this client address, or in all); `limit` says which."""
+
+    def __init__(self, client: str, limit: str, reason: str) -> None:
+        super().__init__(f"long-poll from {client} refused: {reason}")
+        self.client, self.limit, self.reason = client, limit, reason
 
 
 class SourceError(RelayError):

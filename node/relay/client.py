@@ -1,12 +1,16 @@
 """The SHARDCAST client: find a trusted version, download its shards from several sources, publish it.
 
 Protocol calls (`list_versions`, `fetch_manifest`) read untrusted servers with size limits and strict
-parsing. `Downloader` spreads shards over sources in parallel, choosing a source at random with weight
-proportional to its measured throughput (shared among its transfers in flight), so a fast relay carries
-most of the load while a slow one still helps. A transfer that breaks keeps the bytes it received and asks
-another source for the rest (HTTP Range). A shard that fails its hash bans the sources it came from for the
-rest of the download and is fetched again elsewhere; a source that errors backs off, and is dropped after
-repeated failures. Shards go into a `PartialCheckpoint`, so a killed download resumes where it stopped.
+parsing. `resolve_version` counts only versions whose manifest the trainer signed: a source that lists a
+step it cannot back with a signed manifest is not asked about its other steps, so junk step numbers cost
+one request per source, never a failed download. `Downloader` spreads shards over sources in parallel,
+choosing a source at random with weight proportional to its measured throughput (shared among its
+transfers in flight), so a fast relay carries most of the load while a slow one still helps. A transfer
+that breaks keeps the bytes it received and asks another source for the rest (HTTP Range). Bad bytes are
+pinned on the source that sent them: a shard of one source that fails its hash bans that source; a shard
+of several is fetched again whole from one, and only a source whose piece differs from the verified
+bytes is banned. A source that errors backs off, and is dropped after repeated failures. Shards go into
+a `PartialCheckpoint`, so a killed download resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from node.relay import (
 )
 from node.relay.manifest import Manifest, check_json_depth, parse_manifest
 from node.relay.server import SIGNATURE_HEADER
+from node.relay.sources import Source, SourcePool
 from node.relay.store import PartialCheckpoint, start_writeback
 from node.relay.trust import TrustPolicy
 
@@ -47,7 +52,6 @@ log = logging.getLogger(__name__)
 CHUNK = 1024 * 1024  # bytes hashed and written at a time
 MAX_VERSIONS_BYTES = 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-MAX_FAILURES = 5  # consecutive transport failures before a source is dropped from a download
 MAX_ATTEMPTS = 60  # requests for one shard before the download gives up (busy answers included)
 STEP_DIR_PREFIX = "step_"
 Progress = Callable[[int], None]  # bytes just verified and written
@@ -57,40 +61,6 @@ ShardDone = Callable[[], Awaitable[None]]
 def client_timeout(read: float = 30.0) -> aiohttp.ClientTimeout:
     """Connect fast or fail; a read may wait for a relay still mirroring the shard (its wait is 20 s)."""
     return aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0, sock_read=read)
-
-
-@dataclass
-class Source:
-    """One origin or relay, and what this process has measured of it."""
-
-    url: str
-    throughput: float = 0.0  # bytes/s, exponentially weighted; 0 until measured
-    in_flight: int = 0
-    failures: int = 0  # consecutive
-    retry_at: float = 0.0  # monotonic time before which it is not asked again
-    banned: str | None = None  # why it is out of this download
-    received: int = 0
-
-    def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
-        if not self.url.startswith(("http://", "https://")):
-            raise RelayError(f"source {self.url!r} must be an http:// or https:// URL")
-
-    def succeeded(self, size: int, seconds: float) -> None:
-        rate = size / max(seconds, 1e-6)
-        self.throughput = rate if self.throughput == 0 else 0.7 * self.throughput + 0.3 * rate
-        self.failures = 0
-        self.received += size
-
-    def failed(self, error: SourceError) -> None:
-        """Back off: for as long as a busy source asked, else exponentially; drop it after repeated failures."""
-        if error.busy_for is not None:
-            self.retry_at = time.monotonic() + error.busy_for
-            return
-        self.failures += 1
-        self.retry_at = time.monotonic() + 0.2 * 2 ** min(self.failures, 5)
-        if self.failures >= MAX_FAILURES:
-            self.banned = f"{self.failures} failures in a row, the last: {error.reason}"
 
 
 @dataclass(frozen=True)
@@ -174,7 +144,13 @@ async def fetch_manifest(
 
 @dataclass
 class _Transfer:
-    """One shard being fetched: its bytes so far are on disk and in `hasher`; `pending` is not yet written."""
+    """One shard being fetched: its bytes so far are on disk and in `hasher`; `pending` is not yet written.
+
+    `pieces` says which source sent which bytes: (offset in the shard, url) where each source's bytes begin.
+    A shard that fails its hash after bytes from several sources is fetched again whole from one source
+    (`single`), and each piece of the failed attempt (`suspects`: start, end, url, sha256 of what it sent) is
+    then compared with the verified bytes: only a source whose piece differs sent bad bytes.
+    """
 
     file: str
     index: int
@@ -183,12 +159,35 @@ class _Transfer:
     hasher: Any = field(default_factory=hashlib.sha256)
     pending: list[bytes] = field(default_factory=list)  # received, not yet hashed and written: no copies
     pending_bytes: int = 0
-    sources: set[str] = field(default_factory=set)
+    pieces: list[tuple[int, str]] = field(default_factory=list)
+    single: bool = False
+    suspects: list[tuple[int, int, str, bytes]] = field(default_factory=list)
 
     def restart(self) -> None:
         self.received, self.hasher = 0, hashlib.sha256()
         self.pending, self.pending_bytes = [], 0
-        self.sources.clear()
+        self.pieces.clear()
+
+    def begin_piece(self, url: str) -> None:
+        """Bytes from `url` start arriving at `received` (after any restart this answer caused)."""
+        if self.pieces and self.pieces[-1][0] == self.received:
+            self.pieces.pop()  # the previous source sent nothing that stayed
+        self.pieces.append((self.received, url))
+
+    def ranges(self) -> list[tuple[int, int, str]]:
+        """(start, end, url) of the bytes in place, one entry per non-empty piece."""
+        ends = [start for start, _ in self.pieces[1:]] + [self.received]
+        return [(start, end, url) for (start, url), end in zip(self.pieces, ends, strict=True) if end > start]
+
+
+def _hash_ranges(path: Path, offset: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """sha256 of each (start, end) range of a shard at `offset` in the file, as it is on disk now."""
+    digests = []
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        for start, end in ranges:
+            with memoryview(mapped) as view:
+                digests.append(hashlib.sha256(view[offset + start : offset + end]).digest())
+    return digests
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -254,11 +253,19 @@ class Downloader:
         weights = [(s.throughput or prior) / (1 + s.in_flight) for s in ready]
         return random.choices(ready, weights=weights)[0]
 
-    def _ban(self, source: Source, reason: str) -> None:
-        if source.banned is None:
+    def _ban(self, source: Source, reason: str, *, offence: bool = False) -> None:
+        """Drop `source` from this download; `offence`: for bytes or answers only a hostile or broken peer sends."""
+        first = source.banned is None
+        if offence:
+            source.convict(reason)
+        elif first:
             source.banned = reason
+        if first:
             log.warning("dropping source %s: %s", source.url, reason)
         self.errors.append(f"{source.url}: {reason}")
+
+    def _source(self, url: str) -> Source:
+        return next(s for s in self.sources if s.url == url)
 
     async def _fetch(self, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
         for _ in range(MAX_ATTEMPTS):
@@ -277,24 +284,55 @@ class Downloader:
                 source.failed(exc)
                 if source.banned:
                     self._ban(source, source.banned)
+                if transfer.single:
+                    transfer.restart()  # no Range from another source: this shard comes whole from one
                 continue
             finally:
                 source.in_flight -= 1
             try:
                 sink.commit(transfer.file, transfer.index, transfer.hasher.digest())
             except ShardHashMismatch as exc:
-                for url in transfer.sources:  # any of them may have sent the bad bytes
-                    bad = next(s for s in self.sources if s.url == url)
-                    self._ban(bad, f"sent shard {transfer.file}[{transfer.index}] that failed its sha256 ({exc})")
-                transfer.restart()
+                await self._mismatch(sink, transfer, exc)
                 continue
             source.succeeded(transfer.received - before, time.monotonic() - started)
+            if transfer.suspects:
+                await self._convict_suspects(sink, transfer)
             if self.on_progress is not None:
                 self.on_progress(transfer.size)
             if self.on_shard is not None:
                 await self.on_shard()
             return
         raise DownloadFailed(step, self.errors)
+
+    def _shard_path(self, sink: PartialCheckpoint, transfer: _Transfer) -> tuple[Path, int]:
+        manifest_file = sink.manifest.file(transfer.file)
+        assert manifest_file is not None  # the queue holds only shards of the manifest
+        return sink.partial / transfer.file, manifest_file.shards[transfer.index].offset
+
+    async def _mismatch(self, sink: PartialCheckpoint, transfer: _Transfer, exc: ShardHashMismatch) -> None:
+        """Ban the one source of a bad shard; for a shard of several, note who sent what, and refetch it whole."""
+        what = f"shard {transfer.file}[{transfer.index}]"
+        ranges = transfer.ranges()
+        senders = {url for _, _, url in ranges}
+        if len(senders) == 1:
+            self._ban(self._source(senders.pop()), f"sent {what} that failed its sha256 ({exc})", offence=True)
+        elif not transfer.suspects:  # the first mixed failure: the bytes each source sent, while still on disk
+            path, offset = self._shard_path(sink, transfer)
+            digests = await asyncio.to_thread(_hash_ranges, path, offset, [(a, b) for a, b, _ in ranges])
+            transfer.suspects = [(a, b, url, d) for (a, b, url), d in zip(ranges, digests, strict=True)]
+            self.errors.append(f"{what} from {len(senders)} sources failed its sha256; fetching it from one")
+        transfer.single = True
+        transfer.restart()
+
+    async def _convict_suspects(self, sink: PartialCheckpoint, transfer: _Transfer) -> None:
+        """The shard is verified now: ban each source whose piece of the failed attempt differs from it."""
+        path, offset = self._shard_path(sink, transfer)
+        right = await asyncio.to_thread(_hash_ranges, path, offset, [(a, b) for a, b, _, _ in transfer.suspects])
+        what = f"shard {transfer.file}[{transfer.index}]"
+        for (start, end, url, sent), digest in zip(transfer.suspects, right, strict=True):
+            if sent != digest:
+                self._ban(self._source(url), f"sent bytes {start}-{end - 1} of {what} that are not its", offence=True)
+        transfer.suspects = []
 
     @staticmethod
     def _write(sink: PartialCheckpoint, transfer: _Transfer, chunks: list[bytes], size: int) -> None:
@@ -357,9 +395,9 @@ class Downloader:
         if transfer.received + response.length > transfer.size:
             await response.discard()
             transfer.restart()
-            self._ban(source, f"sent more than {transfer.size} bytes for {what}")
+            self._ban(source, f"sent more than {transfer.size} bytes for {what}", offence=True)
             raise SourceError(source.url, "oversized shard")
-        transfer.sources.add(source.url)
+        transfer.begin_piece(source.url)
         path, shard_offset, _ = sink.shard_target(transfer.file, transfer.index)
         start = transfer.received
         fd = os.open(path, os.O_RDWR)
@@ -393,11 +431,11 @@ class Downloader:
         try:
             async with self.session.get(url, headers=headers, timeout=client_timeout()) as response:
                 self._check_status(source, transfer, step, response.status, response.headers)
-                transfer.sources.add(source.url)
+                transfer.begin_piece(source.url)
                 async for chunk, _ in response.content.iter_chunks():  # the buffers as received, never joined
                     if transfer.received + transfer.pending_bytes + len(chunk) > transfer.size:
                         transfer.restart()
-                        self._ban(source, f"sent more than {transfer.size} bytes for {what}")
+                        self._ban(source, f"sent more than {transfer.size} bytes for {what}", offence=True)
                         raise SourceError(source.url, "oversized shard")
                     transfer.pending.append(chunk)
                     transfer.pending_bytes += len(chunk)
@@ -420,26 +458,54 @@ def _retry_after(headers: Any) -> float:
 
 
 async def wait_for_newer(
-    session: aiohttp.ClientSession, sources: Sequence[Source], after: int, *, timeout: float
+    session: aiohttp.ClientSession,
+    sources: Sequence[Source],
+    after: int,
+    *,
+    timeout: float,
+    policy: TrustPolicy | None = None,
 ) -> None:
-    """Long-poll every source until one lists a step newer than `after`; `DownloadFailed` after `timeout` s."""
+    """Long-poll every source until one lists a step newer than `after`; `DownloadFailed` after `timeout` s.
+
+    With `policy`, the newer step must have a manifest the trainer signed: a source that lists newer steps
+    it cannot back is not polled again (it would answer every long-poll at once with the same junk).
+    """
     deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        polls = [asyncio.ensure_future(list_versions(session, s, after=after, wait=min(30.0, left))) for s in sources]
+    polling = list(sources)
+    while (left := deadline - time.monotonic()) > 0 and polling:
+        polls = {
+            asyncio.ensure_future(list_versions(session, s, after=after, wait=min(30.0, left))): s for s in polling
+        }
         try:
-            for next_done in asyncio.as_completed(polls):
-                try:
-                    listing = await next_done
-                except SourceError:
-                    continue
-                if listing.latest is not None and listing.latest > after:
-                    return
+            pending = set(polls)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for poll in done:
+                    if poll.exception() is not None:
+                        continue
+                    listing = poll.result()
+                    if listing.latest is None or listing.latest <= after:
+                        continue
+                    if policy is None or await _backs_newer(session, polls[poll], policy, after):
+                        return
+                    polling.remove(polls[poll])
         finally:
             for poll in polls:
                 poll.cancel()
             await asyncio.gather(*polls, return_exceptions=True)
         await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # every source failed or timed out
+    if not polling:
+        raise DownloadFailed(None, [f"every source lists versions newer than {after} that the trainer did not sign"])
     raise DownloadFailed(None, [f"no version newer than {after} appeared within {timeout:g} s"])
+
+
+async def _backs_newer(session: aiohttp.ClientSession, source: Source, policy: TrustPolicy, after: int) -> bool:
+    try:
+        await resolve_version(session, [source], policy, None, newer_than=after)
+    except DownloadFailed as exc:
+        log.warning("%s lists a version newer than %d but no signed one: %s", source.url, after, exc)
+        return False
+    return True
 
 
 async def resolve_version(
@@ -453,29 +519,35 @@ async def resolve_version(
     """The trusted manifest of `step` (None: the newest step above `newer_than` with a valid signature).
 
     Returns it with its signature and the sources that list it. A source whose manifest is not the
-    trainer's is banned; a source claiming a newer step it cannot back up is skipped for that step.
+    trainer's is banned (an offence); a source that cannot back a step it lists is not asked about any
+    other step, so however many junk steps a source lists, it costs one manifest request.
     """
     listings = await asyncio.gather(*(list_versions(session, s) for s in sources), return_exceptions=True)
     offers: dict[int, list[Source]] = {}
     errors: list[str] = []
     for source, listing in zip(sources, listings, strict=True):
+        if isinstance(listing, SourceError):
+            source.failed(listing)
         if isinstance(listing, BaseException):
             errors.append(str(listing))
             continue
         for s in listing.steps:
             offers.setdefault(s, []).append(source)
     candidates = [step] if step is not None else sorted((s for s in offers if s > newer_than), reverse=True)
-    for candidate in candidates[:8]:  # bound the work a source advertising junk steps can cause
+    doubted: set[str] = set()  # sources that listed a step they could not back, by url
+    for candidate in candidates:
         for source in offers.get(candidate, []):
-            if source.banned:
+            if source.banned or source.url in doubted:
                 continue
             try:
                 manifest, signature = await fetch_manifest(session, source, candidate, policy)
             except UntrustedManifest as exc:
-                source.banned = str(exc)
+                source.convict(str(exc))
+                doubted.add(source.url)
                 errors.append(str(exc))
                 continue
             except SourceError as exc:
+                doubted.add(source.url)
                 errors.append(str(exc))
                 continue
             having = [s for s in offers[candidate] if s.banned is None]
@@ -485,7 +557,7 @@ async def resolve_version(
 
 
 async def fetch_checkpoint(
-    sources: Sequence[str],
+    sources: Sequence[str] | SourcePool,
     policy: TrustPolicy,
     out_dir: str | Path,
     *,
@@ -500,30 +572,36 @@ async def fetch_checkpoint(
 
     An existing `step_<N>` is returned as is (it was published only after every byte verified). With
     `after`, it first waits up to `wait` s for a version newer than `after` and takes the newest such one.
-    `on_start(manifest, bytes_already_done)` is called once the manifest is trusted.
+    `on_start(manifest, bytes_already_done)` is called once the manifest is trusted. With a `SourcePool`, the
+    download starts from the pool's measurements and its outcome scores the pool's learned sources.
     """
-    pool = [Source(url) for url in sources]
-    async with new_session() as session:
-        if after is not None:
-            await wait_for_newer(session, pool, after, timeout=wait)
-        newer_than = -1 if after is None else after
-        manifest, _, having = await resolve_version(session, pool, policy, step, newer_than=newer_than)
-        target = Path(out_dir) / f"{STEP_DIR_PREFIX}{manifest.step}"
-        if target.exists():
-            return target
-        sink = PartialCheckpoint(target, manifest)
-        try:
-            if on_start is not None:
-                on_start(manifest, sink.done_bytes)
-            downloader = Downloader(session, having, parallel=parallel, on_progress=on_progress)
-            for _ in range(2):  # a second round only if a whole-file check sends shards back
-                await downloader.download(sink)
-                try:
-                    return await asyncio.to_thread(sink.finish, verify_files=False)
-                except RelayError as exc:
-                    if not sink.missing():
-                        raise
-                    log.warning("re-fetching shards after a failed file check: %s", exc)
-            raise DownloadFailed(manifest.step, downloader.errors)
-        finally:
-            sink.close()
+    pool = sources.checkout() if isinstance(sources, SourcePool) else [Source(url) for url in sources]
+    out = Path(out_dir)
+    try:
+        async with new_session() as session:
+            if after is not None:
+                await wait_for_newer(session, pool, after, timeout=wait, policy=policy)
+            newer_than = -1 if after is None else after
+            manifest, _, having = await resolve_version(session, pool, policy, step, newer_than=newer_than)
+            target = out / f"{STEP_DIR_PREFIX}{manifest.step}"
+            if target.exists():
+                return target
+            sink = PartialCheckpoint(target, manifest)
+            try:
+                if on_start is not None:
+                    on_start(manifest, sink.done_bytes)
+                downloader = Downloader(session, having, parallel=parallel, on_progress=on_progress)
+                for _ in range(2):  # a second round only if a whole-file check sends shards back
+                    await downloader.download(sink)
+                    try:
+                        return await asyncio.to_thread(sink.finish, verify_files=False)
+                    except RelayError as exc:
+                        if not sink.missing():
+                            raise
+                        log.warning("re-fetching shards after a failed file check: %s", exc)
+                raise DownloadFailed(manifest.step, downloader.errors)
+            finally:
+                sink.close()
+    finally:
+        if isinstance(sources, SourcePool):
+            sources.settle(pool)

@@ -1,27 +1,34 @@
 """The relay's side of SHARDCAST: mirror versions from upstream servers (the origin or other relays).
 
 One long-poll per upstream on `/versions?after=N` learns of a new step within a round trip of its
-publication. For each new step among the newest `keep`, the mirror fetches the manifest (checking the
-trainer's signature when a `TrustPolicy` is given), announces the version at once, and downloads its
-shards from every upstream that lists it, each shard verified before it is served. Downstream relays
-and clients therefore start pulling a version while it is still arriving here.
+publication. A listed step counts only once its manifest is verified (the trainer's signature, when a
+`TrustPolicy` is given): the mirror checks an upstream's listed steps newest first, at most `keep + 2` per
+listing, and remembers the ones that upstream could not back, so junk step numbers from one upstream never
+crowd real steps out of the newest `keep`. For each verified step among those, it announces the version at
+once and downloads its shards from every upstream that lists it, each shard verified before it is served.
+Downstream relays and clients therefore start pulling a version while it is still arriving here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 
 from node.relay import RelayError, SourceError, UntrustedManifest, VersionExists
-from node.relay.client import MAX_FAILURES, Downloader, Source, fetch_manifest, list_versions, new_session
+from node.relay.client import Downloader, fetch_manifest, list_versions, new_session
+from node.relay.manifest import Manifest
 from node.relay.server import ShardServer
+from node.relay.sources import MAX_FAILURES, Source
 from node.relay.trust import TrustPolicy
 
 log = logging.getLogger(__name__)
 
 LONG_POLL_S = 30.0
+MAX_TRIES = 3  # manifest requests for one step an upstream lists before that step of that upstream is ignored
+MAX_REMEMBERED = 4096  # steps remembered per upstream as not backed (the lowest are forgotten first)
 
 
 class Mirror:
@@ -43,6 +50,8 @@ class Mirror:
         self.upstreams = [Source(url) for url in upstreams]
         self.policy, self.keep, self.parallel = policy, keep, parallel
         self._offers: dict[str, frozenset[int]] = {}  # upstream url -> steps it listed last
+        self._verified: dict[int, tuple[Manifest, bytes]] = {}  # steps not held yet whose manifest checked out
+        self._tries: dict[str, dict[int, int]] = {}  # upstream url -> step -> failed manifest requests
         self._active: dict[int, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self.failures = server.metrics.counter("shardcast_mirror_failures_total", "Failed attempts to mirror a step.")
@@ -61,8 +70,9 @@ class Mirror:
     async def _follow(self, upstream: Source) -> None:
         assert self._session is not None
         after: int | None = None
-        backoff = 0.5
+        backoff = penalty = 0.5
         while True:
+            asked_at = time.monotonic()
             try:
                 listing = await list_versions(self._session, upstream, after=after, wait=LONG_POLL_S)
             except SourceError as exc:
@@ -74,13 +84,71 @@ class Mirror:
             backoff = 0.5
             if upstream.failures >= MAX_FAILURES:  # dropped for failing to answer; it answers again
                 upstream.failures, upstream.banned = 0, None
+            news = listing.steps != self._offers.get(upstream.url)
             self._offers[upstream.url] = listing.steps
             after = listing.latest if listing.latest is not None else -1
-            self._start_new(listing.steps)
+            refused = await self._verify(upstream, listing.steps)
+            self._start_new()
+            if refused:  # list again soon (a request may have failed by chance), but not in a tight loop
+                after = None
+                await asyncio.sleep(penalty)
+                penalty = min(penalty * 2, 10.0)
+            else:
+                penalty = 0.5
+                if not news and time.monotonic() - asked_at < 1.0:  # a long-poll answered at once with nothing new
+                    await asyncio.sleep(1.0)
 
-    def _start_new(self, offered: frozenset[int]) -> None:
-        held = set(self.store.versions()) | set(self._active)
-        wanted = sorted(held | offered)[-self.keep :]
+    def _held(self) -> set[int]:
+        return set(self.store.versions()) | set(self._active)
+
+    def _floor(self, held: set[int]) -> int:
+        """The step a new one must be above to be among the newest `keep` (-1 while fewer are known)."""
+        known = sorted(held | set(self._verified))
+        return known[-self.keep] if len(known) >= self.keep else -1
+
+    async def _verify(self, upstream: Source, offered: frozenset[int]) -> int:
+        """Check the manifests of the newest steps `upstream` lists that would be among the newest `keep`;
+        returns how many it could not back.
+
+        At most `keep + 2` requests per listing. A step whose manifest is untrusted is never asked of this
+        upstream again; one whose request failed is asked again, `MAX_TRIES` times in all.
+        """
+        assert self._session is not None
+        tries = self._tries.setdefault(upstream.url, {})
+        held = self._held()
+        floor, asked, refused = self._floor(held), 0, 0
+        for step in sorted(offered, reverse=True):
+            if step <= floor or asked >= self.keep + 2:
+                break
+            if step in self._verified or step in held or tries.get(step, 0) >= MAX_TRIES:
+                continue
+            asked += 1
+            try:
+                self._verified[step] = await fetch_manifest(self._session, upstream, step, self.policy)
+            except UntrustedManifest as exc:
+                log.error("upstream %s sent an untrusted manifest: %s", upstream.url, exc)
+                tries[step] = MAX_TRIES
+                refused += 1
+                continue
+            except SourceError as exc:
+                log.warning("%s", exc)
+                tries[step] = tries.get(step, 0) + 1
+                refused += 1
+                continue
+            held = self._held()
+            floor = self._floor(held)
+        floor = self._floor(self._held())
+        for url_tries in self._tries.values():  # below the newest `keep` no longer matters; the rest is bounded
+            for step in [s for s in url_tries if s <= floor] + sorted(url_tries)[:-MAX_REMEMBERED]:
+                url_tries.pop(step, None)
+        return refused
+
+    def _start_new(self) -> None:
+        held = self._held()
+        wanted = sorted(held | set(self._verified))[-self.keep :]
+        for step in list(self._verified):
+            if step not in wanted and step not in self._active:
+                del self._verified[step]
         for step in wanted:
             if step not in held:
                 self._active[step] = asyncio.create_task(self._mirror(step))
@@ -108,24 +176,16 @@ class Mirror:
             raise
         finally:
             self._active.pop(step, None)
+            self._verified.pop(step, None)
 
     async def _mirror_once(self, step: int) -> None:
         assert self._session is not None
         having = [u for u in self.upstreams if step in self._offers.get(u.url, frozenset()) and u.banned is None]
         if not having:
             raise RelayError(f"no upstream lists step {step} any more")
-        manifest = signature = None
-        for upstream in having:
-            try:
-                manifest, signature = await fetch_manifest(self._session, upstream, step, self.policy)
-                break
-            except UntrustedManifest as exc:
-                log.error("upstream %s sent an untrusted manifest: %s", upstream.url, exc)
-                upstream.banned = str(exc)
-            except SourceError as exc:
-                log.warning("%s", exc)
-        if manifest is None or signature is None:
-            raise RelayError(f"no upstream gave a usable manifest of step {step}")
+        if step not in self._verified:
+            raise RelayError(f"step {step} is no longer among the newest {self.keep} verified")
+        manifest, signature = self._verified[step]
         partial = self.store.begin_version(manifest, signature)  # the same one again on a retry
         await self.server.notify()
         downloader = Downloader(self._session, having, parallel=self.parallel, on_shard=self.server.notify)

@@ -9,7 +9,9 @@ upstream) calls `notify()` afterwards, which wakes long-polls and requests waiti
 
 Limits against greedy or hostile clients: requests in flight overall and per client address, a request
 rate per client address, and optionally a byte rate per client address (a token bucket shared by that
-address's connections). Every refusal is a JSON error with a 4xx/5xx status and counted in `/metrics`.
+address's connections). Long-polls do not count as requests in flight: they wait in a pool of their own
+(`node.relay.polls`), so idle ones never crowd out `/health`, manifests or shards. Every refusal is a JSON
+error with a 4xx/5xx status and counted in `/metrics`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import BinaryIO
 from aiohttp import web
 
 from node.metrics import Registry
-from node.relay import ManifestError, ShardPending, UnknownShard, VersionNotFound
+from node.relay import LongPollRefused, ManifestError, ShardPending, UnknownShard, VersionNotFound
 from node.relay.manifest import check_name
+from node.relay.polls import LongPolls
 from node.relay.store import ShardStore
 
 log = logging.getLogger(__name__)
@@ -50,10 +53,14 @@ class ServerLimits:
     client_rate: float = 0.0  # bytes/s sent to one client address, 0 for no limit
     pending_wait: float = 20.0  # seconds a request waits for a shard that is still being mirrored
     max_wait: float = 60.0  # longest long-poll on /versions
+    max_long_polls: int = 1024  # long-polls held, apart from the requests in flight; then fair shares (polls.py)
+    max_long_polls_per_client: int = 32  # long-polls held per client address; more get 429
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_per_client < 1 or self.requests_per_s <= 0:
             raise ValueError("max_connections, max_per_client and requests_per_s must be positive")
+        if self.max_long_polls < 1 or self.max_long_polls_per_client < 1:
+            raise ValueError("max_long_polls and max_long_polls_per_client must be positive")
         if self.client_rate < 0 or self.pending_wait < 0 or self.max_wait < 0:
             raise ValueError("client_rate, pending_wait and max_wait must not be negative")
 
@@ -89,6 +96,18 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+async def _answer(handler: Handler, request: web.Request) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:  # aiohttp's own answers: no route (404), wrong method (405)
+        return _error(exc.status, exc.reason)
+
+
+def _is_long_poll(request: web.Request) -> bool:
+    """A `/versions` request that may wait (the handler validates the query); it goes to the long-poll pool."""
+    return request.path == "/versions" and "after" in request.query and "wait" in request.query
+
+
 class ShardServer:
     """Serves one `ShardStore`; `role` ("origin" or "relay") is reported by /health."""
 
@@ -97,6 +116,7 @@ class ShardServer:
         self.role = role
         self.limits = limits or ServerLimits()
         self._changed = asyncio.Condition()
+        self._polls = LongPolls(self.limits.max_long_polls, self.limits.max_long_polls_per_client)
         self._in_flight: dict[str, int] = {}
         self._total_in_flight = 0
         self._request_buckets: dict[str, TokenBucket] = {}
@@ -108,7 +128,13 @@ class ShardServer:
         self._requests = self.metrics.counter("shardcast_requests_total", "HTTP requests by endpoint and status.")
         self._bytes_sent = self.metrics.counter("shardcast_bytes_sent_total", "Shard bytes sent to clients.")
         self._refused = self.metrics.counter("shardcast_refused_total", "Requests refused by a limit, by limit.")
-        self.metrics.gauge("shardcast_in_flight", "Requests being served now.", lambda: self._total_in_flight)
+        self.metrics.gauge(
+            "shardcast_in_flight", "Requests being served now, long-polls included.", lambda: self.in_flight
+        )
+        self.metrics.gauge("shardcast_long_polls", "Long-polls of /versions being held.", lambda: len(self._polls))
+        self._polls_cut = self.metrics.counter(
+            "shardcast_long_polls_cut_total", "Long-polls answered early to make room for another address."
+        )
         self.metrics.gauge("shardcast_versions", "Complete versions held.", lambda: len(self.store.versions()))
         self.metrics.gauge("shardcast_incoming_versions", "Versions being mirrored.", lambda: len(store.incoming()))
         self.metrics.gauge(
@@ -148,8 +174,14 @@ class ShardServer:
             await self._runner.cleanup()
             self._runner = None
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being served now: those within the in-flight limits, and the long-polls held apart."""
+        return self._total_in_flight + len(self._polls)
+
     async def notify(self) -> None:
         """Wake long-polls and shard waits: the store has a new version or a new shard."""
+        self._polls.wake_all()
         async with self._changed:
             self._changed.notify_all()
 
@@ -171,10 +203,11 @@ class ShardServer:
                 self.limits.requests_per_s, 2 * self.limits.requests_per_s
             )
         response: web.StreamResponse
-        if self._total_in_flight >= self.limits.max_connections:
+        long_poll = _is_long_poll(request)  # held in the long-poll pool by the handler, not counted in flight
+        if not long_poll and self._total_in_flight >= self.limits.max_connections:
             response = _error(503, "server busy: too many requests in flight", **{"Retry-After": "1"})
             self._refused.inc(limit="connections")
-        elif self._in_flight.get(client, 0) >= self.limits.max_per_client:
+        elif not long_poll and self._in_flight.get(client, 0) >= self.limits.max_per_client:
             response = _error(
                 429, f"at most {self.limits.max_per_client} requests in flight per client", **{"Retry-After": "1"}
             )
@@ -182,13 +215,13 @@ class ShardServer:
         elif not bucket.try_take(1):
             response = _error(429, f"over {self.limits.requests_per_s:g} requests/s", **{"Retry-After": "1"})
             self._refused.inc(limit="rate")
+        elif long_poll:
+            response = await _answer(handler, request)
         else:
             self._total_in_flight += 1
             self._in_flight[client] = self._in_flight.get(client, 0) + 1
             try:
-                response = await handler(request)
-            except web.HTTPException as exc:  # aiohttp's own answers: no route (404), wrong method (405)
-                response = _error(exc.status, exc.reason)
+                response = await _answer(handler, request)
             finally:
                 self._total_in_flight -= 1
                 left = self._in_flight[client] - 1
@@ -249,9 +282,12 @@ class ShardServer:
                 latest = self.latest()
                 return latest is not None and latest > after
 
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait_for(newer), timeout=wait)
+            try:
+                if await self._polls.wait(request.remote or "?", newer, wait):
+                    self._polls_cut.inc()
+            except LongPollRefused as exc:
+                self._refused.inc(limit=f"long_polls_{exc.limit}")
+                return _error(429 if exc.limit == "per_client" else 503, exc.reason, **{"Retry-After": "1"})
         return web.json_response(self._versions_body())
 
     @staticmethod

@@ -33,6 +33,7 @@ DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 TRAINER = Account.from_key(b"\x01" * 32)
 MALLORY = Account.from_key(b"\x02" * 32)
 POLICY = TrustPolicy(DOMAIN, TRAINER.address, pool_id=7)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def make_checkpoint(path: Path, size: int, seed: int) -> Path:
@@ -391,3 +392,139 @@ def test_a_downloader_leaves_no_file_descriptor_open(tmp_path: Path, checkpoint:
             await server.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_relay_sending_bad_partial_ranges_is_banned_and_the_honest_origin_finishes_the_download(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    # the relay sends each shard's first half with a flipped byte, then hangs up: the origin sends the rest
+    # (Range), and the shard of both fails its hash. Banning every contributor banned the origin: 4 of 4
+    # downloads failed against such a relay
+    async def bad_then_cut(request: web.Request, data: bytes) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = len(data)
+        await response.prepare(request)
+        await response.write(bytes([data[0] ^ 1]) + data[1 : len(data) // 2])
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async def scenario() -> tuple[Source, Source, list[str]]:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        relay_url, relay_runner = await serve(hostile(store, bad_then_cut))
+        origin_url, origin = await honest(store)
+        relay, honest_origin = Source(relay_url, throughput=1e12), Source(origin_url, throughput=1.0)  # relay first
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, _ = await resolve_version(session, [honest_origin], POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                downloader = Downloader(session, [relay, honest_origin], parallel=2)
+                await downloader.download(sink)
+                sink.finish()
+        finally:
+            await relay_runner.cleanup()
+            await origin.stop()
+        return relay, honest_origin, downloader.errors
+
+    relay, honest_origin, errors = asyncio.run(scenario())
+    assert_same(tmp_path / "out", checkpoint)
+    assert honest_origin.banned is None and honest_origin.offence is None
+    assert relay.offence is not None and "that are not its" in relay.offence, relay
+    assert any("from 2 sources failed its sha256" in e for e in errors), errors
+
+
+def junk_versions(steps: range, store: ShardStore, signer: Account = MALLORY) -> web.Application:
+    """A relay listing `steps` that the trainer never signed: each manifest is `store`'s step 1, re-signed by
+    `signer` for the listed step (so the signature and the step match, and only the signer is wrong)."""
+    real = store.manifest(1)
+
+    async def versions(request: web.Request) -> web.Response:
+        listed = [{"step": s, "complete": True} for s in steps]
+        return web.json_response({"latest": steps[-1], "versions": listed})
+
+    async def manifest(request: web.Request) -> web.Response:
+        fake = Manifest(real.pool_id, int(request.match_info["step"]), real.shard_size, real.files)
+        signature = sign_manifest(fake, signer, DOMAIN)
+        return web.Response(body=encode_manifest(fake), headers={SIGNATURE_HEADER: "0x" + signature.hex()})
+
+    app = web.Application()
+    app.add_routes([web.get("/versions", versions), web.get("/v/{step}/manifest.json", manifest)])
+    return app
+
+
+def test_latest_is_the_newest_signed_step_whatever_junk_steps_a_source_lists(tmp_path: Path, checkpoint: Path) -> None:
+    # eight junk steps above the real one filled the eight candidates tried: every `--step latest` failed
+    async def scenario() -> Path:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        junk_url, junk_runner = await serve(junk_versions(range(100, 108), store))
+        origin_url, origin = await honest(store)
+        try:
+            return await fetch_checkpoint([junk_url, origin_url], POLICY, tmp_path / "out")
+        finally:
+            await junk_runner.cleanup()
+            await origin.stop()
+
+    path = asyncio.run(scenario())
+    assert path == tmp_path / "out" / "step_1"
+    assert_same(path, checkpoint)
+
+
+def test_a_source_listing_junk_steps_costs_one_manifest_request(tmp_path: Path, checkpoint: Path) -> None:
+    asked: list[str] = []
+
+    async def scenario() -> tuple[Manifest, list[Source]]:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        app = junk_versions(range(100, 1100), store)
+
+        @web.middleware
+        async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+            asked.append(request.path)
+            return await handler(request)
+
+        app.middlewares.append(count)
+        junk_url, junk_runner = await serve(app)
+        origin_url, origin = await honest(store)
+        sources = [Source(junk_url), Source(origin_url)]
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, _ = await resolve_version(session, sources, POLICY, None)
+        finally:
+            await junk_runner.cleanup()
+            await origin.stop()
+        return manifest, sources
+
+    manifest, sources = asyncio.run(scenario())
+    assert manifest.step == 1
+    assert asked == ["/versions", "/v/1099/manifest.json"]
+    assert sources[0].offence is not None and "not by the trainer" in sources[0].offence
+    assert sources[1].banned is None
+
+
+def test_waiting_for_a_newer_version_ignores_junk_steps_and_returns_with_the_signed_one(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    async def scenario() -> Path:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        junk_url, junk_runner = await serve(junk_versions(range(100, 108), store))
+        origin_url, origin = await honest(store)
+
+        async def publish_later() -> None:
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(publish, store, make_checkpoint(tmp_path / "two", 5000, seed=3), 2)
+            await origin.notify()
+
+        later = asyncio.create_task(publish_later())
+        try:
+            return await fetch_checkpoint([junk_url, origin_url], POLICY, tmp_path / "out", after=1, wait=30)
+        finally:
+            await later
+            await junk_runner.cleanup()
+            await origin.stop()
+
+    path = asyncio.run(scenario())
+    assert path == tmp_path / "out" / "step_2"
+    assert_same(path, tmp_path / "two")

@@ -9,18 +9,21 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from aiohttp import web
 from eth_account import Account
 
 from node.relay.client import fetch_checkpoint
+from node.relay.manifest import Manifest, build_manifest, encode_manifest
 from node.relay.mirror import Mirror
 from node.relay.origin import Origin
-from node.relay.server import ShardServer
+from node.relay.server import SIGNATURE_HEADER, ShardServer
 from node.relay.store import ShardStore
-from node.relay.trust import TrustPolicy
+from node.relay.trust import TrustPolicy, sign_manifest
 from node.signing import SigningDomain
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 TRAINER = Account.from_key(b"\x01" * 32)
+MALLORY = Account.from_key(b"\x02" * 32)
 POLICY = TrustPolicy(DOMAIN, TRAINER.address, pool_id=2)
 SHARD = 64 * 1024
 
@@ -199,3 +202,58 @@ def test_a_checkpoint_with_a_manifest_of_hundreds_of_kilobytes_reaches_a_client_
     asyncio.run(scenario())
     assert len(relay_store.manifest_bytes(1)) > 256 * 1024
     assert (fetched[0] / "model.safetensors").read_bytes() == source.joinpath("model.safetensors").read_bytes()
+
+
+async def serve_junk(root: Path, steps: range) -> tuple[str, web.AppRunner]:
+    """An upstream listing `steps`, each with a well-formed manifest of that step signed by Mallory."""
+    base = build_manifest(checkpoint(root / "junk", seed=99, size=1000), pool_id=2, step=0, shard_size=SHARD)
+
+    async def versions(request: web.Request) -> web.Response:
+        return web.json_response({"latest": steps[-1], "versions": [{"step": s, "complete": True} for s in steps]})
+
+    async def manifest(request: web.Request) -> web.Response:
+        fake = Manifest(base.pool_id, int(request.match_info["step"]), base.shard_size, base.files)
+        signature = "0x" + sign_manifest(fake, MALLORY, DOMAIN).hex()
+        return web.Response(body=encode_manifest(fake), headers={SIGNATURE_HEADER: signature})
+
+    app = web.Application()
+    app.add_routes([web.get("/versions", versions), web.get("/v/{step}/manifest.json", manifest)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return f"http://127.0.0.1:{runner.addresses[-1][1]}", runner
+
+
+def test_a_relay_with_a_junk_upstream_still_mirrors_each_new_real_step(tmp_path: Path) -> None:
+    # the junk upstream's unsigned steps 1000-1002 were the newest `keep`: no real step was ever mirrored
+    port = free_port()
+    relay_store = ShardStore(tmp_path / "relay")
+
+    async def scenario() -> None:
+        junk_url, junk_runner = await serve_junk(tmp_path, range(1000, 1003))
+        relay = ShardServer(relay_store, role="relay")
+
+        async def body(origin: Origin) -> None:
+            await origin.publish(checkpoint(tmp_path / "c1", seed=1), 1)
+            mirror = Mirror(relay, [junk_url, f"http://127.0.0.1:{port}"], policy=POLICY, keep=2)
+            task = asyncio.create_task(mirror.run())
+            try:
+                await until(lambda: relay_store.versions() == [1], timeout=10)
+                await origin.publish(checkpoint(tmp_path / "c2", seed=2), 2)
+                await until(lambda: relay_store.versions() == [1, 2], timeout=10)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        try:
+            await with_origin(tmp_path, port, body)
+        finally:
+            await junk_runner.cleanup()
+
+    asyncio.run(scenario())
+    assert relay_store.incoming() == []  # no junk step was ever announced
+    assert (tmp_path / "relay" / "v" / "2" / "model.safetensors").read_bytes() == (
+        tmp_path / "c2" / "model.safetensors"
+    ).read_bytes()

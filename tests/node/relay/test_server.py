@@ -478,45 +478,132 @@ def test_a_shard_not_mirrored_within_pending_wait_gives_503_with_retry_after(tmp
 # ---- limits ----
 
 
-async def _release_long_polls(s: Served, source: Path, polls: list[asyncio.Task[Reply]]) -> None:
-    """Publish a newer version so the long-polls holding the limit return."""
-    await asyncio.to_thread(publish, s.server.store, source, STEP + 1)
+def _relay_waiting_for_shards(tmp_path: Path, source: Path) -> tuple[ShardStore, Manifest, Callable[[], None]]:
+    """A relay store mirroring version STEP with no shard yet: a shard request waits (holds a request in flight)
+    until the returned function writes every shard."""
+    relay_store = ShardStore(tmp_path / "relay")
+    manifest = build_manifest(source, pool_id=POOL, step=STEP, shard_size=SHARD)
+    partial = relay_store.begin_version(manifest, sign(manifest))
+
+    def arrive() -> None:
+        for file, index in partial.missing():
+            partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
+
+    return relay_store, manifest, arrive
+
+
+async def _release_shard_waits(s: Served, arrive: Callable[[], None], waits: list[asyncio.Task[Reply]]) -> None:
+    """Write the shards the requests holding the limit wait for, so they return."""
+    arrive()
     await s.server.notify()
-    for reply in await asyncio.wait_for(asyncio.gather(*polls), timeout=10):
-        assert reply.status == 200 and reply.json()["latest"] == STEP + 1
+    for reply in await asyncio.wait_for(asyncio.gather(*waits), timeout=10):
+        assert reply.status == 200
 
 
-def test_requests_in_flight_per_client_over_the_limit_get_429(
-    store: ShardStore, source: Path, manifest: Manifest, tmp_path: Path
-) -> None:
-    newer = make_checkpoint(tmp_path / "newer", seed=5)
+def test_requests_in_flight_per_client_over_the_limit_get_429(tmp_path: Path, source: Path) -> None:
+    relay_store, _, arrive = _relay_waiting_for_shards(tmp_path, source)
 
     async def scenario(s: Served) -> None:
-        polls = [asyncio.create_task(s.get(f"/versions?after={STEP}&wait=30")) for _ in range(2)]
+        waits = [asyncio.create_task(s.get(f"/v/{STEP}/shards/model.safetensors/{i}")) for i in range(2)]
         await s.until_in_flight(2)
         reply = await s.get("/health")
         assert reply.status == 429 and "error" in reply.json()
-        await _release_long_polls(s, newer, polls)
+        await _release_shard_waits(s, arrive, waits)
         assert (await s.get("/health")).status == 200
         assert sample(s.server.metrics.render(), "shardcast_refused_total", limit="per_client") == 1
 
-    serve(store, scenario, limits=ServerLimits(max_per_client=2))
+    serve(relay_store, scenario, role="relay", limits=ServerLimits(max_per_client=2, pending_wait=30))
 
 
-def test_requests_in_flight_over_max_connections_get_503(store: ShardStore, manifest: Manifest, tmp_path: Path) -> None:
-    newer = make_checkpoint(tmp_path / "newer", seed=5)
+def test_requests_in_flight_over_max_connections_get_503(tmp_path: Path, source: Path) -> None:
+    relay_store, _, arrive = _relay_waiting_for_shards(tmp_path, source)
 
     async def scenario(s: Served) -> None:
-        polls = [asyncio.create_task(s.get(f"/versions?after={STEP}&wait=30")) for _ in range(3)]
+        waits = [asyncio.create_task(s.get(f"/v/{STEP}/shards/model.safetensors/{i}")) for i in range(3)]
         await s.until_in_flight(3)
-        reply = await s.get(f"/v/{STEP}/shards/config.json/0")
+        reply = await s.get(f"/v/{STEP}/manifest.json")
         assert reply.status == 503 and "error" in reply.json()
         assert float(reply.headers["Retry-After"]) > 0
-        await _release_long_polls(s, newer, polls)
+        await _release_shard_waits(s, arrive, waits)
         assert (await s.get(f"/v/{STEP}/shards/config.json/0")).status == 200
         assert sample(s.server.metrics.render(), "shardcast_refused_total", limit="connections") == 1
 
-    serve(store, scenario, limits=ServerLimits(max_connections=3, max_per_client=10))
+    limits = ServerLimits(max_connections=3, max_per_client=10, pending_wait=30)
+    serve(relay_store, scenario, role="relay", limits=limits)
+
+
+async def _long_polls(address: str, url: str, n: int) -> tuple[aiohttp.ClientSession, list[asyncio.Task[int]]]:
+    """`n` idle long-polls of `url` from the loopback `address` (any 127.x.y.z is this machine)."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, local_addr=(address, 0)))
+
+    async def poll() -> int:
+        async with session.get(f"{url}/versions?after={STEP}&wait=30") as reply:
+            await reply.read()
+            return reply.status
+
+    return session, [asyncio.create_task(poll()) for _ in range(n)]
+
+
+def test_hundreds_of_idle_long_polls_leave_health_manifests_and_shards_to_other_clients(
+    store: ShardStore, source: Path, manifest: Manifest, tmp_path: Path
+) -> None:
+    # 10 addresses x 30 idle long-polls, within each address's share: with long-polls counted as requests in
+    # flight, the first 256 made every other request of every client answer 503
+    async def scenario(s: Served) -> None:
+        attackers = [await _long_polls(f"127.0.0.{10 + i}", s.url, 30) for i in range(10)]
+        polls = [t for _, tasks in attackers for t in tasks]
+        try:
+            deadline = time.monotonic() + 10
+            while s.in_flight() + sum(t.done() for t in polls) < 300:  # each one is held, or was answered
+                assert time.monotonic() < deadline, f"{s.in_flight()} requests in flight"
+                await asyncio.sleep(0.01)
+            assert (await s.get("/health")).status == 200
+            assert (await s.get(f"/v/{STEP}/manifest.json")).status == 200
+            shard = await s.get(f"/v/{STEP}/shards/model.safetensors/0")
+            assert shard.status == 200 and shard.body == shard_bytes(
+                tmp_path / "source", manifest, "model.safetensors", 0
+            )
+            reply = await s.get(f"/versions?after={STEP}&wait=0.2")  # another client's long-poll is held too
+            assert reply.status == 200 and reply.json()["latest"] == STEP
+            text = s.server.metrics.render()
+            assert sample(text, "shardcast_long_polls") == 300
+            assert sample(text, "shardcast_refused_total") == 0
+            await asyncio.to_thread(publish, s.server.store, make_checkpoint(tmp_path / "newer", seed=5), STEP + 1)
+            await s.server.notify()
+            statuses = await asyncio.wait_for(asyncio.gather(*polls), 20)
+            assert statuses == [200] * 300  # all of them were held, and all answered once the step appeared
+        finally:
+            for task in polls:
+                task.cancel()
+            for session, _ in attackers:
+                await session.close()
+
+    serve(store, scenario)
+
+
+def test_a_full_long_poll_pool_makes_room_for_an_address_that_holds_none(store: ShardStore, manifest: Manifest) -> None:
+    async def scenario(s: Served) -> None:
+        attackers = [await _long_polls(f"127.0.0.{10 + i}", s.url, 4) for i in range(2)]
+        try:
+            await s.until_in_flight(8)
+            over = await _long_polls("127.0.0.10", s.url, 1)  # the pool is full, and this address holds its share
+            attackers.append(over)
+            assert await asyncio.wait_for(over[1][0], 5) == 429
+            started = time.monotonic()
+            reply = await s.get(f"/versions?after={STEP}&wait=0.5")  # from 127.0.0.1, which holds none
+            assert reply.status == 200 and time.monotonic() - started >= 0.4  # held for its whole wait
+            cut = [t for _, polls in attackers[:2] for t in polls if t.done()]
+            assert len(cut) == 1 and cut[0].result() == 200  # one attacker's oldest poll answered early
+            text = s.server.metrics.render()
+            assert sample(text, "shardcast_long_polls_cut_total") == 1
+            assert sample(text, "shardcast_refused_total", limit="long_polls_per_client") == 1
+        finally:
+            for session, polls in attackers:
+                for task in polls:
+                    task.cancel()
+                await session.close()
+
+    serve(store, scenario, limits=ServerLimits(max_long_polls=8, max_long_polls_per_client=4))
 
 
 def test_requests_over_the_rate_get_429(store: ShardStore) -> None:
@@ -630,6 +717,8 @@ def test_server_limits_refuse_nonsense() -> None:
         {"client_rate": -1},
         {"pending_wait": -1},
         {"max_wait": -0.5},
+        {"max_long_polls": 0},
+        {"max_long_polls_per_client": 0},
     ]:
         with pytest.raises(ValueError):
             ServerLimits(**bad)  # type: ignore[arg-type]
