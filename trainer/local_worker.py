@@ -28,6 +28,7 @@ from node.daemon.weights import Weights
 from node.generation.generate import generate_file
 from node.inference.torch_backend import TorchBackend
 from node.relay.client import new_session
+from node.relay.sources import SourcePool
 from node.relay.trust import TrustPolicy
 from node.signing import SigningDomain
 from node.tasks.sources import open_source
@@ -43,7 +44,7 @@ async def run(args: argparse.Namespace) -> int:
     source = open_source(spec)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    weights = Weights(work / "weights", [args.origin], TrustPolicy(domain, args.trainer, args.pool))
+    weights = Weights(work / "weights", SourcePool([args.origin]), TrustPolicy(domain, args.trainer, args.pool))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

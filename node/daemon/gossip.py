@@ -4,8 +4,9 @@ Service layer over `node.p2p.P2PNode` (DESIGN section 10):
 - `/prime/<pool>/checkpoints`: an announcement signed by the pool's trainer of a step newer than the weights
   held starts a background `Weights.hold(step)`, so the next assignment of that step finds it loaded. Any
   other signer is ignored (the transport only proved the signer is the sending peer, not that it may sign).
-- `/prime/<pool>/relays`: each advertised http(s) URL joins the checkpoint sources of later fetches, at most
-  `MAX_ADVERTISED_RELAYS` of them; with `--relay` this node advertises its own relay every `ADVERT_EVERY_S`.
+- `/prime/<pool>/relays`: each advertised http(s) URL is offered to the checkpoint sources' `SourcePool`, which
+  caps, scores and expires learned sources (node/relay/sources.py: a hostile advert costs at most a few failed
+  fetches, never an honest source's ban); with `--relay` this node advertises its own relay every `ADVERT_EVERY_S`.
 
 Gossip only ever helps: every failure here is logged, and the loop of `node.daemon.worker` goes on without it.
 """
@@ -16,18 +17,17 @@ import asyncio
 import contextlib
 import logging
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from node.daemon.weights import Weights
 from node.p2p import P2PError, P2PNode, Received, RelayAdvert, checkpoints_topic, relays_topic
 from node.p2p.bootstrap import dial_bootstrap, keep_bootstrapped
+from node.relay.sources import SourcePool
 from node.signing import Checkpoint, SignatureError
 
 log = logging.getLogger("node.worker")
 
-MAX_ADVERTISED_RELAYS = 8
 ADVERT_EVERY_S = 30.0
 PUBLISH_TIMEOUT_S = 10.0
 
@@ -45,26 +45,6 @@ def worth_prefetching(received: Received, *, pool_id: int, trainer: str, held: i
     return payload if held is None or payload.step > held else None
 
 
-class AdvertisedRelays:
-    """Adds advertised relay URLs to `sources` (the list later fetches read), at most `limit`, http(s) only."""
-
-    def __init__(self, sources: list[str], *, limit: int = MAX_ADVERTISED_RELAYS, own: str | None = None) -> None:
-        self.sources, self.limit, self.own = sources, limit, own
-        self.added: list[str] = []
-
-    def add(self, url: str) -> bool:
-        """True if `url` became a new source; False if known, its own, not http(s), or the list is full."""
-        url = url.rstrip("/")
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            return False
-        if url == self.own or url in self.sources or len(self.added) >= self.limit:
-            return False
-        self.sources.append(url)
-        self.added.append(url)
-        return True
-
-
 @dataclass
 class WorkerGossip:
     """Reads announcements and adverts for one worker; publishes its relay's advert. Owns the host once started."""
@@ -73,7 +53,7 @@ class WorkerGossip:
     pool_id: int
     trainer: str
     weights: Weights
-    relays: AdvertisedRelays
+    relays: SourcePool  # the checkpoint sources `weights` fetches from; its own relay is one of the configured
     bootstrap: tuple[str, ...] = ()  # dialled at start, and again whenever no peer is left
     relay_url: str | None = None  # this node's relay, advertised every ADVERT_EVERY_S
     bytes_served: Callable[[], float] | None = None  # the relay's shard bytes sent so far, for its throughput
@@ -123,9 +103,9 @@ class WorkerGossip:
     async def _follow_adverts(self, adverts: AsyncIterator[Received]) -> None:
         async for received in adverts:
             payload = received.message.payload
-            if isinstance(payload, RelayAdvert) and self.relays.add(payload.url):
+            if isinstance(payload, RelayAdvert) and self.relays.advertise(payload.url, received.signer):
                 log.info("relay advertised by %s: %s (%.1f MB/s); checkpoint sources now %s", received.signer,
-                         payload.url, payload.throughput_mb_s, ", ".join(self.relays.sources))  # fmt: skip
+                         payload.url, payload.throughput_mb_s, ", ".join(self.relays.urls()))  # fmt: skip
 
     async def _advertise(self, url: str) -> None:
         topic = relays_topic(self.pool_id)

@@ -10,6 +10,7 @@ from pathlib import Path
 from node.model.loading import LoadedModel, load_model
 from node.relay.client import fetch_checkpoint
 from node.relay.manifest import manifest_hash
+from node.relay.sources import SourcePool
 from node.relay.trust import TrustPolicy
 
 
@@ -23,7 +24,7 @@ class Weights:
     def __init__(
         self,
         root: Path,
-        sources: list[str],
+        sources: SourcePool,
         policy: TrustPolicy,
         *,
         on_load: Callable[[LoadedModel], None] | None = None,

@@ -49,6 +49,7 @@ from node.inference.torch_backend import TorchBackend
 from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
 from node.relay.client import new_session
+from node.relay.sources import SourcePool
 from node.relay.trust import TrustPolicy
 from node.rollouts import encode_rollouts
 from node.rollouts.writer import publish_atomically
@@ -178,7 +179,7 @@ class WorkerDaemon:
         relay = await self._start_relay(policy)
         if relay is not None:
             sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
-        weights = Weights(settings.state_dir / "weights", sources, policy, on_load=on_load)
+        weights = Weights(settings.state_dir / "weights", SourcePool(sources), policy, on_load=on_load)
         gossip = await self._start_gossip(domain, pool.config.trainer, weights, relay)
         runner = await self._serve_metrics()
         dashboard = await self._serve_dashboard()
@@ -489,7 +490,7 @@ class WorkerDaemon:
         settings = self.settings
         if settings.p2p_port is None:
             return None
-        from node.daemon.gossip import AdvertisedRelays, WorkerGossip  # libp2p takes a second or two to import
+        from node.daemon.gossip import WorkerGossip  # libp2p takes a second or two to import
         from node.p2p import P2PConfig, P2PNode
 
         config = P2PConfig(listen_host=settings.p2p_host, listen_port=settings.p2p_port)
@@ -501,7 +502,7 @@ class WorkerDaemon:
             settings.pool_id,
             trainer,
             weights,
-            AdvertisedRelays(weights.sources, own=relay_url),
+            weights.sources,
             bootstrap=settings.bootstrap,
             relay_url=relay_url,
             bytes_served=(lambda: server.bytes_sent) if server is not None else None,

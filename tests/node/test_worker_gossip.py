@@ -5,8 +5,9 @@ from __future__ import annotations
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from node.daemon.gossip import MAX_ADVERTISED_RELAYS, AdvertisedRelays, worth_prefetching
+from node.daemon.gossip import worth_prefetching
 from node.p2p import Received, checkpoints_topic, peer_id_of, sign_message
+from node.relay.sources import SourcePool
 from node.signing import Attestation, Checkpoint, SigningDomain
 
 DOMAIN = SigningDomain(31337, "0x5FbDB2315678afecb367f032d93F642f64180aa3")
@@ -42,20 +43,21 @@ def test_an_announcement_for_another_pool_or_another_message_type_is_ignored() -
 
 
 def test_advertised_relays_join_the_sources_once_each_http_only_and_not_its_own() -> None:
-    sources = ["http://origin:8700"]
-    relays = AdvertisedRelays(sources, own="http://127.0.0.1:9000")
-    assert relays.add("http://relay-a:8000/")  # stored without the trailing slash
-    assert not relays.add("http://relay-a:8000")
-    assert not relays.add("http://origin:8700")
-    assert not relays.add("http://127.0.0.1:9000")
-    assert not relays.add("ftp://relay-b:21") and not relays.add("http://")
-    assert relays.add("https://relay-c")
-    assert sources == ["http://origin:8700", "http://relay-a:8000", "https://relay-c"]
+    own = "http://127.0.0.1:9000"
+    pool = SourcePool([own, "http://origin:8700"])  # the worker's own relay is a configured source
+    assert pool.advertise("http://relay-a:8000/", "0xA")  # stored without the trailing slash
+    assert pool.advertise("http://relay-a:8000", "0xA")  # known: its expiry is refreshed, nothing is added
+    assert not pool.advertise("http://origin:8700", "0xB") and not pool.advertise(own, "0xB")
+    assert not pool.advertise("ftp://relay-b:21", "0xB") and not pool.advertise("http://", "0xB")
+    assert pool.advertise("https://relay-c", "0xB")
+    assert pool.urls() == [own, "http://origin:8700", "http://relay-a:8000", "https://relay-c"]
 
 
-def test_at_most_eight_advertised_relays_are_used() -> None:
-    sources = ["http://origin:8700"]
-    relays = AdvertisedRelays(sources)
-    added = [relays.add(f"http://relay-{i}:8000") for i in range(MAX_ADVERTISED_RELAYS + 3)]
-    assert added == [True] * MAX_ADVERTISED_RELAYS + [False] * 3
-    assert len(sources) == 1 + MAX_ADVERTISED_RELAYS
+def test_one_advertiser_adds_at_most_two_sources_and_learned_ones_expire() -> None:
+    """A gossip peer advertising relays for good was one way a hostile peer kept a worker failing (issue 19)."""
+    now = [0.0]
+    pool = SourcePool(["http://origin:8700"], ttl=180.0, clock=lambda: now[0])
+    added = [pool.advertise(f"http://relay-{i}:8000", "0xA") for i in range(5)]
+    assert added == [True, True, False, False, False]
+    now[0] = 181.0
+    assert pool.urls() == ["http://origin:8700"]  # not advertised again: gone
