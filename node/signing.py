@@ -43,6 +43,7 @@ HEADER_TIMESTAMP = "X-Prime-Timestamp"
 HEADER_NONCE = "X-Prime-Nonce"
 REQUEST_HEADERS = (HEADER_ADDRESS, HEADER_SIGNATURE, HEADER_TIMESTAMP, HEADER_NONCE)
 
+_SECP256K1_HALF_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141 // 2
 _UINT8_MAX, _UINT32_MAX, _UINT64_MAX, _UINT256_MAX = 2**8 - 1, 2**32 - 1, 2**64 - 1, 2**256 - 1
 _METHOD = re.compile(r"[A-Z]{1,16}")
 _TIMESTAMP = re.compile(r"[0-9]{1,20}")
@@ -303,9 +304,14 @@ def sign(message: TypedMessage, account: LocalAccount, domain: SigningDomain) ->
 
 
 def recover(message: TypedMessage, signature: bytes, domain: SigningDomain) -> str:
-    """The checksummed address that signed `message` under `domain`; any other domain gives another address."""
+    """The checksummed address that signed `message` under `domain`; any other domain gives another address.
+
+    A signature with s in the upper half of the curve order is refused: (r, n - s) is a second valid signature of
+    the same message, so accepting both would give one signed message two distinct byte strings (EIP-2)."""
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LENGTH:
         raise SignatureError(f"signature must be {SIGNATURE_LENGTH} bytes", signature=signature)
+    if int.from_bytes(signature[32:64], "big") > _SECP256K1_HALF_N:
+        raise SignatureError("high-s signature (its low-s twin is the canonical one)", signature="0x" + signature.hex())
     try:
         signer = Account.recover_message(_signable(message, domain), signature=signature)
     except (BadSignature, ValidationError, ValueError) as exc:
@@ -386,6 +392,14 @@ def sign_request(
     }
 
 
+@dataclass(frozen=True)
+class SignedRequest:
+    """A request whose signature checked out; its nonce is not recorded yet (`NonceCache.add` does that)."""
+
+    signer: str
+    nonce: bytes
+
+
 def verify_request(
     headers: Mapping[str, str],
     domain: SigningDomain,
@@ -399,10 +413,28 @@ def verify_request(
 ) -> str:
     """The checksummed signer of a request signed by `sign_request`; RequestAuthError with a `code` otherwise.
 
-    Header names match case-insensitively. Role checks are the caller's: this only says who signed.
+    Header names match case-insensitively. Role checks are the caller's: this only says who signed. A server that
+    checks roles should use `check_request`, then the role, then `nonces.add`: recording a stranger's nonce lets
+    strangers fill the cache and lock members out (issue 19).
     """
     if nonces.ttl < 2 * max_skew:
         raise SignatureError("nonce ttl must cover the timestamp window", ttl=nonces.ttl, max_skew=max_skew)
+    checked = check_request(headers, domain, method, path, body, now=now, max_skew=max_skew)
+    nonces.add(checked.signer, checked.nonce, now)
+    return checked.signer
+
+
+def check_request(
+    headers: Mapping[str, str],
+    domain: SigningDomain,
+    method: str,
+    path: str,
+    body: bytes,
+    *,
+    now: float,
+    max_skew: float = DEFAULT_MAX_SKEW,
+) -> SignedRequest:
+    """The headers, the timestamp and the signature of a request, without touching any nonce cache."""
     by_name = {name.lower(): value for name, value in headers.items()}
     values: dict[str, str] = {}
     for name in REQUEST_HEADERS:
@@ -443,5 +475,4 @@ def verify_request(
         raise RequestAuthError(
             AuthFailure.SIGNER_MISMATCH, "signature is not by the claimed address", claimed=claimed, recovered=signer
         )
-    nonces.add(signer, request.nonce, now)
-    return signer
+    return SignedRequest(signer, request.nonce)

@@ -39,6 +39,7 @@ from node.p2p.config import P2PConfig
 from node.p2p.errors import MessageError, P2PError
 from node.p2p.identity import address_of
 from node.p2p.messages import TOPIC_PAYLOAD, RelayAdvert, SignedMessage, Topic
+from node.ratelimit import TokenBucket
 from node.signing import SignatureError, SigningDomain
 
 log = logging.getLogger("node.p2p")
@@ -69,25 +70,6 @@ PENALTY: dict[DropReason, float] = {
     DropReason.SIGNER_MISMATCH: 50.0,
     DropReason.FORGED_ORIGIN: 50.0,
 }
-
-
-class TokenBucket:
-    """`burst` tokens, refilled at `rate` a second; each accepted message takes one."""
-
-    def __init__(self, rate: float, burst: int, now: float) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens, self.last = float(burst), now
-
-    def take(self, now: float) -> bool:
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-    def full(self, now: float) -> bool:
-        return self.tokens + (now - self.last) * self.rate >= self.burst
 
 
 class PeerScores:

@@ -147,6 +147,18 @@ def test_altered_message_recovers_another_address(alice: LocalAccount, domain: S
     assert recover(flipped, signature, domain) != alice.address
 
 
+def test_the_high_s_twin_of_a_signature_is_refused(alice: LocalAccount, domain: SigningDomain) -> None:
+    """(r, n - s, v ^ 1) verifies the same message under plain ECDSA: two byte strings for one signed message."""
+    message = Attestation(pool_id=3, work_key=b"\x06" * 32, accepted=True, reason=0)
+    signature = sign(message, alice, domain)
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    r, s, v = signature[:32], int.from_bytes(signature[32:64], "big"), signature[64]
+    twin = r + (n - s).to_bytes(32, "big") + bytes([55 - v])  # v 27 <-> 28
+    assert recover(message, signature, domain) == alice.address
+    with pytest.raises(SignatureError, match="high-s"):
+        recover(message, twin, domain)
+
+
 @pytest.mark.parametrize("signature", [b"", b"\x00" * 64, b"\x00" * 65, b"\xff" * 65, b"\x01" * 64 + b"\x05"])
 def test_recover_malformed_signature_raises(signature: bytes, domain: SigningDomain) -> None:
     with pytest.raises(SignatureError):
