@@ -8,6 +8,7 @@ failure or a 5xx raises `CoordinatorUnavailable`, which a caller may retry.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,11 +78,28 @@ class CoordinatorLostFile(CoordinatorError):
 
 
 class CoordinatorClient:
-    def __init__(self, session: aiohttp.ClientSession, url: str, account: LocalAccount, domain: SigningDomain) -> None:
+    """A client of one pool's coordinator at `url`. Signed requests name the pool and the URL's host, so they are
+    good at that coordinator only; without `pool_id` the client asks the coordinator (`GET /v1/pool`) once."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        account: LocalAccount,
+        domain: SigningDomain,
+        *,
+        pool_id: int | None = None,
+    ) -> None:
         self.session, self.url, self.account, self.domain = session, url.rstrip("/"), account, domain
+        self.pool_id = pool_id
+        self.host = urllib.parse.urlsplit(self.url).netloc
 
     async def _call(self, method: str, path: str, body: bytes = b"", *, signed: bool) -> dict[str, Any]:
-        headers = sign_request(self.account, self.domain, method, path, body) if signed else {}
+        headers: dict[str, str] = {}
+        if signed:
+            if self.pool_id is None:
+                self.pool_id = await self._pool_id()
+            headers = sign_request(self.account, self.domain, method, path, body, pool_id=self.pool_id, host=self.host)
         try:
             async with self.session.request(method, self.url + path, data=body or None, headers=headers) as response:
                 raw = await read_body(response.content, _MAX_ANSWER)
@@ -105,6 +123,13 @@ class CoordinatorClient:
         if not isinstance(answer, dict):
             raise CoordinatorUnavailable(f"{method} {path}: the answer is not a JSON object")
         return answer
+
+    async def _pool_id(self) -> int:
+        answer = await self._call("GET", "/v1/pool", signed=False)
+        pool_id = answer.get("pool_id")
+        if not isinstance(pool_id, int) or isinstance(pool_id, bool) or pool_id < 0:
+            raise CoordinatorUnavailable(f"/v1/pool answered {answer!r}")
+        return pool_id
 
     async def step(self) -> int:
         answer = await self._call("GET", "/v1/step", signed=False)

@@ -150,7 +150,10 @@ class TypedMessage:
 
 @dataclass(frozen=True)
 class Request(TypedMessage):
-    """An HTTP request: `method` (upper case) on `path`, sha256 of its body, unix `timestamp`, random `nonce`."""
+    """An HTTP request: `method` (upper case) on `path` at `host` (the URL's host[:port], as the client addressed
+    it) for pool `pool_id`, sha256 of its body, unix `timestamp`, random `nonce`. The pool and the host bind a
+    request to the one coordinator it was made for: replayed to another pool's coordinator (the signing domain is
+    deployment-wide) it recovers another address."""
 
     signer: str
     method: str
@@ -158,6 +161,8 @@ class Request(TypedMessage):
     body_hash: bytes
     timestamp: int
     nonce: bytes
+    pool_id: int
+    host: str
 
     TYPE_NAME: ClassVar[str] = "Request"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -167,10 +172,15 @@ class Request(TypedMessage):
         ("body_hash", "bodyHash", "bytes32"),
         ("timestamp", "timestamp", "uint64"),
         ("nonce", "nonce", "bytes16"),
+        ("pool_id", "poolId", "uint256"),
+        ("host", "host", "string"),
     )
 
     def __post_init__(self) -> None:
         _check_checksum_address("signer", self.signer)
+        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
+        if not isinstance(self.host, str) or not 0 < len(self.host) <= 255 or any(c.isspace() for c in self.host):
+            raise SignatureError("host must be 1 to 255 characters without whitespace", field="host", value=self.host)
         if not isinstance(self.method, str) or not _METHOD.fullmatch(self.method):
             raise SignatureError("method must be an upper-case HTTP method", field="method", value=self.method)
         if not isinstance(self.path, str) or not self.path.startswith("/") or any(c.isspace() for c in self.path):
@@ -372,10 +382,12 @@ def sign_request(
     path: str,
     body: bytes,
     *,
+    pool_id: int,
+    host: str,
     now: int | None = None,
     nonce: bytes | None = None,
 ) -> dict[str, str]:
-    """The four X-Prime-* headers authenticating `method path` with `body` as `account`."""
+    """The four X-Prime-* headers authenticating `method path` at `host` for pool `pool_id` with `body`."""
     request = Request(
         signer=account.address,
         method=method.upper(),
@@ -383,6 +395,8 @@ def sign_request(
         body_hash=hashlib.sha256(body).digest(),
         timestamp=int(time.time()) if now is None else now,
         nonce=secrets.token_bytes(16) if nonce is None else nonce,
+        pool_id=pool_id,
+        host=host,
     )
     return {
         HEADER_ADDRESS: request.signer,
@@ -407,6 +421,8 @@ def verify_request(
     path: str,
     body: bytes,
     *,
+    pool_id: int,
+    host: str,
     now: float,
     max_skew: float = DEFAULT_MAX_SKEW,
     nonces: NonceCache,
@@ -419,7 +435,7 @@ def verify_request(
     """
     if nonces.ttl < 2 * max_skew:
         raise SignatureError("nonce ttl must cover the timestamp window", ttl=nonces.ttl, max_skew=max_skew)
-    checked = check_request(headers, domain, method, path, body, now=now, max_skew=max_skew)
+    checked = check_request(headers, domain, method, path, body, pool_id=pool_id, host=host, now=now, max_skew=max_skew)
     nonces.add(checked.signer, checked.nonce, now)
     return checked.signer
 
@@ -431,6 +447,8 @@ def check_request(
     path: str,
     body: bytes,
     *,
+    pool_id: int,
+    host: str,
     now: float,
     max_skew: float = DEFAULT_MAX_SKEW,
 ) -> SignedRequest:
@@ -466,6 +484,8 @@ def check_request(
         body_hash=hashlib.sha256(body).digest(),
         timestamp=seconds,
         nonce=bytes.fromhex(nonce[2:]),
+        pool_id=pool_id,
+        host=host,
     )
     try:
         signer = recover(request, bytes.fromhex(signature[2:]), domain)

@@ -54,7 +54,7 @@ async def run(args: argparse.Namespace) -> int:
     unreachable_since: float | None = None
     backend: TorchBackend | None = None  # rebuilt when a new policy is loaded
     async with new_session() as session:
-        coordinator = CoordinatorClient(session, args.coordinator, account, domain)
+        coordinator = CoordinatorClient(session, args.coordinator, account, domain, pool_id=args.pool)
         while not stop.is_set():
             try:
                 job = await coordinator.request_task()

@@ -203,7 +203,9 @@ class ValidatorDaemon:
                 await gossip.start()
                 self.gossip = gossip
             async with aiohttp.ClientSession() as session:
-                self.client = CoordinatorClient(session, self.setup.coordinator, self.account, self.domain)
+                self.client = CoordinatorClient(
+                    session, self.setup.coordinator, self.account, self.domain, pool_id=self.setup.pool_id
+                )
                 while not self.stopping.is_set():
                     if time.monotonic() - self._last_poll >= self.config.poll_seconds:
                         await self._follow()

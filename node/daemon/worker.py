@@ -197,7 +197,9 @@ class WorkerDaemon:
         made, failures = 0, 0
         try:
             async with new_session() as session:
-                coordinator = CoordinatorClient(session, settings.coordinator, self.account, domain)
+                coordinator = CoordinatorClient(
+                    session, settings.coordinator, self.account, domain, pool_id=settings.pool_id
+                )
                 self._coordinator = coordinator
                 recovered = False  # what a previous run left written or uploaded goes first
                 while not self.stopping.is_set() and (settings.max_files is None or made < settings.max_files):

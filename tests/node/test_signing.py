@@ -54,7 +54,7 @@ def domain() -> SigningDomain:
 
 def _messages(signer: str) -> list[TypedMessage]:
     return [
-        Request(signer, "POST", "/work/submit", b"\x01" * 32, NOW, b"\x02" * 16),
+        Request(signer, "POST", "/work/submit", b"\x01" * 32, NOW, b"\x02" * 16, 3, "coordinator.example:8600"),
         Checkpoint(pool_id=7, step=42, manifest_hash=b"\x03" * 32),
         Attestation(pool_id=2**255, work_key=b"\x04" * 32, accepted=False, reason=1),
     ]
@@ -71,9 +71,10 @@ def _hand_digest(message: TypedMessage, domain: SigningDomain) -> bytes:
     )
     if isinstance(message, Request):
         type_string = (
-            "Request(address signer,string method,string path,bytes32 bodyHash,uint64 timestamp,bytes16 nonce)"
+            "Request(address signer,string method,string path,bytes32 bodyHash,uint64 timestamp,bytes16 nonce,"
+            "uint256 poolId,string host)"
         )
-        types = ["bytes32", "address", "bytes32", "bytes32", "bytes32", "uint64", "bytes16"]
+        types = ["bytes32", "address", "bytes32", "bytes32", "bytes32", "uint64", "bytes16", "uint256", "bytes32"]
         values: list[object] = [
             message.signer,
             keccak(text=message.method),
@@ -81,6 +82,8 @@ def _hand_digest(message: TypedMessage, domain: SigningDomain) -> bytes:
             message.body_hash,
             message.timestamp,
             message.nonce,
+            message.pool_id,
+            keccak(text=message.host),
         ]
     elif isinstance(message, Checkpoint):
         type_string = "Checkpoint(uint256 poolId,uint64 step,bytes32 manifestHash)"
@@ -97,7 +100,8 @@ def _hand_digest(message: TypedMessage, domain: SigningDomain) -> bytes:
 
 def test_type_strings_match_design() -> None:
     assert Request.type_string() == (
-        "Request(address signer,string method,string path,bytes32 bodyHash,uint64 timestamp,bytes16 nonce)"
+        "Request(address signer,string method,string path,bytes32 bodyHash,uint64 timestamp,bytes16 nonce,"
+        "uint256 poolId,string host)"
     )
     assert Checkpoint.type_string() == "Checkpoint(uint256 poolId,uint64 step,bytes32 manifestHash)"
     assert Attestation.type_string() == "Attestation(uint256 poolId,bytes32 workKey,bool accepted,uint8 reason)"
@@ -184,11 +188,11 @@ def test_signature_error_is_a_node_error_with_context() -> None:
         (lambda: Attestation(0, b"\x00" * 33, True, 0), "work_key"),
         (lambda: Attestation(0, b"\x00" * 32, 1, 0), "accepted"),  # type: ignore[arg-type]
         (lambda: Attestation(0, b"\x00" * 32, False, 256), "reason"),
-        (lambda: Request("0x" + "ab" * 20, "GET", "/", b"\x00" * 32, 0, b"\x00" * 16), "signer"),
-        (lambda: Request(SIGNER, "get", "/", b"\0" * 32, 0, b"\0" * 16), "method"),
-        (lambda: Request(SIGNER, "GET", "x", b"\0" * 32, 0, b"\0" * 16), "path"),
-        (lambda: Request(SIGNER, "GET", "/", b"\0" * 32, -1, b"\0" * 16), "timestamp"),
-        (lambda: Request(SIGNER, "GET", "/", b"\0" * 32, 0, b"\0" * 15), "nonce"),
+        (lambda: Request("0x" + "ab" * 20, "GET", "/", b"\x00" * 32, 0, b"\x00" * 16, 0, "h"), "signer"),
+        (lambda: Request(SIGNER, "get", "/", b"\0" * 32, 0, b"\0" * 16, 0, "h"), "method"),
+        (lambda: Request(SIGNER, "GET", "x", b"\0" * 32, 0, b"\0" * 16, 0, "h"), "path"),
+        (lambda: Request(SIGNER, "GET", "/", b"\0" * 32, -1, b"\0" * 16, 0, "h"), "timestamp"),
+        (lambda: Request(SIGNER, "GET", "/", b"\0" * 32, 0, b"\0" * 15, 0, "h"), "nonce"),
     ],
 )
 def test_field_validation_rejects_out_of_range(build: object, field: str) -> None:
@@ -197,14 +201,21 @@ def test_field_validation_rejects_out_of_range(build: object, field: str) -> Non
     assert info.value.context["field"] == field
 
 
+HOST = "coordinator.example:8600"
+
+
 def _verify(headers: dict[str, str], domain: SigningDomain, nonces: NonceCache, **overrides: object) -> str:
-    kwargs: dict[str, object] = {"method": "POST", "path": "/work/submit", "body": BODY, "now": NOW}
+    kwargs: dict[str, object] = {
+        "method": "POST", "path": "/work/submit", "body": BODY, "now": NOW, "pool_id": 1, "host": HOST
+    }  # fmt: skip
     kwargs.update(overrides)
     return verify_request(headers, domain, nonces=nonces, **kwargs)  # type: ignore[arg-type]
 
 
 def _headers(account: LocalAccount, domain: SigningDomain, **overrides: object) -> dict[str, str]:
-    kwargs: dict[str, object] = {"method": "POST", "path": "/work/submit", "body": BODY, "now": NOW}
+    kwargs: dict[str, object] = {
+        "method": "POST", "path": "/work/submit", "body": BODY, "now": NOW, "pool_id": 1, "host": HOST
+    }  # fmt: skip
     kwargs.update(overrides)
     return sign_request(account, domain, **kwargs)  # type: ignore[arg-type]
 
@@ -227,8 +238,22 @@ def test_lower_case_address_header_verifies(alice: LocalAccount, domain: Signing
 
 def test_signed_request_signs_sha256_of_body(alice: LocalAccount, domain: SigningDomain) -> None:
     headers = _headers(alice, domain, nonce=b"\x09" * 16)
-    request = Request(alice.address, "POST", "/work/submit", hashlib.sha256(BODY).digest(), NOW, b"\x09" * 16)
+    request = Request(alice.address, "POST", "/work/submit", hashlib.sha256(BODY).digest(), NOW, b"\x09" * 16, 1, HOST)
     assert recover(request, bytes.fromhex(headers["X-Prime-Signature"][2:]), domain) == alice.address
+
+
+@pytest.mark.parametrize(
+    "other", [{"pool_id": 2}, {"host": "other.example:8600"}], ids=["another-pool", "another-host"]
+)
+def test_a_request_replayed_to_another_pools_coordinator_is_refused(
+    alice: LocalAccount, domain: SigningDomain, other: dict[str, object]
+) -> None:
+    """The signing domain is deployment-wide: before issue 19 a request signed for pool 1's coordinator verified at
+    pool 2's and used up the node's assignment there."""
+    headers = _headers(alice, domain)
+    with pytest.raises(RequestAuthError) as caught:
+        _verify(headers, domain, NonceCache(), **other)
+    assert caught.value.code == AuthFailure.SIGNER_MISMATCH
 
 
 def test_default_nonces_are_random(alice: LocalAccount, domain: SigningDomain) -> None:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import random
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,12 @@ class Client:
         now: int | None = None,
         nonce: bytes | None = None,
     ) -> Reply:
-        signed = {} if signer is None else sign_request(signer, DOMAIN, method, path, body, now=now, nonce=nonce)
+        host = urllib.parse.urlsplit(self.url).netloc
+        signed = (
+            {}
+            if signer is None
+            else sign_request(signer, DOMAIN, method, path, body, pool_id=POOL, host=host, now=now, nonce=nonce)
+        )
         async with self.session.request(method, self.url + path, data=body, headers=signed | (headers or {})) as r:
             return Reply(r.status, json.loads(await r.read() or b"{}"))
 
