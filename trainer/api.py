@@ -13,7 +13,8 @@
 
 Every signed request carries the EIP-712 `Request` headers (DESIGN section 5). The order of checks on an upload
 is cheapest first: the declared size, the bounded body read, the signature (timestamp, signer, nonce), the
-signer's role, the body's sha256 against the name, then the file's format and its node and pool. Each refusal
+signer's role, the body's sha256 against the name, then the file's format and its node and pool, parsed in a
+child process with a memory limit and a timeout (`trainer/parsing.py`), never on the event loop. Each refusal
 is a 4xx JSON body `{"error": code, "message": text}` with its own code. A stored upload is answered with a
 `receipt`: the trainer's EIP-712 signature over `UploadReceipt(poolId, workKey, node)`, which the worker keeps. A
 file acknowledged that way and lost afterwards answers 410 `lost`, not 404: validators never slash for it.
@@ -54,8 +55,6 @@ from eth_utils import is_checksum_address
 from node.bodies import read_body
 from node.coordinator import PublishedStep
 from node.metrics import Registry
-from node.rollouts.reader import read_rollouts
-from node.rollouts.schema import RolloutFormatError
 from node.safejson import loads_bounded
 from node.signing import (
     Assignment,
@@ -71,6 +70,7 @@ from node.signing import (
     verify_request,
 )
 from trainer.inbox import RolloutInbox
+from trainer.parsing import ParseConfig, UnparsedUpload, UploadParser
 from trainer.roles import Roles
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -99,6 +99,7 @@ class ApiConfig:
     pending_files_per_node: int = 0  # uploads of one node not yet trained on, past which it waits; 0 = no limit
     hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
     retry_after: float = 1.0  # seconds a node still over its limit is told to wait
+    parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
@@ -227,6 +228,8 @@ class CoordinatorApi:
         self._uploads = self.metrics.counter("coordinator_uploads_total", "Rollout files stored.")
         self.metrics.gauge("coordinator_step", "Current policy step.", lambda: self.state.step)
         self.app = web.Application(middlewares=[self._errors], client_max_size=self.config.max_upload_bytes + 1)
+        self.parser = UploadParser(self.config.parsing)  # its processes start with the first upload
+        self.app.on_cleanup.append(self._close_parser)
         self.app.add_routes(
             [
                 web.get("/v1/pool", self._pool),
@@ -359,14 +362,14 @@ class CoordinatorApi:
             raise ApiError(400, "hash_mismatch", f"the body's sha256 is {actual.hex()}, not {name}")
         if self.inbox.has(work_key):
             return web.json_response({"work_key": "0x" + name, "created": False, **self._receipt(work_key, node)})
-        try:
-            parsed = read_rollouts(body, max_bytes=self.config.max_upload_bytes)
-        except RolloutFormatError as exc:
-            raise ApiError(422, "malformed_file", str(exc)) from None
-        if parsed.meta.node != node:
-            raise ApiError(403, "wrong_node", f"the file is for node {parsed.meta.node}; {node} signed the upload")
-        if parsed.meta.pool_id != self.state.pool_id:
-            raise ApiError(422, "wrong_pool", f"the file is for pool {parsed.meta.pool_id}, not {self.state.pool_id}")
+        try:  # in a child process: the event loop keeps answering, and no file can take this process down
+            meta = await self.parser.parse(body, self.config.max_upload_bytes)
+        except UnparsedUpload as exc:  # malformed_file, too_large (its memory limit), parse_timeout, parser_died
+            raise ApiError(413 if exc.code == "too_large" else 422, exc.code, exc.message) from None
+        if meta.node != node:
+            raise ApiError(403, "wrong_node", f"the file is for node {meta.node}; {node} signed the upload")
+        if meta.pool_id != self.state.pool_id:
+            raise ApiError(422, "wrong_pool", f"the file is for pool {meta.pool_id}, not {self.state.pool_id}")
         created = self.inbox.put(work_key, body, node)
         if created:
             self._uploads.inc()
@@ -374,6 +377,9 @@ class CoordinatorApi:
                 await self.on_upload(work_key, node)
         answer = {"work_key": "0x" + name, "created": created, **self._receipt(work_key, node)}
         return web.json_response(answer, status=201 if created else 200)
+
+    async def _close_parser(self, app: web.Application) -> None:
+        await self.parser.close()
 
     def _receipt(self, work_key: bytes, node: str) -> dict[str, str]:
         """The trainer-signed `UploadReceipt` for the node that stored the file ({} without a signing key, or for

@@ -1,11 +1,19 @@
 """Rollout files (DESIGN section 6): one Parquet file per upload, one row per completion, proofs per row.
 
-`write_rollouts` on the worker, `read_rollouts` on the validator and trainer; docs/rollout-format.md
+`write_rollouts` on the worker, `read_rollouts` on the validator and trainer (`inspect_rollouts`, the same checks
+without Python rows, in the coordinator's parsing processes); docs/rollout-format.md
 describes the bytes for anyone writing another implementation.
 """
 
 from node.rollouts.meta import FORMAT_VERSION, METADATA_KEY, RolloutMeta, SamplingMeta
-from node.rollouts.reader import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS, RolloutFile, read_rollouts
+from node.rollouts.reader import (
+    DEFAULT_MAX_ROWS,
+    DEFAULT_MAX_TOKENS,
+    RolloutFile,
+    RolloutSummary,
+    inspect_rollouts,
+    read_rollouts,
+)
 from node.rollouts.schema import (
     ARROW_SCHEMA,
     COLUMN_NAMES,
@@ -32,9 +40,11 @@ __all__ = [
     "RolloutFormatError",
     "RolloutMeta",
     "RolloutRow",
+    "RolloutSummary",
     "SamplingMeta",
     "WrittenFile",
     "encode_rollouts",
+    "inspect_rollouts",
     "read_rollouts",
     "work_units",
     "write_rollouts",

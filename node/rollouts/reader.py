@@ -1,9 +1,10 @@
 """Reads a rollout file from a stranger: bounded, strict, and failing only with RolloutFormatError.
 
 Order of defence: the byte size before anything is parsed; the Parquet magic; the footer (with thrift
-limits); rows and uncompressed size as the footer declares them, before any page is
-decompressed; the schema; the metadata; then the decoded table is validated again with the actual counts
-(a lying footer cannot get past them). Every error pyarrow can raise on garbage becomes a "corrupt" reason.
+limits); rows and row groups as the footer declares them; the schema; the metadata; then what decoding may
+produce, from the column chunks' value counts and every page header (bounds.py), before a page is
+decompressed; then the decoded table is validated again with the actual counts. Every error pyarrow can
+raise on garbage becomes a "corrupt" reason.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from node.rollouts.bounds import DecodeBounds, check_decode_bounds, expanded_size, max_uncompressed
+from node.rollouts.compact import ThriftError
 from node.rollouts.meta import METADATA_KEY, RolloutMeta, parse_meta
-from node.rollouts.schema import FormatProblem, RolloutFormatError, RolloutRow, table_to_rows
+from node.rollouts.schema import LIST_COLUMNS, FormatProblem, RolloutFormatError, RolloutRow, table_to_rows
 from node.rollouts.validate import check_schema, check_table
 
 DEFAULT_MAX_ROWS = 65_536
@@ -35,6 +38,16 @@ class RolloutFile:
     size: int
 
 
+@dataclass(frozen=True)
+class RolloutSummary:
+    """A file that `read_rollouts` accepts, without its rows."""
+
+    meta: RolloutMeta
+    rows: int
+    work_key: bytes
+    size: int
+
+
 def _read_bounded(source: Path | str | bytes, max_bytes: int) -> bytes:
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
@@ -49,16 +62,7 @@ def _read_bounded(source: Path | str | bytes, max_bytes: int) -> bytes:
     return data
 
 
-def _max_uncompressed(max_bytes: int, max_rows: int, max_tokens: int) -> int:
-    """Generous bound on an honest file's decoded size.
-
-    4 bytes per list value plus its levels; proofs are incompressible, so they decode to about their stored
-    size; strings and scalars take well under 2 KiB a row. Anything beyond is a decompression bomb.
-    """
-    return 4 * max_bytes + 8 * max_tokens + 2048 * max_rows
-
-
-def _open(data: bytes, max_bytes: int) -> pq.ParquetFile:
+def _open(data: bytes, max_bytes: int, read_dictionary: tuple[str, ...] = ()) -> pq.ParquetFile:
     if len(data) < 2 * len(MAGIC) + 4 or not data.startswith(MAGIC):
         raise RolloutFormatError(FormatProblem.NOT_PARQUET, "no Parquet magic at the start")
     if not data.endswith(MAGIC):
@@ -66,6 +70,7 @@ def _open(data: bytes, max_bytes: int) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(
             pa.BufferReader(data),
+            read_dictionary=list(read_dictionary) or None,
             thrift_string_size_limit=max_bytes,
             thrift_container_size_limit=max(1024, max_bytes // 4),
             page_checksum_verification=True,
@@ -74,12 +79,12 @@ def _open(data: bytes, max_bytes: int) -> pq.ParquetFile:
         raise RolloutFormatError(FormatProblem.CORRUPT, f"unreadable Parquet footer: {exc}") from exc
 
 
-def _check_declared_sizes(parquet: pq.ParquetFile, max_bytes: int, max_rows: int, max_tokens: int) -> None:
-    """Refuses what the footer admits to before decompressing a page (zstd bombs, billions of rows).
+def _check_declared_sizes(parquet: pq.ParquetFile, max_rows: int) -> None:
+    """Refuses billions of rows or row groups before the footer is walked in Python (bounds.py).
 
-    Only row-group totals are read: pyarrow 26 aborts the process (an uncaught C++ exception) when a
+    Only file-level totals are read: pyarrow 26 aborts the process (an uncaught C++ exception) when a
     column chunk's metadata with inconsistent level histograms is materialised, so `row_group.column(i)`
-    is never called on a stranger's file. Decoding the data raises a normal exception instead.
+    is never called on a stranger's file; bounds.py reads the column chunks from the footer bytes itself.
     """
     footer = parquet.metadata
     if footer.num_rows > max_rows:
@@ -88,12 +93,60 @@ def _check_declared_sizes(parquet: pq.ParquetFile, max_bytes: int, max_rows: int
         raise RolloutFormatError(
             FormatProblem.TOO_LARGE, f"{footer.num_row_groups} row groups, at most {MAX_ROW_GROUPS}"
         )
-    uncompressed = sum(max(0, footer.row_group(group).total_byte_size) for group in range(footer.num_row_groups))
-    limit = _max_uncompressed(max_bytes, max_rows, max_tokens)
-    if uncompressed > limit:
-        raise RolloutFormatError(
-            FormatProblem.TOO_LARGE, f"{uncompressed} bytes uncompressed declared, at most {limit}"
+
+
+def _decode(data: bytes, max_bytes: int, max_rows: int, max_tokens: int) -> tuple[RolloutMeta, pa.Table]:
+    """The metadata and the validated table of a file's bytes."""
+    parquet = _open(data, max_bytes)
+    try:
+        _check_declared_sizes(parquet, max_rows)
+        schema = parquet.schema_arrow
+        key_values = parquet.metadata.metadata or {}
+    except _PARSE_ERRORS as exc:
+        raise RolloutFormatError(FormatProblem.CORRUPT, f"unreadable Parquet footer: {exc}") from exc
+    check_schema(schema)
+    meta = parse_meta(key_values.get(METADATA_KEY))
+    try:
+        bounds = check_decode_bounds(data, max_bytes=max_bytes, max_rows=max_rows, max_tokens=max_tokens)
+    except ThriftError as exc:
+        raise RolloutFormatError(FormatProblem.CORRUPT, f"unreadable Parquet layout: {exc}") from exc
+    try:
+        if bounds.dictionary_columns:
+            parquet = _open(data, max_bytes, bounds.dictionary_columns)
+        table = parquet.read(use_threads=False)
+        table = _expand(table, bounds, max_uncompressed(max_bytes, max_rows, max_tokens))
+        table.validate(full=True)  # offsets in range, strings valid UTF-8
+    except _PARSE_ERRORS as exc:
+        raise RolloutFormatError(FormatProblem.CORRUPT, f"undecodable Parquet data: {exc}") from exc
+    check_table(table, max_rows=max_rows, max_tokens=max_tokens)
+    return meta, table
+
+
+def _expand(table: pa.Table, bounds: DecodeBounds, limit: int) -> pa.Table:
+    """The table as the bounds declared it, dictionary columns expanded once their expanded size is known."""
+    if table.num_rows != bounds.rows:
+        raise RolloutFormatError(FormatProblem.CORRUPT, f"{table.num_rows} rows decoded, {bounds.rows} declared")
+    for name in LIST_COLUMNS:  # pages cannot decode to more than their headers say; should pyarrow ever, refuse
+        decoded = sum(len(chunk.flatten()) for chunk in table.column(name).chunks)
+        if decoded > bounds.list_values[name]:
+            raise RolloutFormatError(
+                FormatProblem.CORRUPT,
+                f"column {name!r} decoded to {decoded} values, {bounds.list_values[name]} declared",
+            )
+    expanded = 0
+    for name in bounds.dictionary_columns:
+        column = table.column(name)
+        size = expanded_size(column)
+        expanded += size
+        if expanded > limit:
+            raise RolloutFormatError(
+                FormatProblem.TOO_LARGE, f"column {name!r} expands to {size} bytes ({expanded} in all), at most {limit}"
+            )
+        plain = pa.chunked_array([chunk.dictionary_decode() for chunk in column.chunks], column.type.value_type)
+        table = table.set_column(
+            table.schema.get_field_index(name), table.schema.field(name).with_type(plain.type), plain
         )
+    return table
 
 
 def read_rollouts(
@@ -105,19 +158,18 @@ def read_rollouts(
 ) -> RolloutFile:
     """Parses and validates a rollout file (a path or its bytes); raises RolloutFormatError and nothing else."""
     data = _read_bounded(source, max_bytes)
-    parquet = _open(data, max_bytes)
-    try:
-        _check_declared_sizes(parquet, max_bytes, max_rows, max_tokens)
-        schema = parquet.schema_arrow
-        key_values = parquet.metadata.metadata or {}
-    except _PARSE_ERRORS as exc:
-        raise RolloutFormatError(FormatProblem.CORRUPT, f"unreadable Parquet footer: {exc}") from exc
-    check_schema(schema)
-    meta = parse_meta(key_values.get(METADATA_KEY))
-    try:
-        table = parquet.read(use_threads=False)
-        table.validate(full=True)  # offsets in range, strings valid UTF-8
-    except _PARSE_ERRORS as exc:
-        raise RolloutFormatError(FormatProblem.CORRUPT, f"undecodable Parquet data: {exc}") from exc
-    check_table(table, max_rows=max_rows, max_tokens=max_tokens)
+    meta, table = _decode(data, max_bytes, max_rows, max_tokens)
     return RolloutFile(meta=meta, rows=table_to_rows(table), work_key=hashlib.sha256(data).digest(), size=len(data))
+
+
+def inspect_rollouts(
+    source: Path | str | bytes,
+    *,
+    max_bytes: int,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> RolloutSummary:
+    """Every check of `read_rollouts`, without building the rows as Python objects (the costly part)."""
+    data = _read_bounded(source, max_bytes)
+    meta, table = _decode(data, max_bytes, max_rows, max_tokens)
+    return RolloutSummary(meta=meta, rows=table.num_rows, work_key=hashlib.sha256(data).digest(), size=len(data))
