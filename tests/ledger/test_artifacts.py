@@ -15,7 +15,7 @@ from eth_utils import keccak, to_checksum_address
 from ledger.artifacts import ARTIFACT_DIR, CONTRACT_NAMES, decode_revert, load_artifact
 
 CONTRACTS_DIR = ARTIFACT_DIR.parent
-POOL_CONFIG = "(string,bytes32,string,address,uint256,uint64,uint256,uint256,uint32)"
+POOL_CONFIG = "(string,bytes32,string,address,uint256,uint64,uint256,uint256,uint32,uint64)"
 
 # DESIGN section 4: function signature -> output types, per contract.
 FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -26,8 +26,14 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "withdraw()": (),
         "addNode(address,bytes)": (),
         "removeNode(address)": (),
-        "slash(address,uint256,address)": ("uint256",),
+        "slash(uint256,address,uint256)": ("uint256",),
+        "lockStake(uint256,address,uint256)": ("address",),
+        "unlockStake(uint256,address,uint64)": (),
+        "releaseStake(uint256,address)": (),
         "stakeOf(address)": ("uint256", "uint256"),
+        "lockedOf(address)": ("uint256",),
+        "lockOf(uint256,address)": ("uint256", "uint64", "bool", "bool"),
+        "burned()": ("uint256",),
         "providerOf(address)": ("address",),
         "nodesOf(address)": ("address[]",),
         "unbondingPeriod()": ("uint64",),
@@ -39,6 +45,9 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "leave(uint256)": (),
         "eject(uint256,address)": (),
         "getPool(uint256)": (POOL_CONFIG, "address"),
+        "terms(uint256)": ("uint64", "uint256", "uint256", "uint64"),
+        "memberTerms(uint256,address)": ("address", "uint64"),
+        "minChallengeWindow()": ("uint64",),
         "isMember(uint256,address)": ("bool",),
         "isValidator(uint256,address)": ("bool",),
         "members(uint256)": ("address[]",),
@@ -47,21 +56,46 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "fundRewards(uint256,uint256)": (),
         "submitWork(uint256,bytes32,uint256)": (),
         "submitWorkBatch(uint256,bytes32[],uint256[])": (),
-        "invalidateWork(uint256,bytes32,uint8)": (),
-        "claimRewards(uint256,bytes32[])": (),
-        "getWork(uint256,bytes32)": ("address", "address", "uint256", "uint64", "uint8"),
+        "invalidateWork(uint256,address,bytes32,uint8)": (),
+        "claimRewards(uint256,address,bytes32[])": (),
+        "getWork(uint256,address,bytes32)": ("address", "uint256", "uint64", "uint8"),
     },
 }
 VIEWS = {
     "stakeOf",
+    "lockedOf",
+    "lockOf",
+    "burned",
     "providerOf",
     "nodesOf",
     "unbondingPeriod",
     "getPool",
+    "terms",
+    "memberTerms",
+    "minChallengeWindow",
     "isMember",
     "isValidator",
     "members",
     "getWork",
+}
+# The old ABI: a slash paid into any pool's escrow from unbonding stake, a claim could mix nodes, a work key was
+# the pool's. None of it may come back.
+REMOVED_FUNCTIONS: dict[str, set[str]] = {
+    "NodeRegistry": {
+        "slash(address,uint256,address)",
+        "lockStake(address,uint256)",
+        "unlockStake(address,uint256)",
+        "isCollateralized(address)",
+    },
+    "WorkLedger": {
+        "invalidateWork(uint256,bytes32,uint8)",
+        "claimRewards(uint256,bytes32[])",
+        "getWork(uint256,bytes32)",
+    },
+}
+REMOVED_ERRORS: dict[str, set[str]] = {
+    "ComputePool": {"ChallengeWindowZero"},
+    "WorkLedger": {"MixedProviders", "ProviderUndercollateralized"},
 }
 EVENTS: dict[str, set[str]] = {
     "NodeRegistry": {
@@ -70,7 +104,10 @@ EVENTS: dict[str, set[str]] = {
         "Withdrawn(address,uint256)",
         "NodeAdded(address,address)",
         "NodeRemoved(address,address)",
-        "Slashed(address,uint256,uint256,address)",
+        "Slashed(address,address,uint256,uint256)",
+        "StakeLocked(address,address,uint256,uint256)",
+        "StakeUnlocked(address,address,uint256,uint256,uint64)",
+        "StakeReleased(address,address,uint256,uint256)",
     },
     "ComputePool": {
         "PoolCreated(uint256,address,string,address)",
@@ -81,8 +118,8 @@ EVENTS: dict[str, set[str]] = {
     },
     "WorkLedger": {
         "WorkSubmitted(uint256,bytes32,address,address,uint256)",
-        "WorkInvalidated(uint256,bytes32,address,uint8,uint256)",
-        "RewardsClaimed(uint256,address,uint256,uint256)",
+        "WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)",
+        "RewardsClaimed(uint256,address,address,uint256,uint256)",
     },
 }
 
@@ -170,6 +207,13 @@ def test_abi_has_the_designed_events(contract: str) -> None:
     assert EVENTS[contract] <= set(abi_entries(contract, "event"))
 
 
+@pytest.mark.parametrize("contract", sorted(REMOVED_FUNCTIONS.keys() | REMOVED_ERRORS.keys()))
+def test_abi_has_none_of_the_removed_functions_and_errors(contract: str) -> None:
+    assert not REMOVED_FUNCTIONS.get(contract, set()) & set(abi_entries(contract, "function"))
+    errors = {e["name"] for e in load_artifact(contract).abi if e["type"] == "error"}
+    assert not REMOVED_ERRORS.get(contract, set()) & errors
+
+
 def test_pool_config_fields_are_in_design_order() -> None:
     (create,) = [e for e in load_artifact("ComputePool").abi if e.get("name") == "createPool"]
     fields = [component["name"] for component in create["inputs"][0]["components"]]
@@ -183,13 +227,15 @@ def test_pool_config_fields_are_in_design_order() -> None:
         "rewardPerUnit",
         "slashAmount",
         "maxNodes",
+        "maxUnitsPerKey",
     ]
 
 
-def test_get_work_returns_node_provider_units_submitted_at_status() -> None:
-    get_work = abi_entries("WorkLedger", "function")["getWork(uint256,bytes32)"]
-    assert [out["name"] for out in get_work["outputs"]] == ["node", "provider", "units", "submittedAt", "status"]
-    assert get_work["outputs"][4]["internalType"] == "enum IWorkLedger.WorkStatus"
+def test_get_work_takes_the_node_and_returns_provider_units_submitted_at_status() -> None:
+    get_work = abi_entries("WorkLedger", "function")["getWork(uint256,address,bytes32)"]
+    assert [arg["name"] for arg in get_work["inputs"]] == ["poolId", "node", "workKey"]
+    assert [out["name"] for out in get_work["outputs"]] == ["provider", "units", "submittedAt", "status"]
+    assert get_work["outputs"][3]["internalType"] == "enum IWorkLedger.WorkStatus"
 
 
 def test_work_events_name_their_arguments_as_designed() -> None:
@@ -202,14 +248,36 @@ def test_work_events_name_their_arguments_as_designed() -> None:
         "provider",
         "units",
     ]
-    assert names["WorkInvalidated(uint256,bytes32,address,uint8,uint256)"] == [
+    assert names["WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)"] == [
         "poolId",
         "workKey",
+        "node",
         "validator",
         "reason",
         "slashed",
     ]
-    assert names["RewardsClaimed(uint256,address,uint256,uint256)"] == ["poolId", "provider", "amount", "count"]
+    assert names["RewardsClaimed(uint256,address,address,uint256,uint256)"] == [
+        "poolId",
+        "provider",
+        "node",
+        "amount",
+        "count",
+    ]
+
+
+def test_stake_events_name_their_arguments_as_designed() -> None:
+    registry_events = abi_entries("NodeRegistry", "event")
+    names = {sig: [arg["name"] for arg in e["inputs"]] for sig, e in registry_events.items()}
+    assert names["Slashed(address,address,uint256,uint256)"] == ["provider", "node", "poolId", "amount"]
+    assert names["StakeLocked(address,address,uint256,uint256)"] == ["provider", "node", "poolId", "amount"]
+    assert names["StakeUnlocked(address,address,uint256,uint256,uint64)"] == [
+        "provider",
+        "node",
+        "poolId",
+        "amount",
+        "releaseAt",
+    ]
+    assert names["StakeReleased(address,address,uint256,uint256)"] == ["provider", "node", "poolId", "amount"]
 
 
 # --- decode_revert ----------------------------------------------------------------------------------
@@ -220,9 +288,26 @@ def error_data(sig: str, types: list[str], values: list[Any]) -> bytes:
 
 
 def test_decode_revert_decodes_custom_errors_with_names() -> None:
-    key = keccak(text="work")
-    data = error_data("WorkNotPending(uint256,bytes32,uint8)", ["uint256", "bytes32", "uint8"], [3, key, 2])
-    assert decode_revert(data) == ("WorkNotPending", {"poolId": 3, "workKey": key, "status": 2})
+    key, node = keccak(text="work"), "0x" + "cd" * 20
+    types = ["uint256", "address", "bytes32", "uint8"]
+    data = error_data("WorkNotPending(uint256,address,bytes32,uint8)", types, [3, node, key, 2])
+    name, values = decode_revert(data)
+    assert name == "WorkNotPending"
+    assert values.keys() == {"poolId", "node", "workKey", "status"}
+    assert (values["poolId"], to_checksum_address(values["node"])) == (3, to_checksum_address(node))
+    assert (values["workKey"], values["status"]) == (key, 2)
+
+
+def test_decode_revert_decodes_errors_of_the_new_terms() -> None:
+    data = error_data("SlashAmountOutOfRange(uint256,uint256)", ["uint256", "uint256"], [101, 100])
+    assert decode_revert(data) == ("SlashAmountOutOfRange", {"slashAmount": 101, "minStakePerNode": 100})
+    node = "0x" + "ef" * 20
+    name, values = decode_revert(error_data("NodeEjected(uint256,address)", ["uint256", "address"], [4, node]))
+    assert (name, values["poolId"], to_checksum_address(values["node"])) == (
+        "NodeEjected",
+        4,
+        to_checksum_address(node),
+    )
 
 
 def test_decode_revert_decodes_inherited_openzeppelin_errors() -> None:
@@ -260,7 +345,8 @@ def test_decode_revert_handles_empty_and_short_data() -> None:
 
 
 def test_decode_revert_reports_truncated_custom_error() -> None:
-    data = error_data("WorkExists(uint256,bytes32)", ["uint256", "bytes32"], [1, b"\x00" * 32])[:-16]
+    types = ["uint256", "address", "bytes32"]
+    data = error_data("WorkExists(uint256,address,bytes32)", types, [1, "0x" + "00" * 20, b"\x00" * 32])[:-16]
     name, values = decode_revert(data)
     assert name == "UndecodableRevert"
     assert values["data"] == data

@@ -8,15 +8,18 @@ from collections.abc import Callable
 import pytest
 
 from ledger.accounts import dev_account
+from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.types import PoolConfig
+from ledger.types import PoolConfig, StakeLock
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, pool_config
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
+WINDOW = 3600  # helpers.make_pool's default challenge window
+MIN_WINDOW = 3600  # the session deployment's minChallengeWindow (LocalChain.deploy's default)
 
 
 # --- createPool -------------------------------------------------------------------------------------
@@ -54,12 +57,67 @@ def test_create_pool_with_window_equal_to_unbonding_succeeds(ledger_for: LedgerF
     assert owner.challenge_window(pool_id) == UNBONDING_PERIOD
 
 
-def test_create_pool_with_zero_window_reverts(ledger_for: LedgerFor) -> None:
+def test_min_challenge_window_is_the_deployments(ledger_for: LedgerFor) -> None:
+    assert ledger_for(OWNER).min_challenge_window() == MIN_WINDOW
+
+
+@pytest.mark.parametrize("window", [0, 1, MIN_WINDOW - 1])
+def test_create_pool_with_window_below_the_minimum_reverts(ledger_for: LedgerFor, window: int) -> None:
     owner = ledger_for(OWNER)
     with pytest.raises(ContractRevert) as info:
-        make_pool(owner, challenge_window=0)
-    assert_revert(info.value, "ChallengeWindowZero")
+        make_pool(owner, challenge_window=window)
+    assert_revert(info.value, "ChallengeWindowTooShort", challengeWindow=window, minChallengeWindow=MIN_WINDOW)
     assert owner.pool_count() == 0
+
+
+def test_create_pool_with_the_minimum_window_succeeds(ledger_for: LedgerFor) -> None:
+    owner = ledger_for(OWNER)
+    pool_id = make_pool(owner, challenge_window=MIN_WINDOW)
+    assert owner.challenge_window(pool_id) == MIN_WINDOW
+
+
+@pytest.mark.parametrize("min_stake", [0, 2**128])
+def test_create_pool_with_min_stake_out_of_range_reverts(ledger_for: LedgerFor, min_stake: int) -> None:
+    owner = ledger_for(OWNER)
+    with pytest.raises(ContractRevert) as info:
+        make_pool(owner, min_stake_per_node=min_stake, slash_amount=1)
+    assert_revert(info.value, "MinStakeOutOfRange", minStakePerNode=min_stake, max=2**128 - 1)
+    assert owner.pool_count() == 0
+
+
+@pytest.mark.parametrize("slash", [0, 100 * TOKEN + 1])
+def test_create_pool_with_slash_out_of_range_reverts(ledger_for: LedgerFor, slash: int) -> None:
+    owner = ledger_for(OWNER)
+    with pytest.raises(ContractRevert) as info:
+        make_pool(owner, min_stake_per_node=100 * TOKEN, slash_amount=slash)
+    assert_revert(info.value, "SlashAmountOutOfRange", slashAmount=slash, minStakePerNode=100 * TOKEN)
+    assert owner.pool_count() == 0
+
+
+@pytest.mark.parametrize("max_units", [0, 2**48])
+def test_create_pool_with_max_units_per_key_out_of_range_reverts(ledger_for: LedgerFor, max_units: int) -> None:
+    owner = ledger_for(OWNER)
+    with pytest.raises(ContractRevert) as info:
+        make_pool(owner, max_units_per_key=max_units)
+    assert_revert(info.value, "MaxUnitsPerKeyOutOfRange", maxUnitsPerKey=max_units, max=2**48 - 1)
+    assert owner.pool_count() == 0
+
+
+def test_create_pool_at_the_edges_of_the_terms_succeeds(ledger_for: LedgerFor) -> None:
+    owner = ledger_for(OWNER)
+    smallest = make_pool(owner, min_stake_per_node=1, slash_amount=1, max_units_per_key=1)
+    largest = make_pool(owner, min_stake_per_node=2**128 - 1, slash_amount=2**128 - 1, max_units_per_key=2**48 - 1)
+    assert owner.pools.functions.terms(smallest).call() == [MIN_WINDOW, 10**15, 1, 1]
+    assert owner.pools.functions.terms(largest).call() == [MIN_WINDOW, 10**15, 2**128 - 1, 2**48 - 1]
+
+
+def test_deploy_refuses_a_min_window_outside_zero_to_unbonding(chain: LocalChain) -> None:
+    for min_window in (0, 101):
+        with pytest.raises(ContractRevert) as info:
+            chain.deploy(unbonding_period=100, min_challenge_window=min_window)
+        assert_revert(info.value, "MinChallengeWindowOutOfRange", minChallengeWindow=min_window, unbondingPeriod=100)
+    deployment = chain.deploy(unbonding_period=100, min_challenge_window=100)
+    assert Ledger(chain.w3, deployment).min_challenge_window() == 100
 
 
 def test_create_pool_with_zero_trainer_reverts(ledger_for: LedgerFor) -> None:
@@ -82,6 +140,7 @@ def test_get_pool_round_trips_every_config_field(ledger_for: LedgerFor) -> None:
         reward_per_unit=10**15 + 9,
         slash_amount=77 * TOKEN + 1,
         max_nodes=2**32 - 1,
+        max_units_per_key=2**40 + 3,
     )
 
     pool_id = creator.create_pool(config)
@@ -163,12 +222,14 @@ def test_join_locks_min_stake_and_lists_member(ledger_for: LedgerFor) -> None:
         {"poolId": pool_id, "node": node_account.address, "provider": provider.address}
     ]
     assert events(owner.registry.events.StakeLocked(), receipt) == [
-        {"provider": provider.address, "node": node_account.address, "amount": 100 * TOKEN}
+        {"provider": provider.address, "node": node_account.address, "poolId": pool_id, "amount": 100 * TOKEN}
     ]
     assert owner.is_member(pool_id, node_account.address)
     assert owner.members(pool_id) == [node_account.address]
     assert owner.pools.functions.memberProvider(pool_id, node_account.address).call() == provider.address
     assert owner.stake_of(provider.address).locked == 100 * TOKEN
+    assert owner.pools.functions.memberTerms(pool_id, node_account.address).call() == [provider.address, 1_000_000]
+    assert owner.pools.functions.memberTerms(pool_id, provider.address).call() == [ZERO_ADDRESS, 0]
 
 
 def test_join_without_enough_stake_reverts_insufficient_active_stake(ledger_for: LedgerFor) -> None:
@@ -190,7 +251,7 @@ def test_join_without_enough_stake_reverts_insufficient_active_stake(ledger_for:
 
 def test_join_requires_stake_for_existing_locks_plus_min_stake(ledger_for: LedgerFor) -> None:
     owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
-    cheap = make_pool(owner, min_stake_per_node=30 * TOKEN)
+    cheap = make_pool(owner, min_stake_per_node=30 * TOKEN, slash_amount=30 * TOKEN)
     dear = make_pool(owner, min_stake_per_node=80 * TOKEN)
     node = onboard(owner, provider, dev_account(3), cheap, stake_tokens=100)  # locked 30
 
@@ -279,7 +340,7 @@ def test_join_full_pool_reverts_pool_full(ledger_for: LedgerFor) -> None:
 
 def test_pool_with_max_nodes_zero_is_unlimited(ledger_for: LedgerFor) -> None:
     owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
-    pool_id = make_pool(owner, max_nodes=0, min_stake_per_node=TOKEN)
+    pool_id = make_pool(owner, max_nodes=0, min_stake_per_node=TOKEN, slash_amount=TOKEN)
     fund_provider(owner, provider, 10)
     for index in range(3, 8):
         onboard(owner, provider, dev_account(index), pool_id, stake_tokens=0)
@@ -289,7 +350,7 @@ def test_pool_with_max_nodes_zero_is_unlimited(ledger_for: LedgerFor) -> None:
 # --- leave and eject --------------------------------------------------------------------------------
 
 
-def test_leave_releases_the_lock_so_stake_can_be_unstaked(ledger_for: LedgerFor) -> None:
+def test_leave_holds_the_lock_one_window_then_stake_can_be_unstaked(chain: LocalChain, ledger_for: LedgerFor) -> None:
     owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
     pool_id = make_pool(owner)
     node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
@@ -301,12 +362,28 @@ def test_leave_releases_the_lock_so_stake_can_be_unstaked(ledger_for: LedgerFor)
 
     receipt = node.leave(pool_id)
 
+    release_at = owner.timestamp() + WINDOW
     assert events(owner.pools.events.NodeLeft(), receipt) == [{"poolId": pool_id, "node": node.address}]
     assert events(owner.registry.events.StakeUnlocked(), receipt) == [
-        {"provider": provider.address, "node": node.address, "amount": 100 * TOKEN}
+        {
+            "provider": provider.address,
+            "node": node.address,
+            "poolId": pool_id,
+            "amount": 100 * TOKEN,
+            "releaseAt": release_at,
+        }
     ]
     assert not owner.is_member(pool_id, node.address)
     assert owner.members(pool_id) == []
+    assert owner.stake_of(provider.address).locked == 100 * TOKEN  # work submitted until now may still be slashed
+    with pytest.raises(ContractRevert) as info:
+        provider.request_unstake(100 * TOKEN)
+    assert_revert(
+        info.value, "InsufficientActiveStake", provider=provider.address, active=100 * TOKEN, required=200 * TOKEN
+    )
+
+    chain.increase_time(WINDOW)
+    provider.release_stake(pool_id, node.address)
     assert owner.stake_of(provider.address).locked == 0
     provider.request_unstake(100 * TOKEN)
     assert owner.stake_of(provider.address).unbonding == 100 * TOKEN
@@ -348,7 +425,9 @@ def test_eject_by_non_owner_reverts_not_allowed_to_eject(ledger_for: LedgerFor) 
     assert not owner.is_ejected(pool_id, node.address)
 
 
-def test_owner_eject_removes_member_releases_lock_and_bans_rejoin(ledger_for: LedgerFor) -> None:
+def test_owner_eject_removes_member_holds_lock_one_window_and_bans_rejoin(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
     owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
     pool_id = make_pool(owner)
     node = onboard(owner, provider, dev_account(3), pool_id)
@@ -358,15 +437,30 @@ def test_owner_eject_removes_member_releases_lock_and_bans_rejoin(ledger_for: Le
     assert events(owner.pools.events.NodeEjected(), receipt) == [
         {"poolId": pool_id, "node": node.address, "by": owner.address}
     ]
+    release_at = owner.timestamp() + WINDOW
+    assert events(owner.registry.events.StakeUnlocked(), receipt) == [
+        {
+            "provider": provider.address,
+            "node": node.address,
+            "poolId": pool_id,
+            "amount": 100 * TOKEN,
+            "releaseAt": release_at,
+        }
+    ]
     assert not owner.is_member(pool_id, node.address)
     assert owner.is_ejected(pool_id, node.address)
     assert owner.members(pool_id) == []
-    assert owner.stake_of(provider.address).locked == 0
+    assert owner.lock_of(pool_id, node.address) == StakeLock(
+        pool_id, node.address, 100 * TOKEN, release_at, False, True
+    )
 
     with pytest.raises(ContractRevert) as info:
         node.join(pool_id)
     assert_revert(info.value, "EjectedFromPool", poolId=pool_id, node=node.address)
     assert owner.members(pool_id) == []
+    assert owner.stake_of(provider.address).locked == 100 * TOKEN
+    chain.increase_time(WINDOW)
+    owner.release_stake(pool_id, node.address)
     assert owner.stake_of(provider.address).locked == 0
 
 
@@ -387,10 +481,11 @@ def test_eject_of_non_member_bans_it_in_advance(ledger_for: LedgerFor) -> None:
 def test_ejection_is_per_pool(ledger_for: LedgerFor) -> None:
     owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
     first, second = make_pool(owner), make_pool(owner)
-    node = onboard(owner, provider, dev_account(3), first)
+    node = onboard(owner, provider, dev_account(3), first, stake_tokens=200)  # the ejection holds the first lock
     owner.eject(first, node.address)
 
     node.join(second)
 
     assert owner.members(second) == [node.address]
     assert not owner.is_ejected(second, node.address)
+    assert owner.stake_of(provider.address).locked == 200 * TOKEN

@@ -23,6 +23,7 @@ from ledger.events import (
     RewardsClaimed,
     WorkInvalidated,
     WorkSubmitted,
+    invalidations,
 )
 from ledger.types import Reason
 from tests.conftest import TOKEN
@@ -93,12 +94,14 @@ def submit_many(s: Setup, count: int, label: str, *, empty_blocks: int = 0) -> l
 
 def test_poll_returns_submitted_invalidated_and_claimed_events_in_chain_order(chain: LocalChain, setup: Setup) -> None:
     s = setup
+    cheater = onboard(s.owner, s.provider, dev_account(NODE_B), s.pool_id, stake_tokens=0)
     a, b, c = work_key("a"), work_key("b"), work_key("c")
     single = s.node.submit_work(s.pool_id, a, 2500)
     batch = s.node.submit_work_batch(s.pool_id, [b, c], [4096, 3000])
-    invalidated = s.validator.invalidate_work(s.pool_id, b, Reason.HASH_MISMATCH)
+    forged = cheater.submit_work(s.pool_id, b, 999)  # the same key, the cheater's own record
+    invalidated = s.validator.invalidate_work(s.pool_id, cheater.address, b, Reason.HASH_MISMATCH)
     chain.increase_time(WINDOW)
-    claimed = s.owner.claim_rewards(s.pool_id, [a, c])
+    claimed = s.owner.claim_rewards(s.pool_id, s.node.address, [a, c])
 
     found = EventFollower(s.reader).poll()
 
@@ -108,10 +111,17 @@ def test_poll_returns_submitted_invalidated_and_claimed_events_in_chain_order(ch
         WorkSubmitted(s.pool_id, a, node, provider, 2500, position(s.reader, single)),
         WorkSubmitted(s.pool_id, b, node, provider, 4096, batch_at),  # a batch expands in key order
         WorkSubmitted(s.pool_id, c, node, provider, 3000, batch_at),
+        WorkSubmitted(s.pool_id, b, cheater.address, provider, 999, position(s.reader, forged)),
         WorkInvalidated(
-            s.pool_id, b, s.validator.address, Reason.HASH_MISMATCH, SLASH, position(s.reader, invalidated)
+            s.pool_id,
+            b,
+            cheater.address,
+            s.validator.address,
+            Reason.HASH_MISMATCH,
+            SLASH,
+            position(s.reader, invalidated),
         ),
-        RewardsClaimed(s.pool_id, provider, (2500 + 3000) * REWARD_PER_UNIT, 2, position(s.reader, claimed)),
+        RewardsClaimed(s.pool_id, provider, node, (2500 + 3000) * REWARD_PER_UNIT, 2, position(s.reader, claimed)),
     ]
     assert [e.at.block_number for e in found] == sorted(e.at.block_number for e in found)
 
@@ -129,7 +139,7 @@ def test_following_only_some_events_skips_the_others(chain: LocalChain, setup: S
     key = work_key("claimed")
     s.node.submit_work(s.pool_id, key, 100)
     chain.increase_time(WINDOW)
-    s.owner.claim_rewards(s.pool_id, [key])
+    s.owner.claim_rewards(s.pool_id, s.node.address, [key])
 
     found = EventFollower(s.reader, events=("RewardsClaimed",)).poll()
 
@@ -139,6 +149,26 @@ def test_following_only_some_events_skips_the_others(chain: LocalChain, setup: S
 def test_following_an_unknown_event_raises_ledger_error(reader: Ledger) -> None:
     with pytest.raises(LedgerError, match="WorkFunded"):
         EventFollower(reader, events=("WorkSubmitted", "WorkFunded"))
+
+
+def test_invalidations_are_keyed_by_node_and_work_key(setup: Setup) -> None:
+    s = setup
+    other = onboard(s.owner, s.provider, dev_account(NODE_B), s.pool_id, stake_tokens=0)
+    key = work_key("one key, two records")
+    s.node.submit_work(s.pool_id, key, 100)
+    other.submit_work(s.pool_id, key, 100)
+    s.validator.invalidate_work(s.pool_id, s.node.address, key, Reason.BAD_FORMAT)
+    s.validator.invalidate_work(s.pool_id, other.address, key, Reason.PROOF_INVALID)
+
+    every = invalidations(s.reader, s.pool_id)
+    only_other = invalidations(s.reader, s.pool_id, other.address.lower())
+
+    assert {index: (e.node, e.reason, e.slashed) for index, e in every.items()} == {
+        (s.node.address, key): (s.node.address, Reason.BAD_FORMAT, SLASH),
+        (other.address, key): (other.address, Reason.PROOF_INVALID, SLASH),
+    }
+    assert list(only_other) == [(other.address, key)]
+    assert invalidations(s.reader, s.pool_id + 1) == {}
 
 
 # --- filtering and paging ----------------------------------------------------------------------------------
@@ -153,7 +183,7 @@ def test_pool_filter_ignores_another_pools_events(setup: Setup) -> None:
     s.node.submit_work(s.pool_id, mine, 100)
     other_node.submit_work(other_pool, theirs, 200)
     other_node.submit_work_batch(other_pool, [work_key("theirs-1"), work_key("theirs-2")], [1, 2])
-    s.validator.invalidate_work(other_pool, theirs, Reason.BAD_FORMAT)
+    s.validator.invalidate_work(other_pool, other_node.address, theirs, Reason.BAD_FORMAT)
     s.node.submit_work_batch(s.pool_id, [work_key("mine-1")], [300])
 
     ours = EventFollower(s.reader, pool_id=s.pool_id).poll()

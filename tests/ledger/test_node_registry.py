@@ -1,4 +1,4 @@
-"""NodeRegistry on a real chain: stake lifecycle, slashing through the WorkLedger, node bindings, roles."""
+"""NodeRegistry on a real chain: stake lifecycle, per-pool locks, burned slashes, node bindings, roles."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger, node_binding_signature
 from ledger.deployment import role_id
 from ledger.errors import ContractRevert
-from ledger.types import Reason, StakeInfo, WorkStatus
+from ledger.types import Reason, StakeInfo, StakeLock, WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
 
 LedgerFor = Callable[[int], Ledger]
-OWNER, PROVIDER_A, PROVIDER_B, VALIDATOR = 0, 1, 2, 9
+OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
+WINDOW = 3600  # helpers.make_pool's default challenge window
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
 ADMIN_ROLE = b"\x00" * 32
 
@@ -168,71 +169,169 @@ def test_unstake_below_locked_stake_reverts_insufficient_active_stake(ledger_for
     assert (stake.active, stake.unbonding, stake.locked) == (100 * TOKEN, 50 * TOKEN, 100 * TOKEN)
 
 
+# --- locks per pool: held past the membership by one challenge window ---------------------------------
+
+
+def test_join_opens_a_lock_in_that_pool_only(ledger_for: LedgerFor) -> None:
+    owner, provider, node_account = ledger_for(OWNER), ledger_for(PROVIDER_A), dev_account(3)
+    first, second = make_pool(owner), make_pool(owner)
+    onboard(owner, provider, node_account, first, stake_tokens=150)
+
+    assert owner.lock_of(first, node_account.address) == StakeLock(
+        first, node_account.address, 100 * TOKEN, 0, True, True
+    )
+    assert owner.lock_of(second, node_account.address) == StakeLock(second, node_account.address, 0, 0, False, False)
+    assert owner.stake_of(provider.address).locked == 100 * TOKEN
+
+
+def test_leave_holds_the_lock_for_one_window_then_anyone_may_release_it(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    owner, provider, stranger = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(STRANGER)
+    pool_id = make_pool(owner)  # window 3600 s, locks 100
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
+
+    receipt = node.leave(pool_id)
+
+    release_at = owner.timestamp() + WINDOW
+    assert events(owner.registry.events.StakeUnlocked(), receipt) == [
+        {
+            "provider": provider.address,
+            "node": node.address,
+            "poolId": pool_id,
+            "amount": 100 * TOKEN,
+            "releaseAt": release_at,
+        }
+    ]
+    assert events(owner.registry.events.StakeReleased(), receipt) == []
+    assert owner.lock_of(pool_id, node.address) == StakeLock(
+        pool_id, node.address, 100 * TOKEN, release_at, False, True
+    )
+    assert owner.stake_of(provider.address).locked == 100 * TOKEN
+    with pytest.raises(ContractRevert) as info:
+        provider.request_unstake(1)
+    assert_revert(
+        info.value, "InsufficientActiveStake", provider=provider.address, active=100 * TOKEN, required=100 * TOKEN + 1
+    )
+
+    call = stranger.registry.functions.releaseStake(pool_id, node.address)
+    with pytest.raises(ContractRevert) as info:
+        transact_at(chain, stranger, call, release_at - 1)
+    assert_revert(info.value, "LockHeld", poolId=pool_id, node=node.address, member=False, releaseAt=release_at)
+
+    receipt = transact_at(chain, stranger, call, release_at)  # anyone: the stake stays the provider's
+
+    assert events(owner.registry.events.StakeReleased(), receipt) == [
+        {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": 100 * TOKEN}
+    ]
+    assert owner.lock_of(pool_id, node.address) == StakeLock(pool_id, node.address, 0, 0, False, False)
+    assert owner.stake_of(provider.address).locked == 0
+    assert owner.balance_of(stranger.address) == 0
+    provider.request_unstake(100 * TOKEN)
+    assert owner.stake_of(provider.address).unbonding == 100 * TOKEN
+
+
+def test_release_of_a_membership_or_of_no_lock_is_refused(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    pool_id = make_pool(owner)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+
+    with pytest.raises(ContractRevert) as info:
+        owner.release_stake(pool_id, node.address)
+    assert_revert(info.value, "LockHeld", poolId=pool_id, node=node.address, member=True, releaseAt=0)
+
+    with pytest.raises(ContractRevert) as info:
+        owner.release_stake(pool_id, dev_account(4).address)
+    assert_revert(info.value, "NotLocked", poolId=pool_id, node=dev_account(4).address)
+    assert owner.stake_of(provider.address).locked == 100 * TOKEN
+
+
+def test_rejoining_while_the_lock_is_held_reuses_it(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    pool_id = make_pool(owner)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)  # exactly one lock's worth
+    node.leave(pool_id)
+
+    receipt = node.join(pool_id)
+
+    assert events(owner.registry.events.StakeLocked(), receipt) == [
+        {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": 100 * TOKEN}
+    ]
+    assert owner.lock_of(pool_id, node.address) == StakeLock(pool_id, node.address, 100 * TOKEN, 0, True, True)
+    assert owner.stake_of(provider.address).locked == 100 * TOKEN
+
+
 # --- slashing, driven through WorkLedger.invalidateWork ---------------------------------------------
 
 
-def test_slash_exhausts_active_stake_then_takes_unbonding_stake(ledger_for: LedgerFor) -> None:
+def test_slash_takes_the_lock_never_unbonding_stake_and_burns_it(ledger_for: LedgerFor) -> None:
     owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
-    pool_id = make_pool(owner)  # slash 50 tokens
+    pool_id = make_pool(owner)  # locks 100, slashes 50
     owner.set_validator(pool_id, validator.address)
-    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=170)
     key = work_key("slashed")
     node.submit_work(pool_id, key, 10)
-    node.leave(pool_id)  # releases the lock, so the provider can start unbonding
-    provider.request_unstake(70 * TOKEN)  # active 30, unbonding 70
-    escrow_before = owner.escrow_of(pool_id)
+    node.leave(pool_id)  # the lock stays held for the window, so only the free 70 may start unbonding
+    provider.request_unstake(70 * TOKEN)
+    release_at = provider.stake_of(provider.address).release_at
 
-    receipt = validator.invalidate_work(pool_id, key, Reason.HASH_MISMATCH)
-
-    assert events(owner.registry.events.Slashed(), receipt) == [
-        {
-            "provider": provider.address,
-            "amount": 50 * TOKEN,
-            "fromUnbonding": 20 * TOKEN,
-            "beneficiary": owner.work.address,
-        }
-    ]
-    stake = provider.stake_of(provider.address)
-    assert (stake.active, stake.unbonding, stake.locked) == (0, 50 * TOKEN, 0)
-    assert owner.escrow_of(pool_id) == escrow_before + 50 * TOKEN
-    assert owner.balance_of(owner.registry.address) == 50 * TOKEN
-    assert owner.get_work(pool_id, key).status == WorkStatus.INVALIDATED
-
-
-def test_slash_takes_at_most_what_the_provider_has(ledger_for: LedgerFor) -> None:
-    owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
-    pool_id = make_pool(owner, slash_amount=500 * TOKEN)
-    owner.set_validator(pool_id, validator.address)
-    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=120)
-    key = work_key("over-slashed")
-    node.submit_work(pool_id, key, 10)
-
-    receipt = validator.invalidate_work(pool_id, key, Reason.BAD_FORMAT)
+    receipt = validator.invalidate_work(pool_id, node.address, key, Reason.HASH_MISMATCH)
 
     assert events(owner.registry.events.Slashed(), receipt) == [
-        {"provider": provider.address, "amount": 120 * TOKEN, "fromUnbonding": 0, "beneficiary": owner.work.address}
+        {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": 50 * TOKEN}
     ]
-    (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
-    assert invalidated["slashed"] == 120 * TOKEN
-    stake = provider.stake_of(provider.address)
-    assert (stake.active, stake.unbonding, stake.locked) == (0, 0, 0)
-    assert owner.escrow_of(pool_id) == 120 * TOKEN
+    assert provider.stake_of(provider.address) == StakeInfo(
+        active=50 * TOKEN, unbonding=70 * TOKEN, locked=50 * TOKEN, release_at=release_at
+    )
+    assert owner.lock_of(pool_id, node.address).amount == 50 * TOKEN
+    assert owner.burned() == 50 * TOKEN
+    assert owner.escrow_of(pool_id) == 0  # nothing is credited to the pool
+    assert owner.balance_of(owner.work.address) == 0
+    assert owner.balance_of(owner.registry.address) == 170 * TOKEN  # the burned tokens never leave the registry
+    assert owner.get_work(pool_id, node.address, key).status == WorkStatus.INVALIDATED
 
 
-def test_slash_that_empties_unbonding_stake_clears_the_release_time(ledger_for: LedgerFor) -> None:
+def test_slashes_in_one_pool_take_at_most_its_lock(ledger_for: LedgerFor) -> None:
     owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
-    pool_id = make_pool(owner, slash_amount=500 * TOKEN)
+    pool_id = make_pool(owner, slash_amount=60 * TOKEN)  # locks 100
     owner.set_validator(pool_id, validator.address)
-    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=100)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=300)
+    keys = [work_key(f"bad-{i}") for i in range(3)]
+    node.submit_work_batch(pool_id, keys, [10, 10, 10])
+
+    slashed = []
+    for key in keys:  # the first ejects the node; its other pending work may still be invalidated
+        receipt = validator.invalidate_work(pool_id, node.address, key, Reason.BAD_FORMAT)
+        (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
+        slashed.append(invalidated["slashed"])
+
+    assert slashed == [60 * TOKEN, 40 * TOKEN, 0]
+    stake = provider.stake_of(provider.address)
+    assert (stake.active, stake.unbonding, stake.locked) == (200 * TOKEN, 0, 0)  # the free 200 are untouched
+    assert owner.lock_of(pool_id, node.address).amount == 0
+    assert owner.burned() == 100 * TOKEN
+    assert owner.escrow_of(pool_id) == 0
+
+
+def test_slash_leaves_unbonding_stake_and_its_release_time(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, provider, validator = ledger_for(OWNER), ledger_for(PROVIDER_A), ledger_for(VALIDATOR)
+    pool_id = make_pool(owner, slash_amount=100 * TOKEN)
+    owner.set_validator(pool_id, validator.address)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=160)
     key = work_key("emptied")
     node.submit_work(pool_id, key, 10)
-    node.leave(pool_id)
     provider.request_unstake(60 * TOKEN)
-    assert provider.stake_of(provider.address).release_at > 0
+    release_at = provider.stake_of(provider.address).release_at
 
-    validator.invalidate_work(pool_id, key, Reason.PROOF_INVALID)
+    validator.invalidate_work(pool_id, node.address, key, Reason.PROOF_INVALID)
 
-    assert provider.stake_of(provider.address) == StakeInfo(active=0, unbonding=0, locked=0, release_at=0)
+    assert provider.stake_of(provider.address) == StakeInfo(
+        active=0, unbonding=60 * TOKEN, locked=0, release_at=release_at
+    )
+    transact_at(chain, provider, provider.registry.functions.withdraw(), release_at)
+    assert provider.balance_of(provider.address) == 60 * TOKEN
+    assert owner.burned() == 100 * TOKEN
+    assert owner.balance_of(owner.registry.address) == 100 * TOKEN
 
 
 # --- node bindings ----------------------------------------------------------------------------------
@@ -368,17 +467,23 @@ def test_malformed_binding_signature_is_rejected(ledger_for: LedgerFor) -> None:
     assert provider.provider_of(node.address) is None
 
 
-def test_remove_node_while_in_a_pool_reverts_node_in_pools(ledger_for: LedgerFor) -> None:
+def test_remove_node_while_its_lock_is_open_reverts_node_in_pools(chain: LocalChain, ledger_for: LedgerFor) -> None:
     owner, provider, node_account = ledger_for(OWNER), ledger_for(PROVIDER_A), dev_account(3)
     pool_id = make_pool(owner)
     node = onboard(owner, provider, node_account, pool_id)
 
     with pytest.raises(ContractRevert) as info:
         provider.remove_node(node_account.address)
+    assert_revert(info.value, "NodeInPools", node=node_account.address, pools=1)
 
+    node.leave(pool_id)
+    with pytest.raises(ContractRevert) as info:  # a held lock still counts: its window may hold work
+        provider.remove_node(node_account.address)
     assert_revert(info.value, "NodeInPools", node=node_account.address, pools=1)
     assert provider.is_active_node(node_account.address)
-    node.leave(pool_id)
+
+    chain.increase_time(WINDOW)
+    provider.release_stake(pool_id, node_account.address)
     provider.remove_node(node_account.address)
     assert not provider.is_active_node(node_account.address)
 
@@ -411,13 +516,12 @@ def test_remove_node_twice_reverts_node_not_active(ledger_for: LedgerFor) -> Non
 )
 def test_only_role_holders_may_move_stake(ledger_for: LedgerFor, function: str, role: str) -> None:
     owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
-    fund_provider(owner, provider, 100)
-    provider.add_node(dev_account(3))
-    node = dev_account(3).address
+    pool_id = make_pool(owner)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=150).address
     calls = {
-        "slash": owner.registry.functions.slash(provider.address, 50 * TOKEN, owner.address),
-        "lockStake": owner.registry.functions.lockStake(node, 50 * TOKEN),
-        "unlockStake": owner.registry.functions.unlockStake(node, 0),
+        "slash": owner.registry.functions.slash(pool_id, node, 50 * TOKEN),
+        "lockStake": owner.registry.functions.lockStake(pool_id + 1, node, 50 * TOKEN),
+        "unlockStake": owner.registry.functions.unlockStake(pool_id, node, 0),
     }
 
     for caller in (owner, provider):  # neither the deployer nor a provider holds the role
@@ -426,7 +530,9 @@ def test_only_role_holders_may_move_stake(ledger_for: LedgerFor, function: str, 
         assert_revert(info.value, "AccessControlUnauthorizedAccount", account=caller.address, neededRole=role_id(role))
 
     stake = provider.stake_of(provider.address)
-    assert (stake.active, stake.locked) == (100 * TOKEN, 0)
+    assert (stake.active, stake.locked) == (150 * TOKEN, 100 * TOKEN)
+    assert owner.lock_of(pool_id, node) == StakeLock(pool_id, node, 100 * TOKEN, 0, True, True)
+    assert owner.burned() == 0
 
 
 def test_roles_are_wired_to_the_contracts(ledger_for: LedgerFor) -> None:

@@ -17,8 +17,9 @@ from ledger.cli.common import CommandError, check_dev_key_allowed, check_key_fla
 from ledger.cli.pool import app
 from ledger.client import Ledger
 from ledger.deployment import Deployment
+from ledger.types import Reason
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import make_pool, onboard
+from tests.ledger.helpers import make_pool, onboard, work_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEV_KEY_WARNING = "public, never use on a real chain"
@@ -135,6 +136,50 @@ def test_create_window_longer_than_unbonding_shows_the_revert(deployment_file: P
     assert_one_line_error(result, "createPool reverted: ChallengeWindowTooLong", f"unbondingPeriod={UNBONDING_PERIOD}")
 
 
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (("--challenge-window", "59m"), ("createPool reverted: ChallengeWindowTooShort", "minChallengeWindow=3600")),
+        (("--slash", "100.5"), ("createPool reverted: SlashAmountOutOfRange", f"minStakePerNode={100 * TOKEN}")),
+        (("--min-stake", "0"), ("createPool reverted: MinStakeOutOfRange", "minStakePerNode=0")),
+    ],
+    ids=["short-window", "slash-above-min-stake", "zero-min-stake"],
+)
+def test_create_with_terms_out_of_range_shows_the_revert(
+    deployment_file: Path, flags: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
+    args = create_args(deployment_file, "--dev-key", "0")
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        args[args.index(flag) + 1] = value
+    assert_one_line_error(pool_cli(*args), *fragments)
+
+
+def test_create_sets_max_units_per_key(deployment_file: Path, ledger_for: Callable[[int], Ledger]) -> None:
+    result = pool_cli(*create_args(deployment_file, "--dev-key", "0", "--max-units-per-key", "8192", "--json"))
+    assert result.exit_code == 0, result.output
+    assert ledger_for(0).pool(json.loads(result.stdout)["pool_id"]).config.max_units_per_key == 8192
+
+
+def test_deploy_sets_the_min_challenge_window(chain: LocalChain, tmp_path: Path) -> None:
+    out = tmp_path / "deployment.json"
+    args = ("deploy", "--rpc-url", chain.rpc_url, "--dev-key", "0", "--unbonding-period", "2d")
+    result = pool_cli(*args, "--min-challenge-window", "10m", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "challenge windows at least" in result.stdout
+    assert Ledger(chain.w3, Deployment.load(out)).min_challenge_window() == 600
+
+
+@pytest.mark.parametrize("window", ["0", "3d"])
+def test_deploy_refuses_a_min_challenge_window_outside_the_unbonding_period(
+    chain: LocalChain, tmp_path: Path, window: str
+) -> None:
+    out = tmp_path / "deployment.json"
+    args = ("deploy", "--rpc-url", chain.rpc_url, "--dev-key", "0", "--unbonding-period", "2d")
+    result = pool_cli(*args, "--min-challenge-window", window, "--out", out)
+    assert_one_line_error(result, "--min-challenge-window", "at most the unbonding period")
+    assert not out.exists()
+
+
 def test_mint_then_fund_moves_tokens_into_escrow(deployment_file: Path, ledger_for: Callable[[int], Ledger]) -> None:
     owner = ledger_for(0)
     pool_id = make_pool(owner)
@@ -215,7 +260,43 @@ def test_show_lists_config_escrow_and_members(deployment_file: Path, ledger_for:
     assert as_json.exit_code == 0, as_json.output
     view = json.loads(as_json.stdout)
     assert view["escrow"] == str(40 * TOKEN) and view["min_stake_per_node"] == str(100 * TOKEN)
-    assert view["members"] == [{"node": node.address, "provider": provider.address, "stake_active": str(150 * TOKEN)}]
+    assert (view["max_units_per_key"], view["burned_all_pools"]) == (1_000_000, "0")
+    assert view["members"] == [
+        {
+            "node": node.address,
+            "provider": provider.address,
+            "stake_active": str(150 * TOKEN),
+            "locked_here": str(100 * TOKEN),
+        }
+    ]
+
+
+def test_show_lists_each_members_lock_here_and_the_burned_total(
+    deployment_file: Path, ledger_for: Callable[[int], Ledger]
+) -> None:
+    owner, provider, validator = ledger_for(0), ledger_for(1), ledger_for(9)
+    pool_id = make_pool(owner, max_units_per_key=4096)  # locks 100, slashes 50
+    owner.set_validator(pool_id, validator.address)
+    cheater = onboard(owner, provider, dev_account(2), pool_id, stake_tokens=200)
+    honest = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=0)
+    key = work_key("forged")
+    cheater.submit_work(pool_id, key, 10)
+    validator.invalidate_work(pool_id, cheater.address, key, Reason.BAD_FORMAT)
+
+    text = pool_cli("show", str(pool_id), "--deployment", deployment_file)
+    assert text.exit_code == 0, text.output
+    assert "4,096" in text.stdout and "slashed and burned" in text.stdout and "locked here" in text.stdout
+
+    view = json.loads(pool_cli("show", str(pool_id), "--json", "--deployment", deployment_file).stdout)
+    assert (view["max_units_per_key"], view["burned_all_pools"]) == (4096, str(50 * TOKEN))
+    assert view["members"] == [  # the ejected cheater is no member; its held lock is not listed
+        {
+            "node": honest.address,
+            "provider": provider.address,
+            "stake_active": str(150 * TOKEN),
+            "locked_here": str(100 * TOKEN),
+        }
+    ]
 
 
 def test_show_of_unknown_pool_is_one_line(deployment_file: Path) -> None:

@@ -1,11 +1,25 @@
 """Random operation sequences against the contracts, checked step by step against a Python model.
 
-Three providers (one or two nodes each) share one pool: challenge window 1 h, unbonding 2 days, 100 tokens
-locked per node, 60 tokens slashed per invalidated work. A funder tops up the escrow and a validator
-invalidates work. Each operation is first applied to `Model`, which says whether it must revert and with
-which custom error; the chain must agree. After every step the conservation invariants are read back from
-the chain: no token is created or lost, the registry holds exactly the stake, the work ledger exactly the
-escrow, payouts stay within funding plus slashes, and the model's view of every balance matches.
+Three providers (one or two nodes each) and three pools with different terms: pool 0 (1 h window, 100 tokens
+locked per node, 60 slashed per invalidated work), pool 1 (2 h, 40 locked, 40 slashed, at most 5,000 units per
+key) and pool 2, which provider 0 created with the smallest terms allowed (1 token locked and slashed) and
+validates itself: its node can be "invalidated" by its own provider. Every bound node starts as a member of
+pools 0 and 2 and may join pool 1. Unbonding takes 2 days. A funder tops up the escrows; a validator
+invalidates work in pools 0 and 1; owners eject nodes; anyone releases held locks. Each operation is first
+applied to `Model`, which says whether it must revert and with which custom error; the chain must agree.
+
+After every step the invariants are read back from the chain:
+- no token is created or lost; the registry holds exactly the stake plus what was burned, the work ledger
+  exactly the escrows;
+- nothing slashed is ever paid out: the escrows plus everything claimed equal everything funded, and the
+  registry's `burned` equals everything slashed;
+- the slashes of a node in a pool never total more than the lock it took there (`minStakePerNode`), and a
+  provider's slashes in a pool never more than its nodes' locks there;
+- an ejected node is never paid again;
+- stake backing an open window stays put: a provider's locked stake equals what its open locks hold and is
+  covered by its active stake, every pending work whose window is open is backed by an open lock holding the
+  pool's `minStakePerNode` less what was slashed from it, and a withdrawal never takes active or locked stake;
+- and the model's view of every balance, stake, lock and membership matches.
 
 Time is exact: every transaction of a step is mined at the model's clock (`evm_setNextBlockTimestamp`), and
 the block before it has that timestamp too, so gas estimation (which runs on the latest block) and execution
@@ -34,21 +48,42 @@ from ledger.types import WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import events, make_pool, onboard, work_key
 
-MIN_STAKE = 100 * TOKEN
-SLASH = 60 * TOKEN
-WINDOW = 3600
-REWARD_PER_UNIT = 10**14  # 4,000 units earn 0.4 tokens
 WALLET = 1_000 * TOKEN  # minted to each provider and to the funder, besides the initial stake
-MAX_UNITS = 2**48 - 1  # the Work struct's units field
+MAX_UNITS = 2**48 - 1  # the largest cap a pool may set
 MAX_ALLOWANCE = 2**256 - 1
+MAX_REASON = 8
 
 OWNER, PROVIDERS, FUNDER, VALIDATOR = 0, (1, 2, 3), 4, 5
+
+
+@dataclass(frozen=True)
+class Terms:
+    min_stake: int
+    slash: int
+    window: int
+    reward: int
+    max_units: int
+    owner: int  # account index: creates the pool and may eject
+    validator: int  # account index
+
+
+POOLS = (
+    Terms(100 * TOKEN, 60 * TOKEN, 3600, 10**14, 1_000_000, OWNER, VALIDATOR),
+    Terms(40 * TOKEN, 40 * TOKEN, 7200, 2 * 10**14, 5_000, OWNER, VALIDATOR),
+    Terms(TOKEN, TOKEN, 3600, 10**14, MAX_UNITS, PROVIDERS[0], PROVIDERS[0]),  # provider 0's own pool
+)
+LONGEST_WINDOW = max(t.window for t in POOLS)
+START_POOLS = (0, 2)  # every bound node starts as a member of these; pool 1 it must join
+START_LOCKS = sum(POOLS[pool].min_stake for pool in START_POOLS)
 NODES_PER_PROVIDER = 2
 NODE_KEYS: list[LocalAccount] = [
     Account.from_key(hashlib.sha256(f"property-node-{i}".encode()).digest())
     for i in range(len(PROVIDERS) * NODES_PER_PROVIDER)
 ]  # node slot i belongs to provider i // 2; a slot is unused when that provider drew one node
-WORK_KEYS = [work_key(f"property-work-{i}") for i in range(10)]
+WORK_KEYS = [work_key(f"property-work-{i}") for i in range(8)]
+
+Pair = tuple[int, int]  # (pool index, node slot)
+WorkId = tuple[int, int, int]  # (pool index, node slot, key index)
 
 
 # --- the model ---------------------------------------------------------------------------------------------
@@ -62,15 +97,14 @@ class ProviderState:
 
 
 @dataclass
-class NodeState:
-    provider: int | None  # provider index; None for an unused slot (never bound)
-    member: bool = False
-    ejected: bool = False
+class LockState:
+    amount: int
+    release_at: int = 0
+    member: bool = True
 
 
 @dataclass
 class WorkState:
-    node: int
     units: int
     submitted_at: int
     status: WorkStatus = WorkStatus.PENDING
@@ -83,10 +117,15 @@ class Model:
 
     now: int
     providers: list[ProviderState]
-    nodes: list[NodeState]
+    node_provider: list[int | None]  # provider index of each node slot; None for an unused slot (never bound)
     funder_wallet: int
-    escrow: int = 0
-    works: dict[int, WorkState] = field(default_factory=dict)  # by index into WORK_KEYS
+    escrow: list[int] = field(default_factory=lambda: [0] * len(POOLS))
+    members: set[Pair] = field(default_factory=set)
+    ejected: set[Pair] = field(default_factory=set)
+    locks: dict[Pair, LockState] = field(default_factory=dict)  # open locks only
+    works: dict[WorkId, WorkState] = field(default_factory=dict)
+    slashed: dict[Pair, int] = field(default_factory=dict)
+    burned: int = 0
 
     def stake(self, p: int, amount: int) -> str | None:
         s = self.providers[p]
@@ -119,155 +158,186 @@ class Model:
         s.unbonding = s.release_at = 0
         return None
 
-    def join(self, n: int) -> str | None:
-        node = self.nodes[n]
-        if node.ejected:
+    def join(self, pair: Pair) -> str | None:
+        if pair in self.ejected:
             return "EjectedFromPool"
-        if node.member:
+        if pair in self.members:
             return "AlreadyMember"
-        if node.provider is None:
+        p = self.node_provider[pair[1]]
+        if p is None:
             return "NodeNotActive"
-        s = self.providers[node.provider]
-        if s.active < s.locked + MIN_STAKE:
+        s, lock = self.providers[p], self.locks.get(pair)
+        added = max(POOLS[pair[0]].min_stake - (lock.amount if lock else 0), 0)  # a held lock is reused
+        if s.active < s.locked + added:
             return "InsufficientActiveStake"
-        node.member = True
-        s.locked += MIN_STAKE
+        s.locked += added
+        if lock is None:
+            self.locks[pair] = LockState(POOLS[pair[0]].min_stake)
+        else:
+            lock.amount += added
+            lock.member, lock.release_at = True, 0
+        self.members.add(pair)
         return None
 
-    def leave(self, n: int) -> str | None:
-        node = self.nodes[n]
-        if not node.member:
+    def _end_membership(self, pair: Pair) -> None:
+        """The lock stays held one window: until the last submission's window has closed."""
+        self.members.remove(pair)
+        lock = self.locks[pair]
+        lock.member, lock.release_at = False, self.now + POOLS[pair[0]].window
+
+    def leave(self, pair: Pair) -> str | None:
+        if pair not in self.members:
             return "NotMember"
-        assert node.provider is not None
-        node.member = False
-        self.providers[node.provider].locked -= MIN_STAKE
+        self._end_membership(pair)
         return None
 
-    def submit(self, n: int, keys: Sequence[int], units: Sequence[int], *, batch: bool) -> str | None:
+    def eject(self, pair: Pair, by_owner: bool) -> str | None:
+        if not by_owner:
+            return "NotAllowedToEject"
+        if pair in self.members:
+            self._end_membership(pair)
+        self.ejected.add(pair)
+        return None
+
+    def release(self, pair: Pair) -> str | None:
+        lock = self.locks.get(pair)
+        if lock is None:
+            return "NotLocked"
+        if lock.member or self.now < lock.release_at:
+            return "LockHeld"
+        p = self.node_provider[pair[1]]
+        assert p is not None
+        self.providers[p].locked -= lock.amount
+        del self.locks[pair]
+        return None
+
+    def submit(self, pair: Pair, keys: Sequence[int], units: Sequence[int], *, batch: bool) -> str | None:
         if batch and not keys:
             return "EmptyBatch"
         if len(keys) != len(units):
             return "LengthMismatch"
-        node = self.nodes[n]
-        if not node.member:
+        if pair not in self.members:
             return "NotPoolMember"
-        assert node.provider is not None
-        s = self.providers[node.provider]
-        if s.active < s.locked:
-            return "ProviderUndercollateralized"
         recorded: set[int] = set()
         for key, amount in zip(keys, units, strict=True):
-            if not 0 < amount <= MAX_UNITS:
+            if not 0 < amount <= POOLS[pair[0]].max_units:
                 return "UnitsOutOfRange"
-            if key in self.works or key in recorded:
+            if (*pair, key) in self.works or key in recorded:  # records are per node: others' keys don't count
                 return "WorkExists"
             recorded.add(key)
         for key, amount in zip(keys, units, strict=True):
-            self.works[key] = WorkState(n, amount, self.now)
+            self.works[(*pair, key)] = WorkState(amount, self.now)
         return None
 
-    def invalidate(self, key: int, by_validator: bool, reason: int) -> tuple[str | None, int]:
-        """The expected error, and on success the amount slashed."""
-        if reason == 0:
+    def invalidate(self, work_id: WorkId, by_validator: bool, reason: int) -> tuple[str | None, int]:
+        """The expected error, and on success the amount slashed (burned)."""
+        if not 0 < reason <= MAX_REASON:
             return "InvalidReason", 0
-        work = self.works.get(key)
+        work = self.works.get(work_id)
         if work is None:
             return "WorkNotFound", 0
         if work.status != WorkStatus.PENDING:
             return "WorkNotPending", 0
         if not by_validator:
             return "NotValidator", 0
-        if self.now >= work.submitted_at + WINDOW:
+        terms, pair = POOLS[work_id[0]], (work_id[0], work_id[1])
+        if self.now >= work.submitted_at + terms.window:
             return "ChallengeWindowClosed", 0
         work.status = WorkStatus.INVALIDATED
-        node = self.nodes[work.node]
-        assert node.provider is not None
-        s = self.providers[node.provider]
-        from_active = min(SLASH, s.active)
-        from_unbonding = min(SLASH - from_active, s.unbonding)
-        s.active -= from_active
-        s.unbonding -= from_unbonding
-        self.escrow += from_active + from_unbonding
-        if node.member:
-            node.member = False
-            s.locked -= MIN_STAKE
-        node.ejected = True
-        return None, from_active + from_unbonding
+        lock = self.locks.get(pair)
+        assert lock is not None, f"work {work_id} is inside its window without a lock behind it"
+        slashed = min(terms.slash, lock.amount)
+        p = self.node_provider[pair[1]]
+        assert p is not None
+        s = self.providers[p]
+        lock.amount -= slashed
+        s.locked -= slashed
+        s.active -= slashed
+        self.burned += slashed
+        self.slashed[pair] = self.slashed.get(pair, 0) + slashed
+        if pair in self.members:
+            self._end_membership(pair)
+        self.ejected.add(pair)
+        return None, slashed
 
-    def claim(self, keys: Sequence[int]) -> tuple[str | None, int | None, int]:
-        """The expected error, and on success the provider paid and the amount."""
+    def claim(self, pair: Pair, keys: Sequence[int]) -> tuple[str | None, int]:
+        """The expected error, and on success the amount paid to the node's provider."""
         if not keys:
-            return "EmptyBatch", None, 0
-        provider: int | None = None
-        last_node: int | None = None
-        units = 0
-        seen: set[int] = set()
+            return "EmptyBatch", 0
+        if pair in self.ejected:
+            return "NodeEjected", 0
+        terms, units, seen = POOLS[pair[0]], 0, set()
         for key in keys:  # the contract's loop, in its order of checks
-            work = self.works.get(key)
+            work = self.works.get((*pair, key))
             if work is None:
-                return "WorkNotFound", None, 0
+                return "WorkNotFound", 0
             if work.status != WorkStatus.PENDING or key in seen:
-                return "WorkNotPending", None, 0
-            if self.now < work.submitted_at + WINDOW:
-                return "ChallengeWindowOpen", None, 0
-            if work.node != last_node:
-                owner = self.nodes[work.node].provider
-                if provider is None:
-                    provider = owner
-                elif owner != provider:
-                    return "MixedProviders", None, 0
-                last_node = work.node
+                return "WorkNotPending", 0
+            if self.now < work.submitted_at + terms.window:
+                return "ChallengeWindowOpen", 0
             units += work.units
             seen.add(key)
-        amount = units * REWARD_PER_UNIT
-        if amount > self.escrow:
-            return "InsufficientEscrow", None, 0
-        assert provider is not None
+        amount = units * terms.reward
+        if amount > self.escrow[pair[0]]:
+            return "InsufficientEscrow", 0
         for key in keys:
-            self.works[key].status = WorkStatus.CLAIMED
-        self.escrow -= amount
-        self.providers[provider].wallet += amount
-        return None, provider, amount
+            self.works[(*pair, key)].status = WorkStatus.CLAIMED
+        self.escrow[pair[0]] -= amount
+        p = self.node_provider[pair[1]]
+        assert p is not None
+        self.providers[p].wallet += amount
+        return None, amount
 
-    def fund(self, amount: int) -> str | None:
+    def fund(self, pool: int, amount: int) -> str | None:
         if amount == 0:
             return "ZeroAmount"
         if self.funder_wallet < amount:
             return "ERC20InsufficientBalance"
         self.funder_wallet -= amount
-        self.escrow += amount
+        self.escrow[pool] += amount
         return None
 
-    def owner_of(self, work: WorkState) -> int | None:
-        return self.nodes[work.node].provider
+    def pending(self, where: Callable[[WorkId, WorkState], bool] = lambda i, w: True) -> list[WorkId]:
+        """Pending works, oldest first."""
+        found = [i for i, w in self.works.items() if w.status == WorkStatus.PENDING and where(i, w)]
+        return sorted(found, key=lambda i: (self.works[i].submitted_at, i))
+
+    def window_open(self, work_id: WorkId) -> bool:
+        return self.now < self.works[work_id].submitted_at + POOLS[work_id[0]].window
 
 
 # --- the operations ----------------------------------------------------------------------------------------
-# Operations name accounts and works by index or by a selector that resolves against the model when the step
-# runs (deterministically, so shrinking still works), so that most of them reach the interesting checks:
-# ("member", i) is the i-th current member node, ("ejected", i) the i-th ejected one; an invalidation targets the
-# newest pending work, or one of an already ejected node; claim_ready claims a provider's oldest pending works,
-# optionally spoiled by another provider's work, a settled work or a repeated key.
+# Operations name accounts, memberships and works by index or by a selector that resolves against the model
+# when the step runs (deterministically, so shrinking still works), so that most of them reach the interesting
+# checks: ("member", pool, i) is the i-th current membership of any pool, ("ejected", ...) the i-th ejection,
+# ("held", ...) the i-th lock held past its membership, ("left", ...) such a lock of a node not ejected, and
+# ("slot", pool, i) node slot i in that pool. An invalidation targets the newest pending work, the newest one
+# still inside its window, or one of an already ejected node (a second slash in the same pool); claim_ready
+# claims a node's oldest claimable works, optionally spoiled by another node's key, a settled or an unripe
+# work, a repeated key, or aimed at an ejected node.
 provider_choice = st.tuples(st.sampled_from(["index", "index", "unbonding"]), st.integers(0, len(PROVIDERS) - 1))
+pool_index = st.sampled_from([0, 0, 1, 2])
 slot_index = st.integers(0, len(NODE_KEYS) - 1)
-submitter = st.tuples(st.sampled_from(["member", "member", "member", "member", "slot", "ejected"]), slot_index)
-joiner = st.tuples(st.sampled_from(["slot", "slot", "ejected"]), slot_index)
 key_index = st.integers(0, len(WORK_KEYS) - 1)
-target = st.sampled_from(["newest", "newest", "ejected", "ejected"]) | key_index
-spoiler = st.sampled_from([None, None, None, "other_provider", "settled", "repeat"])
-tokens = st.sampled_from([0, 1, 10, 40, 60, 100, 150])
-units = st.sampled_from(
-    [512, 1024, 2000, 2048, 2500, 3000, 3333, 4096, 5000, 8192] * 2 + [1, MAX_UNITS, 0, MAX_UNITS + 1]
-)
-seconds = st.sampled_from([1, 600, WINDOW - 1, WINDOW, WINDOW, WINDOW + 1, 86_400, UNBONDING_PERIOD])
 
-# Every example ends by settling: past every window and release time, each provider claims and withdraws.
-SETTLE: list[tuple[Any, ...]] = [
-    ("advance", WINDOW),
-    ("claim_each",),
-    ("advance", UNBONDING_PERIOD),
-    *[("withdraw", ("index", p)) for p in range(len(PROVIDERS))],
-]
+
+def pick(*hows: str, pools: st.SearchStrategy[int] = pool_index) -> st.SearchStrategy[tuple[str, int, int]]:
+    return st.tuples(st.sampled_from(hows), pools, slot_index)
+
+
+submitter = pick("member", "member", "member", "member", "member", "slot", "ejected")
+joiner = pick("slot", "slot", "slot", "left", "ejected", pools=st.sampled_from([0, 1, 1, 1, 2]))  # all start in 0, 2
+target = st.tuples(
+    st.sampled_from(["newest", "open", "open", "ejected", "ejected", "ejected", "given"]),
+    pool_index,
+    slot_index,
+    key_index,
+)
+reason = st.sampled_from([*range(1, MAX_REASON + 1)] * 2 + [0, MAX_REASON + 1])
+spoiler = st.sampled_from([None, None, None, "other_node", "settled", "unripe", "repeat", "ejected"])
+tokens = st.sampled_from([0, 1, 10, 40, 60, 100, 150])
+units = st.sampled_from([512, 1024, 2000, 2048, 3000, 4096, 5000, 8192] * 2 + [1, 5001, 10**6, MAX_UNITS, 0])
+seconds = st.sampled_from([1, 60, 600, 600, 3599, 3600, 3601, 7200, 86_400, UNBONDING_PERIOD])
 
 
 def weighted(*choices: tuple[int, st.SearchStrategy[tuple[Any, ...]]]) -> st.SearchStrategy[tuple[Any, ...]]:
@@ -280,9 +350,11 @@ operation = weighted(
     (1, st.tuples(st.just("stake"), provider_choice, tokens)),
     (2, st.tuples(st.just("unstake"), provider_choice, tokens)),
     (2, st.tuples(st.just("withdraw"), provider_choice)),
-    (1, st.tuples(st.just("join"), joiner)),
-    (1, st.tuples(st.just("leave"), slot_index)),
-    (4, st.tuples(st.just("submit"), submitter, key_index, units)),
+    (2, st.tuples(st.just("join"), joiner)),
+    (1, st.tuples(st.just("leave"), pick("member", "member", "slot"))),
+    (1, st.tuples(st.just("eject"), pick("member", "member", "slot"), st.sampled_from([True] * 5 + [False]))),
+    (1, st.tuples(st.just("release"), pick("held", "held", "held", "member", "slot"))),
+    (5, st.tuples(st.just("submit"), submitter, key_index, units)),
     (
         2,
         st.tuples(
@@ -292,17 +364,17 @@ operation = weighted(
             st.sampled_from([False] * 7 + [True]),  # drop one units entry: a length mismatch
         ),
     ),
-    (3, st.tuples(st.just("invalidate"), target, st.sampled_from([True] * 5 + [False]), st.integers(0, 8))),
-    (4, st.tuples(st.just("claim_ready"), st.integers(0, len(PROVIDERS) - 1), st.integers(1, 3), spoiler)),
-    (1, st.tuples(st.just("claim"), st.lists(key_index, max_size=3))),
-    (1, st.tuples(st.just("fund"), st.sampled_from([0, 1, 5, 20]))),
-    (5, st.tuples(st.just("advance"), seconds)),
-    # to a pending work's window end, or a provider's release time, give or take a second
+    (5, st.tuples(st.just("invalidate"), target, st.sampled_from([True] * 7 + [False]), reason)),
+    (3, st.tuples(st.just("claim_ready"), st.integers(0, 5), st.integers(1, 3), spoiler)),
+    (1, st.tuples(st.just("claim"), pool_index, slot_index, st.lists(key_index, max_size=3))),
+    (1, st.tuples(st.just("fund"), pool_index, st.sampled_from([0, 1, 5, 20]))),
+    (3, st.tuples(st.just("advance"), seconds)),
+    # to a pending work's window end, a provider's release time or a held lock's release, give or take a second
     (
-        2,
+        3,
         st.tuples(
             st.just("advance_to"),
-            st.sampled_from(["window", "release"]),
+            st.sampled_from(["window", "release", "lock"]),
             st.integers(0, 5),
             st.sampled_from([-1, 0, 1]),
         ),
@@ -338,50 +410,97 @@ class Totals:
     """Cumulative flows, summed from the receipts' events (not from the model)."""
 
     funded: int = 0
-    slashed: int = 0
+    slashed: int = 0  # WorkInvalidated.slashed
     paid: int = 0
+    slashed_by: dict[Pair, int] = field(default_factory=dict)  # registry Slashed events, per (pool, node)
+    ejected: set[Pair] = field(default_factory=set)  # NodeEjected events
+
+
+ACCOUNTS = (OWNER, *PROVIDERS, FUNDER, VALIDATOR)
+
+
+@dataclass
+class Base:
+    """The state every example starts from (the pools, their validators, minted and approved wallets, node keys
+    with gas), restored by reverting to `snapshot`: setting it up for each example would double the runtime."""
+
+    snapshot: str
+    pool_ids: list[int]
+
+    def restore(self, chain: LocalChain) -> None:
+        chain.revert(self.snapshot)  # consumes the snapshot, so take it again
+        self.snapshot = chain.snapshot()
+
+
+@pytest.fixture
+def base(chain: LocalChain, ledger_for: Callable[[int], Ledger]) -> Base:
+    accounts = {i: ledger_for(i) for i in ACCOUNTS}
+    owner, funder = accounts[OWNER], accounts[FUNDER]
+    pool_ids = [
+        make_pool(
+            accounts[t.owner],
+            min_stake_per_node=t.min_stake,
+            challenge_window=t.window,
+            reward_per_unit=t.reward,
+            slash_amount=t.slash,
+            max_units_per_key=t.max_units,
+        )
+        for t in POOLS
+    ]
+    for pool_id, t in zip(pool_ids, POOLS, strict=True):
+        accounts[t.owner].set_validator(pool_id, accounts[t.validator].address)
+    owner.mint(funder.address, WALLET)
+    funder.approve(funder.work.address, MAX_ALLOWANCE)
+    for i in PROVIDERS:
+        owner.mint(accounts[i].address, WALLET)
+        accounts[i].approve(owner.registry.address, MAX_ALLOWANCE)
+    for key in NODE_KEYS:
+        chain.w3.provider.make_request("anvil_setBalance", [key.address, hex(10**20)])  # type: ignore[arg-type]
+    return Base(chain.snapshot(), pool_ids)
 
 
 class Harness:
-    """Sets up one example's chain state, applies operations to chain and model, and checks invariants."""
+    """Sets up one example's chain state from `Base`, applies operations to chain and model, and checks
+    invariants."""
 
     def __init__(
-        self, chain: LocalChain, ledger_for: Callable[[int], Ledger], node_counts: Sequence[int], extra: int
+        self,
+        chain: LocalChain,
+        ledger_for: Callable[[int], Ledger],
+        pool_ids: Sequence[int],
+        node_counts: Sequence[int],
+        extra: int,
     ) -> None:
         self.chain = chain
-        self.owner = ledger_for(OWNER)
-        self.providers = [ledger_for(i) for i in PROVIDERS]
-        self.funder = ledger_for(FUNDER)
-        self.validator = ledger_for(VALIDATOR)
-        self.pool_id = make_pool(
-            self.owner,
-            min_stake_per_node=MIN_STAKE,
-            challenge_window=WINDOW,
-            reward_per_unit=REWARD_PER_UNIT,
-            slash_amount=SLASH,
-        )
-        self.owner.set_validator(self.pool_id, self.validator.address)
-        self.owner.mint(self.funder.address, WALLET)
-        self.funder.approve(self.funder.work.address, MAX_ALLOWANCE)
+        self.accounts = {i: ledger_for(i) for i in ACCOUNTS}  # one client per account: each keeps its nonce
+        self.owner, self.funder = self.accounts[OWNER], self.accounts[FUNDER]
+        self.providers = [self.accounts[i] for i in PROVIDERS]
+        self.pool_ids = list(pool_ids)
 
         self.nodes: list[Ledger] = []
-        node_states: list[NodeState] = []
+        node_provider: list[int | None] = []
         for p, provider in enumerate(self.providers):
-            self.owner.mint(provider.address, WALLET)
-            provider.approve(provider.registry.address, MAX_ALLOWANCE)
             for j in range(NODES_PER_PROVIDER):
                 key = NODE_KEYS[p * NODES_PER_PROVIDER + j]
-                chain.w3.provider.make_request("anvil_setBalance", [key.address, hex(10**20)])  # type: ignore[arg-type]
                 if j < node_counts[p]:
-                    stake_tokens = (node_counts[p] * MIN_STAKE + extra) // TOKEN if j == 0 else 0
-                    self.nodes.append(onboard(self.owner, provider, key, self.pool_id, stake_tokens=stake_tokens))
-                    node_states.append(NodeState(p, member=True))
+                    stake_tokens = (node_counts[p] * START_LOCKS + extra) // TOKEN if j == 0 else 0
+                    node = onboard(self.owner, provider, key, self.pool_ids[0], stake_tokens=stake_tokens)
+                    node.join(self.pool_ids[2])
+                    self.nodes.append(node)
+                    node_provider.append(p)
                 else:
                     self.nodes.append(provider.as_account(key))
-                    node_states.append(NodeState(None))
+                    node_provider.append(None)
+        self.slot_of = {node.address: n for n, node in enumerate(self.nodes)}
+        self.pool_of = {pool_id: i for i, pool_id in enumerate(self.pool_ids)}
 
-        stakes = [ProviderState(WALLET, active=n * MIN_STAKE + extra, locked=n * MIN_STAKE) for n in node_counts]
-        self.model = Model(now=self.owner.timestamp(), providers=stakes, nodes=node_states, funder_wallet=WALLET)
+        stakes = [ProviderState(WALLET, active=n * START_LOCKS + extra, locked=n * START_LOCKS) for n in node_counts]
+        self.model = Model(self.owner.timestamp(), stakes, node_provider, funder_wallet=WALLET)
+        for n, owner in enumerate(node_provider):
+            if owner is not None:
+                for pool in START_POOLS:
+                    self.model.members.add((pool, n))
+                    self.model.locks[(pool, n)] = LockState(POOLS[pool].min_stake)
         self.totals = Totals()
         self.reader = RawReader(chain.rpc_url)
         self.log: list[str] = []
@@ -408,11 +527,31 @@ class Harness:
         assert expected is None, f"{what}: chain succeeded, model expected {expected}"
         block = self.chain.w3.eth.get_block(receipt["blockNumber"])
         assert block["timestamp"] == self.model.now, "the harness lost control of block time"
-        work = self.owner.work.events
-        self.totals.funded += sum(e["amount"] for e in events(work.RewardsFunded(), receipt))
-        self.totals.slashed += sum(e["slashed"] for e in events(work.WorkInvalidated(), receipt))
-        self.totals.paid += sum(e["amount"] for e in events(work.RewardsClaimed(), receipt))
+        self._account(receipt)
         return receipt
+
+    def _account(self, receipt: TxReceipt) -> None:
+        """Adds the receipt's flows to the totals and checks no ejected node is paid."""
+        work, registry, pools, t = (
+            self.owner.work.events,
+            self.owner.registry.events,
+            self.owner.pools.events,
+            self.totals,
+        )
+        t.funded += sum(e["amount"] for e in events(work.RewardsFunded(), receipt))
+        t.slashed += sum(e["slashed"] for e in events(work.WorkInvalidated(), receipt))
+        for e in events(registry.Slashed(), receipt):
+            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            p = self.model.node_provider[pair[1]]
+            assert p is not None and e["provider"] == self.providers[p].address, f"slashed {e} of the wrong provider"
+            t.slashed_by[pair] = t.slashed_by.get(pair, 0) + e["amount"]
+        for e in events(work.RewardsClaimed(), receipt):
+            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            assert pair not in t.ejected, f"node {pair[1]} was paid in pool {pair[0]} after its ejection"
+            t.paid += e["amount"]
+        t.ejected |= {
+            (self.pool_of[e["poolId"]], self.slot_of[e["node"]]) for e in events(pools.NodeEjected(), receipt)
+        }
 
     # selectors
     def provider(self, choice: tuple[str, int]) -> int:
@@ -420,20 +559,22 @@ class Harness:
         unbonding = [q for q, s in enumerate(self.model.providers) if s.unbonding > 0]
         return unbonding[p % len(unbonding)] if how == "unbonding" and unbonding else p
 
-    def node(self, choice: tuple[str, int]) -> int:
-        how, i = choice
-        found = [n for n, node in enumerate(self.model.nodes) if getattr(node, how, False)]  # member or ejected
-        return found[i % len(found)] if found else i
+    def pair(self, choice: tuple[str, int, int]) -> Pair:
+        how, pool, i = choice
+        m = self.model
+        found: list[Pair] = []
+        if how == "member":
+            found = sorted(m.members)
+        elif how == "ejected":
+            found = sorted(m.ejected)
+        elif how == "held":
+            found = sorted(pair for pair, lock in m.locks.items() if not lock.member)
+        elif how == "left":
+            found = sorted(pair for pair, lock in m.locks.items() if not lock.member and pair not in m.ejected)
+        return found[i % len(found)] if found else (pool, i)
 
-    def pending(self, where: Callable[[WorkState], bool] = lambda work: True) -> list[int]:
-        """Pending works, oldest first."""
-        works = self.model.works
-        keys = [k for k, w in works.items() if w.status == WorkStatus.PENDING and where(w)]
-        return sorted(keys, key=lambda k: (works[k].submitted_at, k))
-
-    def ready_first(self, keys: list[int]) -> list[int]:
-        """`keys` with the works whose window has passed first, in their order."""
-        return sorted(keys, key=lambda k: self.model.works[k].submitted_at + WINDOW > self.model.now)
+    def pid(self, pool: int) -> int:
+        return self.pool_ids[pool]
 
     # operations
     def do_stake(self, choice: tuple[str, int], amount_tokens: int) -> None:
@@ -441,119 +582,161 @@ class Harness:
         self.send(self.model.stake(p, amount), lambda: self.providers[p].stake(amount), f"stake({p}, {amount_tokens})")
 
     def do_unstake(self, choice: tuple[str, int], amount_tokens: int) -> None:
-        p, amount = self.provider(choice), amount_tokens * TOKEN
+        self._unstake(self.provider(choice), amount_tokens * TOKEN)
+
+    def _unstake(self, p: int, amount: int) -> None:
         expected = self.model.request_unstake(p, amount)
-        self.send(expected, lambda: self.providers[p].request_unstake(amount), f"requestUnstake({p}, {amount_tokens})")
+        self.send(expected, lambda: self.providers[p].request_unstake(amount), f"requestUnstake({p}, {amount})")
 
     def do_withdraw(self, choice: tuple[str, int]) -> None:
         p = self.provider(choice)
         provider = self.providers[p]
-        release_at = provider.stake_of(provider.address).release_at  # from the chain, before the model moves
+        before = provider.stake_of(provider.address)  # from the chain, before the model moves
         receipt = self.send(self.model.withdraw(p), provider.withdraw, f"withdraw({p})")
         if receipt is not None:
-            assert self.model.now >= release_at, f"stake left at {self.model.now}, before its release at {release_at}"
+            after = provider.stake_of(provider.address)
+            assert self.model.now >= before.release_at, f"stake left at {self.model.now}, before {before.release_at}"
+            (withdrawn,) = events(provider.registry.events.Withdrawn(), receipt)
+            assert withdrawn["amount"] == before.unbonding, "a withdrawal took more than the unbonding stake"
+            assert (after.active, after.locked) == (before.active, before.locked), "a withdrawal took active stake"
 
-    def do_join(self, choice: tuple[str, int]) -> None:
-        n = self.node(choice)
-        self.send(self.model.join(n), lambda: self.nodes[n].join(self.pool_id), f"join(node {n})")
+    def do_join(self, choice: tuple[str, int, int]) -> None:
+        pool, n = pair = self.pair(choice)
+        self.send(self.model.join(pair), lambda: self.nodes[n].join(self.pid(pool)), f"join({pool}, node {n})")
 
-    def do_leave(self, n: int) -> None:
-        self.send(self.model.leave(n), lambda: self.nodes[n].leave(self.pool_id), f"leave(node {n})")
+    def do_leave(self, choice: tuple[str, int, int]) -> None:
+        self._leave(self.pair(choice))
 
-    def do_submit(self, choice: tuple[str, int], key: int, amount: int) -> None:
-        n = self.node(choice)
-        expected = self.model.submit(n, [key], [amount], batch=False)
+    def _leave(self, pair: Pair) -> None:
+        pool, n = pair
+        self.send(self.model.leave(pair), lambda: self.nodes[n].leave(self.pid(pool)), f"leave({pool}, node {n})")
+
+    def do_eject(self, choice: tuple[str, int, int], by_owner: bool) -> None:
+        pool, n = pair = self.pair(choice)
+        sender = self.accounts[POOLS[pool].owner] if by_owner else self.funder
+        expected = self.model.eject(pair, by_owner)
+        self.send(expected, lambda: sender.eject(self.pid(pool), self.nodes[n].address), f"eject({pool}, node {n})")
+
+    def do_release(self, choice: tuple[str, int, int]) -> None:
+        self._release(self.pair(choice))
+
+    def _release(self, pair: Pair) -> None:
+        pool, n = pair
+        action = lambda: self.funder.release_stake(self.pid(pool), self.nodes[n].address)  # noqa: E731 - anyone may
+        self.send(self.model.release(pair), action, f"releaseStake({pool}, node {n})")
+
+    def do_submit(self, choice: tuple[str, int, int], key: int, amount: int) -> None:
+        pool, n = pair = self.pair(choice)
+        expected = self.model.submit(pair, [key], [amount], batch=False)
         node = self.nodes[n]
-        self.send(
-            expected, lambda: node.submit_work(self.pool_id, WORK_KEYS[key], amount), f"submit({n}, {key}, {amount})"
-        )
-        self.check_works([key])
+        action = lambda: node.submit_work(self.pid(pool), WORK_KEYS[key], amount)  # noqa: E731
+        self.send(expected, action, f"submit({pool}, node {n}, {key}, {amount})")
+        self.check_works([(pool, n, key)])
 
-    def do_batch(self, choice: tuple[str, int], entries: list[tuple[int, int]], mismatch: bool) -> None:
-        n = self.node(choice)
+    def do_batch(self, choice: tuple[str, int, int], entries: list[tuple[int, int]], mismatch: bool) -> None:
+        pool, n = pair = self.pair(choice)
         keys = [k for k, _ in entries]
         amounts = [u for _, u in entries][: len(entries) - 1 if mismatch and entries else None]
-        expected = self.model.submit(n, keys, amounts, batch=True)
+        expected = self.model.submit(pair, keys, amounts, batch=True)
         node = self.nodes[n]
-        action = lambda: node.submit_work_batch(self.pool_id, [WORK_KEYS[k] for k in keys], amounts)  # noqa: E731
-        self.send(expected, action, f"submitBatch({n}, {keys}, {amounts})")
-        self.check_works(keys)
+        action = lambda: node.submit_work_batch(self.pid(pool), [WORK_KEYS[k] for k in keys], amounts)  # noqa: E731
+        self.send(expected, action, f"submitBatch({pool}, node {n}, {keys}, {amounts})")
+        self.check_works([(pool, n, k) for k in keys])
 
-    def do_invalidate(self, target: str | int, by_validator: bool, reason: int) -> None:
-        if isinstance(target, int):
-            key = target
-        else:
-            ejected = self.pending(lambda work: self.model.nodes[work.node].ejected) if target == "ejected" else []
-            candidates = ejected or self.pending()
+    def do_invalidate(self, target: tuple[str, int, int, int], by_validator: bool, reason: int) -> None:
+        m = self.model
+        how, *given = target
+        work_id: WorkId = (given[0], given[1], given[2])
+        if how != "given":
+            candidates = (
+                {
+                    "newest": m.pending(),
+                    "open": m.pending(lambda i, w: m.window_open(i)),
+                    "ejected": m.pending(lambda i, w: (i[0], i[1]) in m.ejected and m.window_open(i)),  # a 2nd slash
+                }[how]
+                or m.pending(lambda i, w: m.window_open(i))
+                or m.pending()
+            )
             if not candidates:
                 return
-            key = candidates[-1]
-        before = self.statuses([key])
-        expected, slashed = self.model.invalidate(key, by_validator, reason)
-        sender = self.validator if by_validator else self.funder
+            work_id = candidates[-1]
+        pool, n, key = work_id
+        before = self.statuses([work_id])
+        expected, slashed = m.invalidate(work_id, by_validator, reason)
+        sender = self.accounts[POOLS[pool].validator] if by_validator else self.funder
         receipt = self.send(
             expected,
-            lambda: sender.invalidate_work(self.pool_id, WORK_KEYS[key], reason),
-            f"invalidate({key}, validator={by_validator}, reason={reason})",
+            lambda: sender.invalidate_work(self.pid(pool), self.nodes[n].address, WORK_KEYS[key], reason),
+            f"invalidate({pool}, node {n}, {key}, validator={by_validator}, reason={reason})",
         )
         if receipt is not None:
-            assert before == [WorkStatus.PENDING], f"invalidated work {key} that was {before[0].name}"
-            (event,) = events(self.owner.work.events.WorkInvalidated(), receipt)
-            assert event["slashed"] == slashed
-        self.check_works([key])
+            assert before == [WorkStatus.PENDING], f"invalidated work {work_id} that was {before[0].name}"
+            (invalidated,) = events(self.owner.work.events.WorkInvalidated(), receipt)
+            assert invalidated["slashed"] == slashed
+            event(f"slash in pool {pool}: {'full' if slashed == POOLS[pool].slash else 'capped by the lock'}")
+        self.check_works([work_id])
 
-    def do_claim_ready(self, p: int, count: int, spoiler: str | None) -> None:
-        """Claims up to `count` of the oldest pending works of the first provider from `p` on that has any, then
-        adds the spoiler, if any and if there is one to add."""
-        works, owner = self.model.works, self.model.owner_of
-        pending = self.ready_first(self.pending())
-        providers = {owner(works[k]) for k in pending}
-        q = next((q for q in [*range(p, len(PROVIDERS)), *range(p)] if q in providers), None)
-        if q is None:
+    def do_claim_ready(self, index: int, count: int, spoiler: str | None) -> None:
+        """Claims up to `count` of the oldest claimable works of one node, then adds the spoiler, if any and if
+        there is one to add."""
+        m = self.model
+        ready = m.pending(lambda i, w: not m.window_open(i))
+        pairs = sorted({(pool, n) for pool, n, _ in ready})
+        if spoiler == "ejected":
+            pairs = sorted({(pool, n) for pool, n, _ in m.pending() if (pool, n) in m.ejected}) or pairs
+        if not pairs:
             return
-        keys = [k for k in pending if owner(works[k]) == q][:count]
-        if spoiler == "other_provider":
-            keys += [k for k in pending if owner(works[k]) != q][:1]
+        pair = pairs[index % len(pairs)]
+        own = [k for pool, n, k in m.pending() if (pool, n) == pair]
+        keys = [k for pool, n, k in ready if (pool, n) == pair][:count] or own[:count]
+        if spoiler == "other_node":
+            keys += [k for pool, n, k in m.pending() if (pool, n) != pair][:1]
         elif spoiler == "settled":
-            keys += sorted(k for k, w in self.model.works.items() if w.status != WorkStatus.PENDING)[:1]
-        elif spoiler == "repeat":
+            keys += sorted(
+                k for (pool, n, k), w in m.works.items() if (pool, n) == pair and w.status != WorkStatus.PENDING
+            )[:1]
+        elif spoiler == "unripe":
+            keys += [k for pool, n, k in m.pending(lambda i, w: m.window_open(i)) if (pool, n) == pair][:1]
+        elif spoiler == "repeat" and keys:
             keys.append(keys[0])
-        self.do_claim(keys)
+        self._claim(pair, keys)
 
-    def do_claim_each(self) -> None:
-        """Claims every pending work on its own (a huge one fails alone, for want of escrow)."""
-        for key in self.pending():
-            self.do_claim([key])
+    def do_claim(self, pool: int, n: int, keys: list[int]) -> None:
+        self._claim((pool, n), keys)
 
-    def do_claim(self, keys: list[int]) -> None:
-        before = self.statuses(keys)
-        expected, provider, amount = self.model.claim(keys)
-        caller = self.funder  # anyone may claim; the provider is paid
-        receipt = self.send(
-            expected, lambda: caller.claim_rewards(self.pool_id, [WORK_KEYS[k] for k in keys]), f"claim({keys})"
-        )
+    def _claim(self, pair: Pair, keys: list[int]) -> None:
+        pool, n = pair
+        before = self.statuses([(pool, n, k) for k in keys])
+        expected, amount = self.model.claim(pair, keys)
+        node = self.nodes[n].address
+        action = lambda: self.funder.claim_rewards(self.pid(pool), node, [WORK_KEYS[k] for k in keys])  # noqa: E731
+        receipt = self.send(expected, action, f"claim({pool}, node {n}, {keys})")  # anyone may claim
         if receipt is not None:
             assert all(s == WorkStatus.PENDING for s in before), f"claimed {keys} that were {before}"
-            (event,) = events(self.owner.work.events.RewardsClaimed(), receipt)
-            assert provider is not None
-            assert event["provider"] == self.providers[provider].address
-            assert (event["amount"], event["count"]) == (amount, len(keys))
-        self.check_works(keys)
+            (claimed,) = events(self.owner.work.events.RewardsClaimed(), receipt)
+            p = self.model.node_provider[n]
+            assert p is not None
+            assert (claimed["provider"], claimed["node"]) == (self.providers[p].address, node)
+            assert (claimed["amount"], claimed["count"]) == (amount, len(keys))
+        self.check_works([(pool, n, k) for k in keys])
 
-    def do_fund(self, amount_tokens: int) -> None:
+    def do_fund(self, pool: int, amount_tokens: int) -> None:
         amount = amount_tokens * TOKEN
-        expected = self.model.fund(amount)
-        self.send(expected, lambda: self.funder.fund_rewards(self.pool_id, amount), f"fund({amount_tokens})")
+        expected = self.model.fund(pool, amount)
+        self.send(expected, lambda: self.funder.fund_rewards(self.pid(pool), amount), f"fund({pool}, {amount_tokens})")
 
     def do_advance(self, delta: int) -> None:
         self._move_clock(self.model.now + delta)
 
     def do_advance_to(self, what: str, index: int, offset: int) -> None:
+        m = self.model
         if what == "window":
-            ends = sorted(w.submitted_at + WINDOW for w in self.model.works.values() if w.status == WorkStatus.PENDING)
+            ends = sorted(m.works[i].submitted_at + POOLS[i[0]].window for i in m.pending())
+        elif what == "release":
+            ends = sorted(s.release_at for s in m.providers if s.unbonding > 0)
         else:
-            ends = sorted(s.release_at for s in self.model.providers if s.unbonding > 0)
-        if ends and ends[index % len(ends)] + offset > self.model.now:
+            ends = sorted(lock.release_at for lock in m.locks.values() if not lock.member)
+        if ends and ends[index % len(ends)] + offset > m.now:
             self._move_clock(ends[index % len(ends)] + offset)
 
     def _move_clock(self, timestamp: int) -> None:
@@ -563,115 +746,197 @@ class Harness:
         self.chain.set_next_timestamp(timestamp)
         self.chain.mine()
 
+    def settle(self, unlock: bool) -> None:
+        """Past every window, claims each pending work on its own (an ejected node's fail); with `unlock`, every
+        node leaves, every lock is released after its window and all stake is unstaked, so that only the burned
+        tokens remain in the registry; then each provider withdraws what unbonds."""
+        m = self.model
+        self._move_clock(m.now + LONGEST_WINDOW)
+        self.check_invariants()
+        for pool, n, key in m.pending():
+            self._claim((pool, n), [key])
+            self.check_invariants()
+        if unlock:
+            for pair in sorted(m.members):
+                self._leave(pair)
+                self.check_invariants()
+            self._move_clock(m.now + LONGEST_WINDOW)
+            for pair in sorted(m.locks):
+                self._release(pair)
+                self.check_invariants()
+            for p, s in enumerate(m.providers):
+                if s.active:
+                    self._unstake(p, s.active)
+                    self.check_invariants()
+        self._move_clock(m.now + UNBONDING_PERIOD)
+        for p in range(len(PROVIDERS)):
+            self.do_withdraw(("index", p))
+            self.check_invariants()
+        if unlock:
+            assert all((s.active, s.unbonding, s.locked) == (0, 0, 0) for s in m.providers), m.providers
+            registry = self.owner.registry.address
+            assert self.owner.balance_of(registry) == self.owner.burned() == m.burned, " | ".join(self.log)
+
     # --- checks ----------------------------------------------------------------------------------------------
     def _prepare_reads(self) -> None:
-        token, registry, work = self.owner.token, self.owner.registry, self.owner.work
-        pools = self.owner.pools
+        token, registry, work, pools = self.owner.token, self.owner.registry, self.owner.work, self.owner.pools
         self.holders = [
-            self.owner.address,
-            *(p.address for p in self.providers),
-            self.funder.address,
-            self.validator.address,
+            *(ledger.address for ledger in self.accounts.values()),
             *(n.address for n in self.nodes),
             registry.address,
             work.address,
         ]
         calls = [(token.address, token.encode_abi("totalSupply", []))]
         calls += [(token.address, token.encode_abi("balanceOf", [a])) for a in self.holders]
+        calls.append((registry.address, registry.encode_abi("burned", [])))
         for p in self.providers:
             calls.append((registry.address, registry.encode_abi("stakeOf", [p.address])))
             calls.append((registry.address, registry.encode_abi("lockedOf", [p.address])))
             calls.append((registry.address, registry.encode_abi("releaseAt", [p.address])))
-        calls.append((work.address, work.encode_abi("escrowOf", [self.pool_id])))
-        for n in self.nodes:
-            calls.append((pools.address, pools.encode_abi("isMember", [self.pool_id, n.address])))
-            calls.append((pools.address, pools.encode_abi("isEjected", [self.pool_id, n.address])))
+        for pool_id in self.pool_ids:
+            calls.append((work.address, work.encode_abi("escrowOf", [pool_id])))
+            for n in self.nodes:
+                calls.append((pools.address, pools.encode_abi("isMember", [pool_id, n.address])))
+                calls.append((pools.address, pools.encode_abi("isEjected", [pool_id, n.address])))
+                calls.append((registry.address, registry.encode_abi("lockOf", [pool_id, n.address])))
         self.invariant_calls = calls
 
     def check_invariants(self) -> None:
         words = iter(self.reader.words(self.invariant_calls))
         (supply,) = next(words)
         balances = {address: next(words)[0] for address in self.holders}
+        (burned,) = next(words)
         stakes = [(next(words), next(words)[0], next(words)[0]) for _ in self.providers]
-        (escrow,) = next(words)
-        membership = [(bool(next(words)[0]), bool(next(words)[0])) for _ in self.nodes]
+        escrows: list[int] = []
+        memberships: dict[Pair, tuple[bool, bool]] = {}
+        locks: dict[Pair, tuple[int, int, bool, bool]] = {}
+        for pool in range(len(POOLS)):
+            escrows.append(next(words)[0])
+            for n in range(len(self.nodes)):
+                memberships[(pool, n)] = (bool(next(words)[0]), bool(next(words)[0]))
+                amount, release_at, member, is_open = next(words)
+                locks[(pool, n)] = (amount, release_at, bool(member), bool(is_open))
         registry, work = self.owner.registry.address, self.owner.work.address
         history = " | ".join(self.log)
+        m, t = self.model, self.totals
 
         # conservation: every token is in some account we track, the registry or the work ledger
         assert supply == sum(balances.values()), f"token supply {supply} != sum of balances; after {history}"
         staked = sum(active + unbonding for (active, unbonding), _, _ in stakes)
-        assert balances[registry] == staked, f"registry holds {balances[registry]}, stake is {staked}; {history}"
-        assert balances[work] == escrow, f"work ledger holds {balances[work]}, escrow is {escrow}; {history}"
-        t = self.totals
-        assert t.paid <= t.funded + t.slashed, f"paid {t.paid} > funded {t.funded} + slashed {t.slashed}"
-        assert escrow == t.funded + t.slashed - t.paid, f"escrow {escrow} != funded + slashed - paid; {history}"
+        assert balances[registry] == staked + burned, f"registry {balances[registry]} != stake + burned; {history}"
+        assert balances[work] == sum(escrows), f"work ledger {balances[work]} != escrows {escrows}; {history}"
+
+        # nothing slashed is ever paid out: the escrows hold what was funded less what was claimed
+        assert sum(escrows) + t.paid == t.funded, f"escrows {escrows} + paid {t.paid} != funded {t.funded}; {history}"
+        assert burned == t.slashed == sum(t.slashed_by.values()) == m.burned, f"burned {burned}; {history}"
+
+        # a slash reaches only the lock in its pool: per node, at most that lock; per provider, its nodes' locks
+        for (pool, n), amount in t.slashed_by.items():
+            assert amount <= POOLS[pool].min_stake, f"node {n} lost {amount} in pool {pool}; {history}"
+        for p in range(len(PROVIDERS)):
+            for pool in range(len(POOLS)):
+                nodes = [n for n, q in enumerate(m.node_provider) if q == p]
+                lost = sum(t.slashed_by.get((pool, n), 0) for n in nodes)
+                assert lost <= len(nodes) * POOLS[pool].min_stake, f"provider {p} lost {lost} in pool {pool}"
+
+        # stake that backs open windows stays: locked is what the open locks hold, active covers it
+        for p, ((active, _), locked, _) in enumerate(stakes):
+            held = sum(locks[(pool, n)][0] for (pool, n) in locks if m.node_provider[n] == p and locks[(pool, n)][3])
+            assert locked == held, f"provider {p} locked {locked}, its open locks hold {held}; {history}"
+            assert active >= locked, f"provider {p} active {active} < locked {locked}; {history}"
+        for work_id in m.pending(lambda i, w: m.window_open(i)):
+            pair = (work_id[0], work_id[1])
+            amount, _, _, is_open = locks[pair]
+            expected = POOLS[pair[0]].min_stake - t.slashed_by.get(pair, 0)
+            assert is_open and amount == expected, f"open work {work_id} backed by lock {locks[pair]}; {history}"
 
         # and the chain is where the model says it is
-        m = self.model
-        assert escrow == m.escrow, f"escrow {escrow}, model {m.escrow}; {history}"
+        assert escrows == m.escrow, f"escrows {escrows}, model {m.escrow}; {history}"
         assert balances[self.funder.address] == m.funder_wallet, history
         for p, ((active, unbonding), locked, release_at) in enumerate(stakes):
             s = m.providers[p]
             chain_view = (balances[self.providers[p].address], active, unbonding, locked, release_at)
             model_view = (s.wallet, s.active, s.unbonding, s.locked, s.release_at)
             assert chain_view == model_view, f"provider {p}: chain {chain_view}, model {model_view}; {history}"
-        for n, (member, ejected) in enumerate(membership):
-            node = m.nodes[n]
-            assert (member, ejected) == (node.member, node.ejected), f"node {n} membership; {history}"
+        for pair, (member, ejected) in memberships.items():
+            assert (member, ejected) == (pair in m.members, pair in m.ejected), f"membership {pair}; {history}"
+            lock = m.locks.get(pair)
+            model_lock = (lock.amount, lock.release_at, lock.member, True) if lock else (0, 0, False, False)
+            assert locks[pair] == model_lock, f"lock {pair}: chain {locks[pair]}, model {model_lock}; {history}"
+        assert t.ejected == m.ejected, f"ejections {sorted(t.ejected)}, model {sorted(m.ejected)}; {history}"
 
-    def statuses(self, keys: Sequence[int]) -> list[WorkStatus]:
-        if not keys:
+    def statuses(self, work_ids: Sequence[WorkId]) -> list[WorkStatus]:
+        if not work_ids:
             return []
         work = self.owner.work
-        calls = [(work.address, work.encode_abi("getWork", [self.pool_id, WORK_KEYS[k]])) for k in keys]
-        return [WorkStatus(words[4]) for words in self.reader.words(calls)]
+        calls = [
+            (work.address, work.encode_abi("getWork", [self.pid(pool), self.nodes[n].address, WORK_KEYS[k]]))
+            for pool, n, k in work_ids
+        ]
+        return [WorkStatus(words[3]) for words in self.reader.words(calls)]
 
-    def check_works(self, keys: Sequence[int]) -> None:
-        expected = [self.model.works[k].status if k in self.model.works else WorkStatus.NONE for k in keys]
-        assert self.statuses(keys) == expected, f"work statuses of {keys}; after {' | '.join(self.log)}"
+    def check_works(self, work_ids: Sequence[WorkId]) -> None:
+        expected = [self.model.works[i].status if i in self.model.works else WorkStatus.NONE for i in work_ids]
+        assert self.statuses(work_ids) == expected, f"work statuses of {work_ids}; after {' | '.join(self.log)}"
 
     def check_all_works(self) -> None:
-        keys = list(range(len(WORK_KEYS)))
-        self.check_works(keys)
-        for k, w in self.model.works.items():
-            record = self.owner.get_work(self.pool_id, WORK_KEYS[k])
-            assert (record.node, record.units, record.submitted_at) == (
-                self.nodes[w.node].address,
+        """Every (pool, node, key) record: only the node's own submissions exist, each as the model has it."""
+        all_ids = [
+            (pool, n, k) for pool in range(len(POOLS)) for n in range(len(self.nodes)) for k in range(len(WORK_KEYS))
+        ]
+        work = self.owner.work
+        calls = [
+            (work.address, work.encode_abi("getWork", [self.pid(pool), self.nodes[n].address, WORK_KEYS[k]]))
+            for pool, n, k in all_ids
+        ]
+        for work_id, (provider, amount, submitted_at, status) in zip(all_ids, self.reader.words(calls), strict=True):
+            w = self.model.works.get(work_id)
+            if w is None:
+                assert (provider, amount, submitted_at, status) == (0, 0, 0, WorkStatus.NONE), work_id
+                continue
+            p = self.model.node_provider[work_id[1]]
+            assert p is not None
+            assert (provider, amount, submitted_at, status) == (
+                int(self.providers[p].address, 16),
                 w.units,
                 w.submitted_at,
-            )
+                w.status,
+            ), work_id
 
 
 @pytest.mark.timeout(900)  # passing takes ~30 s; a failure's shrinking may take minutes more
 @settings(
-    max_examples=25,
+    max_examples=20,
     deadline=None,
     report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     node_counts=st.lists(st.integers(1, NODES_PER_PROVIDER), min_size=len(PROVIDERS), max_size=len(PROVIDERS)),
-    extra_tokens=st.sampled_from([0, 0, 60, 150]),
-    funding_tokens=st.sampled_from([0, 50, 50, 50]),
+    extra_tokens=st.sampled_from([0, 60, 150, 150]),
+    funding=st.lists(st.sampled_from([0, 50, 50, 50]), min_size=len(POOLS), max_size=len(POOLS)),
     operations=st.lists(operation, min_size=10, max_size=25),
+    unlock=st.booleans(),
 )
 def test_random_operations_match_the_model_and_keep_the_invariants(
     chain: LocalChain,
     ledger_for: Callable[[int], Ledger],
+    base: Base,
     node_counts: list[int],
     extra_tokens: int,
-    funding_tokens: int,
+    funding: list[int],
     operations: list[tuple[Any, ...]],
+    unlock: bool,
 ) -> None:
-    snapshot = chain.snapshot()
     try:
-        harness = Harness(chain, ledger_for, node_counts, extra_tokens * TOKEN)  # fresh clients: fresh nonces
-        if funding_tokens:
-            harness.do_fund(funding_tokens)
+        harness = Harness(chain, ledger_for, base.pool_ids, node_counts, extra_tokens * TOKEN)  # fresh nonces
+        for pool, tokens_ in enumerate(funding):
+            if tokens_:
+                harness.do_fund(pool, tokens_)
         harness.check_invariants()
-        for op in [*operations, *SETTLE]:
+        for op in operations:
             harness.step(op)
+        harness.settle(unlock)
         harness.check_all_works()
     finally:
-        chain.revert(snapshot)
+        base.restore(chain)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import requests
+from eth_utils import to_checksum_address
 
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
@@ -28,7 +29,7 @@ def test_back_to_back_transactions_use_consecutive_nonces(
     chain: LocalChain, ledger_for: Callable[[int], Ledger]
 ) -> None:
     owner = ledger_for(0)
-    start = chain.w3.eth.get_transaction_count(owner.address)
+    start = chain.w3.eth.get_transaction_count(to_checksum_address(owner.address))
     receipts = [owner.mint(dev_account(5).address, TOKEN) for _ in range(3)]
     nonces = [chain.w3.eth.get_transaction(r["transactionHash"])["nonce"] for r in receipts]
     assert nonces == [start, start + 1, start + 2]
