@@ -55,6 +55,7 @@ from eth_utils import is_checksum_address
 from node.bodies import read_body
 from node.coordinator import PublishedStep
 from node.metrics import Registry
+from node.ratelimit import RateLimiter
 from node.safejson import loads_bounded
 from node.signing import (
     Assignment,
@@ -65,13 +66,13 @@ from node.signing import (
     SignatureError,
     SigningDomain,
     UploadReceipt,
+    check_request,
     recover,
     sign,
-    verify_request,
 )
 from trainer.inbox import RolloutInbox
 from trainer.parsing import ParseConfig, UnparsedUpload, UploadParser
-from trainer.roles import Roles
+from trainer.roles import RoleLookupBusy, Roles
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 STEP_HISTORY = 1024  # published steps `GET /v1/steps` remembers, newest last
@@ -98,6 +99,11 @@ class ApiConfig:
     files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
     pending_files_per_node: int = 0  # uploads of one node not yet trained on, past which it waits; 0 = no limit
     hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
+    # signed requests per second per client address and per signer (token buckets of the bursts); 429 above them
+    requests_per_address_per_s: float = 200.0
+    address_burst: int = 1000
+    requests_per_signer_per_s: float = 50.0
+    signer_burst: int = 200
     retry_after: float = 1.0  # seconds a node still over its limit is told to wait
     parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
 
@@ -107,6 +113,10 @@ class ApiConfig:
         if self.prompts_per_task < 1 or self.group_size < 1:
             raise ValueError("prompts_per_task and group_size must be at least 1")
         limits = (self.files_per_node_per_step, self.pending_files_per_node, self.hold_seconds)
+        if min(self.requests_per_address_per_s, self.requests_per_signer_per_s) <= 0:
+            raise ValueError("the request rates must be positive")
+        if min(self.address_burst, self.signer_burst) < 1:
+            raise ValueError("the request bursts must be at least 1")
         if min(limits) < 0 or self.retry_after <= 0:
             raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
 
@@ -222,6 +232,8 @@ class CoordinatorApi:
         self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
         self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
         self.nonces = NonceCache(ttl=2 * self.config.max_skew)
+        self._address_rate = RateLimiter(self.config.requests_per_address_per_s, burst=self.config.address_burst)
+        self._signer_rate = RateLimiter(self.config.requests_per_signer_per_s, burst=self.config.signer_burst)
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
         self.metrics = Registry()
         self._requests = self.metrics.counter("coordinator_requests_total", "API requests by route and status.")
@@ -270,26 +282,49 @@ class CoordinatorApi:
             raise ApiError(413, "too_large", f"body is over the {limit}-byte limit")
         return body
 
-    def _signer(self, request: web.Request, body: bytes) -> str:
+    async def _signer(self, request: web.Request, body: bytes, role: str) -> str:
+        """The signer of a request that holds `role` ("member" or "validator"), its nonce recorded only then.
+
+        In this order, each cheaper than the next: the caller's address rate (no key needed to be refused), the
+        signature, the signer's rate, the role (one chain lookup per unknown address, within a budget), and only
+        then the nonce, so neither a stranger's requests nor its keys can fill the cache members' nonces go to."""
+        now = time.time()
+        self._rate_limit("address", request.remote or "?", now)
         try:
-            return verify_request(
+            checked = check_request(
                 request.headers,
                 self.domain,
                 request.method,
                 request.raw_path,
                 body,
-                now=time.time(),
+                pool_id=self.state.pool_id,
+                host=request.host,  # the Host header: what the client addressed, which it signed
+                now=now,
                 max_skew=self.config.max_skew,
-                nonces=self.nonces,
             )
         except RequestAuthError as exc:
             raise ApiError(_AUTH_STATUS[exc.code], exc.code.value, str(exc)) from None
+        self._rate_limit("signer", checked.signer, now)
+        try:
+            allowed = await (self.roles.is_member if role == "member" else self.roles.is_validator)(checked.signer)
+        except RoleLookupBusy as exc:
+            raise ApiError(429, "busy", str(exc), retry_after=exc.retry_after) from None
+        if not allowed:
+            code, what = ("not_member", "a member") if role == "member" else ("not_validator", "a validator")
+            raise ApiError(403, code, f"{checked.signer} is not {what} of pool {self.state.pool_id}")
+        try:
+            self.nonces.add(checked.signer, checked.nonce, now)
+        except RequestAuthError as exc:
+            raise ApiError(_AUTH_STATUS[exc.code], exc.code.value, str(exc)) from None
+        return checked.signer
+
+    def _rate_limit(self, kind: str, who: str, now: float) -> None:
+        limiter = self._address_rate if kind == "address" else self._signer_rate
+        if not limiter.allow(who, now):
+            raise ApiError(429, "rate_limited", f"too many requests from {kind} {who}", retry_after=limiter.wait)
 
     async def _member(self, request: web.Request, body: bytes) -> str:
-        signer = self._signer(request, body)
-        if not await self.roles.is_member(signer):
-            raise ApiError(403, "not_member", f"{signer} is not a member of pool {self.state.pool_id}")
-        return signer
+        return await self._signer(request, body, "member")
 
     # --- handlers ------------------------------------------------------------------------------------
 
@@ -402,9 +437,7 @@ class CoordinatorApi:
 
     async def _attest(self, request: web.Request) -> web.Response:
         body = await self._body(request, self.config.max_json_bytes)
-        signer = self._signer(request, body)
-        if not await self.roles.is_validator(signer):
-            raise ApiError(403, "not_validator", f"{signer} is not a validator of pool {self.state.pool_id}")
+        signer = await self._signer(request, body, "validator")
         try:
             raw = loads_bounded(body, 2)
             attestation = Attestation(

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ parsing.main()
 
 async def put(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[int, dict[str, Any]]:
     path = f"/v1/rollouts/{hashlib.sha256(data).hexdigest()}"
-    headers = sign_request(WORKER, DOMAIN, "PUT", path, data)
+    headers = sign_request(WORKER, DOMAIN, "PUT", path, data, pool_id=POOL, host=urllib.parse.urlsplit(url).netloc)
     async with session.put(url + path, data=data, headers=headers) as response:
         return response.status, json.loads(await response.read())
 
@@ -99,6 +100,7 @@ def test_a_bomb_upload_is_refused_and_other_clients_are_answered_while_it_is_par
         async with aiohttp.ClientSession() as worker, aiohttp.ClientSession() as other:
             upload = asyncio.create_task(put(worker, url, bomb))
             while not (tmp_path / "parsing").exists():  # the child has the bomb
+                assert not upload.done(), upload.result()  # an upload answered before any child parsed it
                 await asyncio.sleep(0.01)
             async with other.get(url + "/v1/step") as response:
                 assert response.status == 200 and await response.json() == {"step": 0}
