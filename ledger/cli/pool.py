@@ -65,7 +65,8 @@ def deploy_command(
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,
     unbonding_period: Annotated[
-        str, typer.Option(help="How long unstaked tokens stay slashable; at least every pool's challenge window.")
+        str,
+        typer.Option(help="How long unstaked tokens wait before withdrawal; at least every pool's challenge window."),
     ] = "7d",
     min_challenge_window: Annotated[
         str, typer.Option(help="The shortest challenge window any pool of this deployment may have.")
