@@ -170,6 +170,21 @@ class CoordinatorClient:
             raise CoordinatorUnavailable(f"/v1/rollouts/.../attestations answered an invalid list: {exc}") from None
         return verdicts
 
+    async def holds(self, work_key: bytes, *, timeout: float = 30.0) -> bool:
+        """Whether the coordinator serves the file now (HEAD): False when it never had it (404) or lost it (410)."""
+        url = f"{self.url}/v1/rollouts/{work_key.hex()}"
+        try:
+            async with self.session.head(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                if response.status in (404, 410):
+                    return False
+                if response.status >= 500:
+                    raise CoordinatorUnavailable(f"HEAD {url}: HTTP {response.status}")
+                if response.status != 200:
+                    raise CoordinatorRefused(response.status, "http", f"HEAD {url} answered HTTP {response.status}")
+                return True
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise CoordinatorUnavailable(f"HEAD {url}: {exc or type(exc).__name__}") from exc
+
     async def download(self, work_key: bytes, max_bytes: int, *, timeout: float = 60.0) -> bytes | None:
         """An uploaded file's bytes, None when the coordinator has no such file (404).
 

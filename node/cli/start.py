@@ -148,7 +148,10 @@ def start(
     threads: Annotated[int | None, typer.Option(min=0, help="torch threads (0: torch's default).")] = None,
     submit_batch: Annotated[int | None, typer.Option(min=1, help="Files per submitWorkBatch.")] = None,
     metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve /metrics (0: any port).")] = None,
-    max_files: Annotated[int | None, typer.Option(min=1, help="Stop after this many files.")] = None,
+    max_files: Annotated[
+        int | None,
+        typer.Option(min=0, help="Stop after this many files (0: make none; upload, submit and check the journal's)."),
+    ] = None,
     dashboard: Annotated[
         bool | None,
         typer.Option(
