@@ -2,7 +2,8 @@
 upload, then the validator's download) whole and is accepted by every check. Before issue 17 the coordinator hashed a
 prefix of any upload over about 256 KB (401 signer_mismatch) and the validator judged a 64-112 KB prefix of a larger
 download. Larger sizes (10 and 50 MB) go through the same path in tests/trainer/test_api.py with well-formed files whose
-proofs are random bytes: generating 50 MB with the tiny model takes minutes."""
+proofs are random bytes; honest 10 and 50 MB files, generated and verified whole, are `benchmarks/large_files.py`
+(generating 50 MB with the tiny model takes half an hour here)."""
 
 from __future__ import annotations
 
