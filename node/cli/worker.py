@@ -252,7 +252,7 @@ def claim(
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,
 ) -> None:
-    """Claim rewards in POOL for the provider's work whose challenge window has passed, in one transaction.
+    """Claim rewards in POOL for the provider's work whose challenge window has passed, one transaction per node.
 
     Sign with the provider key or one of its node keys; the tokens always go to the provider.
     """
