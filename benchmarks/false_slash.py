@@ -253,8 +253,9 @@ def main() -> None:
     conditions = [Condition(1, 2, False, False), Condition(2, 1, True, True)] if args.quick else every
     rows = args.rows or (2_000 if args.quick else 100_000)
     cheating = args.cheating_rows or (500 if args.quick else 3_000)
-    thresholds = ValidatorConfig().thresholds
-    print(f"model {args.model}; thresholds {thresholds}; sampling margin 1e-4, log-prob atol 1e-4")
+    defaults = ValidatorConfig()
+    thresholds, margin, atol = defaults.thresholds, defaults.sampling_margin, defaults.logprob_atol
+    print(f"model {args.model}; thresholds {thresholds}; sampling margin {margin:g}, log-prob atol {atol:g}")
     print(
         f"{'condition':<22} {'files':>6} {'rows':>7} {'slashed files':>13} {'borderline':>10} {'toploc rejects':>14} "
         f"{'skipped':>7} {'exp':>4} {'mean':>7} {'median':>6} {'gap':>8} {'logprob':>8}"
@@ -291,7 +292,8 @@ def main() -> None:
         f"median {thresholds.max_mant_err_median - w['mant_err_median']:.1f} of {thresholds.max_mant_err_median}, "
         f"boundary skips {thresholds.max_boundary_skips - w['boundary_skipped']:.0f} "
         f"of {thresholds.max_boundary_skips}, "
-        f"sampling gap {1e-4 - w['sampling_gap']:.2e} of 1e-4, log-prob {1e-4 - w['logprob_diff']:.2e} of 1e-4"
+        f"sampling gap {margin - w['sampling_gap']:.2e} of {margin:g}, "
+        f"log-prob {atol - w['logprob_diff']:.2e} of {atol:g}"
     )
     started = time.perf_counter()
     for kind, (caught, n) in detection(args.model, spec, cheating).items():
