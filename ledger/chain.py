@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -44,6 +45,8 @@ class LocalChain:
     Its accounts are anvil's well-known development keys (public: never use them on a real chain).
     """
 
+    name = "anvil"  # the EVM implementation, as error messages name it
+
     def __init__(
         self,
         *,
@@ -52,12 +55,16 @@ class LocalChain:
         block_time: float | None = None,
         accounts: int = 10,
         log_path: Path | None = None,
+        hardfork: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.port = port or free_port()
         self.chain_id = chain_id
         self.block_time = block_time
         self.accounts = accounts
         self.log_path = log_path
+        self.hardfork = hardfork  # None: anvil's newest; "berlin" makes a chain without a base fee (legacy fees)
+        self.extra_args = tuple(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         self._w3: Web3 | None = None
 
@@ -71,7 +78,8 @@ class LocalChain:
             raise ChainError("local chain is not running")
         return self._w3
 
-    def start(self, timeout: float = 30.0) -> LocalChain:
+    def command(self) -> list[str]:
+        """The command line of the chain process (a subclass runs another EVM implementation)."""
         command = [
             find_anvil(),
             "--host", "127.0.0.1",
@@ -81,13 +89,19 @@ class LocalChain:
         ]  # fmt: skip
         if self.block_time:
             command += ["--block-time", str(self.block_time)]
+        if self.hardfork:
+            command += ["--hardfork", self.hardfork]
+        return command + list(self.extra_args)
+
+    def start(self, timeout: float = 30.0) -> LocalChain:
+        command = self.command()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - lives with the process
         self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         w3 = Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 10}))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise ChainError(f"anvil exited with code {self._process.returncode} on port {self.port}")
+                raise ChainError(f"{self.name} exited with code {self._process.returncode} on port {self.port}")
             try:
                 if w3.eth.chain_id == self.chain_id:
                     self._w3 = w3
@@ -95,7 +109,7 @@ class LocalChain:
             except Exception:  # not listening yet: connection refused, reset, or a half-started server
                 time.sleep(0.05)
         self.stop()
-        raise ChainError(f"anvil did not answer on {self.rpc_url} within {timeout:.0f} s")
+        raise ChainError(f"{self.name} did not answer on {self.rpc_url} within {timeout:.0f} s")
 
     def stop(self) -> None:
         process, self._process, self._w3 = self._process, None, None
