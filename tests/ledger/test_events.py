@@ -25,7 +25,7 @@ from ledger.events import (
     WorkSubmitted,
     invalidations,
 )
-from ledger.types import Reason
+from ledger.types import Reason, WorkStatus
 from tests.conftest import TOKEN
 from tests.ledger.helpers import make_pool, onboard, work_key
 
@@ -330,3 +330,138 @@ def test_confirmations_beyond_the_chain_height_return_nothing(setup: Setup) -> N
     follower = EventFollower(setup.reader, confirmations=10_000)
     assert follower.poll() == []
     assert follower.next_block == setup.reader.deployment.block
+
+
+# --- reorganisations ---------------------------------------------------------------------------------------
+
+
+def signed_submission(s: Setup, label: str, units: int, *, nonce: int | None = None) -> str:
+    """A raw signed submitWork of the node (its next nonce), for anvil to place into blocks of a reorganisation."""
+    account = dev_account(NODE_A)
+    w3 = s.reader.w3
+    tx = s.node.work.functions.submitWork(s.pool_id, work_key(label), units).build_transaction(
+        {
+            "from": account.address,
+            "nonce": w3.eth.get_transaction_count(account.address) if nonce is None else nonce,
+            "gas": 300_000,
+            "maxFeePerGas": 10 * 10**9,
+            "maxPriorityFeePerGas": 10**9,
+            "chainId": w3.eth.chain_id,
+        }
+    )
+    return "0x" + bytes(account.sign_transaction(tx).raw_transaction).hex()
+
+
+def reorg(chain: LocalChain, depth: int, transactions: list[tuple[str, int]]) -> None:
+    """anvil replaces the newest `depth` blocks with as many new ones, holding `transactions` (raw, block offset)."""
+    response = chain.w3.provider.make_request("anvil_reorg", [depth, [list(t) for t in transactions]])  # type: ignore[arg-type]
+    assert "error" not in response, response
+
+
+def test_a_submission_a_reorganisation_puts_into_blocks_already_read_is_still_returned(
+    chain: LocalChain, setup: Setup
+) -> None:
+    """The attack of issue 19 (item 9): a submission lands behind the cursor, in a block the follower has passed."""
+    s = setup
+    follower = EventFollower(s.reader)
+    for _ in range(4):
+        chain.mine()
+    assert follower.poll() == []
+    head = chain.w3.eth.block_number
+    reorg(chain, 3, [(signed_submission(s, "behind", 777), 1)])  # into block head - 1, already read
+    assert chain.w3.eth.block_number == head  # no new block: a follower without reorg checks sees nothing
+
+    found = follower.poll()
+
+    assert [(e.work_key, e.units, e.at.block_number) for e in found if isinstance(e, WorkSubmitted)] == [
+        (work_key("behind"), 777, head - 1)
+    ]
+    assert follower.rewound_to is not None and follower.rewound_to <= head - 1
+    assert follower.reorgs == 1
+    assert follower.poll() == []  # and read once
+
+
+def test_a_submission_a_reorganisation_removed_is_not_returned_again_and_its_replacement_is(
+    chain: LocalChain, setup: Setup
+) -> None:
+    s = setup
+    follower = EventFollower(s.reader)
+    follower.poll()
+    nonce = chain.w3.eth.get_transaction_count(dev_account(NODE_A).address)
+    (orphan,) = submit_many(s, 1, "orphan")
+    chain.mine()
+    assert work_keys(follower.poll()) == [orphan]
+    # the same nonce again: the new blocks drop the first submission and carry another one
+    reorg(chain, 2, [(signed_submission(s, "replacement", 55, nonce=nonce), 0)])
+
+    found = follower.poll()
+
+    assert work_keys(found) == [work_key("replacement")]
+    assert follower.rewound_to is not None
+    assert s.reader.get_work(s.pool_id, dev_account(NODE_A).address, orphan).status == WorkStatus.NONE
+
+
+def test_a_chain_reverted_to_a_snapshot_and_built_again_is_read_again(chain: LocalChain, setup: Setup) -> None:
+    """evm_revert is the other way a local chain reorganises: the blocks read are gone and new ones take their
+    numbers."""
+    s = setup
+    snapshot = chain.snapshot()
+    for _ in range(3):
+        chain.mine()
+    follower = EventFollower(s.reader)
+    assert follower.poll() == []
+    passed = follower.next_block
+    chain.revert(snapshot)
+    keys = submit_many(s, 2, "rebuilt")  # blocks the follower already passed, by number
+    assert s.reader.w3.eth.block_number < passed
+
+    found = follower.poll()
+
+    assert work_keys(found) == keys
+
+
+def test_a_follower_restarted_from_its_cursor_file_notices_a_reorganisation_made_while_it_was_down(
+    tmp_path: Path, chain: LocalChain, setup: Setup
+) -> None:
+    s = setup
+    path = tmp_path / "cursor.json"
+    first = EventFollower(s.reader, cursor=CursorFile(path))
+    for _ in range(3):
+        chain.mine()
+    first.poll()
+    del first
+    reorg(chain, 2, [(signed_submission(s, "while-down", 9), 0)])
+
+    found = EventFollower(s.reader, cursor=CursorFile(path)).poll()
+
+    assert work_keys(found) == [work_key("while-down")]
+
+
+def test_a_reorganisation_deeper_than_the_remembered_blocks_is_read_from_the_oldest_remembered(
+    chain: LocalChain, setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Below the remembered blocks nothing can be compared: what changed there is missed, and said so. The hashes
+    kept (256 by default) and the confirmations waited for are what make that depth out of reach."""
+    s = setup
+    for _ in range(4):
+        chain.mine()
+    follower = EventFollower(s.reader, remember=2)
+    follower.poll()
+    oldest = chain.w3.eth.block_number - 1
+    assert sorted(follower.hashes) == [oldest, oldest + 1]
+    reorg(chain, 3, [(signed_submission(s, "deep", 3), 1)])  # three blocks, deeper than the two remembered
+
+    found = follower.poll()
+
+    assert work_keys(found) == [work_key("deep")]  # in the oldest remembered block: read again
+    assert follower.rewound_to == oldest
+    assert "deeper than the 2 remembered blocks" in caplog.text
+
+
+def test_cursor_file_keeps_the_remembered_block_hashes(tmp_path: Path) -> None:
+    cursor = CursorFile(tmp_path / "cursor.json")
+    cursor.save(18, {16: b"\x01" * 32, 17: b"\x02" * 32})
+    assert cursor.load_all(default=0) == (18, {16: b"\x01" * 32, 17: b"\x02" * 32})
+    cursor.save(18, {18: b"\x02" * 32})  # not before next_block: not a cursor this code wrote
+    with pytest.raises(LedgerError, match="corrupt"):
+        cursor.load_all(default=0)
