@@ -192,6 +192,16 @@ def run_command(
     poll: Annotated[
         float | None, typer.Option("--poll", min=0.01, metavar="SECONDS", help="Between chain reads [2].")
     ] = None,
+    confirmations: Annotated[
+        int | None,
+        typer.Option(
+            "--confirmations",
+            min=0,
+            max=10_000,
+            metavar="N",
+            help="Blocks to stay behind the head [0 on a local chain, else 12].",
+        ),
+    ] = None,
     thresholds: Annotated[
         ThresholdPreset | None, typer.Option("--thresholds", help="TOPLOC limits for the device class [cpu-fp32].")
     ] = None,
@@ -247,6 +257,7 @@ def run_command(
             thresholds=_preset(preset),
             grace_seconds=float(pick(grace, "grace", 600.0)),
             poll_seconds=float(pick(poll, "poll", 2.0)),
+            confirmations=pick(confirmations, "confirmations"),
             **tuning,
         )
         metrics_port = pick(metrics_port, "metrics_port")

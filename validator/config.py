@@ -67,6 +67,10 @@ class ValidatorConfig:
     # the submission, across restarts) before it is invalidated as unavailable (reason 8), in (0, MAX_GRACE_SECONDS].
     grace_seconds: float = 600.0
     poll_seconds: float = 2.0  # between looks at the chain for new submissions, in (0, 3600]
+    # Blocks to stay behind the chain's head, so that a submission is judged once it is unlikely to be reorganised
+    # away, in [0, 10000]; None: 0 on a local devnet chain (id 31337 or 1337), else 12 (ledger.events).
+    # Reorganisations deeper than this are still followed (the follower rewinds to the fork).
+    confirmations: int | None = None
     checkpoints_kept: int = 3  # checkpoints held loaded, the least recently used dropped first, in [1, 64]
     # Seconds the trainer's clock and block timestamps may disagree, either way, when mapping a submission to the
     # pool's step (GET /v1/steps), in [0, 3600]: a file is judged by every step current within that much.
@@ -98,6 +102,8 @@ class ValidatorConfig:
             raise ValidatorConfigError("grace_seconds", self.grace_seconds, f"a number in (0, {MAX_GRACE_SECONDS}]")
         if not (_is_number(self.poll_seconds) and 0 < self.poll_seconds <= 3600):
             raise ValidatorConfigError("poll_seconds", self.poll_seconds, "a number in (0, 3600]")
+        if self.confirmations is not None and not (_is_int(self.confirmations) and 0 <= self.confirmations <= 10_000):
+            raise ValidatorConfigError("confirmations", self.confirmations, "None or an integer in [0, 10000]")
         if not (_is_int(self.checkpoints_kept) and 1 <= self.checkpoints_kept <= 64):
             raise ValidatorConfigError("checkpoints_kept", self.checkpoints_kept, "an integer in [1, 64]")
         if not (_is_number(self.clock_slack) and 0 <= self.clock_slack <= 3600):

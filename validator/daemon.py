@@ -40,7 +40,7 @@ from aiohttp import web
 
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
-from ledger.events import EventFollower, WorkSubmitted
+from ledger.events import EventFollower, WorkSubmitted, default_confirmations
 from ledger.tx import with_retries
 from ledger.types import Reason, WorkStatus
 from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
@@ -60,6 +60,7 @@ from validator.errors import CheckpointGone, NotAValidator, ValidatorError
 from validator.evidence import Evidence
 from validator.store import (
     ATTESTED,
+    GONE,
     INVALIDATED,
     SEEN,
     UNAVAILABLE,
@@ -127,12 +128,10 @@ class ValidatorDaemon:
             pool_id=setup.pool_id,
             validator=self.account.address,
         )
-        self.follower = EventFollower(
-            ledger,
-            pool_id=setup.pool_id,
-            start_block=self.store.cursor(deployment.block),
-            events=("WorkSubmitted",),
+        self.confirmations = (
+            default_confirmations(deployment.chain_id) if config.confirmations is None else config.confirmations
         )
+        self.follower = self._follower()
         policy = TrustPolicy(self.domain, setup.trainer, setup.pool_id)
         self.checkpoints = Checkpoints(
             state_dir / "checkpoints", setup.checkpoints, policy, keep=config.checkpoints_kept
@@ -145,6 +144,17 @@ class ValidatorDaemon:
         self.dashboard_url: str | None = None
         self._last_poll = 0.0
         self._setup_metrics()
+
+    def _follower(self) -> EventFollower:
+        """Follows the pool's submissions from the stored cursor and block hashes."""
+        return EventFollower(
+            self.ledger,
+            pool_id=self.setup.pool_id,
+            start_block=self.store.cursor(self.ledger.deployment.block),
+            hashes=self.store.block_hashes(),
+            events=("WorkSubmitted",),
+            confirmations=self.confirmations,
+        )
 
     def _setup_metrics(self) -> None:
         m = self.metrics = Registry()
@@ -164,6 +174,13 @@ class ValidatorDaemon:
         self._verify_seconds = m.counter("validator_verification_seconds_total", "Seconds spent verifying files.")
         self._last_verify = m.gauge("validator_last_verification_seconds", "Seconds the last verification took.")
         m.gauge("validator_cursor_block", "The next block to read events from.", lambda: self.follower.next_block)
+        self._reorgs = m.counter(
+            "validator_chain_reorganisations_total",
+            "Reorganisations of the chain found under the event cursor (each read again from the fork).",
+        )
+        self._gone = m.counter(
+            "validator_files_gone_total", "Submissions a reorganisation removed from the chain before they were judged."
+        )
         m.gauge("validator_open_files", "Submissions not finished yet.", lambda: self.store.open_count())
 
     # --- the loop -----------------------------------------------------------------------------------
@@ -279,10 +296,12 @@ class ValidatorDaemon:
         try:
             submissions = await asyncio.to_thread(read)
         except (LedgerError, OSError, ValueError) as exc:
-            follower.next_block = store.cursor(self.ledger.deployment.block)  # nothing recorded: read them again
+            self.follower = self._follower()  # nothing recorded: read the same blocks again
             log.warning("reading the chain failed, trying again: %s", exc)
             return
-        added = store.record(submissions, follower.next_block)
+        if follower.rewound_to is not None:
+            self._reorgs.inc()
+        added = store.record(submissions, follower.next_block, follower.hashes)
         if added:
             self._seen.inc(added)
             log.info("%d new submissions (cursor at block %d)", added, follower.next_block)
@@ -306,6 +325,16 @@ class ValidatorDaemon:
 
     async def _verify(self, row: WorkRow) -> None:
         key, short = row.work_key, _short(row.work_key)
+        try:
+            work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, row.node, key)
+        except LedgerError as exc:
+            self._retry(row, f"reading the work on chain: {exc}")
+            return
+        if work.status == WorkStatus.NONE:  # read from a block a reorganisation replaced
+            self.store.move(row, UNVERIFIABLE, note=GONE)
+            self._gone.inc()
+            log.warning("%s from %s: %s; judged if it is submitted again", short, row.node, GONE)
+            return
         try:
             data = await self.client.download(key, self.config.max_file_bytes)
             history = await self.client.steps() if data is not None else []

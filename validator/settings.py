@@ -34,6 +34,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "max_rechecked_rows": int,
     "checkpoints_kept": int,
     "clock_slack": (int, float),
+    "confirmations": int,
 }
 PATH_KEYS = ("state", "task")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -60,6 +60,10 @@ CREATE TABLE IF NOT EXISTS work (
     PRIMARY KEY (pool_id, node, work_key)
 );
 CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
+CREATE TABLE IF NOT EXISTS block_hashes (  -- the last blocks the event cursor passed: how a reorganisation is found
+    number INTEGER PRIMARY KEY,
+    hash TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (  -- assignment counters used by accepted files: each pays once
     pool_id INTEGER NOT NULL,
     node TEXT NOT NULL,
@@ -69,6 +73,9 @@ CREATE TABLE IF NOT EXISTS counters (  -- assignment counters used by accepted f
 );
 """
 _ROW = "WHERE pool_id = ? AND node = ? AND work_key = ?"
+# The note of a row whose submission the chain no longer holds (a reorganisation removed it); final unless the
+# submission is read again.
+GONE = "not on chain: a reorganisation removed the submission"
 # Rows with something left to do: a verdict to reach, an attestation to post, or a rejection to act on.
 _OPEN = (
     f"(stage IN ('{SEEN}', '{VERIFIED}', '{UNAVAILABLE}') OR (stage = '{ATTESTED}' AND accepted = 0 AND note IS NULL))"
@@ -173,8 +180,20 @@ class ValidatorStore:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'next_block'").fetchone()
         return default if row is None else int(row[0])
 
-    def record(self, submissions: Sequence[Submission], next_block: int) -> int:
-        """Adds the submissions as `seen` and moves the cursor, atomically; returns how many were new."""
+    def block_hashes(self) -> dict[int, bytes]:
+        """The hashes of the last blocks read, as the event follower remembered them."""
+        return {int(n): bytes.fromhex(h) for n, h in self.db.execute("SELECT number, hash FROM block_hashes")}
+
+    def record(
+        self, submissions: Sequence[Submission], next_block: int, hashes: Mapping[int, bytes] | None = None
+    ) -> int:
+        """Adds the submissions as `seen` and moves the cursor (with the follower's block hashes), atomically;
+        returns how many were new.
+
+        A submission read again at another place in the chain (a reorganisation moved it) takes its new block and
+        timestamp. A verdict that may depend on that timestamp and has not gone on chain (a rejection not yet
+        invalidated), and a row parked as no longer on chain, are judged again from `seen`.
+        """
         now = time.time()
         with self._transaction():
             before = self.db.total_changes
@@ -199,8 +218,39 @@ class ValidatorStore:
                 ],
             )
             added = self.db.total_changes - before
+            for s in submissions:
+                self._moved_by_reorganisation(s, now)
             self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_block', ?)", (str(next_block),))
+            if hashes is not None:
+                self.db.execute("DELETE FROM block_hashes")
+                self.db.executemany(
+                    "INSERT INTO block_hashes (number, hash) VALUES (?, ?)", [(n, h.hex()) for n, h in hashes.items()]
+                )
         return added
+
+    def _moved_by_reorganisation(self, s: Submission, now: float) -> None:
+        row = self.get(s.work_key, s.node)
+        if row is None:
+            return
+        unmoved = (row.block, row.log_index, row.submitted_at, row.units) == (
+            s.block,
+            s.log_index,
+            s.submitted_at,
+            s.units,
+        )
+        if unmoved and row.note != GONE:
+            return
+        judge_again = row.note == GONE or (row.accepted is False and row.stage in (VERIFIED, UNAVAILABLE, ATTESTED))
+        self.db.execute(
+            f"UPDATE work SET block = ?, log_index = ?, submitted_at = ?, units = ?, updated = ? {_ROW}",
+            (s.block, s.log_index, s.submitted_at, s.units, now, *self._identity(s)),
+        )
+        if judge_again and row.tx_hash is None:
+            self.db.execute(
+                "UPDATE work SET stage = ?, accepted = NULL, reason = NULL, check_name = NULL, detail = NULL, "
+                f"borderline = 0, note = NULL, next_try = ? {_ROW}",
+                (SEEN, now, *self._identity(s)),
+            )
 
     # --- what to do next -----------------------------------------------------------------------------
 

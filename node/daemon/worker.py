@@ -36,9 +36,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from web3.exceptions import TransactionNotFound
 
 from ledger.types import WorkStatus
-from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet, Upload
+from node.coordinator import (
+    CoordinatorBusy,
+    CoordinatorClient,
+    CoordinatorRefused,
+    CoordinatorUnavailable,
+    NoWorkYet,
+    Upload,
+)
 from node.daemon.faults import Fault, falsify, perturb_weights
 from node.daemon.state import FileRecord, WorkerState
 from node.daemon.weights import Weights
@@ -244,9 +252,9 @@ class WorkerDaemon:
                             return 1
                         log.warning("retrying after: %s", exc)
                         await self._pause()
-                try:
-                    await self.flush(coordinator, force=True)
+                try:  # the chain first: a submission a reorganisation removed is submitted again by the flush
                     await self.follow_chain(force=True)
+                    await self.flush(coordinator, force=True)
                 except Exception as exc:
                     log.warning("stopping with files left to upload or submit; the next start does it: %s", exc)
         finally:
@@ -329,7 +337,11 @@ class WorkerDaemon:
     async def flush(self, coordinator: CoordinatorClient, *, force: bool) -> None:
         """Uploads written files, then submits uploaded ones in batches (all of them when `force`)."""
         for record in self.state.in_stage("written"):
-            await self._upload(coordinator, record.work_key)
+            try:
+                await self._upload(coordinator, record.work_key)
+            except CoordinatorBusy as exc:  # e.g. over the node's upload quota: the rest wait in the journal
+                log.warning("%d files wait in the journal to be uploaded: %s", len(self.state.in_stage("written")), exc)
+                break
         ready = self.state.in_stage("uploaded")
         due = force or len(ready) >= self.settings.submit_batch
         due = due or (bool(ready) and time.monotonic() - self._last_submit >= self.settings.submit_every)
@@ -395,6 +407,11 @@ class WorkerDaemon:
                 elif work.status == WorkStatus.PENDING and record.verdict is None:
                     await self._restore_if_lost(record.work_key)
                     await self._note_verdict(record.work_key)
+                elif work.status == WorkStatus.NONE and await asyncio.to_thread(self._submission_gone, record):
+                    # mined, then taken out by a reorganisation: unpaid unless submitted again
+                    self.state.move([record.work_key], "uploaded", detail="a reorganisation removed its submission")
+                    log.warning("0x%s: a reorganisation removed its submission %s; submitting it again",
+                                record.work_key.hex()[:12], record.tx or "")  # fmt: skip
             if claimable and await self._ejected():  # an ejected node's pending work is void on chain
                 self.state.move(claimable, "expired", detail=f"void: node ejected from pool {pool_id}")
                 claimable = []
@@ -404,6 +421,18 @@ class WorkerDaemon:
                 self.state.move(claimable, "claimed", detail=f"claimed in {tx}")
                 log.info("claimed the rewards of %d files in %s", len(claimable), tx)
         self._update_stage_gauge()
+
+    def _submission_gone(self, record: FileRecord) -> bool:
+        """Whether the chain no longer holds `record`'s submission transaction (blocking). A node that lags behind
+        the one that mined it answers "no such record" too, but has no receipt either; one that knows the receipt
+        is on the chain that mined it, where the record exists."""
+        if record.tx is None:
+            return True  # found on chain after a restart, and now not: only a reorganisation does that
+        try:
+            self.ledger.w3.eth.get_transaction_receipt(record.tx)  # type: ignore[arg-type]
+        except TransactionNotFound:
+            return True
+        return False
 
     async def _restore_if_lost(self, work_key: bytes) -> None:
         """Uploads a submitted file again when the coordinator no longer serves it and no validator has judged it:

@@ -394,3 +394,32 @@ def test_a_submitted_file_the_coordinator_lost_is_uploaded_again_before_a_valida
         "was gone from the coordinator before any validator judged it; uploaded it again"
         in (pool.root / "worker-2.log").read_text()
     )
+
+
+def test_a_submission_a_reorganisation_removed_is_submitted_again(pool: Pool) -> None:
+    """Issue 19 (item 9): a submission mined and then taken out by a reorganisation would stay unpaid, recorded
+    as submitted in the journal; the worker sees that the chain no longer has it, nor its transaction, and submits
+    the file again."""
+    first = start(pool, "--max-files", "1", "--submit-batch", "1")
+    assert finish(pool, first) == 0, (pool.root / "worker.log").read_text()[-3000:]
+    [key] = journal(pool)
+    w3 = pool.chain.w3
+    node = pool.node.address
+    assert pool.node_ledger.get_work(pool.id, node, bytes.fromhex(key)).status == WorkStatus.PENDING
+    submitted_in = next(
+        e.at.block_number
+        for e in EventFollower(pool.node_ledger, pool_id=pool.id, events=("WorkSubmitted",)).poll()
+        if isinstance(e, WorkSubmitted) and e.work_key.hex() == key
+    )
+    depth = w3.eth.block_number - submitted_in + 1
+    assert "error" not in w3.provider.make_request("anvil_reorg", [depth, []])  # type: ignore[arg-type]
+    w3.provider.make_request("anvil_dropAllTransactions", [])  # type: ignore[arg-type]
+    assert pool.node_ledger.get_work(pool.id, node, bytes.fromhex(key)).status == WorkStatus.NONE
+
+    again = start(pool, "--max-files", "0", log="worker-2.log")
+    assert finish(pool, again, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
+
+    log = (pool.root / "worker-2.log").read_text()
+    assert "a reorganisation removed its submission" in log, log[-3000:]
+    assert pool.node_ledger.get_work(pool.id, node, bytes.fromhex(key)).status == WorkStatus.PENDING
+    assert journal(pool)[key][0] == "submitted"

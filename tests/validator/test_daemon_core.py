@@ -170,3 +170,45 @@ def test_interruptible_work_returns_raises_or_is_dropped_when_stopping() -> None
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) < 2
+
+
+def test_a_submission_a_reorganisation_moved_takes_its_new_place_and_an_unsent_rejection_is_judged_again(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path)
+    hashes = {11: b"\x01" * 32, 12: b"\x02" * 32}
+    store.record([submission("accepted", 10), submission("rejected", 11), submission("sent", 12)], 13, hashes)
+    store.record_verdict(submission("accepted"), accept("fine"))
+    store.record_verdict(submission("rejected"), reject(Reason.STALE_STEP, "step", "step 3 is older than 5"))
+    store.record_verdict(submission("sent"), reject(Reason.STALE_STEP, "step", "step 3 is older than 5"))
+    store.move(submission("sent"), INVALIDATED, tx_hash="0x" + "cd" * 32)
+    assert store.block_hashes() == hashes
+
+    # the same three, read again two blocks later
+    moved = [submission("accepted", 12), submission("rejected", 13, 1), submission("sent", 14)]
+    assert store.record(moved, 15, {14: b"\x03" * 32}) == 0
+
+    accepted, rejected, sent = (store.get(key(label), NODE) for label in ("accepted", "rejected", "sent"))
+    assert accepted is not None and (accepted.block, accepted.stage, accepted.accepted) == (12, VERIFIED, True)
+    assert rejected is not None and (rejected.block, rejected.log_index, rejected.submitted_at) == (
+        13,
+        1,
+        1_700_000_013,
+    )
+    assert (rejected.stage, rejected.accepted, rejected.reason) == (SEEN, None, None)  # judged by its new time
+    assert sent is not None and (sent.stage, sent.block) == (INVALIDATED, 14)  # on chain already: left as it is
+    assert store.block_hashes() == {14: b"\x03" * 32}
+    assert store.cursor(0) == 15
+
+
+def test_a_row_parked_as_gone_is_judged_again_when_its_submission_is_read_again(tmp_path: Path) -> None:
+    from validator.store import GONE
+
+    store = open_store(tmp_path)
+    store.record([submission("a", 10)], 11)
+    store.move(submission("a"), UNVERIFIABLE, note=GONE)
+    assert store.open_count() == 0
+    store.record([submission("a", 10)], 12)  # submitted again, in a block of the same height
+    row = store.get(key("a"), NODE)
+    assert row is not None and (row.stage, row.note) == (SEEN, None)
+    assert store.open_count() == 1

@@ -1,0 +1,134 @@
+"""The validator daemon on a chain that reorganises (anvil's `anvil_reorg`): a submission moved into blocks the
+daemon already read is still judged, one removed is never judged nor invalidated, and `confirmations` holds the
+newest blocks back.
+
+The daemon runs for real against anvil; its coordinator is a closed port, so a file it tries to download is tried
+again later (never held against the worker): these tests are about what it reads from the chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain, free_port
+from ledger.client import Ledger
+from node.tasks.spec import load_task_spec
+from tests.ledger.helpers import make_pool, onboard, work_key
+from tests.network_trainer import TASK
+from validator.config import ValidatorConfig
+from validator.daemon import PoolSetup, ValidatorDaemon
+from validator.store import GONE, SEEN, UNVERIFIABLE
+
+OWNER, PROVIDER, NODE, VALIDATOR = 0, 1, 6, 9
+LedgerFor = Callable[[int], Ledger]
+
+
+@pytest.fixture
+def pool(ledger_for: LedgerFor) -> tuple[int, Ledger]:
+    """A pool with anvil account 9 as its validator and one onboarded node; returns (pool id, the node's client)."""
+    owner = ledger_for(OWNER)
+    pool_id = make_pool(owner)
+    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
+    node = onboard(owner, ledger_for(PROVIDER), dev_account(NODE), pool_id)
+    return pool_id, node
+
+
+def daemon(ledger_for: LedgerFor, pool_id: int, state: Path, **config: object) -> ValidatorDaemon:
+    closed = f"http://127.0.0.1:{free_port()}"
+    setup = PoolSetup(pool_id, dev_account(OWNER).address, closed, (closed,), load_task_spec(TASK))
+    return ValidatorDaemon(ledger_for(VALIDATOR), setup, ValidatorConfig(poll_seconds=0.05, **config), state)  # type: ignore[arg-type]
+
+
+def raw_submission(node: Ledger, pool_id: int, label: str, nonce: int) -> str:
+    account = dev_account(NODE)
+    tx = node.work.functions.submitWork(pool_id, work_key(label), 1000).build_transaction(
+        {"from": account.address, "nonce": nonce, "gas": 300_000, "maxFeePerGas": 10 * 10**9,
+         "maxPriorityFeePerGas": 10**9, "chainId": node.w3.eth.chain_id}
+    )  # fmt: skip
+    return "0x" + bytes(account.sign_transaction(tx).raw_transaction).hex()
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"no {what} within {timeout:g} s"
+        await asyncio.sleep(0.05)
+
+
+def test_a_submission_moved_behind_the_cursor_is_judged_and_one_removed_is_never_invalidated(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    pool_id, node = pool
+    address = dev_account(NODE).address
+    nonce = chain.w3.eth.get_transaction_count(address)
+    node.submit_work(pool_id, work_key("removed"), 1000)
+    for _ in range(3):
+        chain.mine()
+    validator = daemon(ledger_for, pool_id, tmp_path / "state")
+    store = validator.store
+
+    async def scenario() -> None:
+        running = asyncio.create_task(validator.run())
+        try:
+            await until(lambda: store.get(work_key("removed"), address) is not None, "first submission recorded")
+            # four new blocks from the one before the submission: the submission is gone, another one (same nonce)
+            # sits one block later, at a height the daemon has read already
+            response = chain.w3.provider.make_request(
+                "anvil_reorg", [4, [[raw_submission(node, pool_id, "moved", nonce), 1]]]
+            )  # type: ignore[arg-type]
+            assert "error" not in response, response
+            await until(lambda: store.get(work_key("moved"), address) is not None, "the moved submission recorded")
+            await until(
+                lambda: (row := store.get(work_key("removed"), address)) is not None and row.stage == UNVERIFIABLE,
+                "the removed submission parked",
+            )
+            assert "validator_chain_reorganisations_total 1\n" in validator.metrics.render()
+        finally:
+            validator.stopping.set()
+            await running
+
+    asyncio.run(scenario())
+
+    store = validator.store.open(tmp_path / "state", chain_id=31337, work_ledger=node.work.address, pool_id=pool_id,
+                                 validator=dev_account(VALIDATOR).address)  # fmt: skip
+    removed, moved = store.get(work_key("removed"), address), store.get(work_key("moved"), address)
+    assert removed is not None and (removed.stage, removed.note, removed.tx_hash) == (UNVERIFIABLE, GONE, None)
+    assert moved is not None and moved.stage == SEEN  # waiting for the (closed) coordinator, not skipped
+    assert moved.block < store.cursor(0)
+
+
+def test_confirmations_hold_a_submission_back_until_it_is_that_deep(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    pool_id, node = pool
+    address = dev_account(NODE).address
+    validator = daemon(ledger_for, pool_id, tmp_path / "state", confirmations=3)
+    store = validator.store
+
+    async def scenario() -> None:
+        running = asyncio.create_task(validator.run())
+        try:
+            await asyncio.to_thread(node.submit_work, pool_id, work_key("deep"), 1000)
+            for _ in range(2):
+                await asyncio.to_thread(chain.mine)
+            await asyncio.sleep(0.5)  # ten polls
+            assert store.get(work_key("deep"), address) is None  # two blocks deep: not yet
+            await asyncio.to_thread(chain.mine)
+            await until(lambda: store.get(work_key("deep"), address) is not None, "the submission three blocks deep")
+        finally:
+            validator.stopping.set()
+            await running
+
+    asyncio.run(scenario())
+
+
+def test_the_default_confirmations_are_none_on_a_local_chain_and_twelve_elsewhere() -> None:
+    from ledger.events import default_confirmations
+
+    assert (default_confirmations(31337), default_confirmations(1337)) == (0, 0)
+    assert default_confirmations(1) == default_confirmations(8453) == 12
