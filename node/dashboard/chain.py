@@ -50,7 +50,11 @@ class WorkerChain:
         ejected = ledger.is_ejected(self.pool_id, self.node)
         lock = ledger.lock_of(self.pool_id, self.node)
         node = to_checksum_address(self.node)
-        for event in self._follower.poll():
+        events = self._follower.poll()
+        if (fork := self._follower.rewound_to) is not None:  # a reorganisation: what it replaced is read again
+            self._invalidated = {k: e for k, e in self._invalidated.items() if e.at.block_number < fork}
+            self._works = {}
+        for event in events:
             # another node's record of the same key is its own: only this node's invalidations are this node's
             if isinstance(event, WorkInvalidated) and event.node == node:
                 self._invalidated[event.work_key] = event

@@ -438,3 +438,20 @@ def test_prime_node_start_dashboard_shows_a_submitted_files_state_and_the_stake(
     assert element_text(dom, "lock-release").startswith("member held while a member")
     assert element_text(dom, "standing") == "member" and "running" in element_text(dom, "daemon")
     assert element_text(dom, "step") == "0"
+
+
+def test_an_invalidation_a_reorganisation_removed_is_no_longer_shown(journaled: Journal) -> None:
+    """The dashboard follows the chain through reorganisations: what the new blocks no longer hold goes away."""
+    reader = WorkerChain(journaled.ledger, journaled.pool_id, journaled.node)
+    cheat = journaled.keys["cheat"]
+    journaled.invalidate_cheat()
+    before = reader.read(journaled.keys.values())
+    assert cheat in before.invalidations and before.works[cheat].status == WorkStatus.INVALIDATED
+    w3 = journaled.chain.w3
+    assert "error" not in w3.provider.make_request("anvil_reorg", [1, []])  # type: ignore[arg-type]
+    w3.provider.make_request("anvil_dropAllTransactions", [])  # type: ignore[arg-type]
+
+    after = reader.read(journaled.keys.values())
+
+    assert cheat not in after.invalidations
+    assert after.works[cheat].status == WorkStatus.PENDING and not after.ejected
