@@ -2,7 +2,8 @@
 
 Every signed request carries the EIP-712 `Request` headers of `node.signing.sign_request`, over the exact path
 and body sent. A 4xx answer raises `CoordinatorRefused` with the server's error code and message; a connection
-failure or a 5xx raises `CoordinatorUnavailable`, which a caller may retry.
+failure, a 5xx or a 429 (rate limited, busy, over the upload quota: `CoordinatorBusy`) raises
+`CoordinatorUnavailable`, which a caller may retry.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ class NoWorkYet(CoordinatorUnavailable):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class CoordinatorBusy(CoordinatorUnavailable):
+    """429: over a rate, the role lookups are busy, or an upload would pass the node's quota (`code`); ask again
+    after `retry_after`. A file refused this way is not the coordinator's to keep: its sender keeps it."""
+
+    def __init__(self, code: str, message: str, retry_after: float) -> None:
+        super().__init__(f"coordinator busy (429 {code}): {message}")
+        self.code, self.retry_after = code, retry_after
 
 
 class CoordinatorRefused(CoordinatorError):
@@ -115,6 +125,10 @@ class CoordinatorClient:
             answer = None
         if status == 503 and isinstance(answer, dict) and answer.get("error") == "no_work":
             raise NoWorkYet(str(answer.get("message", ""))[:300], _retry_after(retry_after, default=1.0))
+        if status == 429:
+            error = answer if isinstance(answer, dict) else {}
+            code, message = str(error.get("error", "http"))[:40], str(error.get("message", ""))[:300]
+            raise CoordinatorBusy(code, message, _retry_after(retry_after, default=1.0))
         if status >= 500:
             raise CoordinatorUnavailable(f"{method} {path}: HTTP {status}")
         if status >= 400:
