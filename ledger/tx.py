@@ -1,4 +1,4 @@
-"""Sending transactions: nonces, gas estimation, EIP-1559 fees, receipts, retries, decoded reverts."""
+"""Sending transactions: nonces, gas estimation, fees (EIP-1559 or legacy), repricing, receipts, retries, reverts."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from functools import partial
+from typing import Any, Protocol, TypeVar, cast
 
 import requests
 from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 from web3 import Web3
-from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
+from web3.exceptions import ContractLogicError, TransactionIndexingInProgress, TransactionNotFound, Web3RPCError
 from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from ledger.artifacts import decode_revert
 from ledger.errors import ContractRevert, RpcUnavailable, TransactionFailed
+from ledger.units import format_amount
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,120 @@ class Buildable(Protocol):
     def build_transaction(self, transaction: TxParams | None = None) -> TxParams: ...
 
 
+# A replacement must outbid the transaction it replaces on both fees: geth's pool wants 10% more, anvil's less.
+# 9/8 clears both, and is also the most a base fee can rise in one block.
+BUMP = (9, 8)
+POLL_SECONDS = 0.1  # between receipt checks
+
+
 @dataclass(frozen=True)
 class FeePolicy:
-    """EIP-1559 fee choice: max fee = base fee x `base_multiplier` + tip, so a few full blocks do not strand us."""
+    """How fees are offered, and raised for a transaction that is not mined.
 
-    base_multiplier: int = 2
-    min_priority_fee: int = 1_000_000  # 0.001 gwei
-    gas_margin: float = 1.2  # estimates are exact on the state they ran against; state moves
+    EIP-1559 chains: max fee = latest base fee x `base_multiplier` + tip, so a few full blocks do not strand us.
+    Legacy chains (the latest block has no base fee): gasPrice = the node's `eth_gasPrice` x `gas_price_multiplier`,
+    at least `min_gas_price`. A transaction still not mined `replace_after` seconds after its last broadcast is signed
+    again with the same nonce and both fees raised by 12.5% or more, to at least what the chain asks then.
+    `max_fee_per_gas` caps every offer (the max fee, or the gasPrice); None means no ceiling.
+    """
+
+    base_multiplier: int = 2  # >= 1
+    min_priority_fee: int = 1_000_000  # 0.001 gwei; >= 0
+    gas_price_multiplier: float = 1.2  # >= 1.0
+    min_gas_price: int = 1_000_000  # 0.001 gwei; >= 0
+    gas_margin: float = 1.2  # >= 1.0; estimates are exact on the state they ran against; state moves
+    replace_after: float = 30.0  # seconds, > 0
+    max_fee_per_gas: int | None = None  # wei per gas, > 0
+
+    def __post_init__(self) -> None:
+        if self.base_multiplier < 1:
+            raise ValueError(f"FeePolicy.base_multiplier must be >= 1, got {self.base_multiplier}")
+        if self.gas_price_multiplier < 1 or self.gas_margin < 1:
+            raise ValueError(
+                f"FeePolicy.gas_price_multiplier and gas_margin must be >= 1, "
+                f"got {self.gas_price_multiplier} and {self.gas_margin}"
+            )
+        if self.min_priority_fee < 0 or self.min_gas_price < 0:
+            raise ValueError(f"FeePolicy minimum fees must be >= 0, got {self.min_priority_fee}, {self.min_gas_price}")
+        if not self.replace_after > 0:
+            raise ValueError(f"FeePolicy.replace_after must be > 0 seconds, got {self.replace_after}")
+        if self.max_fee_per_gas is not None and self.max_fee_per_gas < 1:
+            raise ValueError(f"FeePolicy.max_fee_per_gas must be > 0 or None, got {self.max_fee_per_gas}")
+
+
+@dataclass(frozen=True)
+class Market:
+    """What the chain asks now: the latest base fee (None on a legacy chain) and the node's suggestion.
+
+    `suggested` is the node's priority fee on an EIP-1559 chain and its gas price on a legacy one.
+    """
+
+    base_fee: int | None
+    suggested: int
+
+
+@dataclass(frozen=True)
+class Fees:
+    """One broadcast's offer per gas: EIP-1559's max fee and tip, or a legacy gasPrice (`tip` is None)."""
+
+    max_fee: int
+    tip: int | None = None
+
+    def fields(self) -> TxParams:
+        if self.tip is None:
+            return {"gasPrice": Wei(self.max_fee)}
+        return {"maxFeePerGas": Wei(self.max_fee), "maxPriorityFeePerGas": Wei(self.tip)}
+
+    def __str__(self) -> str:
+        if self.tip is None:
+            return f"gas price {_gwei(self.max_fee)}"
+        return f"max fee {_gwei(self.max_fee)}, tip {_gwei(self.tip)}"
+
+
+def first_fees(policy: FeePolicy, market: Market) -> Fees:
+    """The fees of a transaction's first broadcast: what `market` asks, with the policy's margins, under the ceiling."""
+    return _capped(policy, _asked(policy, market))
+
+
+def replacement_fees(policy: FeePolicy, previous: Fees, market: Market) -> Fees | None:
+    """Fees that replace `previous`: each raised by BUMP or more, and at least what `market` asks.
+
+    None when the ceiling leaves no room for a raise that large: the last broadcast is then the one to wait for.
+    """
+    asked = _asked(policy, market)
+    if previous.tip is None:
+        wanted = Fees(max(_bumped(previous.max_fee), asked.max_fee))
+    else:
+        tip = max(_bumped(previous.tip), asked.tip or 0)
+        wanted = Fees(max(_bumped(previous.max_fee), (market.base_fee or 0) * policy.base_multiplier + tip), tip)
+    fees = _capped(policy, wanted)
+    if fees.max_fee < _bumped(previous.max_fee):
+        return None
+    if previous.tip is not None and (fees.tip or 0) < _bumped(previous.tip):
+        return None
+    return fees
+
+
+def _asked(policy: FeePolicy, market: Market) -> Fees:
+    if market.base_fee is None:
+        return Fees(max(int(market.suggested * policy.gas_price_multiplier), policy.min_gas_price))
+    tip = max(market.suggested, policy.min_priority_fee)
+    return Fees(market.base_fee * policy.base_multiplier + tip, tip)
+
+
+def _capped(policy: FeePolicy, fees: Fees) -> Fees:
+    ceiling = policy.max_fee_per_gas
+    if ceiling is None or fees.max_fee <= ceiling:
+        return fees
+    return Fees(ceiling, None if fees.tip is None else min(fees.tip, ceiling))
+
+
+def _bumped(fee: int) -> int:
+    return -(-fee * BUMP[0] // BUMP[1])  # rounded up: a raise of 12.5% or more, never less
+
+
+def _gwei(wei: int) -> str:
+    return f"{format_amount(wei, 9, places=9)} gwei"
 
 
 def revert_from_exception(exc: ContractLogicError, function: str | None, tx_hash: str | None = None) -> ContractRevert:
@@ -73,11 +182,31 @@ def with_retries(action: Callable[[], T], *, what: str, url: str, attempts: int 
     raise AssertionError("unreachable")
 
 
+@dataclass
+class _Pending:
+    """One nonce's broadcasts so far; whichever of `hashes` is mined is the transaction's receipt."""
+
+    tx: TxParams  # the last one signed
+    fees: Fees  # its fees, or the higher ones a node last refused as underpriced
+    hashes: list[HexBytes]
+    sent_at: float  # time.monotonic() of the last broadcast
+    repricing: bool = True  # False once no replacement can be sent (the ceiling, or a node's refusal)
+
+    @property
+    def nonce(self) -> int:
+        return int(self.tx["nonce"])
+
+    @property
+    def shown(self) -> str:
+        return "0x" + bytes(self.hashes[-1]).hex()
+
+
 class Transactor:
     """Signs and sends one account's transactions, keeping its nonce locally.
 
     The nonce is read once from the chain's pending count and then incremented locally, so that several
-    transactions can be sent back to back; any nonce complaint from the node resynchronises it.
+    transactions can be sent back to back; any nonce complaint from the node resynchronises it. A transaction
+    that is not mined in time is replaced by one with the same nonce and higher fees (see `FeePolicy`).
     """
 
     def __init__(
@@ -106,14 +235,20 @@ class Transactor:
             params: TxParams = {"from": self.account.address, "value": value}  # type: ignore[typeddict-item]
             if gas is None:
                 gas = self._estimate(call, params, description)
-            params.update(self._fee_fields())
+            market = self._market()
+            fees = first_fees(self.fees, market)
+            if market.base_fee is not None and fees.max_fee < market.base_fee:
+                log.warning(
+                    "%s: the fee ceiling holds the offer at %s, below the base fee %s; it waits for the base fee",
+                    description, fees, _gwei(market.base_fee),
+                )  # fmt: skip
+            params.update(fees.fields())
             params["gas"] = gas
             for attempt in range(3):
                 params["nonce"] = Nonce(self._next_nonce())
                 tx = call.build_transaction(params)
-                signed = self.account.sign_transaction(dict(tx))  # type: ignore[arg-type]
                 try:
-                    tx_hash = self._broadcast(signed.raw_transaction)
+                    tx_hash = self._broadcast(self._sign(tx))
                 except Web3RPCError as exc:
                     if "nonce" in str(exc).lower() and attempt < 2:
                         log.warning("nonce %s rejected (%s); resynchronising", params["nonce"], exc)
@@ -122,7 +257,7 @@ class Transactor:
                     raise TransactionFailed(f"{description}: node refused the transaction: {exc}") from exc
                 self._nonce = int(params["nonce"]) + 1
                 break
-        return self._wait(tx_hash, tx, description)
+        return self._wait(_Pending(tx, fees, [tx_hash], time.monotonic()), description)
 
     def _estimate(self, call: Buildable, params: TxParams, description: str) -> int:
         try:
@@ -131,14 +266,17 @@ class Transactor:
             raise revert_from_exception(exc, description) from exc
         return int(estimate * self.fees.gas_margin) + 10_000
 
-    def _fee_fields(self) -> TxParams:
+    def _market(self) -> Market:
         block = with_retries(lambda: self.w3.eth.get_block("latest"), what="read latest block", url=self._url)
-        base = int(block.get("baseFeePerGas", 0))
+        base = block.get("baseFeePerGas")
+        if base is None:  # before London: no base fee, and type-2 transactions are refused
+            price = with_retries(lambda: self.w3.eth.gas_price, what="read gas price", url=self._url)
+            return Market(None, int(price))
         try:
-            tip = max(int(self.w3.eth.max_priority_fee), self.fees.min_priority_fee)
-        except Web3RPCError:  # not every node implements eth_maxPriorityFeePerGas
-            tip = self.fees.min_priority_fee
-        return {"maxFeePerGas": Wei(base * self.fees.base_multiplier + tip), "maxPriorityFeePerGas": Wei(tip)}
+            tip = int(with_retries(lambda: self.w3.eth.max_priority_fee, what="read priority fee", url=self._url))
+        except Web3RPCError:  # not every node implements eth_maxPriorityFeePerGas (or eth_feeHistory)
+            tip = 0
+        return Market(int(base), tip)
 
     def _next_nonce(self) -> int:
         if self._nonce is None:
@@ -149,7 +287,15 @@ class Transactor:
             )
         return self._nonce
 
-    def _broadcast(self, raw: HexBytes | bytes) -> HexBytes:
+    def _forget_nonce(self) -> None:
+        """The next send reads the nonce from the chain again (a nonce of ours was taken, or may be dropped)."""
+        with self._lock:
+            self._nonce = None
+
+    def _sign(self, tx: TxParams) -> HexBytes:
+        return HexBytes(self.account.sign_transaction(cast(dict[str, Any], tx)).raw_transaction)
+
+    def _broadcast(self, raw: HexBytes) -> HexBytes:
         tx_hash = HexBytes(Web3.keccak(raw))
 
         def send() -> HexBytes:
@@ -163,21 +309,87 @@ class Transactor:
 
         return with_retries(send, what="send transaction", url=self._url)
 
-    def _wait(self, tx_hash: HexBytes, tx: TxParams, description: str) -> TxReceipt:
-        shown = "0x" + bytes(tx_hash).hex()
-        try:
-            receipt = with_retries(
-                lambda: self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=self.receipt_timeout),
-                what=f"receipt of {description}",
-                url=self._url,
-            )
-        except TimeExhausted as exc:
-            raise TransactionFailed(
-                f"{description} not mined within {self.receipt_timeout:.0f} s", tx_hash=shown
-            ) from exc
+    def _wait(self, pending: _Pending, description: str) -> TxReceipt:
+        """Waits for any of `pending`'s broadcasts to be mined, replacing the last one when it waits too long."""
+        deadline = time.monotonic() + self.receipt_timeout
+        receipt = self._mined(pending, description)
+        while receipt is None:
+            now = time.monotonic()
+            if now >= deadline:
+                self._forget_nonce()  # if the node drops it, the next send reuses its nonce instead of queueing
+                raise TransactionFailed(
+                    f"{description} not mined within {self.receipt_timeout:.0f} s "
+                    f"({len(pending.hashes)} broadcasts of nonce {pending.nonce}, the last at {pending.fees})",
+                    tx_hash=pending.shown,
+                )
+            if pending.repricing and now - pending.sent_at >= self.fees.replace_after:
+                receipt = self._replace(pending, description)
+                if receipt is not None:
+                    break
+            time.sleep(POLL_SECONDS)
+            receipt = self._mined(pending, description)
         if receipt["status"] != 1:
-            raise self._failure(tx, receipt, description, shown)
+            raise self._failure(pending.tx, receipt, description, "0x" + bytes(receipt["transactionHash"]).hex())
         return receipt
+
+    def _mined(self, pending: _Pending, description: str) -> TxReceipt | None:
+        for tx_hash in pending.hashes:
+            receipt = with_retries(partial(self._receipt, tx_hash), what=f"receipt of {description}", url=self._url)
+            if receipt is not None:
+                return receipt
+        return None
+
+    def _receipt(self, tx_hash: HexBytes) -> TxReceipt | None:
+        try:
+            return self.w3.eth.get_transaction_receipt(tx_hash)
+        except (TransactionNotFound, TransactionIndexingInProgress):
+            return None
+
+    def _replace(self, pending: _Pending, description: str) -> TxReceipt | None:
+        """Broadcasts `pending` again with higher fees; a receipt when the node says one of ours was mined meanwhile."""
+        waited = time.monotonic() - pending.sent_at
+        fees = replacement_fees(self.fees, pending.fees, self._market())
+        if fees is None:
+            pending.repricing = False
+            log.warning(
+                "%s (nonce %d) not mined after %.1f s at %s: the fee ceiling %s leaves no room to reprice; waiting",
+                description, pending.nonce, waited, pending.fees, _gwei(self.fees.max_fee_per_gas or 0),
+            )  # fmt: skip
+            return None
+        log.warning(
+            "%s (nonce %d) not mined after %.1f s: repricing from %s to %s",
+            description, pending.nonce, waited, pending.fees, fees,
+        )  # fmt: skip
+        tx: TxParams = {**pending.tx, **fees.fields()}  # type: ignore[typeddict-item]
+        try:
+            tx_hash = self._broadcast(self._sign(tx))
+        except Web3RPCError as exc:
+            reason = str(exc).lower()
+            if "nonce too low" in reason:
+                return self._nonce_used(pending, description)
+            pending.sent_at = time.monotonic()
+            if "underpriced" in reason:  # this node wants a larger step: the next raise starts from the refused fees
+                pending.fees = fees
+                log.warning("%s: replacement at %s refused as underpriced", description, fees)
+            else:  # insufficient funds for the higher fees, for instance
+                pending.repricing = False
+                log.warning("%s: replacement refused (%s); waiting for the last broadcast", description, exc)
+            return None
+        pending.tx, pending.fees, pending.sent_at = tx, fees, time.monotonic()
+        pending.hashes.append(tx_hash)
+        return None
+
+    def _nonce_used(self, pending: _Pending, description: str) -> TxReceipt:
+        """The nonce is spent: one of our broadcasts was mined since the last look, or another sender's took it."""
+        receipt = self._mined(pending, description)
+        if receipt is not None:
+            return receipt
+        self._forget_nonce()
+        raise TransactionFailed(
+            f"{description}: nonce {pending.nonce} was used by another transaction; "
+            f"none of its {len(pending.hashes)} broadcasts was mined",
+            tx_hash=pending.shown,
+        )
 
     def _failure(self, tx: TxParams, receipt: TxReceipt, description: str, shown: str) -> Exception:
         """Replays a failed transaction as a call at its block to recover the revert reason."""
