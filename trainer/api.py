@@ -13,11 +13,12 @@
 
 Every signed request carries the EIP-712 `Request` headers (DESIGN section 5). The order of checks on an upload
 is cheapest first: the declared size, the bounded body read, the signature (timestamp, signer, nonce), the
-signer's role, the body's sha256 against the name, then the file's format and its node and pool, parsed in a
-child process with a memory limit and a timeout (`trainer/parsing.py`), never on the event loop. Each refusal
-is a 4xx JSON body `{"error": code, "message": text}` with its own code. A stored upload is answered with a
-`receipt`: the trainer's EIP-712 signature over `UploadReceipt(poolId, workKey, node)`, which the worker keeps. A
-file acknowledged that way and lost afterwards answers 410 `lost`, not 404: validators never slash for it.
+signer's role, the body's sha256 against the name, the signer's quota (below), then the file's format and its node
+and pool, parsed in a child process with a memory limit and a timeout (`trainer/parsing.py`), never on the event
+loop. Each refusal is a 4xx JSON body `{"error": code, "message": text}` with its own code. A stored upload is
+answered with a `receipt`: the trainer's EIP-712 signature over `UploadReceipt(poolId, workKey, node)`, which the
+worker keeps. A file acknowledged that way and lost afterwards answers 410 `lost`, not 404: validators never slash
+for it.
 
 An assignment is answered with the trainer's EIP-712 signature over `Assignment(poolId, node, step, counter,
 prompts, groupSize, taskSpecHash)`: the worker writes it into the file, and validators refuse a file whose work
@@ -33,6 +34,17 @@ A node may also be limited by its uploads the trainer has not yet trained on (`p
 mode sets it to the files of the k + 1 steps the window holds, as it takes the oldest files first): held the same
 way, a worker then generates the next steps' files while the trainer trains on the last ones, and never more than
 the trainer can use.
+
+Each member has a quota of what the coordinator stores for it (`max_stored_bytes_per_node`,
+`max_stored_files_per_node`), so one member cannot fill the disk. A stored file counts against its uploader while
+the trainer may still train on it: from its upload until the step current then has left the window (the trainer
+has trained on it or dropped it as stale, `trainer/loop.py`); an upload in flight counts from its checks on. An
+upload past the quota is refused with 429 `quota` and Retry-After before it is parsed or stored, and a worker
+keeps the file to upload it later. The upload is reserved once the signature is checked, not before the body is
+read: until then the signer is only claimed, and a reservation in a claimed name would let a stranger hold a
+member's quota with slow uploads. A re-upload of a stored file stores nothing and is never refused for the quota.
+A restarted coordinator counts the inbox again, each file under the step current when it was written (its
+modification time against the published steps).
 """
 
 from __future__ import annotations
@@ -43,8 +55,9 @@ import hashlib
 import json
 import re
 import time
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +83,7 @@ from node.signing import (
     recover,
     sign,
 )
-from trainer.inbox import RolloutInbox
+from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
 from trainer.parsing import ParseConfig, UnparsedUpload, UploadParser
 from trainer.roles import RoleLookupBusy, Roles
 
@@ -105,6 +118,11 @@ class ApiConfig:
     requests_per_signer_per_s: float = 50.0
     signer_burst: int = 200
     retry_after: float = 1.0  # seconds a node still over its limit is told to wait
+    # what the coordinator stores for one node that the trainer may still train on; 0 = no limit (trainer.config
+    # derives both from the pool's pace); past either an upload gets 429 quota
+    max_stored_bytes_per_node: int = 0
+    max_stored_files_per_node: int = 0
+    async_level: int = 1  # the trainer's window k: a file stops counting k + 1 steps after the step it came at
     parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
 
     def __post_init__(self) -> None:
@@ -119,6 +137,13 @@ class ApiConfig:
             raise ValueError("the request bursts must be at least 1")
         if min(limits) < 0 or self.retry_after <= 0:
             raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
+        if min(self.max_stored_bytes_per_node, self.max_stored_files_per_node, self.async_level) < 0:
+            raise ValueError("the stored-upload quota and async_level must be at least 0")
+        if 0 < self.max_stored_bytes_per_node < self.max_upload_bytes:
+            raise ValueError(
+                f"max_stored_bytes_per_node ({self.max_stored_bytes_per_node}) must be 0 or at least max_upload_bytes "
+                f"({self.max_upload_bytes}): a node could never store a file of the largest size"
+            )
 
 
 @dataclass
@@ -200,6 +225,16 @@ def _load_verdicts(path: Path) -> dict[bytes, dict[str, dict[str, object]]]:
     return verdicts
 
 
+def step_at(history: Sequence[PublishedStep], at: float, current: int) -> int:
+    """The step current at `at` (unix seconds) by `history` (oldest first): before its first entry, the step before
+    that one; with no history, `current`. With 50 ms of slack, towards the later step: a step's time is rounded to
+    the millisecond, and a file's modification time comes from a coarser clock."""
+    if not history:
+        return current
+    i = bisect_right([entry.at for entry in history], at + 0.05)
+    return history[i - 1].step if i else history[0].step - 1
+
+
 def _json_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": code, "message": message}, status=status)
 
@@ -235,6 +270,8 @@ class CoordinatorApi:
         self._address_rate = RateLimiter(self.config.requests_per_address_per_s, burst=self.config.address_burst)
         self._signer_rate = RateLimiter(self.config.requests_per_signer_per_s, burst=self.config.signer_burst)
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
+        self.quota = UploadQuota(self.config.max_stored_bytes_per_node, self.config.max_stored_files_per_node)
+        self._count_stored()
         self.metrics = Registry()
         self._requests = self.metrics.counter("coordinator_requests_total", "API requests by route and status.")
         self._uploads = self.metrics.counter("coordinator_uploads_total", "Rollout files stored.")
@@ -326,6 +363,26 @@ class CoordinatorApi:
     async def _member(self, request: web.Request, body: bytes) -> str:
         return await self._signer(request, body, "member")
 
+    # --- the stored-upload quota ---------------------------------------------------------------------
+
+    def _oldest_step(self) -> int:
+        """The oldest step whose uploads the trainer may still train on: files stored before it no longer count."""
+        return self.state.step - self.config.async_level
+
+    def _count_stored(self) -> None:
+        """What the inbox holds that still counts (a restart), each file under the step current when it was
+        written. Files written before the oldest step of the window was published are not opened."""
+        oldest, history = self._oldest_step(), list(self.state.history)
+        since = next((entry.at for entry in history if entry.step >= oldest), 0.0)
+        for stored in self.inbox.stored(since):
+            self.quota.hold(stored.node, stored.size, step_at(history, stored.stored_at, self.state.step))
+
+    def _reserve(self, node: str, size: int) -> Reservation:
+        try:
+            return self.quota.reserve(node, size, self._oldest_step())
+        except UploadQuotaExceeded as exc:
+            raise ApiError(429, "quota", str(exc), retry_after=self.config.retry_after) from None
+
     # --- handlers ------------------------------------------------------------------------------------
 
     async def _pool(self, request: web.Request) -> web.Response:
@@ -395,17 +452,23 @@ class CoordinatorApi:
         work_key, actual = bytes.fromhex(name), hashlib.sha256(body).digest()
         if actual != work_key:
             raise ApiError(400, "hash_mismatch", f"the body's sha256 is {actual.hex()}, not {name}")
-        if self.inbox.has(work_key):
+        if self.inbox.has(work_key):  # stores nothing: never refused for the quota
             return web.json_response({"work_key": "0x" + name, "created": False, **self._receipt(work_key, node)})
-        try:  # in a child process: the event loop keeps answering, and no file can take this process down
-            meta = await self.parser.parse(body, self.config.max_upload_bytes)
-        except UnparsedUpload as exc:  # malformed_file, too_large (its memory limit), parse_timeout, parser_died
-            raise ApiError(413 if exc.code == "too_large" else 422, exc.code, exc.message) from None
-        if meta.node != node:
-            raise ApiError(403, "wrong_node", f"the file is for node {meta.node}; {node} signed the upload")
-        if meta.pool_id != self.state.pool_id:
-            raise ApiError(422, "wrong_pool", f"the file is for pool {meta.pool_id}, not {self.state.pool_id}")
-        created = self.inbox.put(work_key, body, node)
+        reservation = self._reserve(node, len(body))  # the bytes read, whatever was declared; before any await
+        try:
+            try:  # in a child process: the event loop keeps answering, and no file can take this process down
+                meta = await self.parser.parse(body, self.config.max_upload_bytes)
+            except UnparsedUpload as exc:  # malformed_file, too_large (its memory limit), parse_timeout, parser_died
+                raise ApiError(413 if exc.code == "too_large" else 422, exc.code, exc.message) from None
+            if meta.node != node:
+                raise ApiError(403, "wrong_node", f"the file is for node {meta.node}; {node} signed the upload")
+            if meta.pool_id != self.state.pool_id:
+                raise ApiError(422, "wrong_pool", f"the file is for pool {meta.pool_id}, not {self.state.pool_id}")
+            created = self.inbox.put(work_key, body, node)
+            if created:
+                reservation.keep(self.state.step)
+        finally:
+            reservation.close()  # not stored (refused, a failed write, or the same bytes stored meanwhile)
         if created:
             self._uploads.inc()
             if self.on_upload is not None:

@@ -20,7 +20,7 @@ from trainer.grpo import GRPOConfig
 from trainer.learner import LearnerConfig
 from trainer.loop import FILE_ORDERS, FileOrder
 
-AUTO = -1  # files_per_node_per_step not given: derived from rollouts_per_step and the assignment size
+AUTO = -1  # a per-node limit not given: derived from rollouts_per_step, the assignment size and the window
 
 
 class TrainerConfigError(TrainerError, ValueError):
@@ -153,9 +153,12 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         max_skew=coord.number("max_skew", 300.0, minimum=1),
         prompts_per_task=coord.integer("prompts_per_task", 8, minimum=1, maximum=4096),
         group_size=coord.integer("group_size", 8, minimum=2, maximum=1024),
+        async_level=learner.async_level,
     )
     per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
     pending = coord.integer("pending_files_per_node", AUTO, minimum=AUTO)
+    stored_files = coord.integer("max_stored_files_per_node", AUTO, minimum=AUTO)
+    stored_bytes = coord.integer("max_stored_bytes_per_node", AUTO, minimum=AUTO)
     order = data.text("order", "")
     if order and order not in FILE_ORDERS:
         data.fail("order", f"must be one of {', '.join(FILE_ORDERS)}, got {order!r}")
@@ -225,6 +228,21 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         k = learner.async_level
         steps_ahead = k + 1 if order == "oldest" else min(k, 1) + 1
         pending = -(-needed * steps_ahead // workers) if workers else 0
+    # An honest node at the pool's pace stores at most its share of each step of the window and of the step it
+    # generates for: (k + 2) shares. The quota leaves it 4 times that many files, and twice that many at the size
+    # limit; a member that fills it waits for the trainer's next step, like a node over its assignments.
+    share = max(per_node, -(-needed * 3 // 2), pending)
+    honest = (learner.async_level + 2) * share
+    if stored_files == AUTO:
+        stored_files = 4 * honest
+    if stored_bytes == AUTO:
+        stored_bytes = 2 * honest * api.max_upload_bytes
     values["order"] = order
-    values["api"] = replace(api, files_per_node_per_step=per_node, pending_files_per_node=pending)
+    values["api"] = replace(
+        api,
+        files_per_node_per_step=per_node,
+        pending_files_per_node=pending,
+        max_stored_files_per_node=stored_files,
+        max_stored_bytes_per_node=stored_bytes,
+    )
     return RunConfig(**(values | overrides))

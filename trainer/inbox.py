@@ -7,6 +7,9 @@ The folder is listed once, when the inbox is opened; from then on `put` (the API
 only writer, and the keys are kept in memory, in the order they came (the first scan's in key order): the step
 loop looks for new uploads many times a step, and a listing of the folder would grow with the run; with
 `arrivals` a reader takes only those that came since its last look.
+
+`UploadQuota` is what the coordinator holds for each node against its quota (`trainer/api.py` says when a file
+stops counting); `stored` is what a restarted coordinator counts again.
 """
 
 from __future__ import annotations
@@ -14,9 +17,21 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.errors import TrainerError
+
 _SHA256_HEX = re.compile("[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    work_key: bytes
+    node: str  # its uploader
+    size: int  # bytes
+    stored_at: float  # unix seconds: when its bytes were written (the file's modification time)
 
 
 class RolloutInbox:
@@ -64,6 +79,20 @@ class RolloutInbox:
         self._arrivals.append(work_key)
         return True
 
+    def stored(self, since: float) -> list[StoredFile]:
+        """The files stored at `since` (unix seconds) or later whose uploader is recorded, oldest first.
+
+        Only the files that new are opened for their uploader: a restart of a long run stats every file once."""
+        found = []
+        for work_key in self._arrivals:
+            try:
+                status = self.path(work_key).stat()
+            except OSError:  # removed by hand
+                continue
+            if status.st_mtime >= since and (node := self.uploader(work_key)) is not None:
+                found.append(StoredFile(work_key, node, status.st_size, status.st_mtime))
+        return sorted(found, key=lambda f: f.stored_at)
+
     def uploads(self) -> list[bytes]:
         """Work keys of every stored file."""
         return sorted(self._arrivals)
@@ -81,3 +110,87 @@ def named_work_key(path: Path) -> bytes | None:
     if path.suffix != ".parquet" or not _SHA256_HEX.fullmatch(path.stem):
         return None
     return bytes.fromhex(path.stem)
+
+
+class UploadQuotaExceeded(TrainerError):
+    """An upload would take its node past its quota of bytes or files held."""
+
+    def __init__(self, node: str, files: int, held: int, size: int, max_files: int, max_bytes: int) -> None:
+        limits = " and ".join(f"{n} {what}" for n, what in ((max_files, "files"), (max_bytes, "bytes")) if n)
+        super().__init__(
+            f"{node} has {files} files ({held} bytes) stored or in flight that the trainer may still train on, and "
+            f"{size} bytes more would pass its quota of {limits}; room comes back as the trainer publishes steps"
+        )
+        self.node, self.files, self.held, self.size = node, files, held, size
+
+
+class UploadQuota:
+    """Bytes and files each node has stored and not yet let go, and its uploads in flight, against two limits.
+
+    A stored file is held under a step (the policy step current when it was stored) until `reserve` is told a
+    later oldest step: the caller decides what that is. Steps only grow, so each node's files are kept oldest
+    first and letting go walks only the files that go. An upload in flight is reserved, with the size of the body
+    read, before the first await that follows its checks: uploads racing each other see each other's bytes.
+    """
+
+    def __init__(self, max_bytes: int, max_files: int) -> None:
+        self.max_bytes, self.max_files = max_bytes, max_files  # 0: no limit
+        self._held: dict[str, deque[tuple[int, int]]] = {}  # node -> (step stored at, bytes), oldest first
+        self._bytes: dict[str, int] = {}  # node -> bytes held and in flight
+        self._files: dict[str, int] = {}  # node -> files held and in flight
+
+    def hold(self, node: str, size: int, step: int) -> None:
+        """`node` stored `size` bytes while `step` was current (at start-up: what `RolloutInbox.stored` found)."""
+        self._add(node, size, 1)
+        self._settle(node, size, step)
+
+    def usage(self, node: str, oldest: int) -> tuple[int, int]:
+        """(files, bytes) `node` holds from step `oldest` on, and has in flight; it lets go of older files."""
+        held = self._held.get(node)
+        while held and held[0][0] < oldest:
+            self._add(node, -held.popleft()[1], -1)
+        if held is not None and not held:
+            del self._held[node]
+        return self._files.get(node, 0), self._bytes.get(node, 0)
+
+    def reserve(self, node: str, size: int, oldest: int) -> Reservation:
+        """Room for an upload of `size` bytes, or `UploadQuotaExceeded`; `Reservation.close` gives it back unless
+        the file was kept."""
+        files, held = self.usage(node, oldest)
+        if (self.max_files and files + 1 > self.max_files) or (self.max_bytes and held + size > self.max_bytes):
+            raise UploadQuotaExceeded(node, files, held, size, self.max_files, self.max_bytes)
+        self._add(node, size, 1)
+        return Reservation(self, node, size)
+
+    def _settle(self, node: str, size: int, step: int | None) -> None:
+        """An upload in flight ended: stored while `step` was current (held from now on), or not stored (None)."""
+        if step is None:
+            self._add(node, -size, -1)
+        else:
+            self._held.setdefault(node, deque()).append((step, size))
+
+    def _add(self, node: str, size: int, files: int) -> None:
+        self._bytes[node] = self._bytes.get(node, 0) + size
+        self._files[node] = self._files.get(node, 0) + files
+        if not self._files[node]:
+            del self._bytes[node], self._files[node]
+
+
+class Reservation:
+    """One upload's room in its node's quota, from its checks to its store: `keep` or `close` settles it once."""
+
+    def __init__(self, quota: UploadQuota, node: str, size: int) -> None:
+        self.quota, self.node, self.size = quota, node, size
+        self._open = True
+
+    def keep(self, step: int) -> None:
+        """The file was stored while `step` was current: it is held from now on."""
+        if self._open:
+            self._open = False
+            self.quota._settle(self.node, self.size, step)
+
+    def close(self) -> None:
+        """Gives the room back, unless `keep` was called."""
+        if self._open:
+            self._open = False
+            self.quota._settle(self.node, self.size, None)
