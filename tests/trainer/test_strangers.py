@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 from eth_account import Account
 
@@ -44,6 +45,30 @@ def test_one_signer_over_its_rate_is_told_to_wait_and_others_are_served(tmp_path
         assert (await client.send("POST", "/v1/tasks", b"{}")).status == 200  # the member has its own budget
 
     run(tmp_path, scenario, requests_per_signer_per_s=0.01, signer_burst=3)
+
+
+def test_one_address_over_its_rate_is_told_to_wait_whatever_it_forwards_and_other_addresses_are_served(
+    tmp_path: Path,
+) -> None:
+    """The per-address bucket is keyed by the connection's address: neither a fresh key for each request nor a
+    forwarding header buys another turn; a client on another address has its own budget; the bucket refills."""
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        flood = []
+        for i in range(7):  # each a fresh key, and each claiming to forward for another address
+            forwarded = {"X-Forwarded-For": f"10.0.0.{i}", "X-Real-IP": f"10.0.0.{i}", "Forwarded": f"for=10.0.0.{i}"}
+            flood.append(await client.send("POST", "/v1/tasks", b"{}", signer=Account.create(), headers=forwarded))
+        assert [a.status for a in flood] == [403] * 5 + [429] * 2
+        assert flood[-1].body["error"] == "rate_limited" and "address 127.0.0.1" in flood[-1].body["message"]
+        assert (await client.send("POST", "/v1/tasks", b"{}")).status == 429  # the member's own key, same address
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))  # Linux routes all of 127/8 to loopback
+        async with aiohttp.ClientSession(connector=connector) as session:
+            elsewhere = Client(session, client.url)
+            assert [(await elsewhere.send("POST", "/v1/tasks", b"{}")).status for _ in range(4)] == [200] * 4
+        await asyncio.sleep(1.2)  # one token a second
+        assert (await client.send("POST", "/v1/tasks", b"{}")).status == 200
+
+    run(tmp_path, scenario, requests_per_address_per_s=1.0, address_burst=5)
 
 
 def test_role_lookups_of_unknown_addresses_share_a_budget_and_members_stay_cached(
