@@ -6,9 +6,11 @@ stays instant.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,6 +23,9 @@ from ledger.cli.common import (
     stdout_console,
 )
 from node.cli.errors import node_cli_errors
+
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
 
 app = typer.Typer(
     name="prime-train",
@@ -169,16 +174,17 @@ def run_command(
         )
         import asyncio
 
-        from trainer.run import local_network, network_from_pool, run_training
+        from trainer.run import LocalWorkerKeys, local_network, network_from_pool, run_training
 
+        keys: LocalWorkerKeys | None = None
         if loaded.local:
-            network, keys = local_network(loaded.run_dir, loaded.local_workers)
+            network, keys = local_network(loaded.run_dir, loaded.local_workers, _local_password(loaded))
         else:
-            network, keys = network_from_pool(loaded, dev_key), []
+            network = network_from_pool(loaded, dev_key)
         console = stderr_console()
 
         def on_ready(api_url: str, origin_url: str) -> None:
-            mode = f"local mode, {len(keys)} workers" if keys else f"pool {network.pool_id}"
+            mode = f"local mode, {len(keys.paths)} workers" if keys is not None else f"pool {network.pool_id}"
             console.print(f"coordinator {api_url}, origin {origin_url}, trainer {network.account.address} ({mode})")
 
         def on_step(record: dict[str, object]) -> None:
@@ -212,6 +218,25 @@ def run_command(
             f"(idle {summary.idle_seconds:.0f} s = {share:.0%} waiting for data, {summary.stale_files} stale files); "
             f"metrics in {result['metrics']}"
         )
+
+
+def _local_password(config: RunConfig) -> str:
+    """The password of local mode's keystores: PRIME_KEYSTORE_PASSWORD, else a prompt (asked twice when a keystore is
+    about to be made) when stdin is a terminal; without either, one line that names the variable."""
+    from ledger.accounts import PASSWORD_ENV_VAR, PasswordError, resolve_password
+    from trainer.run import missing_local_keystores
+
+    keys = config.run_dir / "keys"
+    creating = bool(missing_local_keystores(config.run_dir, config.local_workers))
+    try:
+        return resolve_password(prompt=sys.stdin.isatty(), confirm=creating)
+    except PasswordError as exc:
+        if PASSWORD_ENV_VAR not in os.environ and not sys.stdin.isatty():
+            raise PasswordError(
+                f"local mode keeps its keys in encrypted keystores ({keys}) and has no password for them:"
+                f" set {PASSWORD_ENV_VAR}, or start it from a terminal to be asked"
+            ) from None
+        raise PasswordError(f"the keystores of local mode ({keys}): {exc}") from None
 
 
 @app.command("replay")

@@ -3,11 +3,13 @@
 It runs the worker's loop without a chain: ask the coordinator for a task, make sure it holds the weights of the
 task's step (fetched through SHARDCAST from the trainer's origin, signature checked), generate the file with the
 logic of `prime-node generate` (proofs included), upload it signed. The worker daemon of the network
-(`prime-node start`) adds registration, stake and on-chain submission around the same loop.
+(`prime-node start`) adds registration, stake and on-chain submission around the same loop. Its key is the
+keystore `--keystore` names, decrypted with the password in PRIME_KEYSTORE_PASSWORD (set by the trainer).
 
 It exits 0 on SIGTERM or SIGINT (after the file in progress), and when the coordinator has been unreachable for
 `--patience` seconds (the trainer finished). It exits 1 after `--max-failures` failed files in a row (a policy it
-cannot fetch or trust, a task it cannot generate), so that a broken setup stops the run instead of idling it.
+cannot fetch or trust, a task it cannot generate), so that a broken setup stops the run instead of idling it,
+and at once when its keystore does not open.
 """
 
 from __future__ import annotations
@@ -21,24 +23,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from eth_account import Account
+from eth_account.signers.local import LocalAccount
 
-from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet
-from node.daemon.weights import Weights
-from node.generation.generate import generate_file
-from node.inference.torch_backend import TorchBackend
-from node.relay.client import new_session
-from node.relay.sources import SourcePool
-from node.relay.trust import TrustPolicy
-from node.signing import SigningDomain
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from ledger.accounts import PASSWORD_ENV_VAR, AccountError, load_account, resolve_password
 
 log = logging.getLogger("trainer.local_worker")
 
 
-async def run(args: argparse.Namespace) -> int:
-    account = Account.from_key(bytes.fromhex(Path(args.key_file).read_text().strip().removeprefix("0x")))
+async def run(args: argparse.Namespace, account: LocalAccount) -> int:
+    # torch and the model code load here, after the keystore opened: a worker that cannot sign stops in a second
+    from node.coordinator import CoordinatorClient, CoordinatorRefused, CoordinatorUnavailable, NoWorkYet
+    from node.daemon.weights import Weights
+    from node.generation.generate import generate_file
+    from node.inference.torch_backend import TorchBackend
+    from node.relay.client import new_session
+    from node.relay.sources import SourcePool
+    from node.relay.trust import TrustPolicy
+    from node.signing import SigningDomain
+    from node.tasks.sources import open_source
+    from node.tasks.spec import load_task_spec
+
     domain = SigningDomain(args.chain_id, args.contract)
     spec = load_task_spec(args.task)
     source = open_source(spec)
@@ -113,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=int, required=True)
     parser.add_argument("--chain-id", type=int, required=True)
     parser.add_argument("--contract", required=True, help="verifying contract of the signing domain")
-    parser.add_argument("--key-file", required=True, help="file holding this worker's private key (hex)")
+    parser.add_argument(
+        "--keystore", required=True, help=f"this worker's keystore (v3); its password comes from {PASSWORD_ENV_VAR}"
+    )
     parser.add_argument("--task", required=True, help="task spec (TOML)")
     parser.add_argument("--work", required=True, help="folder for weights and files in progress")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -124,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-failures", type=int, default=20, help="failed files in a row before exiting 1")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:  # the trainer passes the password in the environment, never on the command line
+        account = load_account(Path(args.keystore), resolve_password(prompt=False))
+    except AccountError as exc:
+        log.error("%s", exc)
+        return 1
     import torch
 
     torch.set_num_threads(args.threads)
-    return asyncio.run(run(args))
+    return asyncio.run(run(args, account))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 Network mode ([pool] in trainer.toml): members come from ComputePool, and a file is trained on once
 `min_attestations` validators accepted it and none rejected it. Local mode (`--local-workers N`): no chain; the
-trainer makes a key for itself and for each of N worker processes (`trainer.local_worker`), admits exactly those
-workers, and trusts their uploads. Both sign checkpoints and requests under an EIP-712 domain: the pool's
-ComputePool in network mode, `LOCAL_DOMAIN` in local mode.
+trainer makes a key for itself and for each of N worker processes (`trainer.local_worker`), each in an encrypted
+keystore under `keys/`, admits exactly those workers, and trusts their uploads. Both sign checkpoints and
+requests under an EIP-712 domain: the pool's ComputePool in network mode, `LOCAL_DOMAIN` in local mode.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,6 +29,7 @@ from aiohttp import web
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
 from node.coordinator import PublishedStep
 from node.model.loading import load_model
 from node.rollouts.writer import publish_atomically
@@ -36,6 +38,7 @@ from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
 from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState, parse_logged_verdict
 from trainer.config import RunConfig
+from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner
 from trainer.loop import RunPaths, TrainingLoop
@@ -60,17 +63,6 @@ class Network:
     pool_id: int
     roles: Roles
     accepted: Uploads  # which files of the inbox may be trained on
-
-
-def _key_file(path: Path) -> LocalAccount:
-    """The key stored in `path`, created (mode 0600) on first use so that restarts keep their identities."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        key = Account.create().key.hex()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(key.removeprefix("0x") + "\n")
-    return Account.from_key(bytes.fromhex(path.read_text().strip().removeprefix("0x")))
 
 
 class Uploads(Protocol):
@@ -155,13 +147,114 @@ class AttestedUploads:
                 self._ready.discard(key)
 
 
-def local_network(run_dir: Path, workers: int) -> tuple[Network, list[Path]]:
-    keys = run_dir / "keys"
-    trainer = _key_file(keys / "trainer.key")
-    worker_keys = [keys / f"worker-{i}.key" for i in range(workers)]
-    members = frozenset(_key_file(path).address for path in worker_keys)
+TRAINER_KEY = "trainer"  # the label of the trainer's keystore; worker i's is "worker-<i>"
+# Keystores encrypted at once: scrypt at eth-account's cost (n = 2**18) takes about 0.5 s and 256 MiB each.
+MAX_PARALLEL_ENCRYPTIONS = 4
+
+
+class LocalKeyError(TrainerError):
+    """The `keys/` folder of a local run holds something that does not fit: a broken plaintext key, two keystores
+    for one role, or a keystore and a plaintext key that disagree. Nothing is deleted when this is raised."""
+
+
+@dataclass(frozen=True)
+class LocalWorkerKeys:
+    """The keystores of local mode's workers and the password that opens them: each worker gets its path on the
+    command line and the password in its environment (PRIME_KEYSTORE_PASSWORD), never on the command line."""
+
+    paths: tuple[Path, ...]
+    password: str = field(repr=False)
+
+
+def local_key_labels(workers: int) -> list[str]:
+    return [TRAINER_KEY, *(f"worker-{i}" for i in range(workers))]
+
+
+def missing_local_keystores(run_dir: Path, workers: int) -> list[str]:
+    """The roles of a local run with no keystore yet (a plaintext key of an older run counts as missing): if any,
+    the password is being chosen now, so the command line asks for it twice."""
+    found = _keystores_by_label(run_dir / "keys", local_key_labels(workers))
+    return [label for label in local_key_labels(workers) if label not in found]
+
+
+def local_network(run_dir: Path, workers: int, password: str) -> tuple[Network, LocalWorkerKeys]:
+    """Local mode's keys, kept in `<run_dir>/keys/<role>--<address>.json` (v3 keystores, scrypt, mode 0600), so that
+    a restart keeps every identity. Missing keystores are made (in parallel: scrypt is slow by design), and the
+    plaintext `<role>.key` files of a run folder from before the keystores are migrated into keystores.
+
+    The password is checked on an existing keystore before anything is encrypted with it, so a mistyped password
+    at a restart fails with `WrongPasswordError` instead of leaving a run whose keystores need two passwords.
+    """
+    directory = run_dir / "keys"
+    labels = local_key_labels(workers)
+    found = _keystores_by_label(directory, labels)
+    opened: dict[str, LocalAccount] = {}
+    if found:
+        label = TRAINER_KEY if TRAINER_KEY in found else next(iter(found))
+        opened[label] = load_account(found[label], password)
+
+    def ensure(label: str) -> tuple[Path, LocalAccount | None]:
+        plaintext = directory / f"{label}.key"
+        if plaintext.exists():
+            return _migrate(plaintext, found.get(label), opened.get(label), password, label)
+        if label in found:
+            return found[label], opened.get(label)
+        account: LocalAccount = Account.create()
+        return create_keystore(directory, password, label=label, private_key=account.key), account
+
+    threads = max(1, min(len(labels), os.cpu_count() or 1, MAX_PARALLEL_ENCRYPTIONS))
+    with ThreadPoolExecutor(threads, thread_name_prefix="keystore") as pool:  # scrypt releases the GIL
+        ensured = dict(zip(labels, pool.map(ensure, labels), strict=True))
+    path, trainer = ensured[TRAINER_KEY]
+    if trainer is None:  # not reached: an existing trainer keystore is the one the password was checked on
+        trainer = load_account(path, password)
+    worker_paths = tuple(ensured[label][0] for label in labels[1:])
+    members = frozenset(read_keystore(path).address for path in worker_paths)
     network = Network(trainer, LOCAL_DOMAIN, LOCAL_POOL_ID, StaticRoles(members=members), EveryUpload())
-    return network, worker_keys
+    return network, LocalWorkerKeys(worker_paths, password)
+
+
+def _keystores_by_label(directory: Path, labels: Sequence[str]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for info in list_keystores(directory):
+        label = info.label
+        if label is None or label not in labels:
+            continue
+        if label in found:
+            raise LocalKeyError(
+                f"{directory} holds two keystores for {label}: {found[label].name} and {info.path.name};"
+                " move the one that is not in use out of the folder"
+            )
+        found[label] = info.path
+    return found
+
+
+def _migrate(
+    plaintext: Path, keystore: Path | None, opened: LocalAccount | None, password: str, label: str
+) -> tuple[Path, LocalAccount]:
+    """Moves a plaintext key of an older run into a keystore: encrypts it, checks that the keystore decrypts to the
+    same address, and only then deletes the plaintext. A keystore already there (a migration cut short after
+    writing it) must hold the same key, or nothing is touched."""
+    try:
+        account: LocalAccount = Account.from_key(bytes.fromhex(plaintext.read_text().strip().removeprefix("0x")))
+    except (ValueError, UnicodeDecodeError):
+        raise LocalKeyError(f"{plaintext} is not a hex private key; move it out of the folder") from None
+    if keystore is None:
+        keystore = create_keystore(plaintext.parent, password, label=label, private_key=account.key)
+    decrypted = opened or load_account(keystore, password)
+    if decrypted.address != account.address:
+        raise LocalKeyError(
+            f"{keystore.name} holds {decrypted.address} but {plaintext.name} holds {account.address};"
+            " keep the one this run used and move the other out of the folder"
+        )
+    plaintext.unlink()
+    log.info(
+        "migrated %s to the encrypted keystore %s (%s); deleted the plaintext key",
+        plaintext,
+        keystore.name,
+        account.address,
+    )
+    return keystore, decrypted
 
 
 @dataclass
@@ -178,18 +271,24 @@ class RunSummary:
 class LocalWorkers:
     """The worker processes of local mode; their output goes to `logs/worker-<i>.log`."""
 
-    def __init__(self, config: RunConfig, network: Network, keys: list[Path], api_url: str, origin_url: str) -> None:
+    def __init__(
+        self, config: RunConfig, network: Network, keys: LocalWorkerKeys, api_url: str, origin_url: str
+    ) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
         logs = config.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        env = os.environ | {"OMP_NUM_THREADS": str(config.worker_threads), "TOKENIZERS_PARALLELISM": "false"}
-        for i, key in enumerate(keys):
+        env = os.environ | {
+            "OMP_NUM_THREADS": str(config.worker_threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            PASSWORD_ENV_VAR: keys.password,  # the environment, not argv: the command line is readable by anyone
+        }
+        for i, key in enumerate(keys.paths):
             command = [
                 sys.executable, "-m", "trainer.local_worker",
                 "--coordinator", api_url, "--origin", origin_url,
                 "--trainer", network.account.address, "--pool", str(network.pool_id),
                 "--chain-id", str(network.domain.chain_id), "--contract", network.domain.verifying_contract,
-                "--key-file", str(key), "--task", str(config.task),
+                "--keystore", str(key), "--task", str(config.task),
                 "--work", str(config.run_dir / "workers" / f"worker-{i}"),
                 "--threads", str(config.worker_threads),
             ]  # fmt: skip
@@ -254,7 +353,7 @@ async def run_training(
     config: RunConfig,
     network: Network,
     *,
-    worker_keys: Sequence[Path] = (),
+    worker_keys: LocalWorkerKeys | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_ready: Callable[[str, str], None] | None = None,
 ) -> RunSummary:
@@ -369,8 +468,8 @@ async def run_training(
         (config.run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
         if on_ready is not None:
             on_ready(api_url, origin_url)
-        if worker_keys:
-            workers = LocalWorkers(config, network, list(worker_keys), api_url, origin_url)
+        if worker_keys is not None and worker_keys.paths:
+            workers = LocalWorkers(config, network, worker_keys, api_url, origin_url)
         with torch_threads(config.train_threads):
             deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
             while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):

@@ -1,4 +1,6 @@
-"""`prime-train run` in local mode, as processes: the coordinator, the origin, workers, the async window, resume.
+"""`prime-train run` in local mode, as processes: the coordinator, the origin, workers, the async window, resume,
+and the keys (encrypted keystores; an older run's plaintext key is migrated; the password reaches the workers
+through their environment, never their command line).
 
 The model is the random tiny one: its rewards are all 0, so every group is dropped and the weights stay put;
 what these tests check is the loop around the learner (the learner's own update is tested in test_learner.py,
@@ -12,15 +14,18 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from ledger.accounts import PASSWORD_ENV_VAR, load_account
 from node.coordinator import CoordinatorClient
 from node.model.loading import load_model
 from node.model.tiny import init_model
@@ -32,6 +37,7 @@ from trainer.run import LOCAL_DOMAIN, LOCAL_POOL_ID
 
 REPO = Path(__file__).parents[2]
 TASK = REPO / "configs" / "tasks" / "default.toml"
+PASSWORD = "run-local-test-password"
 
 pytestmark = pytest.mark.slow
 
@@ -74,8 +80,24 @@ def start(config: Path, *extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its workers share its process group, so a test can kill them all
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        env=os.environ | {"OMP_NUM_THREADS": "1", PASSWORD_ENV_VAR: PASSWORD},
     )
+
+
+def keystores(run: Path) -> dict[str, Path]:
+    """The keys folder by role: each a private v3 keystore, and no plaintext key left."""
+    found = {}
+    for path in sorted((run / "keys").iterdir()):
+        assert path.suffix == ".json", f"not a keystore: {path.name}"
+        assert "crypto" in json.loads(path.read_text()), path
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        found[path.name.split("--")[0]] = path
+    return found
+
+
+def worker_command_lines(trainer: subprocess.Popen[str]) -> list[list[str]]:
+    children = psutil.Process(trainer.pid).children()
+    return [c.cmdline() for c in children if "trainer.local_worker" in c.cmdline()]
 
 
 def records(run: Path, name: str) -> list[dict[str, object]]:
@@ -83,7 +105,7 @@ def records(run: Path, name: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 240) -> str:
+def finish(process: subprocess.Popen[str], timeout: float = 240) -> tuple[str, str]:
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -91,7 +113,7 @@ def finish(process: subprocess.Popen[str], timeout: float = 240) -> str:
         out, err = process.communicate()
         raise AssertionError(f"prime-train run did not finish:\n{err[-3000:]}") from None
     assert process.returncode == 0, err[-3000:]
-    return out
+    return out, err
 
 
 def test_local_mode_trains_inside_the_async_window_and_refuses_a_stale_upload(tmp_path: Path, model_dir: Path) -> None:
@@ -105,11 +127,20 @@ def test_local_mode_trains_inside_the_async_window_and_refuses_a_stale_upload(tm
             assert process.poll() is None, process.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no third step in time"
             time.sleep(0.2)
-        stale = upload(run, account, late)
-        out = finish(process)
+        commands = worker_command_lines(process)
+        stale = upload(run, account, late)  # accepted: worker 0 kept its address through the migration
+        out, err = finish(process)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+    made = keystores(run)
+    assert sorted(made) == ["trainer", "worker-0", "worker-1"]
+    assert load_account(made["worker-0"], PASSWORD).address == account.address
+    assert len(commands) == 2
+    for command in commands:
+        assert "--keystore" in command and "--key-file" not in command
+        assert not any(PASSWORD in part for part in command)
+    assert "deleted the plaintext key" in err and PASSWORD not in out + err
     metrics = records(run, "metrics.jsonl")
     trained = records(run, "trained.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
@@ -124,11 +155,12 @@ def test_local_mode_trains_inside_the_async_window_and_refuses_a_stale_upload(tm
     assert "idle" in out and "waiting for data" in out
     # the coordinator served the workers' checkpoints: every worker log shows uploads for several steps
     for log in (run / "logs").glob("worker-*.log"):
-        assert "uploaded" in log.read_text()
+        assert "uploaded" in log.read_text() and PASSWORD not in log.read_text()
 
 
 def old_file(tmp_path: Path, model_dir: Path, run: Path) -> tuple[Path, LocalAccount]:
-    """A file of worker 0 claiming policy step 0; the key is made first, and the run adopts it."""
+    """A file of worker 0 claiming policy step 0. Its key is made first, as a plaintext file of a run from before
+    the keystores: the run migrates it into worker 0's keystore and keeps its address."""
     account = Account.create()
     (run / "keys").mkdir(parents=True)
     (run / "keys" / "worker-0.key").write_text(account.key.hex().removeprefix("0x") + "\n")
@@ -177,6 +209,7 @@ def test_a_killed_trainer_resumes_from_its_last_state_and_trains_no_file_twice(t
         os.killpg(process.pid, signal.SIGKILL)  # the trainer and its workers, mid-step 3 at the latest
         process.wait()
         before = records(run, "metrics.jsonl")
+        identity = json.loads((run / "endpoints.json").read_text())["trainer"], keystores(run)
         saved = max(int(p.stem.removeprefix("step_")) for p in (run / "state").glob("step_*.pt"))
         restarted = start(config)
         finish(restarted)
@@ -190,3 +223,5 @@ def test_a_killed_trainer_resumes_from_its_last_state_and_trains_no_file_twice(t
     assert steps[len(before) :] == list(range(saved + 1, 6)), "the restart did not continue from the saved state"
     keys = [k for t in records(run, "trained.jsonl") for k in t["work_keys"]]  # type: ignore[attr-defined]
     assert len(keys) == len(set(keys)), "a file was trained on twice across the restart"
+    # the restart decrypted the same keystores: same trainer, same workers, no new key
+    assert (json.loads((run / "endpoints.json").read_text())["trainer"], keystores(run)) == identity
