@@ -12,7 +12,10 @@ Run: `.venv/bin/python benchmarks/learning.py [--minutes 10] [--workers 2]`.
    with the SFT model). `--band 0 1` keeps them all.
 4. `prime-train run --local-workers N --max-minutes M`: the coordinator, the SHARDCAST origin and N worker
    processes that fetch each new policy, generate with proofs and upload; the trainer trains on what arrives and
-   measures the held-out problems every `--eval-every` steps (`[eval] task`).
+   measures the held-out problems every `--eval-every` steps (`[eval] task`). Local mode keeps its keys in
+   encrypted keystores (`run/keys/`); their password is PRIME_KEYSTORE_PASSWORD, or, when that is not set, a random
+   one made for this run and passed to `prime-train run` in its environment. The run folder is replaced at every
+   start, so nothing needs the throwaway password afterwards.
 5. The pass rate of the last policy on the same problems, the same samples, the same seeds; the reward curve
    (`prime-train plot`) and the trainer's idle time.
 
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -33,8 +38,17 @@ REPO = Path(__file__).resolve().parent.parent
 TASK = REPO / "configs" / "tasks" / "default.toml"
 
 
-def prime_train(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "trainer.cli", *args], check=True, cwd=REPO)
+def prime_train(*args: str, env: dict[str, str] | None = None) -> None:
+    subprocess.run([sys.executable, "-m", "trainer.cli", *args], check=True, cwd=REPO, env=env)
+
+
+def keystore_env() -> dict[str, str]:
+    """The environment of `prime-train run`: PRIME_KEYSTORE_PASSWORD as set, else a throwaway one for this run."""
+    from ledger.accounts import PASSWORD_ENV_VAR
+
+    if os.environ.get(PASSWORD_ENV_VAR):
+        return dict(os.environ)
+    return os.environ | {PASSWORD_ENV_VAR: secrets.token_urlsafe(24)}
 
 
 def sft_model(sft_steps: int, seed: int) -> Path:
@@ -161,7 +175,7 @@ def main() -> None:
     task = training_task(model, args)
     write_config(config, args.out / "run", model, task, args)
     started = time.perf_counter()
-    prime_train("run", "--config", str(config), "--json")
+    prime_train("run", "--config", str(config), "--json", env=keystore_env())
     seconds = time.perf_counter() - started
 
     records = [json.loads(line) for line in (args.out / "run" / "metrics.jsonl").read_text().splitlines()]

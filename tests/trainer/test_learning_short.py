@@ -86,7 +86,7 @@ workers = 2
         check=True,
         capture_output=True,
         timeout=300,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        env=os.environ | {"OMP_NUM_THREADS": "1", "PRIME_KEYSTORE_PASSWORD": "learning-short-test"},  # local keystores
     )
     run = tmp_path / "run"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
