@@ -46,6 +46,7 @@ class LocalChain:
     """
 
     name = "anvil"  # the EVM implementation, as error messages name it
+    cwd: Path | None = None  # the chain process's working directory (None: this process's)
 
     def __init__(
         self,
@@ -96,7 +97,9 @@ class LocalChain:
     def start(self, timeout: float = 30.0) -> LocalChain:
         command = self.command()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - lives with the process
-        self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.cwd
+        )
         w3 = Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 10}))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

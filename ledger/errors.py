@@ -57,7 +57,7 @@ class TransactionFailed(LedgerError):
 
 
 class ChainError(LedgerError):
-    """The local chain (anvil) could not be started or stopped."""
+    """The local chain (anvil, or Hardhat beside it) could not be started or stopped."""
 
 
 class AmountError(LedgerError, ValueError):

@@ -1,0 +1,332 @@
+"""The ledger client on two EVM implementations: the tests here run on anvil and on Hardhat Network.
+
+Anvil and Hardhat answer the same JSON-RPC calls in their own words (revert data, nonce errors, fee methods),
+and Hardhat 2.20 executes with ethereumjs where anvil uses revm. Here the whole devnet lifecycle and the
+client's sharp edges (batch submission, a slash, a claim after the window, decoded custom errors, nonce
+resynchronisation, fees, time control) must come out the same on both. Hardhat is pinned in
+contracts/package.json; without it the hardhat cases skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ledger.accounts import dev_account
+from ledger.chain import LocalChain
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+from ledger.errors import ChainError, ContractRevert
+from ledger.hardhat import HardhatChain, find_hardhat
+from ledger.tx import Transactor
+from ledger.types import Reason, WorkStatus
+from ledger.units import parse_amount
+from node.devnet.lifecycle import LifecycleReport, Role, run_lifecycle
+from tests.conftest import TOKEN, UNBONDING_PERIOD
+from tests.ledger.helpers import assert_revert, events, make_pool, onboard, transact_at, work_key
+
+pytestmark = [
+    # Hardhat has no eth_maxPriorityFeePerGas; web3 then takes the tip from eth_feeHistory and warns on every send.
+    pytest.mark.filterwarnings("ignore:There was an issue with the method eth_maxPriorityFeePerGas:UserWarning"),
+]
+
+LedgerFor = Callable[[int], Ledger]
+IMPLEMENTATIONS = ("anvil", "hardhat")
+OWNER, PROVIDER, NODE, VALIDATOR, STRANGER = 0, 1, 3, 9, 7
+WINDOW = 3600  # helpers.make_pool's default challenge window
+REWARD = 10**15  # helpers.make_pool's default reward per unit
+SLASH = 50 * TOKEN  # helpers.make_pool's default slash
+
+
+def unstarted(implementation: str) -> LocalChain:
+    if implementation == "anvil":
+        return LocalChain()
+    try:
+        find_hardhat()
+    except ChainError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true requires Hardhat: {exc}")
+        pytest.skip(str(exc))
+    return HardhatChain()
+
+
+def revert_decoding_pending(request: pytest.FixtureRequest, chain: LocalChain) -> None:
+    """Hardhat's revert data is not decoded yet: ledger/tx.py's `revert_from_exception` reads `exc.data` only as a
+    hex string (anvil's shape), and Hardhat's is {"message": ..., "data": "0x..."}, so its reverts come out as
+    `Revert(message=...)`. Strict: once tx.py reads the nested data these cases pass and the mark must go."""
+    if chain.name == "hardhat":
+        reason = "tx.revert_from_exception ignores Hardhat's nested revert data {'message', 'data'}"
+        request.applymarker(pytest.mark.xfail(raises=AssertionError, strict=True, reason=reason))
+
+
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
+def session_chain(request: pytest.FixtureRequest) -> Iterator[tuple[LocalChain, Deployment]]:
+    """Overrides the conftest's anvil, so its `chain`, `deployment` and `ledger_for` fixtures (a snapshot revert
+    after every test) run on each implementation in turn."""
+    chain = unstarted(request.param).start()
+    try:
+        yield chain, chain.deploy(unbonding_period=UNBONDING_PERIOD)
+    finally:
+        chain.stop()
+
+
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
+def lifecycle(request: pytest.FixtureRequest) -> tuple[LocalChain, LifecycleReport]:
+    """`prime-devnet lifecycle` run to its end on a fresh chain of one implementation (stopped afterwards)."""
+    chain = unstarted(request.param)
+    try:
+        return chain, run_lifecycle(chain=chain)
+    finally:
+        chain.stop()
+
+
+@dataclass(frozen=True)
+class Pool:
+    pool_id: int
+    provider: str  # PROVIDER's address: staked 100 tokens, bound NODE
+    node: str  # NODE's address, a member of the pool
+
+
+@pytest.fixture(scope="module")
+def pool(session_chain: tuple[LocalChain, Deployment]) -> Pool:
+    """A default pool (window 1 h, reward 1e15 per unit, slash 50) with 100 tokens of rewards, VALIDATOR appointed
+    and NODE a member: made once per chain, before the snapshot of the first test that asks for it, so every test
+    starts from it (ten transactions fewer each)."""
+    chain, deployment = session_chain
+    owner, provider = (Ledger(chain.w3, deployment, dev_account(index)) for index in (OWNER, PROVIDER))
+    pool_id = make_pool(owner)
+    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
+    owner.mint(owner.address, 100 * TOKEN)
+    owner.fund_rewards(pool_id, 100 * TOKEN)
+    onboard(owner, provider, dev_account(NODE), pool_id)
+    return Pool(pool_id, provider.address, dev_account(NODE).address)
+
+
+# --- the devnet lifecycle -----------------------------------------------------------------------------
+
+
+def test_lifecycle_pays_burns_and_releases_by_the_numbers(lifecycle: tuple[LocalChain, LifecycleReport]) -> None:
+    _, report = lifecycle
+    config, before, after = report.config, report.before, report.after
+    reward = parse_amount(config.reward_per_unit, report.decimals)
+    slash = parse_amount(config.slash_amount, report.decimals)
+    min_stake = parse_amount(config.min_stake_per_node, report.decimals)
+    assert (report.claimed, report.slashed) == (config.units[0] * reward, slash)
+    gained = {role: after.holdings[role].balance - before.holdings[role].balance for role in after.holdings}
+    assert gained == {role: 0 for role in gained} | {Role.PROVIDER_1: report.claimed, Role.ESCROW: -report.claimed}
+    assert before.holdings[Role.PROVIDER_2].active_stake - after.holdings[Role.PROVIDER_2].active_stake == slash
+    assert (before.escrow, after.escrow) == (report.funded, report.funded - report.claimed)
+    assert (before.burned, after.burned) == (0, slash)
+    assert after.members == ()
+    assert report.releases[Role.NODE_1].provider_locked == (min_stake, 0)
+    assert report.releases[Role.NODE_2].provider_locked == (min_stake - slash, 0)
+    staked = sum(h.active_stake + h.unbonding for h in after.holdings.values())
+    assert after.holdings[Role.REGISTRY].balance == staked + after.burned
+
+
+def test_lifecycle_refusals_name_the_contracts_custom_errors(
+    request: pytest.FixtureRequest, lifecycle: tuple[LocalChain, LifecycleReport]
+) -> None:
+    chain, report = lifecycle
+    revert_decoding_pending(request, chain)
+    node_1, node_2 = report.addresses[Role.NODE_1], report.addresses[Role.NODE_2]
+    assert report.repeat_claim.error == "WorkNotPending"
+    assert (report.repeat_claim.values["node"], report.repeat_claim.values["status"]) == (node_1, WorkStatus.CLAIMED)
+    assert (report.ejected_claim.error, report.ejected_claim.values) == (
+        "NodeEjected",
+        {"poolId": report.pool_id, "node": node_2},
+    )
+    assert report.early_release.error == "LockHeld"
+    assert report.early_release.values["releaseAt"] == report.releases[Role.NODE_1].held_until
+    assert report.early_release.values["member"] is False
+
+
+# --- work: submit, batch, invalidate, claim -----------------------------------------------------------
+
+
+def test_submitted_work_is_pending_at_its_block_time(chain: LocalChain, ledger_for: LedgerFor, pool: Pool) -> None:
+    node, key = ledger_for(NODE), work_key("one file")
+
+    receipt = node.submit_work(pool.pool_id, key, 1500)
+
+    record = node.get_work(pool.pool_id, pool.node, key)
+    assert (record.status, record.units, record.provider) == (WorkStatus.PENDING, 1500, pool.provider)
+    assert record.submitted_at == chain.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
+
+
+def test_a_batch_records_every_key_with_its_units_in_one_event(ledger_for: LedgerFor, pool: Pool) -> None:
+    node = ledger_for(NODE)
+    keys, units = [work_key(f"batch {i}") for i in range(3)], [10, 20, 30]
+
+    receipt = node.submit_work_batch(pool.pool_id, keys, units)
+
+    assert events(node.work.events.WorkBatchSubmitted(), receipt) == [
+        {"poolId": pool.pool_id, "node": pool.node, "provider": pool.provider, "workKeys": keys, "units": units}
+    ]
+    records = [node.get_work(pool.pool_id, pool.node, key) for key in keys]
+    assert [(r.status, r.units) for r in records] == [(WorkStatus.PENDING, u) for u in units]
+
+
+def test_invalidation_burns_the_slash_from_the_lock_and_ejects_the_node(ledger_for: LedgerFor, pool: Pool) -> None:
+    node, validator, key = ledger_for(NODE), ledger_for(VALIDATOR), work_key("forged")
+    node.submit_work(pool.pool_id, key, 10)
+    registry_balance = node.balance_of(node.registry.address)
+
+    receipt = validator.invalidate_work(pool.pool_id, pool.node, key, Reason.REWARD_MISMATCH)
+
+    (invalidated,) = events(node.work.events.WorkInvalidated(), receipt)
+    assert (invalidated["slashed"], invalidated["reason"]) == (SLASH, int(Reason.REWARD_MISMATCH))
+    stake = node.stake_of(pool.provider)
+    assert (stake.active, stake.locked) == (100 * TOKEN - SLASH, 100 * TOKEN - SLASH)  # the rest, held in the lock
+    assert (node.burned(), node.balance_of(node.registry.address)) == (SLASH, registry_balance)
+    assert node.escrow_of(pool.pool_id) == 100 * TOKEN  # burned, not paid into the escrow
+    assert node.get_work(pool.pool_id, pool.node, key).status == WorkStatus.INVALIDATED
+    assert node.is_ejected(pool.pool_id, pool.node) and not node.is_member(pool.pool_id, pool.node)
+
+
+def test_a_claim_after_the_window_pays_the_provider_units_times_reward(
+    chain: LocalChain, ledger_for: LedgerFor, pool: Pool
+) -> None:
+    node, key = ledger_for(NODE), work_key("paid")
+    node.submit_work(pool.pool_id, key, 1500)
+    chain.increase_time(WINDOW + 1)
+
+    receipt = ledger_for(STRANGER).claim_rewards(pool.pool_id, pool.node, [key])  # anyone may send the claim
+
+    (claimed,) = events(node.work.events.RewardsClaimed(), receipt)
+    assert (claimed["provider"], claimed["amount"]) == (pool.provider, 1500 * REWARD)
+    assert node.balance_of(pool.provider) == 1500 * REWARD
+    assert node.escrow_of(pool.pool_id) == 100 * TOKEN - 1500 * REWARD
+    assert node.get_work(pool.pool_id, pool.node, key).status == WorkStatus.CLAIMED
+
+
+def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledger_for: LedgerFor, pool: Pool) -> None:
+    """evm_setNextBlockTimestamp: the claim's block is stamped exactly when the window closes."""
+    node, provider, key = ledger_for(NODE), ledger_for(PROVIDER), work_key("at the edge")
+    node.submit_work(pool.pool_id, key, 10)
+    closes_at = node.get_work(pool.pool_id, pool.node, key).submitted_at + WINDOW
+
+    transact_at(chain, provider, provider.work.functions.claimRewards(pool.pool_id, pool.node, [key]), closes_at)
+
+    assert node.balance_of(pool.provider) == 10 * REWARD
+    assert node.get_work(pool.pool_id, pool.node, key).status == WorkStatus.CLAIMED
+
+
+# --- reverts ------------------------------------------------------------------------------------------
+
+
+def test_a_revert_at_estimation_names_the_custom_error_and_its_values(
+    request: pytest.FixtureRequest, chain: LocalChain, ledger_for: LedgerFor, pool: Pool
+) -> None:
+    revert_decoding_pending(request, chain)
+    node, key = ledger_for(NODE), work_key("early")
+    node.submit_work(pool.pool_id, key, 10)
+    closes_at = node.get_work(pool.pool_id, pool.node, key).submitted_at + WINDOW
+
+    with pytest.raises(ContractRevert) as info:
+        ledger_for(PROVIDER).claim_rewards(pool.pool_id, pool.node, [key])
+
+    assert info.value.tx_hash is None  # refused before anything was sent
+    assert_revert(
+        info.value, "ChallengeWindowOpen", poolId=pool.pool_id, node=pool.node, workKey=key, closesAt=closes_at
+    )
+
+
+def test_a_mined_failure_is_reported_with_its_transaction(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    """With the gas given nothing is estimated: the transaction is mined, fails, and costs its nonce."""
+    account = dev_account(STRANGER)
+    nonce = chain.w3.eth.get_transaction_count(account.address)
+    registry = ledger_for(STRANGER).registry
+
+    with pytest.raises(ContractRevert) as info:
+        Transactor(chain.w3, account).send(registry.functions.withdraw(), description="withdraw", gas=200_000)
+
+    tx_hash = info.value.tx_hash
+    assert tx_hash is not None
+    receipt = chain.w3.eth.get_transaction_receipt(tx_hash)  # type: ignore[arg-type]
+    assert receipt["status"] == 0
+    assert chain.w3.eth.get_transaction(tx_hash)["nonce"] == nonce  # type: ignore[arg-type]
+    assert chain.w3.eth.get_transaction_count(account.address) == nonce + 1
+
+
+def test_a_mined_failure_is_replayed_to_name_the_custom_error(
+    request: pytest.FixtureRequest, chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    revert_decoding_pending(request, chain)
+    stranger = ledger_for(STRANGER)
+
+    with pytest.raises(ContractRevert) as info:
+        Transactor(chain.w3, dev_account(STRANGER)).send(
+            stranger.registry.functions.withdraw(), description="withdraw", gas=200_000
+        )
+
+    assert_revert(info.value, "NothingToWithdraw", provider=stranger.address)
+
+
+# --- nonces, fees, time -------------------------------------------------------------------------------
+
+
+def test_two_senders_sharing_a_key_resynchronise_their_nonce(
+    chain: LocalChain, ledger_for: LedgerFor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The second sender takes the nonce the first expects next: the node refuses it, each in its own words
+    (anvil "nonce too low", Hardhat "Nonce too low. Expected nonce to be ..."), and the first reads the count
+    again and sends at the next one."""
+    account = dev_account(OWNER)
+    first, second = ledger_for(OWNER), ledger_for(OWNER)
+    receiver = dev_account(STRANGER).address
+    start = chain.w3.eth.get_transaction_count(account.address)
+
+    with caplog.at_level(logging.WARNING, logger="ledger.tx"):
+        receipts = [first.mint(receiver, TOKEN), second.mint(receiver, TOKEN), first.mint(receiver, TOKEN)]
+
+    (resync,) = [record.getMessage() for record in caplog.records if "resynchronising" in record.getMessage()]
+    assert f"nonce {start + 1} rejected" in resync and "nonce too low" in resync.lower()
+    nonces = [chain.w3.eth.get_transaction(r["transactionHash"])["nonce"] for r in receipts]
+    assert nonces == [start, start + 1, start + 2]
+    assert first.balance_of(receiver) == 3 * TOKEN
+
+
+def test_transactions_are_eip_1559_above_the_base_fee(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner = ledger_for(OWNER)
+    receipt = owner.mint(owner.address, TOKEN)
+    tx = chain.w3.eth.get_transaction(receipt["transactionHash"])
+    block = chain.w3.eth.get_block(receipt["blockNumber"])
+    assert tx["type"] == 2
+    assert tx["maxFeePerGas"] >= block["baseFeePerGas"] + tx["maxPriorityFeePerGas"]
+    assert receipt["effectiveGasPrice"] >= block["baseFeePerGas"]
+    assert tx["gas"] > receipt["gasUsed"]  # the estimate plus its margin
+
+
+def test_time_control_and_snapshots_move_the_chain_exactly(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner = ledger_for(OWNER)
+    start = owner.timestamp()
+    assert chain.increase_time(WINDOW) >= start + WINDOW  # both add the offset to the wall clock, which moved too
+    chain.set_next_timestamp(start + 2 * WINDOW)
+    chain.mine()
+    assert owner.timestamp() == start + 2 * WINDOW
+
+    block, balance = chain.w3.eth.block_number, owner.balance_of(owner.address)
+    snapshot = chain.snapshot()
+    owner.mint(owner.address, TOKEN)
+    assert owner.balance_of(owner.address) == balance + TOKEN
+    chain.revert(snapshot)
+    assert (chain.w3.eth.block_number, owner.balance_of(owner.address)) == (block, balance)
+
+
+# --- the launcher -------------------------------------------------------------------------------------
+
+
+def test_a_missing_hardhat_is_one_chain_error_that_says_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(ChainError, match=r"hardhat not found in contracts/node_modules: run `make install`"):
+        HardhatChain(package=tmp_path / "hardhat").start()
+    package = tmp_path / "broken"
+    package.mkdir()
+    (package / "package.json").write_text('{"name": "hardhat", "bin": {"hardhat": "gone.js"}}')
+    with pytest.raises(ChainError, match="has no hardhat command-line script: reinstall with `npm ci`"):
+        HardhatChain(package=package).start()
