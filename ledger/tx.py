@@ -157,6 +157,8 @@ def _gwei(wei: int) -> str:
 def revert_from_exception(exc: ContractLogicError, function: str | None, tx_hash: str | None = None) -> ContractRevert:
     """Decodes web3's revert exception into our `ContractRevert` with the custom error's name and values."""
     data = exc.data
+    if isinstance(data, dict):  # Hardhat nests it: {"message": ..., "data": "0x..."}; anvil gives the hex string
+        data = data.get("data")
     if isinstance(data, str) and data.startswith("0x"):
         name, args = decode_revert(bytes.fromhex(data[2:]))
         return ContractRevert(name, args, function=function, tx_hash=tx_hash, raw=data)
@@ -302,12 +304,27 @@ class Transactor:
             try:
                 return HexBytes(self.w3.eth.send_raw_transaction(raw))
             except Web3RPCError as exc:
-                # a retry after a lost response: the first attempt got through
-                if "already known" in str(exc).lower() or "already imported" in str(exc).lower():
+                # a retry after a lost response: the first attempt got through, and is pending ("already known")
+                # or mined already ("nonce too low"), which only a lookup by its hash tells from a nonce another
+                # transaction took
+                said = str(exc).lower()
+                if (
+                    "already known" in said
+                    or "already imported" in said
+                    or ("nonce too low" in said and self._known(tx_hash))
+                ):
                     return tx_hash
                 raise
 
         return with_retries(send, what="send transaction", url=self._url)
+
+    def _known(self, tx_hash: HexBytes) -> bool:
+        """Whether the node has the transaction (pending or mined)."""
+        try:
+            self.w3.eth.get_transaction(tx_hash)
+        except TransactionNotFound:
+            return False
+        return True
 
     def _wait(self, pending: _Pending, description: str) -> TxReceipt:
         """Waits for any of `pending`'s broadcasts to be mined, replacing the last one when it waits too long."""

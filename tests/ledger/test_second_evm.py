@@ -55,15 +55,6 @@ def unstarted(implementation: str) -> LocalChain:
     return HardhatChain()
 
 
-def revert_decoding_pending(request: pytest.FixtureRequest, chain: LocalChain) -> None:
-    """Hardhat's revert data is not decoded yet: ledger/tx.py's `revert_from_exception` reads `exc.data` only as a
-    hex string (anvil's shape), and Hardhat's is {"message": ..., "data": "0x..."}, so its reverts come out as
-    `Revert(message=...)`. Strict: once tx.py reads the nested data these cases pass and the mark must go."""
-    if chain.name == "hardhat":
-        reason = "tx.revert_from_exception ignores Hardhat's nested revert data {'message', 'data'}"
-        request.applymarker(pytest.mark.xfail(raises=AssertionError, strict=True, reason=reason))
-
-
 @pytest.fixture(scope="module", params=IMPLEMENTATIONS)
 def session_chain(request: pytest.FixtureRequest) -> Iterator[tuple[LocalChain, Deployment]]:
     """Overrides the conftest's anvil, so its `chain`, `deployment` and `ledger_for` fixtures (a snapshot revert
@@ -129,11 +120,8 @@ def test_lifecycle_pays_burns_and_releases_by_the_numbers(lifecycle: tuple[Local
     assert after.holdings[Role.REGISTRY].balance == staked + after.burned
 
 
-def test_lifecycle_refusals_name_the_contracts_custom_errors(
-    request: pytest.FixtureRequest, lifecycle: tuple[LocalChain, LifecycleReport]
-) -> None:
-    chain, report = lifecycle
-    revert_decoding_pending(request, chain)
+def test_lifecycle_refusals_name_the_contracts_custom_errors(lifecycle: tuple[LocalChain, LifecycleReport]) -> None:
+    _, report = lifecycle
     node_1, node_2 = report.addresses[Role.NODE_1], report.addresses[Role.NODE_2]
     assert report.repeat_claim.error == "WorkNotPending"
     assert (report.repeat_claim.values["node"], report.repeat_claim.values["status"]) == (node_1, WorkStatus.CLAIMED)
@@ -221,9 +209,8 @@ def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledg
 
 
 def test_a_revert_at_estimation_names_the_custom_error_and_its_values(
-    request: pytest.FixtureRequest, chain: LocalChain, ledger_for: LedgerFor, pool: Pool
+    chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    revert_decoding_pending(request, chain)
     node, key = ledger_for(NODE), work_key("early")
     node.submit_work(pool.pool_id, key, 10)
     closes_at = node.get_work(pool.pool_id, pool.node, key).submitted_at + WINDOW
@@ -254,10 +241,7 @@ def test_a_mined_failure_is_reported_with_its_transaction(chain: LocalChain, led
     assert chain.w3.eth.get_transaction_count(account.address) == nonce + 1
 
 
-def test_a_mined_failure_is_replayed_to_name_the_custom_error(
-    request: pytest.FixtureRequest, chain: LocalChain, ledger_for: LedgerFor
-) -> None:
-    revert_decoding_pending(request, chain)
+def test_a_mined_failure_is_replayed_to_name_the_custom_error(chain: LocalChain, ledger_for: LedgerFor) -> None:
     stranger = ledger_for(STRANGER)
 
     with pytest.raises(ContractRevert) as info:
