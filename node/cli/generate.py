@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ledger.cli.common import JsonOption, parse_address, print_json, stdout_console
+from ledger.cli.common import CommandError, JsonOption, parse_address, print_json, stdout_console
 from node.cli.errors import node_cli_errors
+from node.cli.inference import BackendOption, DeviceOption
 
 generate_app = typer.Typer()
 
@@ -26,32 +28,66 @@ def generate(
     pool: Annotated[int, typer.Option("--pool", min=0, metavar="ID", help="Pool the work is for.")] = 0,
     counter: Annotated[int, typer.Option("--counter", min=0, help="Assignment counter (a fresh one per file).")] = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences decoded together.")] = 16,
+    backend: Annotated[str, BackendOption] = "auto",
+    device: Annotated[str, DeviceOption] = "auto",
+    simulate_fault: Annotated[
+        str | None,
+        typer.Option(
+            "--simulate-fault",
+            metavar="FAULT",
+            help="Write the file a cheater would (wrong-model, tamper-tokens, fake-reward, stale-step), to test "
+            "validators.",
+        ),
+    ] = None,
+    async_level: Annotated[
+        int, typer.Option("--async-level", min=0, metavar="K", help="The pool's; stale-step goes K + 1 back.")
+    ] = 2,
     json_output: JsonOption = False,
 ) -> None:
     """Generate G completions for each of N assigned prompts, score them, prove them, write FILE."""
     with node_cli_errors():
         address = parse_address(node, what="--node")
+        import torch
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from node.generation.generate import generate_file
+        from node.daemon.faults import Fault, falsify, perturb_weights, perturb_weights_on_disk
+        from node.generation.generate import generate_rollouts
         from node.generation.plan import Job
-        from node.inference.torch_backend import TorchBackend
+        from node.inference.select import choose, open_backend
         from node.model.loading import load_model
+        from node.rollouts import write_rollouts
         from node.tasks.sources import open_source
         from node.tasks.spec import load_task_spec
 
+        try:
+            fault = Fault(simulate_fault) if simulate_fault is not None else None
+        except ValueError:
+            faults = ", ".join(f.value for f in Fault)
+            raise CommandError(f"--simulate-fault {simulate_fault!r}: choose one of {faults}") from None
         spec = load_task_spec(task)
         source = open_source(spec)
-        loaded = load_model(model)
-        backend = TorchBackend.from_loaded(loaded, max_batch_size=batch_size)
+        choice = choose(backend, device)
+        loaded = load_model(model, device=choice.device, dtype=getattr(torch, choice.dtype))
+        perturbed = tempfile.TemporaryDirectory(prefix="prime-node-wrong-model-")
+        if fault is Fault.WRONG_MODEL:  # vLLM reads weights from disk: it gets the perturbed copy written there
+            if choice.backend == "vllm":
+                perturb_weights_on_disk(loaded, Path(perturbed.name))
+            else:
+                perturb_weights(loaded)
+        engine = open_backend(choice, loaded, batch_size=batch_size)
         job = Job(pool_id=pool, node=address, step=step, counter=counter, prompts=prompts, group_size=group)
         started = time.perf_counter()
         columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, transient=True, disable=json_output) as bar:
             progress_task = bar.add_task("generate", total=prompts * group)
-            written = generate_file(
-                out, job, spec, source, loaded, backend, progress=lambda n: bar.advance(progress_task, n)
+            generated = generate_rollouts(
+                job, spec, source, loaded, engine, progress=lambda n: bar.advance(progress_task, n)
             )
+        perturbed.cleanup()
+        rows = generated.rows
+        if fault is not None:
+            rows = falsify(fault, rows, vocab_size=engine.vocab_size, async_level=async_level)
+        written = write_rollouts(out, generated.meta, rows)
         seconds = time.perf_counter() - started
         summary = {
             "path": str(written.path),
@@ -60,11 +96,15 @@ def generate(
             "bytes": written.size,
             "rows": prompts * group,
             "seconds": round(seconds, 2),
+            "backend": choice.backend,
+            "device": choice.device,
+            "dtype": choice.dtype,
+            "fault": simulate_fault,
         }
         if json_output:
             print_json(summary)
             return
         stdout_console().print(
             f"wrote {written.path}: {prompts * group} completions, {written.units} output tokens, "
-            f"{written.size:,} bytes in {seconds:.1f} s\nwork key 0x{written.work_key.hex()}"
+            f"{written.size:,} bytes in {seconds:.1f} s with {choice.describe()}\nwork key 0x{written.work_key.hex()}"
         )

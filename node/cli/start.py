@@ -29,6 +29,7 @@ from ledger.cli.common import (
     parse_tokens,
 )
 from node.cli.errors import node_cli_errors
+from node.cli.inference import BackendOption, DeviceOption
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
@@ -53,6 +54,8 @@ CONFIG_KEYS = {  # node.toml [worker] key -> type
     "dashboard_port": int,
     "max_files": int,
     "p2p_port": int,
+    "backend": str,
+    "device": str,
 }
 
 
@@ -145,6 +148,8 @@ def start(
     join: Annotated[bool | None, typer.Option("--join/--no-join", help="Join the pool if not a member.")] = None,
     claim: Annotated[bool | None, typer.Option("--claim/--no-claim", help="Claim matured rewards.")] = None,
     batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences decoded together.")] = None,
+    backend: Annotated[str | None, BackendOption] = None,
+    device: Annotated[str | None, DeviceOption] = None,
     threads: Annotated[int | None, typer.Option(min=0, help="torch threads (0: torch's default).")] = None,
     submit_batch: Annotated[int | None, typer.Option(min=1, help="Files per submitWorkBatch.")] = None,
     metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve /metrics (0: any port).")] = None,
@@ -258,6 +263,8 @@ def start(
             relay_port=relay_port if relay else None,
             p2p_port=_pick(p2p_port, config, "p2p_port", None),
             bootstrap=found.bootstrap,
+            backend=_pick(backend, config, "backend", "auto"),
+            device=_pick(device, config, "device", "auto"),
         )
         torch_threads = _pick(threads, config, "threads", 0)
         if torch_threads:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import shutil
 import urllib.parse
 from collections.abc import Sequence
 from enum import StrEnum
+from pathlib import Path
 
 import torch
 
@@ -68,6 +70,18 @@ def perturb_weights(loaded: LoadedModel, *, seed: int = 0) -> None:
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.dtype)
             scale = max(float(param.float().pow(2).mean().sqrt()), 1e-3)  # norms are all ones, fresh biases zero
             param.add_(noise * WRONG_MODEL_NOISE * scale)
+
+
+def perturb_weights_on_disk(loaded: LoadedModel, root: Path) -> None:
+    """wrong-model for an engine that reads weights from disk (vLLM): the perturbed weights are also written into
+    `root`, and `loaded.path` points there. The model hash stays the honest one, as a cheater's would."""
+    perturb_weights(loaded)
+    target = root / loaded.path.name
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    loaded.model.save_pretrained(target)
+    loaded.tokenizer.save_pretrained(target)
+    loaded.path = target
 
 
 def falsify(fault: Fault, rows: Sequence[RolloutRow], *, vocab_size: int, async_level: int) -> list[RolloutRow]:

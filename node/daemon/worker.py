@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -47,13 +48,13 @@ from node.coordinator import (
     NoWorkYet,
     Upload,
 )
-from node.daemon.faults import Fault, falsify, perturb_weights
+from node.daemon.faults import Fault, falsify, perturb_weights, perturb_weights_on_disk
 from node.daemon.state import FileRecord, WorkerState
 from node.daemon.weights import Weights
 from node.errors import NodeError
 from node.generation.generate import generate_rollouts
 from node.generation.plan import Job
-from node.inference.torch_backend import TorchBackend
+from node.inference.select import Engine, choose
 from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
 from node.relay.client import new_session
@@ -106,6 +107,8 @@ class WorkerSettings:
     p2p_host: str = "127.0.0.1"
     p2p_port: int | None = None  # None: no gossip; else a libp2p host on this port (0: any free one)
     bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs dialled at start (the pool spec's)
+    backend: str = "auto"  # auto | vllm | torch (node.inference.select)
+    device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self) -> None:
         if self.pool_id < 1 or self.batch_size < 1 or self.submit_batch < 1 or self.max_failures < 1:
@@ -141,6 +144,11 @@ class WorkerDaemon:
         self._window = 0
         self._receipts_from: tuple[str, SigningDomain] | None = None  # (trainer, domain), known once running
         self._coordinator: CoordinatorClient | None = None
+        self.choice = choose(settings.backend, settings.device)  # refuses what this machine cannot run, up front
+        self.engine = Engine(self.choice, batch_size=settings.batch_size)
+        self._weight_loads = self.metrics.counter(
+            "worker_weight_loads_seconds_total", "Seconds spent putting new policies into the inference engine."
+        )
 
     # --- standing on chain --------------------------------------------------------------------------
 
@@ -184,7 +192,14 @@ class WorkerDaemon:
         self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
         spec = load_task_spec(settings.task)
         source = open_source(spec)
-        on_load = perturb_weights if settings.fault is Fault.WRONG_MODEL else None
+        on_load = None
+        if settings.fault is Fault.WRONG_MODEL:  # vLLM reads the weights from disk: it gets a perturbed copy there
+            perturbed = settings.state_dir / "perturbed"
+            on_load = (
+                functools.partial(perturb_weights_on_disk, root=perturbed)
+                if self.choice.backend == "vllm"
+                else perturb_weights
+            )
         policy = TrustPolicy(domain, pool.config.trainer, settings.pool_id)
         sources = list(settings.checkpoints)
         relay = await self._start_relay(policy)
@@ -195,7 +210,8 @@ class WorkerDaemon:
         runner = await self._serve_metrics()
         dashboard = await self._serve_dashboard()
         log.info(
-            "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s",
+            "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
+            "generating with %s",
             self.node,
             settings.pool_id,
             pool.config.trainer,
@@ -204,6 +220,7 @@ class WorkerDaemon:
             spec.name,
             settings.state_dir,
             self.state.counts(),
+            self.choice.describe(),
         )
         made, failures = 0, 0
         try:
@@ -284,9 +301,14 @@ class WorkerDaemon:
         self, job: Job, spec: TaskSpec, source: TaskSource, loaded: LoadedModel, manifest_hash: bytes
     ) -> bytes:
         started = time.perf_counter()
-        backend = TorchBackend.from_loaded(loaded, max_batch_size=self.settings.batch_size)
 
         def build() -> tuple[bytes, int, int]:
+            loads = self.engine.loads
+            backend = self.engine.backend(loaded)
+            if self.engine.loads != loads:
+                self._weight_loads.inc(self.engine.last_load_seconds)
+                log.info("put the policy of step %d into %s in %.2f s", job.step, self.choice.backend,
+                         self.engine.last_load_seconds)  # fmt: skip
             generated = generate_rollouts(job, spec, source, loaded, backend, manifest_hash=manifest_hash)
             rows = generated.rows
             if self.settings.fault is not None:
@@ -297,7 +319,7 @@ class WorkerDaemon:
             publish_atomically(self.state.path_of(key), data)
             return key, rows[0].step, sum(len(r.output_tokens) for r in rows)
 
-        work_key, step, units = await asyncio.to_thread(build)
+        work_key, step, units = await asyncio.get_running_loop().run_in_executor(self.engine.thread, build)
         self.state.add(work_key, step=step, counter=job.counter, units=units)
         self._files.inc()
         self._generate_seconds.inc(time.perf_counter() - started)

