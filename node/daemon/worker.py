@@ -252,7 +252,11 @@ class WorkerDaemon:
                         await self._explain_refusal(exc)
                         return 1
                     except NoWorkYet as exc:  # this step's share is done: submit what waits, then ask again
-                        await self.flush(coordinator, force=True)
+                        try:
+                            await self.flush(coordinator, force=True)
+                        except Exception as failure:  # an outage or an RPC error here is retried like any other
+                            self._failures.inc(kind="flush")
+                            log.warning("submitting what waits failed, trying again: %s", failure)
                         await self._wait_for_work(exc)
                     except (CoordinatorUnavailable, OSError) as exc:
                         self._failures.inc(kind="unreachable")
