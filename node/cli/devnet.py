@@ -262,11 +262,15 @@ def up(
     group_size: int = typer.Option(8, "--group-size", min=2, help="Completions per problem (a GRPO group)."),
     eval_problems: int = typer.Option(256, "--eval-problems", min=1, help="Held-out problems for the pass rate."),
     eval_samples: int = typer.Option(4, "--eval-samples", min=1, help="Samples per held-out problem."),
+    backend: str = typer.Option(
+        "auto", "--backend", metavar="auto|vllm|torch", help="The workers' engine (auto: vLLM when installed)."
+    ),
 ) -> None:
     """Run the whole network here: chain, pool, trainer, relay, validator and workers, N RL steps, then a report."""
     console = Console(highlight=False, soft_wrap=True)
     with node_cli_errors():
         from node.devnet.network import DevnetSettings, run_devnet
+        from node.inference.select import choose
 
         root = folder or Path("runs") / time.strftime("devnet-%Y%m%d-%H%M%S")
         settings = DevnetSettings(
@@ -281,8 +285,11 @@ def up(
             group_size=group_size,
             eval_problems=eval_problems,
             eval_samples=eval_samples,
+            backend=backend,
         )
+        engine = choose(backend, "cpu").describe()  # refused here, before anything starts, if it cannot run
         console.print(f"prime-devnet up: {workers} workers{' (one cheats)' if cheater else ''}, {steps} RL steps")
+        console.print(f"workers generate with {engine}")
         console.print(f"run folder: {settings.root.resolve()} (every process logs to logs/)")
         live = _LiveSummary(console)
         with _sigterm_interrupts(), live:

@@ -87,6 +87,7 @@ class DevnetSettings:
     slash: int = 50  # tokens an invalidation burns from the node's lock in the pool (at most `stake`)
     reward_per_unit: float = 0.001  # tokens per output token
     challenge_window: int = 3600  # at least the deployment's minimum challenge window (1 h by default)
+    backend: str = "auto"  # the workers' inference engine: auto | vllm | torch (node.inference.select), on the CPU
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -342,7 +343,7 @@ class Devnet:
         for i, name in enumerate(self.workers):
             args = [*pool, "--dev-key", str(NODES[i]), "--state", f"workers/{name}", "--threads", "1"]
             args += ["--register", "--provider-dev-key", str(PROVIDERS[i]), "--stake", str(s.stake), "--join"]
-            args += ["--submit-batch", "1"]
+            args += ["--submit-batch", "1", "--backend", s.backend, "--device", "cpu"]
             if name == self.cheat:
                 args += ["--simulate-fault", CHEAT_FAULT]
             self.supervisor.start(name, "node.cli.main", "start", *args)
