@@ -174,7 +174,8 @@ def honest_runs(
                         tally.reasons.append(f"counter {job.counter}: borderline: {verdict.detail}")
                     elif not verdict.accepted:
                         tally.rejected += 1
-                        tally.reasons.append(f"counter {job.counter}: {verdict.reason_name}: {verdict.detail}")
+                        why = f"{verdict.reason!r} at {verdict.check}: {verdict.detail}"
+                        tally.reasons.append(f"counter {job.counter}: {why}")
         finally:
             stop.set()
             if loader.is_alive():
@@ -223,7 +224,7 @@ def detection(model_dir: Path, spec: TaskSpec, rows_wanted: int) -> dict[str, tu
         counter = itertools.count(10**6)
         while total < rows_wanted:
             job = Job(1, NODE, 0, next(counter), 16, 8)
-            rows = rows_of(job, spec, source, liar, 128).rows
+            rows = rows_of(job, spec, source, liar, 128, "torch").rows  # liars perturbed in memory
             if liar is honest:
                 rows = cheating_rows(rows, honest, honest.eos_token_ids, rng)
             for index, hidden, logits in prefill_outputs(honest.model, rows, config.prefill_batch_size):
