@@ -252,7 +252,8 @@ class Transactor:
                 try:
                     tx_hash = self._broadcast(self._sign(tx))
                 except Web3RPCError as exc:
-                    if "nonce" in str(exc).lower() and attempt < 2:
+                    said = str(exc).lower()
+                    if ("nonce" in said or "already known" in said or "already imported" in said) and attempt < 2:
                         log.warning("nonce %s rejected (%s); resynchronising", params["nonce"], exc)
                         self._nonce = None
                         continue
@@ -300,19 +301,22 @@ class Transactor:
     def _broadcast(self, raw: HexBytes) -> HexBytes:
         tx_hash = HexBytes(Web3.keccak(raw))
 
+        attempts = 0
+
         def send() -> HexBytes:
+            nonlocal attempts
+            attempts += 1
             try:
                 return HexBytes(self.w3.eth.send_raw_transaction(raw))
             except Web3RPCError as exc:
-                # a retry after a lost response: the first attempt got through, and is pending ("already known")
+                # A retry after a lost response: the first attempt got through, and is pending ("already known")
                 # or mined already ("nonce too low"), which only a lookup by its hash tells from a nonce another
-                # transaction took
+                # transaction took. Only on a retry: on a first attempt the same bytes known to the node were sent
+                # by another holder of the key making the same call, and this call has not run; the caller
+                # resynchronises its nonce and sends it again.
                 said = str(exc).lower()
-                if (
-                    "already known" in said
-                    or "already imported" in said
-                    or ("nonce too low" in said and self._known(tx_hash))
-                ):
+                ours = "already known" in said or "already imported" in said or "nonce too low" in said
+                if attempts > 1 and ours and self._known(tx_hash):
                     return tx_hash
                 raise
 
