@@ -23,9 +23,20 @@ from ledger.cli.common import (
     stdout_console,
 )
 from node.cli.errors import node_cli_errors
+from trainer.precision import Device, Dtype
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
+
+DeviceOption = Annotated[
+    Device, typer.Option("--device", help="Where to train: auto is CUDA when torch sees a GPU, else the CPU.")
+]
+DtypeOption = Annotated[
+    Dtype,
+    typer.Option(
+        "--dtype", help="Compute dtype (autocast); weights and checkpoints stay float32. auto: bfloat16 on CUDA."
+    ),
+]
 
 app = typer.Typer(
     name="prime-train",
@@ -81,6 +92,8 @@ def sft_command(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the example order.")] = 0,
     eval_problems: Annotated[int, typer.Option("--eval", min=0, help="Held-out problems to measure.")] = 256,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace DIR if it holds something.")] = False,
+    device: DeviceOption = Device.AUTO,
+    dtype: DtypeOption = Dtype.AUTO,
     json_output: JsonOption = False,
 ) -> None:
     """Warm-start MODEL on the task's worked answers, then report the pass rate before and after."""
@@ -93,12 +106,16 @@ def sft_command(
         from node.tasks.sources import open_source
         from node.tasks.spec import load_task_spec
         from trainer.evaluate import pass_rate
+        from trainer.precision import resolve_precision
         from trainer.sft import SFTConfig, SFTStep, held_out_ids, run_sft
 
         config = SFTConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, holdout=max(eval_problems, 1))
+        precision = resolve_precision(device.value, dtype.value)
+        if not json_output:
+            stderr_console().print(precision.describe())
         spec = load_task_spec(task)
         source = open_source(spec)
-        loaded = load_model(model)
+        loaded = load_model(model, device=precision.device)
         held_out = held_out_ids(source, config)[:eval_problems]
         before = pass_rate(loaded, spec, source, held_out) if eval_problems else None
         last_loss = float("nan")
@@ -118,7 +135,7 @@ def sft_command(
                 bar.update(progress, advance=1, loss=f"loss {last_loss:.3f}")
 
             started = time.perf_counter()
-            run_sft(loaded, spec, source, config, on_step=on_step)
+            run_sft(loaded, spec, source, config, on_step=on_step, precision=precision)
             seconds = time.perf_counter() - started
         after = pass_rate(loaded, spec, source, held_out) if eval_problems else None
         save_model_dir(loaded.model, loaded.tokenizer, out, overwrite=overwrite)
@@ -159,6 +176,12 @@ def run_command(
         int | None,
         typer.Option("--dev-key", min=0, max=9, metavar="I", help="Network mode on a local devnet: anvil account I."),
     ] = None,
+    device: Annotated[
+        Device | None, typer.Option("--device", help="Where to train; replaces [run] device (default auto).")
+    ] = None,
+    dtype: Annotated[
+        Dtype | None, typer.Option("--dtype", help="Compute dtype; replaces [run] dtype (default auto).")
+    ] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Serve the coordinator API and the SHARDCAST origin, and train with GRPO until the last step.
@@ -170,8 +193,17 @@ def run_command(
         from trainer.config import load_run_config
 
         loaded = load_run_config(
-            config, local_workers=local_workers, steps=steps, run_dir=run_dir, max_minutes=max_minutes
+            config,
+            local_workers=local_workers,
+            steps=steps,
+            run_dir=run_dir,
+            max_minutes=max_minutes,
+            device=None if device is None else device.value,
+            dtype=None if dtype is None else dtype.value,
         )
+        from trainer.precision import cuda_wanted
+
+        cuda_wanted(loaded.device)  # `cuda` without a GPU: one line now, before any keystore is asked for
         import asyncio
 
         from trainer.run import LocalWorkerKeys, local_network, network_from_pool, run_training
@@ -262,6 +294,8 @@ def replay_command(
         int, typer.Option("--micro-batch-tokens", min=2, metavar="N", help="Prompt + completion tokens a micro-batch.")
     ] = 8192,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of torch's RNG.")] = 0,
+    device: DeviceOption = Device.AUTO,
+    dtype: DtypeOption = Dtype.AUTO,
     json_output: JsonOption = False,
 ) -> None:
     """Train with GRPO offline on recorded rollout files; under torchrun, sharded over the ranks with FSDP2.
@@ -277,7 +311,9 @@ def replay_command(
         from trainer.replay import ReplayConfig, replay
 
         learner = LearnerConfig(lr=lr, micro_batch_tokens=micro_batch_tokens, async_level=async_level, seed=seed)
-        config = ReplayConfig(model, task, rollouts, out, steps, rollouts_per_step, learner, seed)
+        config = ReplayConfig(
+            model, task, rollouts, out, steps, rollouts_per_step, learner, seed, device=device.value, dtype=dtype.value
+        )
         console = stderr_console()
 
         def on_step(record: dict[str, object]) -> None:
@@ -289,8 +325,12 @@ def replay_command(
                     f"  micro-batches {record['micro_batches']:>3}  train {record['train_seconds']:5.1f} s"
                 )
 
-        world = init_distributed()
+        world = init_distributed(device=config.device)  # cpu: gloo, and no rank takes a GPU
         try:
+            if world.rank == 0 and not json_output:  # after init_distributed: under torchrun cuda is the rank's GPU
+                from trainer.precision import resolve_precision
+
+                console.print(resolve_precision(config.device, config.dtype).describe())
             summary = replay(config, world, on_step=on_step)
         finally:
             shutdown()

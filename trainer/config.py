@@ -19,6 +19,7 @@ from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig
 from trainer.learner import LearnerConfig
 from trainer.loop import FILE_ORDERS, FileOrder
+from trainer.precision import DEVICES, DTYPES, check_choice
 
 AUTO = -1  # a per-node limit not given: derived from rollouts_per_step, the assignment size and the window
 
@@ -69,11 +70,15 @@ class RunConfig:
     local_workers: int = 0  # > 0: local mode, the trainer starts and trusts its own workers
     worker_threads: int = 1  # torch threads per local worker
     train_threads: int = 0  # torch threads of the trainer; 0 = torch's default
+    device: str = "auto"  # where the trainer trains (trainer.precision.DEVICES): auto = CUDA when present
+    dtype: str = "auto"  # compute dtype (trainer.precision.DTYPES): auto = bfloat16 on CUDA, float32 on the CPU
     pool: PoolConfig | None = None
     p2p: GossipConfig | None = None  # None: no gossip
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_choice("device", self.device, DEVICES)  # the flags reach here without the TOML's checks
+        check_choice("dtype", self.dtype, DTYPES)
         if self.steps < 1 or self.rollouts_per_step < 1 or self.max_files_per_step < 1:
             raise ValueError("steps, rollouts_per_step and max_files_per_step must be at least 1")
         if self.keep_versions < self.learner.async_level + 2:
@@ -160,6 +165,12 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
     stored_files = coord.integer("max_stored_files_per_node", AUTO, minimum=AUTO)
     stored_bytes = coord.integer("max_stored_bytes_per_node", AUTO, minimum=AUTO)
     order = data.text("order", "")
+    device = run.text("device", "auto")
+    if device not in DEVICES:
+        run.fail("device", f"must be one of {', '.join(DEVICES)}, got {device!r}")
+    dtype = run.text("dtype", "auto")
+    if dtype not in DTYPES:
+        run.fail("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if order and order not in FILE_ORDERS:
         data.fail("order", f"must be one of {', '.join(FILE_ORDERS)}, got {order!r}")
     pool = None
@@ -193,6 +204,8 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         serve_after=run.boolean("serve_after", False),
         seed=learner.seed,
         train_threads=run.integer("threads", 0, minimum=0, maximum=1024),
+        device=device,
+        dtype=dtype,
         rollouts_per_step=data.integer("rollouts_per_step", 256, minimum=1),
         max_files_per_step=data.integer("max_files_per_step", 256, minimum=1),
         learner=learner,

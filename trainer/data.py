@@ -374,7 +374,8 @@ def shared_logprobs(
     """(N, W) log-probs of a SharedBatch's output tokens under logits / temperature, and their entropy if asked.
 
     Keeps the graph: call it under torch.no_grad() for log-probs that need none. Values off `loss_mask` are
-    those of whatever logits row 0 column 0 predicts: mask them.
+    those of whatever logits row 0 column 0 predicts: mask them. Under autocast the model computes in bfloat16;
+    the log-probs are float32 all the same (the logits are cast before log_softmax).
     """
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -382,8 +383,11 @@ def shared_logprobs(
             f"the model's attention implementation {implementation!r} cannot take a shared-prompt mask; "
             f"load it with attn_implementation in {ATTENTION_IMPLEMENTATIONS}"
         )
+    device = batch.attention.device
     dtype = next(model.parameters()).dtype
-    additive = torch.zeros(batch.attention.shape, dtype=dtype, device=batch.attention.device)
+    if torch.is_autocast_enabled(device.type):  # sdpa casts the mask to bfloat16: a float32 min would become -inf
+        dtype = torch.get_autocast_dtype(device.type)
+    additive = torch.zeros(batch.attention.shape, dtype=dtype, device=device)
     additive.masked_fill_(~batch.attention, torch.finfo(dtype).min)  # (R, 1, T, T): eager and sdpa add it
     logits = model(
         input_ids=batch.input_ids, attention_mask=additive, position_ids=batch.position_ids, use_cache=False

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 
 from trainer.errors import TrainerError
 from trainer.learner import World
+from trainer.precision import cuda_wanted
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,14 @@ class DistributedError(TrainerError):
     """The process was started for several ranks but cannot join them, or the model cannot be sharded."""
 
 
-def init_distributed(env: Mapping[str, str] | None = None) -> World:
-    """Joins torchrun's process group when WORLD_SIZE > 1; one process alone gets `World()` and no group."""
+def init_distributed(env: Mapping[str, str] | None = None, *, device: str = "auto") -> World:
+    """Joins torchrun's process group when WORLD_SIZE > 1; one process alone gets `World()` and no group.
+
+    `device` is the trainer's setting (`trainer.precision.DEVICES`): with CUDA each rank takes the GPU of its
+    LOCAL_RANK and the group adds NCCL; `cpu` keeps every rank on gloo even where GPUs are present.
+    """
     env = os.environ if env is None else env
+    cuda = cuda_wanted(device)
     size = int(env.get("WORLD_SIZE", "1"))
     if size <= 1:
         return World()
@@ -40,7 +46,7 @@ def init_distributed(env: Mapping[str, str] | None = None) -> World:
     if missing:
         raise DistributedError(f"WORLD_SIZE={size} but {', '.join(missing)} unset: start the ranks with torchrun")
     rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.set_device(local_rank)
         backend = "cpu:gloo,cuda:nccl"
     else:
@@ -50,11 +56,6 @@ def init_distributed(env: Mapping[str, str] | None = None) -> World:
     return World(rank, size)
 
 
-def device() -> torch.device:
-    """Where this rank's model lives: its GPU (set by `init_distributed`) or the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def shard_model(model: PreTrainedModel) -> int:
     """Shards `model` in place with FSDP2 across every rank; returns the number of decoder layers sharded.
 
@@ -62,6 +63,8 @@ def shard_model(model: PreTrainedModel) -> int:
     holds the rest: embeddings, final norm and LM head. With tied embeddings (`tie_word_embeddings`, as the tiny
     Qwen2) the LM head and the embedding are one parameter; both modules sit in the root unit, which shards the
     shared parameter once. Build the optimiser (the `Learner`) after this call: sharding replaces the parameters.
+    The model is sharded where it lies: load it on the trainer's device first (`trainer.precision`), the CPU or
+    this rank's GPU, matching the backend `init_distributed` chose.
     """
     if not dist.is_initialized():
         raise DistributedError("shard_model needs the process group: call init_distributed under torchrun first")
@@ -71,8 +74,7 @@ def shard_model(model: PreTrainedModel) -> int:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise DistributedError(f"{type(model).__name__} has no model.layers: cannot find its decoder layers")
-    here = device()
-    model.to(here)  # type: ignore[arg-type]  # transformers' wrapper of `to` is mistyped
+    here = next(model.parameters()).device
     mesh = init_device_mesh(here.type, (dist.get_world_size(),))
     for layer in layers:
         fully_shard(layer, mesh=mesh)

@@ -152,8 +152,9 @@ def grpo_token_loss(
     if not torch.isfinite(advantages).all():
         raise GRPOError(f"advantages must be finite, got {advantages.tolist()}")
 
-    new = _check_tokens("logp_new", logp_new, logp_new.shape, counted)  # (B, T)
-    old = _check_tokens("logp_old", logp_old.detach(), logp_new.shape, counted)  # (B, T)
+    # float32 whatever the compute dtype: bfloat16 keeps 3 significant digits, exp(new - old) would be off by percents
+    new = _check_tokens("logp_new", logp_new.float(), logp_new.shape, counted)  # (B, T)
+    old = _check_tokens("logp_old", logp_old.detach().float(), logp_new.shape, counted)  # (B, T)
     adv = advantages.detach().to(new.dtype).unsqueeze(1)  # (B, 1), broadcast over T
 
     ratio = torch.exp(new - old)  # (B, T)
@@ -165,13 +166,13 @@ def grpo_token_loss(
 
     kl_mean = 0.0
     if logp_ref is not None:
-        ref = _check_tokens("logp_ref", logp_ref.detach(), logp_new.shape, counted)
+        ref = _check_tokens("logp_ref", logp_ref.detach().float(), logp_new.shape, counted)
         kl_tok = torch.exp(ref - new) - (ref - new) - 1  # (B, T), k3: >= 0, unbiased for KL(new || ref)
         loss_tok = loss_tok + cfg.kl_coef * kl_tok
         kl_mean = kl_tok.detach()[counted].mean().item()
     entropy_mean = 0.0
     if entropy is not None:
-        ent = _check_tokens("entropy", entropy, logp_new.shape, counted)
+        ent = _check_tokens("entropy", entropy.float(), logp_new.shape, counted)
         loss_tok = loss_tok - cfg.entropy_coef * ent
         entropy_mean = ent.detach()[counted].mean().item()
 

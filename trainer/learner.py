@@ -44,6 +44,7 @@ from trainer.data import (
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss
 from trainer.packing import pack_first_fit_decreasing
+from trainer.precision import Precision
 
 
 class LearnerError(TrainerError):
@@ -156,7 +157,17 @@ def _drop_gathered(model: torch.nn.Module) -> None:
 
 
 class Learner:
-    def __init__(self, model: PreTrainedModel, config: LearnerConfig, *, pad_id: int, step: int = 0) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: LearnerConfig,
+        *,
+        pad_id: int,
+        step: int = 0,
+        precision: Precision | None = None,
+    ) -> None:
+        """`model` already lies on its device with float32 weights; `precision` (None: float32 where the model
+        lies) gives the compute dtype of forward and backward (`trainer.precision`)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         self.model = model
@@ -166,6 +177,16 @@ class Learner:
         self.world = World.current()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device  # where batches go: the CPU, or this rank's GPU
+        if precision is None:
+            precision = Precision(self.device, torch.float32, "float32 where the model lies")
+        if precision.device.type != self.device.type:
+            raise LearnerError(
+                f"the model lies on {self.device} but the trainer was set to train on {precision.device}"
+            )
+        low = sorted({str(p.dtype) for p in self.params if p.dtype != torch.float32})
+        if low:  # the master copy: a bfloat16 weight would lose every update under 1/256 of its value
+            raise LearnerError(f"master weights must be float32, found {', '.join(low)}: load the model in float32")
+        self.precision = precision
         matrices = [p for p in self.params if p.ndim >= 2]
         vectors = [p for p in self.params if p.ndim < 2]
         scales = [(self.params, 1.0)]
@@ -207,7 +228,10 @@ class Learner:
     # --- forward ------------------------------------------------------------------------------------
 
     def _forward(self, batch: SharedBatch, *, entropy: bool) -> tuple[Tensor, Tensor | None]:
-        return shared_logprobs(self.model, batch, temperature=self.config.temperature, entropy=entropy)
+        """(N, W) float32 log-probs (and entropy): the model computes in the compute dtype, the log_softmax over
+        float32 logits (`shared_logprobs`), so ratios against past policies' log-probs stay exact."""
+        with self.precision.autocast():
+            return shared_logprobs(self.model, batch, temperature=self.config.temperature, entropy=entropy)
 
     def _logprobs_under(self, snapshot: list[Tensor], batches: Sequence[SharedBatch]) -> list[Tensor]:
         with self._weights(snapshot), torch.no_grad():

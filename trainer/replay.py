@@ -29,6 +29,7 @@ from node.tasks.spec import load_task_spec
 from trainer.errors import TrainerError
 from trainer.learner import Learner, LearnerConfig, World
 from trainer.loop import RunPaths, TrainingLoop
+from trainer.precision import DEVICES, DTYPES, check_choice, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,12 @@ class ReplayConfig:
     rollouts_per_step: int = 256  # completions each step trains on, as `prime-train run`
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     seed: int = 0
+    device: str = "auto"  # trainer.precision.DEVICES; under torchrun pass the same to init_distributed
+    dtype: str = "auto"  # the compute dtype, trainer.precision.DTYPES
 
     def __post_init__(self) -> None:
+        check_choice("device", self.device, DEVICES)
+        check_choice("dtype", self.dtype, DTYPES)
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be at least 1, got {self.steps}")
         if self.rollouts_per_step < 1:
@@ -128,20 +133,23 @@ def replay(
     torch.manual_seed(config.seed)
     spec = load_task_spec(config.task)
     source = open_source(spec)
-    loaded = load_model(config.model)
+    precision = resolve_precision(config.device, config.dtype)  # after init_distributed: cuda is the rank's GPU
+    log.info("rank %d: %s", world.rank, precision.describe())
+    loaded = load_model(config.model, device=precision.device)  # float32 weights, moved once
     learner_config = replace(config.learner, temperature=spec.sampling.temperature or 1.0, seed=config.seed)
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
     paths = RunPaths(config.run_dir)
     settings: dict[str, Any] = {"rollouts_per_step": config.rollouts_per_step, "max_files_per_step": ALL_FILES}
     loop: TrainingLoop
     if world.size == 1:
-        learner = Learner(loaded.model, learner_config, pad_id=pad_id)
+        learner = Learner(loaded.model, learner_config, pad_id=pad_id, precision=precision)
         loop = TrainingLoop(learner, loaded, spec, source, paths, **settings)
     else:
         from trainer.distributed import shard_model
 
         shard_model(loaded.model)
-        learner = Learner(loaded.model, learner_config, pad_id=pad_id)  # after sharding: it holds the shards
+        learner = Learner(loaded.model, learner_config, pad_id=pad_id, precision=precision)  # after sharding
+        # rank 0's plain copy for checkpoints stays on the CPU in float32: the gathered weights land there
         writer: LoadedModel = load_model(config.model) if world.rank == 0 else loaded
         own_paths = paths if world.rank == 0 else ReaderPaths(config.run_dir)
         loop = ShardedLoop(learner, writer, spec, source, own_paths, world=world, **settings)

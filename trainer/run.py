@@ -42,6 +42,7 @@ from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner
 from trainer.loop import RunPaths, TrainingLoop
+from trainer.precision import resolve_precision
 from trainer.roles import Roles, StaticRoles
 
 if TYPE_CHECKING:
@@ -365,10 +366,13 @@ async def run_training(
     paths = RunPaths(config.run_dir)
     spec = load_task_spec(config.task)
     source = open_source(spec)
-    loaded = await asyncio.to_thread(load_model, config.model)
+    precision = resolve_precision(config.device, config.dtype)
+    log.info("%s", precision.describe())
+    # float32 weights on the training device, moved once: checkpoints are written from them as float32 safetensors
+    loaded = await asyncio.to_thread(load_model, config.model, device=precision.device)
     learner_config = replace(config.learner, temperature=spec.sampling.temperature or 1.0)
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
-    learner = Learner(loaded.model, learner_config, pad_id=pad_id)
+    learner = Learner(loaded.model, learner_config, pad_id=pad_id, precision=precision)
     loop = TrainingLoop(
         learner,
         loaded,

@@ -7,6 +7,7 @@ the pass rate into the band where groups have mixed rewards. Loss is on completi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -21,6 +22,7 @@ from node.model.loading import LoadedModel
 from node.tasks.prompts import build_messages
 from node.tasks.sources import Problem, TaskSource
 from node.tasks.spec import TaskSpec
+from trainer.precision import Precision, PrecisionError
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,20 @@ def run_sft(
     config: SFTConfig,
     *,
     on_step: Callable[[SFTStep], None] | None = None,
+    precision: Precision | None = None,
 ) -> PreTrainedModel:
-    """Trains `loaded.model` in place and returns it (in eval mode)."""
+    """Trains `loaded.model` in place and returns it (in eval mode).
+
+    The model already lies on `precision.device` (None: float32 where it lies) with float32 weights; the forward
+    runs under `precision.autocast()`, the cross-entropy over float32 logits, AdamW on the float32 weights.
+    """
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     model = loaded.model
+    device = next(model.parameters()).device
+    if precision is not None and precision.device.type != device.type:
+        raise PrecisionError(f"the model lies on {device} but SFT was set to train on {precision.device}")
+    autocast = precision.autocast if precision is not None else contextlib.nullcontext
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
@@ -118,14 +129,15 @@ def run_sft(
             encode_example(loaded, spec, source.problem(pool[rng.randrange(len(pool))]))
             for _ in range(config.batch_size)
         ]
-        ids, mask, labels = collate(batch, pad_id)  # (B, T) each
+        ids, mask, labels = (t.to(device) for t in collate(batch, pad_id))  # (B, T) each
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
+        with autocast():
+            logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
         # token t predicts t + 1: shift so that logits[:, t] is scored against labels[:, t + 1]
         loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
+            logits[:, :-1].float().reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
