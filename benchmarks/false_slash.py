@@ -1,6 +1,7 @@
 """False slashes at volume: honest rows through the validator's own code, and cheating rows at the same thresholds.
 
-    .venv/bin/python benchmarks/false_slash.py [--quick] [--rows 100000] [--model DIR]
+    .venv/bin/python benchmarks/false_slash.py [--quick] [--rows 100000] [--model DIR] [--backend vllm]
+        [--dtype bfloat16]
 
 Honest files are made by the worker's code (`generate_rollouts` with `TorchBackend`, in a worker thread as the
 daemon runs it) and judged by the validator's (`validator.verify.verify_file`, every check), under the conditions
@@ -29,6 +30,7 @@ import itertools
 import math
 import multiprocessing
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -100,7 +102,8 @@ ENGINES: dict[str, Engine] = {}  # the worker's engine, one per backend for the 
 
 
 def rows_of(job: Job, spec: TaskSpec, source: object, loaded: LoadedModel, batch: int, backend: str) -> Generated:
-    engine = ENGINES.setdefault(backend, Engine(choose(backend, "cpu"), batch_size=batch))
+    choice = choose(backend, "cpu", dtype=spec.sampling.dtype)
+    engine = ENGINES.setdefault(backend, Engine(choice, batch_size=batch))
     engine.batch_size = batch
     return generate_rollouts(job, spec, source, loaded, engine.backend(loaded))  # type: ignore[arg-type]
 
@@ -141,7 +144,7 @@ def honest_runs(
     conditions: list[Condition], rows_wanted: int, model_dir: Path, spec: TaskSpec, backend: str = "torch"
 ) -> Iterator[tuple[Condition, Tally]]:
     source = open_source(spec)
-    loaded = load_model(model_dir)
+    loaded = load_model(model_dir, dtype=dtype_of(spec))
     counter = itertools.count()
     per_condition = math.ceil(rows_wanted / len(conditions))
     for condition in conditions:
@@ -159,11 +162,12 @@ def honest_runs(
                 while tally.rows < per_condition:
                     prompts, group, decode_batch, prefill_batch = SHAPES[tally.files % len(SHAPES)]
                     job = Job(1, NODE, 0, next(counter), prompts, group)
-                    held = load_model(model_dir) if condition.prefetch else loaded  # the newly held policy
+                    # the newly held policy
+                    held = load_model(model_dir, dtype=dtype_of(spec)) if condition.prefetch else loaded
                     generated = worker.submit(rows_of, job, spec, source, held, decode_batch, backend).result()
                     data = encode_rollouts(generated.meta, generated.rows)
                     torch.set_num_threads(condition.validator_threads)
-                    config = ValidatorConfig(prefill_batch_size=prefill_batch)
+                    config = ValidatorConfig.for_precision(spec.sampling.dtype, prefill_batch_size=prefill_batch)
                     verdict = verify_file(data, spec=spec, checkpoint=loaded, config=config, source=source)
                     diagnose(generated.rows, loaded, config, spec, tally)
                     torch.set_num_threads(condition.worker_threads)
@@ -207,15 +211,16 @@ def detection(model_dir: Path, spec: TaskSpec, rows_wanted: int) -> dict[str, tu
     """(caught, rows) per kind of cheating, by the validator's row check at the default thresholds."""
     torch.set_num_threads(2)
     source = open_source(spec)
-    honest = load_model(model_dir)
-    stale = load_model(model_dir)
+    honest = load_model(model_dir, dtype=dtype_of(spec))
+    stale = load_model(model_dir, dtype=dtype_of(spec))
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for param in stale.model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 1e-3)
+            param.add_((torch.randn(param.shape, generator=generator) * 1e-3).to(param.dtype))
     torch.manual_seed(11)
-    foreign = dataclasses.replace(honest, model=type(honest.model)(honest.model.config).float().eval())
-    config = ValidatorConfig()
+    foreign_model = type(honest.model)(honest.model.config).to(dtype_of(spec)).eval()  # type: ignore[arg-type]
+    foreign = dataclasses.replace(honest, model=foreign_model)
+    config = ValidatorConfig.for_precision(spec.sampling.dtype)
     params = sampling_params(spec)
     rng = random.Random(3)
     results: dict[str, tuple[int, int]] = {}
@@ -235,6 +240,20 @@ def detection(model_dir: Path, spec: TaskSpec, rows_wanted: int) -> dict[str, tu
     return results
 
 
+def dtype_of(spec: TaskSpec) -> torch.dtype:
+    return getattr(torch, spec.sampling.dtype)
+
+
+def in_precision(task: Path, dtype: str) -> Path:
+    """A copy of the task spec whose sampling.dtype is `dtype` (the pool's precision: both sides follow it)."""
+    lines = task.read_text().splitlines()
+    lines = [line for line in lines if not line.replace(" ", "").startswith("dtype=")]
+    at = lines.index("[sampling]") + 1
+    copy = Path(tempfile.mkdtemp(prefix="false-slash-")) / task.name
+    copy.write_text("\n".join([*lines[:at], f'dtype = "{dtype}"', *lines[at:]]) + "\n")
+    return copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 conditions, about 2,000 honest rows: a smoke run")
@@ -246,8 +265,12 @@ def main() -> None:
         "--backend", choices=("torch", "vllm"), default="torch",
         help="the worker's engine for the honest rows (the validator always recomputes with the torch prefill)",
     )  # fmt: skip
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"),
+        help="the pool's precision, which both sides follow (default: the task's sampling.dtype)",
+    )  # fmt: skip
     args = parser.parse_args()
-    spec = load_task_spec(args.task)
+    spec = load_task_spec(in_precision(args.task, args.dtype) if args.dtype else args.task)
     if args.model is None:
         from node.devnet.warmstart import warm_start_model
 
@@ -262,10 +285,11 @@ def main() -> None:
     conditions = [Condition(1, 2, False, False), Condition(2, 1, True, True)] if args.quick else every
     rows = args.rows or (2_000 if args.quick else 100_000)
     cheating = args.cheating_rows or (500 if args.quick else 3_000)
-    defaults = ValidatorConfig()
+    defaults = ValidatorConfig.for_precision(spec.sampling.dtype)
     thresholds, margin, atol = defaults.thresholds, defaults.sampling_margin, defaults.logprob_atol
     print(
-        f"model {args.model}; worker engine {args.backend}; thresholds {thresholds}; sampling margin {margin:g}, "
+        f"model {args.model}; worker engine {args.backend}; {spec.sampling.dtype} on both sides; "
+        f"thresholds {thresholds}; sampling margin {margin:g}, "
         f"log-prob atol {atol:g}"
     )
     print(

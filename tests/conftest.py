@@ -13,6 +13,8 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 
+# Loaded only once a vLLM engine is built (`vllm.LLM`); importing vLLM's classes leaves them out.
+VLLM_ENGINE_MODULES = ("vllm.entrypoints.llm", "vllm.v1.engine.llm_engine")
 TOKEN = 10**18  # one whole StakeToken in base units
 UNBONDING_PERIOD = 2 * 24 * 3600
 
@@ -63,3 +65,17 @@ def docker_or_skip() -> Any:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true requires a Docker engine: {exc}")
         pytest.skip(f"no Docker engine: {exc}")
+
+
+@pytest.fixture(autouse=True)
+def no_vllm_engine_in_the_test_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A vLLM engine built in the pytest process binds its threads and memory for every later test (one made the
+    learner's determinism tests fail far from it): build one in a subprocess, as a worker does. Only a `gpu` test,
+    which needs one engine on CUDA, may build it here."""
+    import sys
+
+    before = any(name in sys.modules for name in VLLM_ENGINE_MODULES)
+    yield
+    if not before and request.node.get_closest_marker("gpu") is None:
+        built = [name for name in VLLM_ENGINE_MODULES if name in sys.modules]
+        assert not built, f"{request.node.nodeid} built a vLLM engine in the pytest process ({built[0]} loaded)"

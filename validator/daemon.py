@@ -111,6 +111,11 @@ class ValidatorDaemon:
     ) -> None:
         if ledger.account is None:
             raise ValidatorError("the validator daemon signs attestations and transactions: give it a key")
+        if config.dtype != setup.task.sampling.dtype:  # every tolerance would be the wrong one, and honest files fail
+            raise ValidatorError(
+                f"the pool's task generates in {setup.task.sampling.dtype} (sampling.dtype) and this validator would "
+                f"recompute in {config.dtype}: pass --dtype {setup.task.sampling.dtype}, or leave --dtype out"
+            )
         self.ledger, self.setup, self.config, self.state_dir = ledger, setup, config, state_dir
         self.account = ledger.account
         if not ledger.is_validator(setup.pool_id, self.account.address):  # before the state folder is bound to it
@@ -134,7 +139,12 @@ class ValidatorDaemon:
         self.follower = self._follower()
         policy = TrustPolicy(self.domain, setup.trainer, setup.pool_id)
         self.checkpoints = Checkpoints(
-            state_dir / "checkpoints", setup.checkpoints, policy, keep=config.checkpoints_kept
+            state_dir / "checkpoints",
+            setup.checkpoints,
+            policy,
+            keep=config.checkpoints_kept,
+            device=config.device,
+            dtype=config.dtype,
         )
         self.source = open_source(setup.task)
         self.evidence = Evidence(state_dir)

@@ -20,6 +20,8 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "task": str,
     "async_level": int,
     "thresholds": str,
+    "device": str,
+    "dtype": str,
     "grace": (int, float),
     "poll": (int, float),
     "metrics_port": int,

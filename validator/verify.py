@@ -22,7 +22,7 @@ from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, spec_hash
 from validator import checks, recompute
-from validator.config import ValidatorConfig
+from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.verdict import Verdict, accept
 
 T = TypeVar("T")
@@ -85,7 +85,14 @@ def verify_file(
     A bad file never raises: it gets a rejecting verdict. Only validator-side failures raise (a task source
     whose scorer cannot run, say the code sandbox without Docker; a checkpoint that cannot be had).
     """
-    config = config or ValidatorConfig()
+    config = config or ValidatorConfig.for_precision(spec.sampling.dtype)
+    if config.dtype != spec.sampling.dtype:  # every tolerance would be the wrong one: refuse, never judge
+        raise ValidatorConfigError(
+            "dtype",
+            config.dtype,
+            f"the task's precision, sampling.dtype = {spec.sampling.dtype!r}: its workers generate in it and the "
+            "thresholds are calibrated for recomputing in it",
+        )
     expected = expected or Expected()
     timer = _Timer()
     verdict = _run_checks(data, spec, checkpoint, config, expected, source, timer)
@@ -130,6 +137,8 @@ def _run_checks(
     ):
         return verdict
     checkpoint = checkpoint_for if isinstance(checkpoint_for, LoadedModel) else checkpoint_for(step)
+    if (held := str(checkpoint.model.dtype).removeprefix("torch.")) != config.dtype:
+        raise ValidatorConfigError("dtype", config.dtype, f"the checkpoint's precision too, which is {held}")
     task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))
     grantor = None if expected.trainer is None or expected.domain is None else (expected.trainer, expected.domain)
     plan = timer.run(

@@ -66,8 +66,9 @@ def generate(
             raise CommandError(f"--simulate-fault {simulate_fault!r}: choose one of {faults}") from None
         spec = load_task_spec(task)
         source = open_source(spec)
-        choice = choose(backend, device)
-        loaded = load_model(model, device=choice.device, dtype=getattr(torch, choice.dtype))
+        choice = choose(backend, device, dtype=spec.sampling.dtype)  # the task's precision, on any device
+        placement, dtype = choice.torch_placement
+        loaded = load_model(model, device=placement, dtype=getattr(torch, dtype))
         perturbed = tempfile.TemporaryDirectory(prefix="prime-node-wrong-model-")
         if fault is Fault.WRONG_MODEL:  # vLLM reads weights from disk: it gets the perturbed copy written there
             if choice.backend == "vllm":

@@ -7,6 +7,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from node.model.loading import LoadedModel, load_model
 from node.relay.client import fetch_checkpoint
 from node.relay.manifest import manifest_hash
@@ -28,8 +30,11 @@ class Weights:
         policy: TrustPolicy,
         *,
         on_load: Callable[[LoadedModel], None] | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
     ) -> None:
         self.root, self.sources, self.policy, self.on_load = root, sources, policy, on_load
+        self.device, self.dtype = device, dtype  # where and in what precision `hold` loads the model
         self.step: int | None = None
         self.loaded: LoadedModel | None = None
         self.manifest_hash = b""
@@ -52,7 +57,7 @@ class Weights:
         if hashes:
             sidecar.write_text(hashes[0].hex())
         held_hash = bytes.fromhex(sidecar.read_text().strip())
-        loaded = await asyncio.to_thread(load_model, path)
+        loaded = await asyncio.to_thread(load_model, path, device=self.device, dtype=getattr(torch, self.dtype))
         if self.on_load is not None:
             self.on_load(loaded)
         # all three at once, with no await between: the loop reads `manifest_hash` right after a `hold` that

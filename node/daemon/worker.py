@@ -144,7 +144,9 @@ class WorkerDaemon:
         self._window = 0
         self._receipts_from: tuple[str, SigningDomain] | None = None  # (trainer, domain), known once running
         self._coordinator: CoordinatorClient | None = None
-        self.choice = choose(settings.backend, settings.device)  # refuses what this machine cannot run, up front
+        # in the pool's precision (its task's sampling.dtype), whatever the device; refuses what this machine cannot
+        # run, up front
+        self.choice = choose(settings.backend, settings.device, dtype=load_task_spec(settings.task).sampling.dtype)
         self.engine = Engine(self.choice, batch_size=settings.batch_size)
         self._weight_loads = self.metrics.counter(
             "worker_weight_loads_seconds_total", "Seconds spent putting new policies into the inference engine."
@@ -205,7 +207,15 @@ class WorkerDaemon:
         relay = await self._start_relay(policy)
         if relay is not None:
             sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
-        weights = Weights(settings.state_dir / "weights", SourcePool(sources), policy, on_load=on_load)
+        device, dtype = self.choice.torch_placement
+        weights = Weights(
+            settings.state_dir / "weights",
+            SourcePool(sources),
+            policy,
+            on_load=on_load,
+            device=device,
+            dtype=dtype,
+        )
         gossip = await self._start_gossip(domain, pool.config.trainer, weights, relay)
         runner = await self._serve_metrics()
         dashboard = await self._serve_dashboard()

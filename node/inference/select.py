@@ -29,7 +29,9 @@ Backend = Literal["auto", "vllm", "torch"]
 Device = Literal["auto", "cpu", "cuda"]
 BACKENDS: tuple[Backend, ...] = ("auto", "vllm", "torch")
 DEVICES: tuple[Device, ...] = ("auto", "cpu", "cuda")
-DTYPES = {"cpu": "float32", "cuda": "bfloat16"}  # what each device generates in (the validator's thresholds follow)
+# Precisions a pool may generate in (its task spec's `sampling.dtype`); the device never picks one. A GPU worker in a
+# float32 pool generates in float32 on its GPU: bfloat16 there would be judged by float32 thresholds and refused.
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class Choice:
     def describe(self) -> str:
         return f"{self.backend} on {self.device} ({self.dtype}): {self.why}"
 
+    @property
+    def torch_placement(self) -> tuple[str, str]:
+        """(device, dtype) of the process's torch copy of the policy. The torch engine generates with it, so it
+        goes where the engine runs. vLLM loads its own from disk; the copy that serves the tokenizer, the hashes
+        and a simulated fault stays on the CPU in float32, clear of vLLM's GPU memory."""
+        return (self.device, self.dtype) if self.backend == "torch" else ("cpu", "float32")
+
 
 def probe() -> Machine:
     """Looks at this machine (imports torch; never imports vLLM, which takes seconds)."""
@@ -69,8 +78,13 @@ def probe() -> Machine:
     return Machine(vllm, devices, gpu)
 
 
-def choose(backend: str = "auto", device: str = "auto", machine: Machine | None = None) -> Choice:
-    """The engine and device to generate with; raises `InferenceError` for a choice this machine cannot run."""
+def choose(
+    backend: str = "auto", device: str = "auto", machine: Machine | None = None, *, dtype: str = "float32"
+) -> Choice:
+    """The engine and device to generate with, in the pool's `dtype`; raises `InferenceError` for a choice this
+    machine cannot run."""
+    if dtype not in DTYPES:
+        raise InferenceError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if backend not in BACKENDS:
         raise InferenceError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if device not in DEVICES:
@@ -87,11 +101,16 @@ def choose(backend: str = "auto", device: str = "auto", machine: Machine | None 
             raise InferenceError(f"--backend vllm: vLLM is not installed ({wanted})")
         raise InferenceError(f"--backend vllm: {facts.vllm} does not run on {where}")
     if backend == "torch":
-        return Choice("torch", where, DTYPES[where], f"asked for torch; {on}")
+        return Choice("torch", where, dtype, f"asked for torch; {on}")
     if runs_here:
-        return Choice("vllm", where, DTYPES[where], f"{facts.vllm} installed; {on}")
+        return Choice("vllm", where, dtype, f"{facts.vllm} installed; {on}")
     missing = "no vLLM installed" if facts.vllm is None else f"{facts.vllm} does not run on {where}"
-    return Choice("torch", where, DTYPES[where], f"{missing}; {on}")
+    return Choice("torch", where, dtype, f"{missing}; {on}")
+
+
+def resolve_device(device: str, machine: Machine | None = None) -> Literal["cpu", "cuda"]:
+    """`auto` is CUDA when torch sees a GPU, else the CPU; `cuda` without one raises `InferenceError`."""
+    return choose("torch", device, machine).device
 
 
 def open_backend(choice: Choice, loaded: LoadedModel, *, batch_size: int = 16) -> InferenceBackend:

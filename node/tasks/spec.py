@@ -10,7 +10,7 @@ Layout (see configs/tasks/default.toml):
     [source]              # type = "reasoning_gym" | "math_jsonl" | "code"; optional problems = "ids.txt"
     [prompt]              # system, answer_format, thinking_budget = false | [32, 64, 128]
     [reward]              # length_mode = "none" | "exact" | "max" | "clip", alpha, delta
-    [sampling]            # temperature, top_p, max_tokens
+    [sampling]            # temperature, top_p, max_tokens, dtype = "float32" | "bfloat16"
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ ConfigScalar = bool | int | float | str
 ConfigValue = ConfigScalar | tuple[ConfigScalar, ...]
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 MAX_TARGET_LENGTH = 1 << 20
+SAMPLING_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ class SamplingSpec:
     max_tokens: int  # >= 1
     temperature: float = 1.0  # >= 0; 0 is greedy
     top_p: float = 1.0  # in (0, 1]
+    # The precision every worker generates in and every validator recomputes in (SAMPLING_DTYPES). The proof
+    # thresholds are calibrated for one precision on both sides: a worker that generated in bfloat16 for a float32
+    # pool would fail honest checks, so the pool decides, not each machine (docs/inference.md).
+    dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -231,8 +236,11 @@ def _parse_sampling(fields: Fields) -> SamplingSpec:
         max_tokens=fields.integer("max_tokens", minimum=1, maximum=MAX_TARGET_LENGTH),
         temperature=fields.number("temperature", default=1.0, minimum=0.0, maximum=100.0),
         top_p=fields.number("top_p", default=1.0, minimum=0.0, maximum=1.0),
+        dtype=fields.text("dtype", default="float32"),
     )
     fields.done()
+    if sampling.dtype not in SAMPLING_DTYPES:
+        fields.fail("dtype", f"must be one of {', '.join(SAMPLING_DTYPES)}, got {sampling.dtype!r}")
     if sampling.top_p == 0.0:
         fields.fail("top_p", "must be > 0")
     return sampling
@@ -286,6 +294,8 @@ def canonical_spec(spec: TaskSpec) -> dict[str, Any]:
             "temperature": spec.sampling.temperature,
             "top_p": spec.sampling.top_p,
             "max_tokens": spec.sampling.max_tokens,
+            # float32, the only precision before there was a choice, is left out: those specs keep their hash
+            **({"dtype": spec.sampling.dtype} if spec.sampling.dtype != "float32" else {}),
         },
     }
 

