@@ -43,10 +43,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def replay_args(model_dir: Path, folder: Path, out: Path) -> list[str]:
     # 32 completions a step: policy 0 trains on one step-0 file; policy 1 on the step-1 file (on-policy) and the
     # other step-0 file (off-policy: scored against policy 0's kept weights); then the folder has run out.
-    # 300 tokens give several micro-batches a step.
+    # 300 tokens give several micro-batches a step. --device cpu: gloo and float32 on every rank, even where CUDA is
+    # present (auto would train the single process in bfloat16 on the GPU).
     return [
         "replay", "--model", str(model_dir), "--task", str(DEFAULT_TASK), "--rollouts", str(folder),
-        "--out", str(out), "--rollouts-per-step", "32", "--lr", "1e-3", "--micro-batch-tokens", "300", "--json",
+        "--out", str(out), "--rollouts-per-step", "32", "--lr", "1e-3", "--micro-batch-tokens", "300",
+        "--device", "cpu", "--json",
     ]  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from node.tasks.spec import TaskSpec, load_task_spec
 from tests.trainer.rollout_factory import make_file
 from trainer.cli import app
 from trainer.config import TrainerConfigError, load_run_config
+from trainer.distributed import init_distributed
 from trainer.grpo import GRPOConfig
 from trainer.learner import Learner, LearnerConfig, LearnerError, StepStats
 from trainer.loop import RunPaths, TrainingLoop
@@ -52,6 +53,15 @@ def test_cuda_without_a_gpu_is_an_error_not_a_fallback() -> None:
         with pytest.raises(PrecisionError, match="no CUDA GPU"):
             resolve_precision("cuda")
         assert resolve_precision().device == torch.device("cpu")
+
+
+def test_the_process_group_takes_the_same_device_setting() -> None:
+    assert init_distributed({}, device="cpu").size == 1  # cpu: gloo under torchrun, no rank takes a GPU
+    with pytest.raises(PrecisionError, match="device must be one of"):
+        init_distributed({}, device="gpu")
+    if NO_CUDA:
+        with pytest.raises(PrecisionError, match="no CUDA GPU"):
+            init_distributed({"WORLD_SIZE": "2"}, device="cuda")  # before joining anything
 
 
 @pytest.mark.parametrize(
