@@ -62,7 +62,8 @@ app = typer.Typer(
 
 class ThresholdPreset(StrEnum):
     CPU_FP32 = "cpu-fp32"
-    GPU_BF16 = "gpu-bf16"
+    BF16 = "bf16"  # calibrated for bfloat16 on both sides: a bfloat16 pool's default
+    GPU_BF16 = "gpu-bf16"  # the anchor's (INTELLECT-2 on GPUs): looser, not calibrated here
 
 
 class DeviceChoice(StrEnum):
@@ -176,7 +177,12 @@ def file_command(
 def _preset(thresholds: ThresholdPreset) -> ProofThresholds:
     from node.proofs import ProofThresholds
 
-    return ProofThresholds.cpu_fp32() if thresholds is ThresholdPreset.CPU_FP32 else ProofThresholds.gpu_bf16()
+    presets = {
+        ThresholdPreset.CPU_FP32: ProofThresholds.cpu_fp32,
+        ThresholdPreset.BF16: ProofThresholds.bf16,
+        ThresholdPreset.GPU_BF16: ProofThresholds.gpu_bf16,
+    }
+    return presets[thresholds]()
 
 
 def _precision_config(

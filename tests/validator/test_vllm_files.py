@@ -120,18 +120,13 @@ def test_an_honest_bfloat16_file_from_either_engine_is_accepted_by_a_bfloat16_va
     assert result.exit_code == 2 and "generates in bfloat16" in result.output, result.output
 
 
-@pytest.mark.parametrize(
-    ("fault", "reasons"),
-    [
-        ("tamper-tokens", {Reason.INVALID_SAMPLING, Reason.PROOF_INVALID}),
-        ("wrong-model", {Reason.PROOF_INVALID, Reason.INVALID_SAMPLING}),
-    ],
-)
-def test_a_cheating_bfloat16_vllm_file_is_rejected_at_the_bfloat16_tolerances(
-    model: Path, tmp_path: Path, bf16_task: Path, fault: str, reasons: set[Reason]
+def test_a_wrong_model_bfloat16_vllm_file_is_rejected_at_the_bfloat16_tolerances(
+    model: Path, tmp_path: Path, bf16_task: Path
 ) -> None:
-    out = tmp_path / f"{fault}.parquet"
-    generate(model, out, "--simulate-fault", fault, task=bf16_task)
+    # 1% noise on the weights: the anchor's GPU limits (38 / 10 / 8, log-prob 0.1) accepted this file; the
+    # calibrated bfloat16 ones do not (docs/inference.md)
+    out = tmp_path / "wrong-model.parquet"
+    generate(model, out, "--simulate-fault", "wrong-model", task=bf16_task)
     code, verdict = validate(model, out, task=bf16_task)
     assert code == 1 and verdict["accepted"] is False, verdict
-    assert Reason(verdict["reason"]) in reasons, verdict
+    assert Reason(verdict["reason"]) in {Reason.PROOF_INVALID, Reason.INVALID_SAMPLING}, verdict
