@@ -17,11 +17,13 @@ MAX_ASYNC_LEVEL = 1 << 16
 MAX_FILE_BYTES = 1 << 30  # no pool should accept more than this per upload
 MAX_PREFILL_BATCH = 1024
 MAX_GRACE_SECONDS = 7 * 24 * 3600
-# bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md):
-# honest bfloat16 decode against a bfloat16 prefill differed by at most 0.0049 in a log-prob and 0.0026 in a
-# Gumbel score over 512 rows of the tiny model; rows of a model with 1% noise on its weights differ by 0.019 (median).
-BF16_LOGPROB_ATOL = 0.02
-BF16_SAMPLING_MARGIN = 0.02
+# bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md). They
+# follow the logits' resolution, not the weights': a bfloat16 logit in [8, 16) is rounded to 1/16, and honest decode
+# and prefill round apart by up to a unit. The devnet's trained model (logits up to 11) showed log-probs 0.053 and
+# Gumbel scores 0.024 apart over 2,096 honest rows; 0.15 is more than two units there. A model whose logits pass 16
+# has coarser ones: calibrate its pool (benchmarks/false_slash.py --dtype bfloat16 --model DIR).
+BF16_LOGPROB_ATOL = 0.15
+BF16_SAMPLING_MARGIN = 0.15
 
 
 class ValidatorConfigError(ValidatorError, ValueError):
