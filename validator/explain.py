@@ -8,8 +8,11 @@ verdict holds, and for every failing row the statistics of each TOPLOC chunk aga
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from node.model.loading import LoadedModel, load_model
 from node.tasks.spec import load_task_spec, spec_hash
@@ -28,12 +31,16 @@ def reverify(kept: Kept, *, task: Path | None = None) -> Verdict:
     if "0x" + spec_hash(spec).hex() != kept.record["task_hash"]:
         raise ValidatorError(f"{path} is not the task spec the file was judged by (its hash changed); give --task")
 
+    config = kept.config()
+    if config.device != "cpu" and not torch.cuda.is_available():  # judged on a GPU, looked at here on the CPU
+        config = dataclasses.replace(config, device="cpu")
+
     def checkpoint_of(step: int) -> LoadedModel:
         if kept.checkpoint is None or not kept.checkpoint.is_dir():
             raise ValidatorError(f"the checkpoint of step {step} was not kept with this evidence")
-        return load_model(kept.checkpoint)
+        return load_model(kept.checkpoint, device=config.device, dtype=getattr(torch, config.dtype))
 
-    return verify_file(kept.data, spec=spec, checkpoint=checkpoint_of, config=kept.config(), expected=kept.expected())
+    return verify_file(kept.data, spec=spec, checkpoint=checkpoint_of, config=config, expected=kept.expected())
 
 
 def same_outcome(kept: Kept, again: Verdict) -> bool:

@@ -104,3 +104,50 @@ def test_evidence_and_its_checkpoint_go_once_the_window_has_closed(
 def test_explain_of_an_unknown_work_key_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["explain", "0x" + "ab" * 32, "--state", str(tmp_path)])
     assert result.exit_code == 2 and "no evidence kept" in result.output
+
+
+def test_explain_re_verifies_a_bfloat16_pools_rejection_in_bfloat16_on_this_machines_device(
+    tmp_path: Path, task_spec: TaskSpec, model_dirs: dict[str, Path]
+) -> None:
+    # judged by a bfloat16 validator on a GPU; explained here, where there may be none: the kept precision, this device
+    import torch
+
+    from node.generation.generate import generate_rollouts
+    from node.generation.plan import Job
+    from node.inference.torch_backend import TorchBackend
+    from node.model.loading import load_model
+    from node.tasks.sources import open_source
+    from node.tasks.spec import load_task_spec
+    from validator.verify import verify_file
+
+    text = task_spec.path.read_text()
+    assert "max_tokens = 64\n" in text
+    bf16_task = tmp_path / "bf16.toml"
+    bf16_task.write_text(text.replace("max_tokens = 64\n", 'max_tokens = 64\ndtype = "bfloat16"\n'))
+    spec = load_task_spec(bf16_task)
+    source = open_source(spec)
+    stale = load_model(model_dirs["m0_step"], dtype=torch.bfloat16)  # a step behind, claiming the checkpoint
+    checkpoint = load_model(model_dirs["m0"], dtype=torch.bfloat16)
+    job = Job(pool_id=0, node=NODE, step=0, counter=43, prompts=2, group_size=4)
+    made = generate_rollouts(job, spec, source, stale, TorchBackend.from_loaded(stale))
+    data = encode_rollouts(dataclasses.replace(made.meta, model_hash=checkpoint.model_hash), made.rows)
+    key = hashlib.sha256(data).digest()
+    config = ValidatorConfig.for_precision("bfloat16", device="cuda")
+    judged = dataclasses.replace(config, device="cpu")  # what a GPU validator would find, computed here
+    verdict = verify_file(data, spec=spec, checkpoint=checkpoint, config=judged, source=source)
+    assert not verdict.accepted
+    Evidence(tmp_path / "state").keep(
+        data,
+        verdict,
+        expected=Expected(work_key=key, node=NODE, pool_id=0),
+        config=config,
+        task=spec.path,
+        task_hash=spec_hash(spec),
+        kept_until=time.time() + 3600,
+        step=0,
+        checkpoint=model_dirs["m0"],
+        manifest_hash=b"\x07" * 32,
+    )
+    result = CliRunner().invoke(app, ["explain", "0x" + key.hex(), "--state", str(tmp_path / "state")])
+    assert result.exit_code == 0, result.output
+    assert "the re-verification agrees" in result.output
