@@ -48,7 +48,13 @@ async def run(args: argparse.Namespace, account: LocalAccount) -> int:
     source = open_source(spec)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    weights = Weights(work / "weights", SourcePool([args.origin]), TrustPolicy(domain, args.trainer, args.pool))
+    # in the task's precision, as every worker of a pool generates (trusted here, but the files are the same kind)
+    weights = Weights(
+        work / "weights",
+        SourcePool([args.origin]),
+        TrustPolicy(domain, args.trainer, args.pool),
+        dtype=spec.sampling.dtype,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
