@@ -139,7 +139,7 @@ class WorkerDaemon:
         self._held_step = -1
         self._idle_logged = -2  # the held step when 'no more work' was last logged
         self._started_at = time.time()
-        self._last_submit = time.monotonic()
+        self._waiting_since: float | None = None  # when the oldest uploaded, unsubmitted file became ready
         self._last_chain_look = 0.0
         self._window = 0
         self._receipts_from: tuple[str, SigningDomain] | None = None  # (trainer, domain), known once running
@@ -379,8 +379,13 @@ class WorkerDaemon:
                 log.warning("%d files wait in the journal to be uploaded: %s", len(self.state.in_stage("written")), exc)
                 break
         ready = self.state.in_stage("uploaded")
+        if not ready:
+            self._waiting_since = None
+        elif self._waiting_since is None:  # counted from the file's readiness, not from the last submission or start
+            self._waiting_since = time.monotonic()
         due = force or len(ready) >= self.settings.submit_batch
-        due = due or (bool(ready) and time.monotonic() - self._last_submit >= self.settings.submit_every)
+        waited = time.monotonic() - self._waiting_since if self._waiting_since is not None else 0.0
+        due = due or (bool(ready) and waited >= self.settings.submit_every)
         if not ready or not due:
             return
         current = await coordinator.step()
@@ -395,7 +400,7 @@ class WorkerDaemon:
             ready = [r for r in ready if r.step >= oldest]
         for start in range(0, len(ready), self.settings.submit_batch):
             await self._submit(ready[start : start + self.settings.submit_batch])
-        self._last_submit = time.monotonic()
+        self._waiting_since = None
 
     async def _submit(self, records: list[FileRecord]) -> None:
         ledger, pool_id = self.ledger, self.settings.pool_id
