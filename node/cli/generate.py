@@ -50,7 +50,7 @@ def generate(
         import torch
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from node.daemon.faults import Fault, falsify, perturb_weights, perturb_weights_on_disk
+        from node.daemon.faults import Fault, falsify, on_load_for
         from node.generation.generate import generate_rollouts
         from node.generation.plan import Job
         from node.inference.select import choose, open_backend
@@ -70,11 +70,9 @@ def generate(
         placement, dtype = choice.torch_placement
         loaded = load_model(model, device=placement, dtype=getattr(torch, dtype))
         perturbed = tempfile.TemporaryDirectory(prefix="prime-node-wrong-model-")
-        if fault is Fault.WRONG_MODEL:  # vLLM reads weights from disk: it gets the perturbed copy written there
-            if choice.backend == "vllm":
-                perturb_weights_on_disk(loaded, Path(perturbed.name))
-            else:
-                perturb_weights(loaded)
+        on_load = on_load_for(fault, backend=choice.backend, root=Path(perturbed.name)) if fault is not None else None
+        if on_load is not None:  # wrong-model; vLLM reads weights from disk: it gets the perturbed copy written there
+            on_load(loaded)
         engine = open_backend(choice, loaded, batch_size=batch_size)
         job = Job(pool_id=pool, node=address, step=step, counter=counter, prompts=prompts, group_size=group)
         started = time.perf_counter()

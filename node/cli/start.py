@@ -212,7 +212,8 @@ def start(
         import asyncio
         import signal
 
-        from node.daemon.faults import Fault, check_fault_allowed
+        from node.daemon.chain import LedgerWorkChain
+        from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
         from node.daemon.worker import WorkerDaemon, WorkerSettings
         from node.pool_spec import resolve_endpoints
 
@@ -255,7 +256,6 @@ def start(
             claim=_pick(claim, config, "claim", False),
             claim_every=float(config.get("claim_every", 60.0)),
             join=_pick(join, config, "join", False),
-            fault=fault,
             max_files=_pick(max_files, config, "max_files", None),
             metrics_port=_pick(metrics_port, config, "metrics_port", None),
             dashboard_port=_dashboard_port(dashboard, dashboard_port, config),
@@ -273,7 +273,12 @@ def start(
             torch.set_num_threads(torch_threads)
 
         async def main() -> int:
-            daemon = WorkerDaemon(settings, ledger, account)
+            chain = LedgerWorkChain(ledger)
+            daemon = (
+                WorkerDaemon(settings, chain, account)
+                if fault is None  # a cheater is the same daemon with its honest hooks replaced (node.daemon.faults)
+                else FaultyWorker(settings, chain, account, fault)
+            )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, daemon.stopping.set)

@@ -11,23 +11,36 @@ Each fault is what a real cheater would try, and each is caught by a different c
 | stale-step | labels its files with a step outside the pool's window | the step check (4) |
 
 Faults are refused on any chain but a local devnet: chain id 31337 with an RPC endpoint on loopback.
+
+`FaultyWorker` is the worker daemon with its honest hooks overridden: the production loop (`node.daemon.worker`)
+has no branch for any fault; `prime-node start --simulate-fault` builds this subclass instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import shutil
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from node.daemon.state import FileRecord
+from node.daemon.worker import ServeDashboard, WorkerDaemon, WorkerSettings
 from node.errors import NodeError
 from node.model.loading import LoadedModel
 from node.rollouts import RolloutRow
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from node.daemon.chain import WorkChain
+    from node.terms import StepWindow
 
 DEVNET_CHAIN_ID = 31337
 WRONG_MODEL_NOISE = 0.01  # relative to each tensor's own scale
@@ -104,3 +117,36 @@ def falsify(fault: Fault, rows: Sequence[RolloutRow], *, vocab_size: int, async_
     # stale-step: a step older than the window, or, that early in a run, one the pool has not reached
     step = rows[0].step - async_level - 1 if rows else 0
     return [dataclasses.replace(r, step=step if step >= 0 else r.step + 1) for r in rows]
+
+
+def on_load_for(fault: Fault, *, backend: str, root: Path) -> Callable[[LoadedModel], None] | None:
+    """What wrong-model does to each policy loaded (None for the other faults): perturbs it in place, and for vLLM,
+    which reads the weights from disk, also writes the perturbed copy under `root`."""
+    if fault is not Fault.WRONG_MODEL:
+        return None
+    return functools.partial(perturb_weights_on_disk, root=root) if backend == "vllm" else perturb_weights
+
+
+class FaultyWorker(WorkerDaemon):
+    """The worker daemon cheating with `fault`: the same loop, with the three honest hooks replaced."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        chain: WorkChain,
+        account: LocalAccount,
+        fault: Fault,
+        *,
+        dashboard: ServeDashboard | None = None,
+    ) -> None:
+        super().__init__(settings, chain, account, dashboard=dashboard)
+        self.fault = fault
+
+    def weights_on_load(self) -> Callable[[LoadedModel], None] | None:
+        return on_load_for(self.fault, backend=self.choice.backend, root=self.settings.state_dir / "perturbed")
+
+    def finish_rows(self, rows: list[RolloutRow], *, vocab_size: int) -> list[RolloutRow]:
+        return falsify(self.fault, rows, vocab_size=vocab_size, async_level=self.settings.async_level)
+
+    def submittable(self, ready: list[FileRecord], window: StepWindow) -> list[FileRecord]:
+        return ready  # stale files too: the validators are there to catch them

@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from web3.exceptions import TransactionNotFound
 
 from ledger.types import WorkStatus
 from node.coordinator import (
@@ -48,7 +47,6 @@ from node.coordinator import (
     NoWorkYet,
     Upload,
 )
-from node.daemon.faults import Fault, falsify, perturb_weights, perturb_weights_on_disk
 from node.daemon.state import FileRecord, WorkerState
 from node.daemon.weights import Weights
 from node.errors import NodeError
@@ -60,20 +58,28 @@ from node.model.loading import LoadedModel
 from node.relay.client import new_session
 from node.relay.sources import SourcePool
 from node.relay.trust import TrustPolicy
-from node.rollouts import encode_rollouts
+from node.rollouts import RolloutRow, encode_rollouts
 from node.rollouts.writer import publish_atomically
 from node.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
+from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window, work_state
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from ledger.client import Ledger
+    from node.daemon.chain import WorkChain
     from node.daemon.gossip import WorkerGossip
     from node.relay.server import ShardServer
+    from node.terms import StepWindow
 
 log = logging.getLogger("node.worker")
+
+# Serves the operator's page over a running daemon on (host, port), returning it and its URL. `prime-node start`
+# passes `node.dashboard.worker.serve_worker_dashboard`: the dashboard reads the daemon, so the daemon never
+# imports it (imports point node.daemon <- node.dashboard).
+ServeDashboard = Callable[["WorkerDaemon", str, int], Awaitable[tuple[web.AppRunner, str]]]
 
 
 class WorkerError(NodeError):
@@ -87,17 +93,18 @@ class WorkerSettings:
     coordinator: str
     checkpoints: tuple[str, ...]
     task: Path
-    async_level: int = 2
+    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's terms (node.terms), as `prime-node start` read them
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     batch_size: int = 64  # sequences decoded together
     submit_batch: int = 4  # files per submitWorkBatch transaction
     submit_every: float = 10.0  # seconds an uploaded file waits at most for a full batch
     claim: bool = False  # claim rewards whose challenge window has passed
     claim_every: float = 60.0  # seconds between looks at the chain for invalidations and claims
     join: bool = False  # join the pool when not a member yet
-    fault: Fault | None = None
     max_files: int | None = None  # stop after this many files (devnets, tests)
     max_failures: int = 20  # failed iterations in a row before exiting 1
     retry_seconds: float = 1.0  # wait after an unreachable coordinator or a failed iteration
+    patience: float | None = None  # seconds the coordinator may stay unreachable before exiting 0; None: no limit
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no /metrics server; 0: any free port
     dashboard_host: str = "127.0.0.1"
@@ -111,21 +118,38 @@ class WorkerSettings:
     device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self) -> None:
-        if self.pool_id < 1 or self.batch_size < 1 or self.submit_batch < 1 or self.max_failures < 1:
+        # pool 0 is local mode's (node.daemon.local): pools on chain count from 1
+        if self.pool_id < 0 or self.batch_size < 1 or self.submit_batch < 1 or self.max_failures < 1:
             raise ValueError(f"invalid worker settings: {self}")
+        if self.patience is not None and self.patience < 0:
+            raise ValueError(f"patience must be at least 0 seconds, got {self.patience}")
         if not self.checkpoints:
             raise ValueError("the worker needs at least one checkpoint source")
 
 
 class WorkerDaemon:
-    def __init__(self, settings: WorkerSettings, ledger: Ledger, account: LocalAccount) -> None:
+    """The loop of the module docstring, over a `WorkChain`: the pool's contracts (`LedgerWorkChain`, `prime-node
+    start`) or none (`LocalWorkChain`, local mode). Deliberate misbehaviour overrides the three hooks below
+    (`weights_on_load`, `finish_rows`, `submittable`) from outside: `node.daemon.faults.FaultyWorker`."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        chain: WorkChain,
+        account: LocalAccount,
+        *,
+        dashboard: ServeDashboard | None = None,
+    ) -> None:
+        if settings.dashboard_port is not None and dashboard is None:
+            raise ValueError("dashboard_port is set but no dashboard was given to serve on it")
         self.settings = settings
-        self.ledger = ledger
+        self._dashboard = dashboard
+        self.chain = chain
         self.account = account
         self.node = account.address
         self.stopping = asyncio.Event()
         self.state = WorkerState(
-            settings.state_dir, chain_id=ledger.deployment.chain_id, pool_id=settings.pool_id, node=self.node
+            settings.state_dir, chain_id=chain.domain.chain_id, pool_id=settings.pool_id, node=self.node
         )
         self.metrics = Registry()
         self._files = self.metrics.counter("worker_files_total", "Files generated by this process.")
@@ -152,34 +176,53 @@ class WorkerDaemon:
             "worker_weight_loads_seconds_total", "Seconds spent putting new policies into the inference engine."
         )
 
+    # --- what an honest worker does (node.daemon.faults.FaultyWorker overrides these) -----------------
+
+    def weights_on_load(self) -> Callable[[LoadedModel], None] | None:
+        """Called on each policy `Weights.hold` loads, before generation sees it: nothing to do."""
+        return None
+
+    def finish_rows(self, rows: list[RolloutRow], *, vocab_size: int) -> list[RolloutRow]:
+        """The rows of the file, as generated."""
+        return rows
+
+    def submittable(self, ready: list[FileRecord], window: StepWindow) -> list[FileRecord]:
+        """The uploaded files inside the pool's step window; the others are journaled as expired, never
+        submitted: validators must reject them as stale and slash the stake."""
+        stale = [r for r in ready if r.step not in window]
+        if stale:
+            self.state.move([r.work_key for r in stale], "expired", detail=f"step < {window.oldest} when submitting")
+            log.warning("%d files fell out of the window %s; not submitting them", len(stale), window)
+        return [r for r in ready if r.step in window]
+
     # --- standing on chain --------------------------------------------------------------------------
 
     async def check_standing(self) -> None:
         """Registered with a provider, a member of the pool (joining when asked), not ejected."""
-        ledger, pool_id = self.ledger, self.settings.pool_id
-        provider = await asyncio.to_thread(ledger.provider_of, self.node)
+        chain, pool_id = self.chain, self.settings.pool_id
+        provider = await asyncio.to_thread(chain.provider_of, self.node)
         if provider is None:
             raise WorkerError(
                 f"node {self.node} is not bound to a provider: pass --register with the provider's key "
                 "(--provider-keystore FILE), or run `prime-node register --node-keystore FILE` as the provider"
             )
-        if await asyncio.to_thread(ledger.is_member, pool_id, self.node):
+        if await asyncio.to_thread(chain.is_member, pool_id, self.node):
             return
-        if await asyncio.to_thread(ledger.is_ejected, pool_id, self.node):
+        if await asyncio.to_thread(chain.is_ejected, pool_id, self.node):
             raise WorkerError(f"node {self.node} was ejected from pool {pool_id}; a slashed node cannot rejoin")
         if not self.settings.join:
             raise WorkerError(f"node {self.node} is not a member of pool {pool_id}: pass --join, or `prime-node join`")
-        stake = await asyncio.to_thread(ledger.stake_of, provider)
-        minimum = (await asyncio.to_thread(ledger.pool, pool_id)).config.min_stake_per_node
+        stake = await asyncio.to_thread(chain.stake_of, provider)
+        minimum = (await asyncio.to_thread(chain.pool, pool_id)).config.min_stake_per_node
         if stake.active - stake.locked < minimum:
-            from ledger.cli.common import format_tokens
+            from ledger.units import format_amount as format_tokens
 
-            free, need = (format_tokens(v, ledger.decimals) for v in (stake.active - stake.locked, minimum))
+            free, need = (format_tokens(v, chain.decimals) for v in (stake.active - stake.locked, minimum))
             raise WorkerError(
                 f"provider {provider} has {free} tokens of stake free and pool {pool_id} locks {need} per node: "
                 "stake more (`prime-node register --stake N`, or --register --stake N here)"
             )
-        await asyncio.to_thread(ledger.join, pool_id)
+        await asyncio.to_thread(chain.join, pool_id)
         log.info("joined pool %d as %s (provider %s)", pool_id, self.node, provider)
 
     # --- the loop -----------------------------------------------------------------------------------
@@ -188,20 +231,12 @@ class WorkerDaemon:
         """Works until stopped; returns the exit code (0 stopped or done, 1 cannot go on)."""
         settings = self.settings
         await self.check_standing()
-        pool = await asyncio.to_thread(self.ledger.pool, settings.pool_id)
+        pool = await asyncio.to_thread(self.chain.pool, settings.pool_id)
         self._window = pool.config.challenge_window
-        domain = SigningDomain(self.ledger.deployment.chain_id, self.ledger.deployment.address("ComputePool"))
+        domain = self.chain.domain
         self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
         spec = load_task_spec(settings.task)
         source = open_source(spec)
-        on_load = None
-        if settings.fault is Fault.WRONG_MODEL:  # vLLM reads the weights from disk: it gets a perturbed copy there
-            perturbed = settings.state_dir / "perturbed"
-            on_load = (
-                functools.partial(perturb_weights_on_disk, root=perturbed)
-                if self.choice.backend == "vllm"
-                else perturb_weights
-            )
         policy = TrustPolicy(domain, pool.config.trainer, settings.pool_id)
         sources = list(settings.checkpoints)
         relay = await self._start_relay(policy)
@@ -212,7 +247,7 @@ class WorkerDaemon:
             settings.state_dir / "weights",
             SourcePool(sources),
             policy,
-            on_load=on_load,
+            on_load=self.weights_on_load(),
             device=device,
             dtype=dtype,
         )
@@ -233,6 +268,7 @@ class WorkerDaemon:
             self.choice.describe(),
         )
         made, failures = 0, 0
+        unreachable_since: float | None = None  # since when the coordinator has not answered
         try:
             async with new_session() as session:
                 coordinator = CoordinatorClient(
@@ -257,11 +293,12 @@ class WorkerDaemon:
                         await self._upload(coordinator, work_key)
                         await self.flush(coordinator, force=False)
                         await self.follow_chain()
-                        failures = 0
+                        failures, unreachable_since = 0, None
                     except CoordinatorRefused as exc:
                         await self._explain_refusal(exc)
                         return 1
                     except NoWorkYet as exc:  # this step's share is done: submit what waits, then ask again
+                        unreachable_since = None
                         try:
                             await self.flush(coordinator, force=True)
                         except Exception as failure:  # an outage or an RPC error here is retried like any other
@@ -270,6 +307,12 @@ class WorkerDaemon:
                         await self._wait_for_work(exc)
                     except (CoordinatorUnavailable, OSError) as exc:
                         self._failures.inc(kind="unreachable")
+                        now = time.monotonic()
+                        unreachable_since = unreachable_since or now
+                        if settings.patience is not None and now - unreachable_since > settings.patience:
+                            log.info("the coordinator has been unreachable for %.0f s; stopping (%s)",
+                                     settings.patience, exc)  # fmt: skip
+                            break
                         log.warning("coordinator unreachable, retrying: %s", exc)
                         await self._pause()
                     except Exception as exc:  # a fetch that failed, a version pruned meanwhile, an RPC error
@@ -324,11 +367,13 @@ class WorkerDaemon:
                 log.info("put the policy of step %d into %s in %.2f s", job.step, self.choice.backend,
                          self.engine.last_load_seconds)  # fmt: skip
             generated = generate_rollouts(job, spec, source, loaded, backend, manifest_hash=manifest_hash)
-            rows = generated.rows
-            if self.settings.fault is not None:
-                vocab = backend.vocab_size
-                rows = falsify(self.settings.fault, rows, vocab_size=vocab, async_level=self.settings.async_level)
+            rows = self.finish_rows(generated.rows, vocab_size=backend.vocab_size)
             data = encode_rollouts(generated.meta, rows)
+            if len(data) > self.settings.max_file_bytes:  # validators would refuse it unread and slash the stake
+                raise WorkerError(
+                    f"the file of step {job.step}, counter {job.counter} is {len(data)} bytes, over the pool's "
+                    f"limit of {self.settings.max_file_bytes}: not uploading it"
+                )
             key = hashlib.sha256(data).digest()
             publish_atomically(self.state.path_of(key), data)
             return key, rows[0].step, sum(len(r.output_tokens) for r in rows)
@@ -388,27 +433,18 @@ class WorkerDaemon:
         due = due or (bool(ready) and waited >= self.settings.submit_every)
         if not ready or not due:
             return
-        current = await coordinator.step()
-        oldest = current - self.settings.async_level
-        if self.settings.fault is None:  # an honest worker never submits what validators must reject as stale
-            stale = [r for r in ready if r.step < oldest]
-            if stale:
-                self.state.move([r.work_key for r in stale], "expired", detail=f"step < {oldest} when submitting")
-                log.warning(
-                    "%d files fell out of the window [%d, %d]; not submitting them", len(stale), oldest, current
-                )
-            ready = [r for r in ready if r.step >= oldest]
+        ready = self.submittable(ready, step_window(await coordinator.step(), self.settings.async_level))
         for start in range(0, len(ready), self.settings.submit_batch):
             await self._submit(ready[start : start + self.settings.submit_batch])
         self._waiting_since = None
 
     async def _submit(self, records: list[FileRecord]) -> None:
-        ledger, pool_id = self.ledger, self.settings.pool_id
+        chain, pool_id = self.chain, self.settings.pool_id
         fresh = []
         for record in records:  # a crash after the transaction but before the journal: the chain knows
             # Records are per node: this reads only this node's own record of the key, never a squatter's (another
             # member submitting the same key makes a record of its own and does not block this one).
-            work = await asyncio.to_thread(ledger.get_work, pool_id, self.node, record.work_key)
+            work = await asyncio.to_thread(chain.get_work, pool_id, self.node, record.work_key)
             if work.status != WorkStatus.NONE:
                 self.state.move([record.work_key], "submitted", detail="found on chain after a restart")
             else:
@@ -416,11 +452,7 @@ class WorkerDaemon:
         if not fresh:
             return
         keys, units = [r.work_key for r in fresh], [r.units for r in fresh]
-        if len(fresh) == 1:
-            receipt = await asyncio.to_thread(ledger.submit_work, pool_id, keys[0], units[0])
-        else:
-            receipt = await asyncio.to_thread(ledger.submit_work_batch, pool_id, keys, units)
-        tx = "0x" + bytes(receipt["transactionHash"]).hex()
+        tx = await asyncio.to_thread(chain.submit, pool_id, keys, units)
         self.state.move(keys, "submitted", tx=tx)
         log.info("submitted %d files in %s", len(keys), tx)
 
@@ -432,18 +464,18 @@ class WorkerDaemon:
             self._update_stage_gauge()
             return
         self._last_chain_look = time.monotonic()
-        ledger, pool_id = self.ledger, self.settings.pool_id
+        chain, pool_id = self.chain, self.settings.pool_id
         submitted = self.state.in_stage("submitted")
         if submitted:
-            now = await asyncio.to_thread(ledger.timestamp)
+            now = await asyncio.to_thread(chain.timestamp)
             claimable = []
             for record in submitted:
-                work = await asyncio.to_thread(ledger.get_work, pool_id, self.node, record.work_key)
+                work = await asyncio.to_thread(chain.get_work, pool_id, self.node, record.work_key)
                 if work.status == WorkStatus.INVALIDATED:
                     self.state.move([record.work_key], "invalidated", detail=await self._reason(record.work_key))
                 elif work.status == WorkStatus.CLAIMED:
                     self.state.move([record.work_key], "claimed")
-                elif work.status == WorkStatus.PENDING and now >= work.submitted_at + self._window:
+                elif work_state(work, self._window, now) == "claimable":
                     claimable.append(record.work_key)
                 elif work.status == WorkStatus.PENDING and record.verdict is None:
                     await self._restore_if_lost(record.work_key)
@@ -457,23 +489,16 @@ class WorkerDaemon:
                 self.state.move(claimable, "expired", detail=f"void: node ejected from pool {pool_id}")
                 claimable = []
             if claimable and self.settings.claim:
-                receipt = await asyncio.to_thread(ledger.claim_rewards, pool_id, self.node, claimable)
-                tx = "0x" + bytes(receipt["transactionHash"]).hex()
+                tx = await asyncio.to_thread(chain.claim_rewards, pool_id, self.node, claimable)
                 self.state.move(claimable, "claimed", detail=f"claimed in {tx}")
                 log.info("claimed the rewards of %d files in %s", len(claimable), tx)
         self._update_stage_gauge()
 
     def _submission_gone(self, record: FileRecord) -> bool:
-        """Whether the chain no longer holds `record`'s submission transaction (blocking). A node that lags behind
-        the one that mined it answers "no such record" too, but has no receipt either; one that knows the receipt
-        is on the chain that mined it, where the record exists."""
+        """Whether the chain no longer holds `record`'s submission transaction (blocking)."""
         if record.tx is None:
             return True  # found on chain after a restart, and now not: only a reorganisation does that
-        try:
-            self.ledger.w3.eth.get_transaction_receipt(record.tx)  # type: ignore[arg-type]
-        except TransactionNotFound:
-            return True
-        return False
+        return self.chain.submission_gone(record.tx)
 
     async def _restore_if_lost(self, work_key: bytes) -> None:
         """Uploads a submitted file again when the coordinator no longer serves it and no validator has judged it:
@@ -514,19 +539,17 @@ class WorkerDaemon:
         self.state.note_verdict(work_key, text)
 
     async def _reason(self, work_key: bytes) -> str:
-        from ledger.cli.common import format_tokens
-        from ledger.events import invalidations
         from ledger.types import Reason
+        from ledger.units import format_amount as format_tokens
 
-        found = await asyncio.to_thread(invalidations, self.ledger, self.settings.pool_id, self.node)
-        event = found.get((self.node, work_key))
+        event = await asyncio.to_thread(self.chain.invalidation, self.settings.pool_id, self.node, work_key)
         if event is None:
             return "invalidated"
-        return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.ledger.decimals)} tokens slashed"
+        return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.chain.decimals)} tokens slashed"
 
     async def _ejected(self) -> bool:
         try:
-            return await asyncio.to_thread(self.ledger.is_ejected, self.settings.pool_id, self.node)
+            return await asyncio.to_thread(self.chain.is_ejected, self.settings.pool_id, self.node)
         except Exception:  # the chain cannot be asked either: not known to be ejected
             return False
 
@@ -622,21 +645,31 @@ class WorkerDaemon:
 
     # --- dashboard ----------------------------------------------------------------------------------
 
+    @property
+    def ledger(self) -> Ledger:
+        """The web3 ledger under the chain, which the dashboard reads on its own (only `prime-node start` serves
+        one); a worker of local mode has none."""
+        from node.daemon.chain import LedgerWorkChain
+
+        if not isinstance(self.chain, LedgerWorkChain):
+            raise WorkerError("this worker has no chain to show (local mode): serve no dashboard")
+        return self.chain.ledger
+
+    @property
+    def held_step(self) -> int | None:
+        """The policy step of the weights held; None before the first."""
+        return self._held_step if self._held_step >= 0 else None
+
+    @property
+    def started_at(self) -> float:
+        """When this process started, in unix seconds."""
+        return self._started_at
+
     async def _serve_dashboard(self) -> web.AppRunner | None:
         """The operator's page (node/dashboard): the journal, the chain's word on each file, stake and tokens."""
-        if self.settings.dashboard_port is None:
+        if self.settings.dashboard_port is None or self._dashboard is None:
             return None
-        from node.dashboard import serve_dashboard
-        from node.dashboard.chain import WorkerChain
-        from node.dashboard.model import WorkerLive
-        from node.dashboard.worker import WorkerDashboard
-
-        def live() -> WorkerLive:
-            step = self._held_step if self._held_step >= 0 else None
-            return WorkerLive(stopping=self.stopping.is_set(), held_step=step, started_at=self._started_at)
-
-        source = WorkerDashboard(self.state, WorkerChain(self.ledger, self.settings.pool_id, self.node), live)
-        runner, url = await serve_dashboard(source, self.settings.dashboard_host, self.settings.dashboard_port)
+        runner, url = await self._dashboard(self, self.settings.dashboard_host, self.settings.dashboard_port)
         log.info("dashboard on %s", url)
         return runner
 

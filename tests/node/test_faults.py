@@ -1,16 +1,37 @@
-"""Simulated faults: each falsifies what a real cheater would, and none runs outside a local devnet."""
+"""Simulated faults: each falsifies what a real cheater would, none runs outside a local devnet, and each is a
+wrapper (`FaultyWorker`) around the honest daemon, whose own loop has no branch for any of them."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
 import torch
+from eth_account import Account
 
-from node.daemon.faults import Fault, FaultRefusedError, check_fault_allowed, falsify, perturb_weights
+from node.daemon.faults import (
+    Fault,
+    FaultRefusedError,
+    FaultyWorker,
+    check_fault_allowed,
+    falsify,
+    on_load_for,
+    perturb_weights,
+    perturb_weights_on_disk,
+)
+from node.daemon.local import LocalWorkChain
+from node.daemon.state import FileRecord
+from node.daemon.worker import WorkerDaemon, WorkerSettings
 from node.model.loading import load_model
 from node.model.tiny import init_model
 from node.rollouts import RolloutRow
+from node.signing import SigningDomain
+from node.terms import step_window
+from tests.network_trainer import TASK
+
+NODE = Account.from_key(b"\x21" * 32)
 
 ROW = RolloutRow(
     problem_id="p/0",
@@ -73,3 +94,60 @@ def test_faults_are_refused_off_a_local_devnet(chain_id: int, rpc_url: str) -> N
 @pytest.mark.parametrize("rpc_url", ["http://127.0.0.1:8545", "http://localhost:8545", "http://[::1]:8545"])
 def test_faults_run_on_a_loopback_anvil(rpc_url: str) -> None:
     check_fault_allowed(Fault.STALE_STEP, chain_id=31337, rpc_url=rpc_url)
+
+
+# --- the wrapper: the production loop is honest, `FaultyWorker` cheats --------------------------------------------
+
+
+def daemons(tmp_path: Path, fault: Fault) -> tuple[WorkerDaemon, FaultyWorker]:
+    """An honest daemon and a cheating one, over local mode's chain (no chain is needed to judge the hooks)."""
+    made = []
+    for name, kind in (("honest", WorkerDaemon), ("cheat", FaultyWorker)):
+        settings = WorkerSettings(
+            pool_id=1, state_dir=tmp_path / name, coordinator="http://127.0.0.1:9", checkpoints=("http://127.0.0.1:9",),
+            task=TASK, async_level=2, backend="torch", device="cpu",
+        )  # fmt: skip
+        chain = LocalWorkChain(SigningDomain(31337, "0x" + "00" * 20), 1, NODE.address, NODE.address)
+        extra = (fault,) if kind is FaultyWorker else ()
+        made.append(kind(settings, chain, NODE, *extra))
+    honest, cheat = made
+    assert isinstance(cheat, FaultyWorker)
+    return honest, cheat
+
+
+def journal(daemon: WorkerDaemon, steps: list[int]) -> list[FileRecord]:
+    for i, step in enumerate(steps):
+        key = bytes([i + 1]) * 32
+        daemon.state.path_of(key).write_bytes(b"file")
+        daemon.state.add(key, step=step, counter=i, units=1)
+    return daemon.state.all()
+
+
+def test_the_honest_daemon_expires_stale_files_and_the_cheater_submits_them(tmp_path: Path) -> None:
+    honest, cheat = daemons(tmp_path, Fault.STALE_STEP)
+    window = step_window(5, 2)  # [3, 5]
+    kept = honest.submittable(journal(honest, [2, 3, 5]), window)
+    assert [r.step for r in kept] == [3, 5]
+    assert [r.stage for r in honest.state.all()] == ["expired", "written", "written"]
+    assert [r.step for r in cheat.submittable(journal(cheat, [2, 3, 5]), window)] == [2, 3, 5]
+    assert {r.stage for r in cheat.state.all()} == {"written"}
+
+
+def test_the_honest_daemon_uploads_its_rows_as_generated_and_the_cheater_falsifies_them(tmp_path: Path) -> None:
+    honest, cheat = daemons(tmp_path, Fault.FAKE_REWARD)
+    assert honest.finish_rows([ROW], vocab_size=100) == [ROW]
+    [faked] = cheat.finish_rows([ROW], vocab_size=100)
+    assert (faked.task_reward, faked.reward) == (1.0, 0.75)
+
+
+def test_only_the_wrong_model_cheater_perturbs_the_weights_it_loads(tmp_path: Path) -> None:
+    honest, cheat = daemons(tmp_path, Fault.WRONG_MODEL)
+    assert honest.weights_on_load() is None
+    assert cheat.weights_on_load() is perturb_weights  # torch reads the weights in memory
+    assert on_load_for(Fault.FAKE_REWARD, backend="torch", root=tmp_path) is None
+    on_disk = on_load_for(Fault.WRONG_MODEL, backend="vllm", root=tmp_path / "perturbed")
+    assert isinstance(on_disk, functools.partial) and on_disk.func is perturb_weights_on_disk
+
+
+def test_the_production_settings_have_no_fault() -> None:
+    assert "fault" not in {f.name for f in dataclasses.fields(WorkerSettings)}

@@ -22,6 +22,7 @@ from eth_account import Account
 from ledger.client import Ledger
 from ledger.types import WorkStatus
 from node.coordinator import CoordinatorBusy, CoordinatorClient, CoordinatorUnavailable, PublishedStep
+from node.daemon.chain import LedgerWorkChain
 from node.daemon.worker import WorkerDaemon, WorkerSettings
 from node.signing import sign_request
 from tests.ledger.helpers import make_pool, onboard
@@ -237,7 +238,7 @@ def test_a_worker_over_its_quota_keeps_the_file_and_uploads_it_once_room_comes_b
                 pool_id=pool_id, state_dir=tmp_path / "worker", coordinator=client.url,
                 checkpoints=(client.url,), task=DEFAULT_TASK,  # read for its precision; nothing is generated
             )  # fmt: skip
-            daemon = WorkerDaemon(settings, node_ledger, member)
+            daemon = WorkerDaemon(settings, LedgerWorkChain(node_ledger), member)
             for counter, data in enumerate((first, second)):  # two files generated, waiting in the journal
                 daemon.state.path_of(key(data)).write_bytes(data)
                 daemon.state.add(key(data), step=0, counter=counter, units=12)

@@ -1,0 +1,204 @@
+"""Local mode's worker: the worker daemon (`node.daemon.worker`) over `LocalWorkChain`, a chain that is not there.
+
+`prime-train run --local-workers N` starts N of these, as `python -m node.daemon.local ...`. Each runs the same
+loop as `prime-node start`: ask the trainer's coordinator for a signed assignment, hold the weights of its step
+(fetched through SHARDCAST from the trainer's origin, signature checked), generate the file with proofs, journal
+it in the state folder, upload it signed. The chain's part degrades by what `LocalWorkChain` answers, not by
+branches in the loop: the trainer's own workers are always members (each its own provider, nothing staked),
+"submitting" journals the files in memory, nothing is ever invalidated, and the challenge window closes at once
+with nothing to claim (the trainer accepts every upload of its workers; no validator judges them).
+
+Its key is the keystore `--keystore` names, decrypted with the password in PRIME_KEYSTORE_PASSWORD (set by the
+trainer, never on the command line). It exits 0 on SIGTERM or SIGINT (after the file in progress), and when the
+coordinator has been unreachable for `--patience` seconds (the trainer finished); 1 after `--max-failures` failed
+iterations in a row (a policy it cannot fetch or trust, a task it cannot generate), and at once when its keystore
+does not open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
+from node.errors import NodeError
+from node.signing import SigningDomain
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from ledger.events import WorkInvalidated
+    from node.daemon.worker import WorkerSettings
+
+log = logging.getLogger("node.worker")
+
+LOCAL_TX = "local"  # what the journal records as the "transaction" of a local submission
+
+
+class LocalChainError(NodeError):
+    """Something was asked of local mode's chain that only a real chain does (claiming rewards)."""
+
+
+class LocalWorkChain:
+    """`node.daemon.chain.WorkChain` without a chain, for the trainer's own trusted workers.
+
+    Submissions live in memory: after a restart the journal's submitted files read as unknown here, which the
+    daemon leaves alone (`submission_gone` is False: nothing reorganises a local journal), and its uploaded ones
+    are journaled again."""
+
+    def __init__(self, domain: SigningDomain, pool_id: int, trainer: str, node: str) -> None:
+        self._domain, self._node = domain, node  # `node` submits, as the signer of a Ledger does
+        self._pool = PoolInfo(
+            pool_id=pool_id,
+            owner=trainer,
+            config=PoolConfig(
+                name="local",
+                model_hash=bytes(32),
+                spec_uri="",
+                trainer=trainer,  # signs the checkpoints, the assignments and the upload receipts
+                min_stake_per_node=0,
+                challenge_window=0,  # no validators: nothing can invalidate a file, so nothing waits for them
+                reward_per_unit=0,
+                slash_amount=0,
+            ),
+        )
+        self._works: dict[tuple[str, bytes], WorkRecord] = {}
+
+    @property
+    def domain(self) -> SigningDomain:
+        return self._domain
+
+    @property
+    def decimals(self) -> int:
+        return 18
+
+    def provider_of(self, node: str) -> str | None:
+        return node  # a trusted worker answers for itself
+
+    def is_member(self, pool_id: int, node: str) -> bool:
+        return pool_id == self._pool.pool_id  # the coordinator admits only the trainer's own workers
+
+    def is_ejected(self, pool_id: int, node: str) -> bool:
+        return False
+
+    def stake_of(self, provider: str) -> StakeInfo:
+        return StakeInfo(active=0, unbonding=0, locked=0, release_at=0)
+
+    def pool(self, pool_id: int) -> PoolInfo:
+        if pool_id != self._pool.pool_id:
+            raise LocalChainError(f"local mode has pool {self._pool.pool_id} only, not {pool_id}")
+        return self._pool
+
+    def join(self, pool_id: int) -> None:
+        self.pool(pool_id)  # always a member already
+
+    def get_work(self, pool_id: int, node: str, work_key: bytes) -> WorkRecord:
+        found = self._works.get((node, work_key))
+        if found is not None:
+            return found
+        return WorkRecord(pool_id, work_key, node, node, units=0, submitted_at=0, status=WorkStatus.NONE)
+
+    def submit(self, pool_id: int, work_keys: Sequence[bytes], units: Sequence[int]) -> str:
+        now = self.timestamp()
+        for key, count in zip(work_keys, units, strict=True):
+            self._works[(self._node, key)] = WorkRecord(
+                self.pool(pool_id).pool_id, key, self._node, self._node, count, now, WorkStatus.PENDING
+            )
+        return LOCAL_TX
+
+    def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> str:
+        raise LocalChainError("local mode pays no rewards: its workers run with claim off")
+
+    def timestamp(self) -> int:
+        return int(time.time())
+
+    def submission_gone(self, tx: str) -> bool:
+        return False
+
+    def invalidation(self, pool_id: int, node: str, work_key: bytes) -> WorkInvalidated | None:
+        return None
+
+
+def settings_from(args: argparse.Namespace) -> WorkerSettings:
+    """The daemon's settings for a local worker: no claims, no relay, no gossip, no dashboard; torch by default."""
+    from node.daemon.worker import WorkerSettings
+
+    return WorkerSettings(
+        pool_id=args.pool,
+        state_dir=Path(args.state),
+        coordinator=args.coordinator,
+        checkpoints=(args.origin,),
+        task=Path(args.task),
+        async_level=args.async_level,
+        batch_size=args.batch_size,
+        claim=False,
+        max_failures=args.max_failures,
+        retry_seconds=0.5,
+        patience=args.patience,
+        backend=args.backend,
+        device=args.device,
+    )
+
+
+async def run(settings: WorkerSettings, account: LocalAccount, domain: SigningDomain, trainer: str) -> int:
+    from node.daemon.worker import WorkerDaemon
+
+    chain = LocalWorkChain(domain, settings.pool_id, trainer, account.address)
+    daemon = WorkerDaemon(settings, chain, account)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.stopping.set)
+    return await daemon.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ledger.accounts import PASSWORD_ENV_VAR, AccountError, load_account, resolve_password
+
+    parser = argparse.ArgumentParser(prog="python -m node.daemon.local", description=__doc__)
+    parser.add_argument("--coordinator", required=True, help="URL of the trainer's coordinator API")
+    parser.add_argument("--origin", required=True, help="URL of the trainer's SHARDCAST origin")
+    parser.add_argument("--trainer", required=True, help="address that signs checkpoints, assignments, receipts")
+    parser.add_argument("--pool", type=int, required=True, help="local mode's pool id")
+    parser.add_argument("--chain-id", type=int, required=True, help="chain id of the signing domain")
+    parser.add_argument("--contract", required=True, help="verifying contract of the signing domain")
+    parser.add_argument(
+        "--keystore", required=True, help=f"this worker's keystore (v3); its password comes from {PASSWORD_ENV_VAR}"
+    )
+    parser.add_argument("--task", required=True, help="task spec (TOML)")
+    parser.add_argument("--state", required=True, help="the daemon's state folder: journal, files, weights")
+    parser.add_argument("--async-level", type=int, default=2, help="the run's async level k")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--batch-size", type=int, default=128, help="sequences decoded together (128: a default file in one pass)"
+    )
+    parser.add_argument("--backend", default="torch", help="auto | vllm | torch")
+    parser.add_argument("--device", default="cpu", help="auto | cpu | cuda")
+    parser.add_argument("--patience", type=float, default=10.0, help="seconds without a coordinator before exiting")
+    parser.add_argument("--max-failures", type=int, default=20, help="failed iterations in a row before exiting 1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:  # the trainer passes the password in the environment, never on the command line
+        account = load_account(Path(args.keystore), resolve_password(prompt=False))
+    except AccountError as exc:
+        log.error("%s", exc)
+        return 1
+    import torch  # after the keystore opened: a worker that cannot sign stops in a second
+
+    torch.set_num_threads(args.threads)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 1
+    return asyncio.run(run(settings, account, SigningDomain(args.chain_id, args.contract), args.trainer))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

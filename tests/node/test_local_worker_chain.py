@@ -1,0 +1,93 @@
+"""Local mode's worker: the real worker daemon over `LocalWorkChain`, a chain that is not there. The trainer's own
+workers are members without joining or staking, their submissions are journaled, nothing invalidates or pays
+them, and the daemon's chain-following leaves them be; a worker whose coordinator is gone for `patience` seconds
+stops with 0."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger.types import WorkStatus
+from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain
+from node.daemon.worker import WorkerDaemon, WorkerSettings
+from node.terms import work_state
+from tests.network_trainer import TASK
+from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER
+from tests.trainer.test_upload_quota import coordinator, files, key, serving
+
+
+def local_chain() -> LocalWorkChain:
+    return LocalWorkChain(DOMAIN, POOL, TRAINER.address, WORKER.address)
+
+
+def settings(tmp_path: Path, url: str, **extra: object) -> WorkerSettings:
+    return WorkerSettings(
+        pool_id=POOL, state_dir=tmp_path / "worker", coordinator=url, checkpoints=(url,), task=TASK,
+        backend="torch", device="cpu", **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_a_local_worker_is_a_member_of_its_pool_answering_for_itself_with_no_stake() -> None:
+    chain = local_chain()
+    assert chain.is_member(POOL, WORKER.address) and not chain.is_ejected(POOL, WORKER.address)
+    assert chain.provider_of(WORKER.address) == WORKER.address
+    pool = chain.pool(POOL).config
+    assert (pool.trainer, pool.min_stake_per_node, pool.challenge_window) == (TRAINER.address, 0, 0)
+    assert chain.domain == DOMAIN
+    with pytest.raises(LocalChainError, match="pool 4 only"):
+        chain.pool(POOL + 1)
+
+
+def test_a_local_submission_is_journaled_never_invalidated_and_never_paid() -> None:
+    chain = local_chain()
+    keys = [bytes([i]) * 32 for i in range(2)]
+    assert chain.get_work(POOL, WORKER.address, keys[0]).status == WorkStatus.NONE
+    before = chain.timestamp()
+    assert chain.submit(POOL, keys, [10, 20]) == LOCAL_TX
+    work = chain.get_work(POOL, WORKER.address, keys[1])
+    assert (work.status, work.units, work.node) == (WorkStatus.PENDING, 20, WORKER.address)
+    assert work.submitted_at >= before
+    # no validators: the challenge window closes at once, and nothing is there to claim
+    assert work_state(work, chain.pool(POOL).config.challenge_window, chain.timestamp()) == "claimable"
+    assert chain.invalidation(POOL, WORKER.address, keys[1]) is None
+    assert not chain.submission_gone(LOCAL_TX)
+    with pytest.raises(LocalChainError, match="pays no rewards"):
+        chain.claim_rewards(POOL, WORKER.address, keys)
+
+
+def test_the_daemon_in_local_mode_uploads_and_journals_its_files_and_leaves_them_submitted(tmp_path: Path) -> None:
+    first, second = files(2)
+    api = coordinator(tmp_path)
+
+    async def main() -> tuple[LocalWorkChain, list[str]]:
+        async with serving(api) as client:
+            chain = local_chain()
+            # max_files 0: generate nothing; upload, submit and follow what the journal holds
+            daemon = WorkerDaemon(settings(tmp_path, client.url, max_files=0), chain, WORKER)
+            for counter, data in enumerate((first, second)):
+                daemon.state.path_of(key(data)).write_bytes(data)
+                daemon.state.add(key(data), step=0, counter=counter, units=12)
+            assert await daemon.run() == 0  # standing checked: a member with no provider, stake or join
+            await daemon.follow_chain(force=True)  # the chain's word: nothing invalidated, nothing claimed
+            return chain, [r.stage for r in daemon.state.all()]
+
+    chain, stages = asyncio.run(main())
+    assert stages == ["submitted", "submitted"]
+    for data in (first, second):
+        assert api.service.inbox.has(key(data))  # uploaded, and the trainer's to train on
+        assert chain.get_work(POOL, WORKER.address, key(data)).status == WorkStatus.PENDING
+
+
+def test_a_local_worker_stops_with_0_once_its_coordinator_is_gone_for_its_patience(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: the trainer finished
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    daemon = WorkerDaemon(settings(tmp_path, url, patience=0.5, retry_seconds=0.1), local_chain(), WORKER)
+    started = time.monotonic()
+    assert asyncio.run(daemon.run()) == 0
+    assert 0.5 <= time.monotonic() - started < 30
