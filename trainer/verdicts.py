@@ -1,0 +1,98 @@
+"""The validators' verdicts the coordinator recorded, in memory for the step loop and journaled for restarts.
+
+The attestation handler (`trainer/coordinator.py`) writes each verdict here once its signature is checked; the
+step loop (`AttestedUploads` in `trainer/run.py`) asks which files it may train on. Both run in the trainer's
+process, the loop in a worker thread, so the store takes a lock around each read and write.
+
+The rule the loop trains by: a file is trainable once at least `min_accepts` distinct validators accepted it and
+none rejected it. A rejection vetoes for good (a later acceptance, by the same validator or another, does not
+lift it); the attestation list a node reads (`latest`) holds each validator's latest verdict.
+
+The journal is `attestations.jsonl`: one `AttestationRecord` a line (sorted keys), appended as each verdict is
+recorded and read once when the store opens, so a restarted trainer knows the verdicts posted before. A line cut
+by a crash is skipped (its validator posts again), and the next record starts on a line of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+from node.protocol.errors import ProtocolError
+from node.protocol.rollouts import AttestationRecord
+from node.safejson import loads_bounded
+
+log = logging.getLogger(__name__)
+
+
+class VerdictStore:
+    """Verdicts by work key. `journal` None: kept in memory only (tests, benchmarks)."""
+
+    def __init__(self, journal: Path | None = None) -> None:
+        self.journal = journal
+        self._lock = threading.Lock()
+        self._latest: dict[bytes, dict[str, AttestationRecord]] = {}  # work key -> validator -> its latest verdict
+        self._accepted_by: dict[bytes, set[str]] = {}  # work key -> validators that ever accepted it
+        self._rejected: set[bytes] = set()  # work keys any validator ever rejected
+        self._changes: list[bytes] = []  # the work key of each verdict, in the order they were recorded
+        if journal is not None and journal.exists():
+            skipped = 0
+            for line in journal.read_bytes().splitlines():
+                record = parse_journal_line(line)
+                if record is None:
+                    skipped += bool(line.strip())
+                else:
+                    self._take(record)
+            if skipped:
+                log.warning("%s: skipped %d lines that are not verdicts (cut by a crash?)", journal, skipped)
+
+    def record(self, record: AttestationRecord) -> None:
+        """Journals `record`, then makes it known to the readers."""
+        if self.journal is not None:
+            line = json.dumps(record.to_json(), sort_keys=True).encode() + b"\n"
+            with self.journal.open("a+b") as out:
+                if out.tell() and (out.seek(-1, 2), out.read(1))[1] != b"\n":  # a line cut by a crash stays alone
+                    line = b"\n" + line
+                out.write(line)
+        with self._lock:
+            self._take(record)
+
+    def _take(self, record: AttestationRecord) -> None:
+        key = record.work_key
+        self._latest.setdefault(key, {})[record.validator] = record
+        if record.accepted:
+            self._accepted_by.setdefault(key, set()).add(record.validator)
+        else:
+            self._rejected.add(key)
+        self._changes.append(key)
+
+    def latest(self, work_key: bytes) -> list[AttestationRecord]:
+        """Each validator's latest verdict on `work_key`, by validator address."""
+        with self._lock:
+            found = self._latest.get(work_key, {})
+            return [found[validator] for validator in sorted(found)]
+
+    def trainable(self, work_key: bytes, min_accepts: int) -> bool:
+        """Accepted by at least `min_accepts` distinct validators and rejected by none."""
+        with self._lock:
+            return work_key not in self._rejected and len(self._accepted_by.get(work_key, ())) >= min_accepts
+
+    def changed(self, since: int = 0) -> list[bytes]:
+        """The work keys of the verdicts recorded from the `since`-th on (`since`: how many a reader has seen);
+        a key comes once for each verdict on it."""
+        with self._lock:
+            return self._changes[since:]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._changes)
+
+
+def parse_journal_line(line: bytes) -> AttestationRecord | None:
+    """A line of the journal, or None for one that is not a whole record (cut by a crash, or edited by hand)."""
+    try:
+        return AttestationRecord.from_json(loads_bounded(line, 1))
+    except (ValueError, ProtocolError):
+        return None
