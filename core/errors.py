@@ -1,0 +1,26 @@
+"""The core package's exception tree; every error it raises derives from `CoreError`."""
+
+from __future__ import annotations
+
+
+class CoreError(Exception):
+    """Base of every error raised by the core package."""
+
+
+class InputError(CoreError):
+    """A value a person gave (a flag, an argument, a config entry) is missing, malformed, or does not fit with
+    another; the message names it and says what would do. Commands raise it as `ledger.cli.common.CommandError`."""
+
+
+class ParseError(InputError):
+    """A value a person typed could not be read; `text` is what they typed."""
+
+    def __init__(self, message: str, *, text: str) -> None:
+        super().__init__(message)
+        self.text = text
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on a single line; its type name when the message is empty."""
+    message = " ".join(str(exc).split())
+    return message or type(exc).__name__

@@ -1,0 +1,34 @@
+"""Logging set-up, called once at start-up by a command: quiet for one-shot commands, timestamped for daemons.
+
+`PRIME_DEBUG=1` turns on the prime packages' debug logs (and, in the command-line kit, tracebacks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+DEBUG_ENV_VAR = "PRIME_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """Whether PRIME_DEBUG=1; read at start-up by the command-line edge, and nowhere deeper."""
+    return os.environ.get(DEBUG_ENV_VAR) == "1"
+
+
+def configure_logging() -> None:
+    """For one-shot commands: library warnings (an RPC retry, say) stay quiet, since the outcome is one line.
+
+    PRIME_DEBUG=1 shows the prime packages' debug logs. Daemon commands call `configure_daemon_logging` instead.
+    """
+    logging.basicConfig(level=logging.WARNING if debug_enabled() else logging.ERROR, format="%(name)s: %(message)s")
+    if debug_enabled():
+        for package in ("ledger", "node"):
+            logging.getLogger(package).setLevel(logging.DEBUG)
+
+
+def configure_daemon_logging(level: int = logging.INFO) -> None:
+    """For long-running commands: timestamped logs of the prime packages on stderr (debug with PRIME_DEBUG=1)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for package in ("ledger", "node", "trainer", "validator"):
+        logging.getLogger(package).setLevel(logging.DEBUG if debug_enabled() else level)
