@@ -44,9 +44,11 @@ from node.rollouts import encode_rollouts, read_rollouts, work_units
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec
-from trainer.api import CoordinatorApi, PoolState
+from trainer.api import CoordinatorApi
+from trainer.coordinator import CoordinatorService, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.roles import StaticRoles
+from trainer.verdicts import VerdictStore
 from validator.verify import Expected, verify_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,14 +82,15 @@ def generate(spec: TaskSpec, source: TaskSource, model: LoadedModel, counter: in
 
 async def move(tmp: Path, data: bytes) -> tuple[bytes | None, float, float]:
     """Uploads `data` as the worker to a real coordinator on loopback; returns what the validator downloads."""
-    api = CoordinatorApi(
+    service = CoordinatorService(
         domain=DOMAIN,
         state=PoolState(pool_id=0, trainer=TRAINER.address),
         roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
         inbox=RolloutInbox(tmp / "inbox"),
-        attestations=tmp / "attestations.jsonl",
+        verdicts=VerdictStore(),
         signer=TRAINER,
     )
+    api = CoordinatorApi(service)
     runner = web.AppRunner(api.app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

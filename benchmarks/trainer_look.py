@@ -5,7 +5,7 @@ Run: `.venv/bin/python benchmarks/trainer_look.py [--uploads 20000] [--waiting 8
 
 The step loop looks after every upload and every attestation, and every 0.5 s while it waits. The inbox holds
 `--uploads` files named by their sha256 (a few bytes each: a look never reads a file it skips), every one accepted
-by a validator in the attestation log, and all but `--waiting` already consumed by earlier steps. Both looks end
+by a validator in the verdict store, and all but `--waiting` already consumed by earlier steps. Both looks end
 with the loop's own skip of consumed names (`TrainingLoop.select`), so each gives the same files to read.
 """
 
@@ -13,31 +13,32 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node.protocol.rollouts import AttestationRecord
 from trainer.inbox import RolloutInbox, named_work_key
 from trainer.run import AttestedUploads, EveryUpload
+from trainer.verdicts import VerdictStore
 
 VALIDATOR = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 
 
-def fill(root: Path, uploads: int) -> tuple[RolloutInbox, Path, list[bytes]]:
+def fill(root: Path, uploads: int) -> tuple[RolloutInbox, VerdictStore, list[bytes]]:
     inbox_dir = root / "inbox"
     inbox_dir.mkdir()
     keys = []
-    with (root / "attestations.jsonl").open("w") as log:
-        for i in range(uploads):
-            data = i.to_bytes(8, "big")
-            key = hashlib.sha256(data).digest()
-            (inbox_dir / f"{key.hex()}.parquet").write_bytes(data)
-            log.write(json.dumps({"work_key": "0x" + key.hex(), "accepted": True, "validator": VALIDATOR}) + "\n")
-            keys.append(key)
-    return RolloutInbox(inbox_dir), root / "attestations.jsonl", keys
+    verdicts = VerdictStore(root / "attestations.jsonl")
+    for i in range(uploads):
+        data = i.to_bytes(8, "big")
+        key = hashlib.sha256(data).digest()
+        (inbox_dir / f"{key.hex()}.parquet").write_bytes(data)
+        verdicts.record(AttestationRecord(key, True, 0, VALIDATOR, bytes(65)))
+        keys.append(key)
+    return RolloutInbox(inbox_dir), verdicts, keys
 
 
 def median_ms(look: Callable[[], list[Path]], repeats: int) -> tuple[float, int]:
@@ -57,12 +58,12 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        inbox, log, keys = fill(Path(tmp), args.uploads)
+        inbox, verdicts, keys = fill(Path(tmp), args.uploads)
         consumed = set(keys[: args.uploads - args.waiting])
         unconsumed = lambda paths: [p for p in paths if named_work_key(p) not in consumed]  # noqa: E731  (select)
 
         attested = AttestedUploads(1)
-        attested(inbox, log, set())  # the log parsed once, as a running trainer has
+        attested(inbox, verdicts, set())  # every verdict taken in once, as a running trainer has
         ready = set(keys)
 
         def previous_local() -> list[Path]:
@@ -73,8 +74,8 @@ def main() -> None:
 
         every = EveryUpload()
         looks = {
-            "local": (previous_local, lambda: unconsumed(every(inbox, log, consumed))),
-            "network": (previous_network, lambda: unconsumed(attested(inbox, log, consumed))),
+            "local": (previous_local, lambda: unconsumed(every(inbox, verdicts, consumed))),
+            "network": (previous_network, lambda: unconsumed(attested(inbox, verdicts, consumed))),
         }
         print(f"{args.uploads} uploads, {args.waiting} not yet consumed; median of {args.repeats} looks")
         print(f"{'mode':10}{'every upload (ms)':>20}{'waiting only (ms)':>20}{'ratio':>10}")

@@ -8,8 +8,8 @@ only writer, and the keys are kept in memory, in the order they came (the first 
 loop looks for new uploads many times a step, and a listing of the folder would grow with the run; with
 `arrivals` a reader takes only those that came since its last look.
 
-`UploadQuota` is what the coordinator holds for each node against its quota (`trainer/api.py` says when a file
-stops counting); `stored` is what a restarted coordinator counts again.
+`UploadQuota` is what the coordinator holds for each node against its quota (`trainer/coordinator.py` says when a
+file stops counting); `stored` is what a restarted coordinator counts again.
 """
 
 from __future__ import annotations

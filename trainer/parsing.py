@@ -11,7 +11,8 @@ module keeps whatever risk is left out of the coordinator's process:
 - a parse that outlasts `timeout`, or whose child dies, kills that child; the next parse starts a fresh one.
 
 The child runs `inspect_rollouts`: every check of `read_rollouts`, without building Python rows, and answers with
-the file's metadata only. Every failure is an `UnparsedUpload` with a code the API answers with.
+the file's metadata only. Every failure is an `UnparsedUpload` with a code the API answers with (one of
+`node.protocol.ErrorCode`'s).
 """
 
 from __future__ import annotations

@@ -36,14 +36,16 @@ from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
-from trainer.api import STEP_HISTORY, CoordinatorApi, PoolState, parse_logged_verdict
+from trainer.api import CoordinatorApi
 from trainer.config import RunConfig
+from trainer.coordinator import STEP_HISTORY, CoordinatorService, PoolState
 from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner
 from trainer.loop import RunPaths, TrainingLoop
 from trainer.precision import resolve_precision
 from trainer.roles import Roles, StaticRoles
+from trainer.verdicts import VerdictStore
 
 if TYPE_CHECKING:
     from trainer.gossip import TrainerGossip
@@ -74,7 +76,7 @@ class Uploads(Protocol):
     A consumed upload is left out for good, so `consumed` must only grow.
     """
 
-    def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]: ...
+    def __call__(self, inbox: RolloutInbox, verdicts: VerdictStore, consumed: AbstractSet[bytes]) -> list[Path]: ...
 
 
 def _stored(inbox: RolloutInbox, keys: AbstractSet[bytes]) -> list[Path]:
@@ -89,7 +91,7 @@ class EveryUpload:
         self._seen = 0  # arrivals of the inbox taken into `_waiting`
         self._waiting: set[bytes] = set()
 
-    def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]:
+    def __call__(self, inbox: RolloutInbox, verdicts: VerdictStore, consumed: AbstractSet[bytes]) -> list[Path]:
         arrived = inbox.arrivals(self._seen)
         self._seen += len(arrived)
         self._waiting.update(arrived)
@@ -100,52 +102,25 @@ class EveryUpload:
 class AttestedUploads:
     """Uploads accepted by at least `min_attestations` distinct validators and rejected by none (network mode).
 
-    The attestation log only grows, so each call parses just the lines appended since the last one: the step
-    loop asks after every upload and attestation, and re-reading the whole log each time would grow with the
-    run. A line still being written (no newline yet) is read once it is complete; a line cut by a crash is
-    skipped (the API ends it with a newline before the next record, and its validator posts again). A log
-    that shrank (replaced by hand) is read again from its start.
+    The verdicts come from the coordinator's `VerdictStore`, in this process: each call takes only the verdicts
+    recorded since the last one and asks the store about their files, so a look does not grow with the run.
     """
 
     def __init__(self, min_attestations: int) -> None:
         self.min_attestations = min_attestations
-        self._forget_all()
-
-    def _forget_all(self) -> None:
-        self._offset = 0  # bytes of the log parsed so far: whole lines only
-        self._accepts: dict[bytes, set[str]] = {}  # work key -> validators that accepted it
-        self._rejected: set[bytes] = set()
+        self._seen = 0  # verdicts of the store taken in
         self._ready: set[bytes] = set()  # accepted often enough, never rejected, and not consumed when last asked
 
-    def __call__(self, inbox: RolloutInbox, attestations: Path, consumed: AbstractSet[bytes]) -> list[Path]:
-        self._read(attestations)
+    def __call__(self, inbox: RolloutInbox, verdicts: VerdictStore, consumed: AbstractSet[bytes]) -> list[Path]:
+        changed = verdicts.changed(self._seen)
+        self._seen += len(changed)
+        for key in set(changed):
+            if verdicts.trainable(key, self.min_attestations):
+                self._ready.add(key)
+            else:
+                self._ready.discard(key)
         self._ready = {key for key in self._ready if key not in consumed}
         return _stored(inbox, self._ready)
-
-    def _read(self, attestations: Path) -> None:
-        try:
-            with attestations.open("rb") as log_file:
-                size = log_file.seek(0, os.SEEK_END)
-                if size < self._offset:
-                    self._forget_all()
-                log_file.seek(self._offset)
-                appended = log_file.read(size - self._offset)
-        except FileNotFoundError:
-            return
-        complete = appended.rfind(b"\n") + 1
-        self._offset += complete
-        for line in appended[:complete].splitlines():
-            verdict = parse_logged_verdict(line)
-            if verdict is None:
-                continue
-            key = verdict.work_key
-            if verdict.accepted:
-                self._accepts.setdefault(key, set()).add(verdict.validator)
-                if len(self._accepts[key]) >= self.min_attestations and key not in self._rejected:
-                    self._ready.add(key)
-            else:
-                self._rejected.add(key)
-                self._ready.discard(key)
 
 
 TRAINER_KEY = "trainer"  # the label of the trainer's keystore; worker i's is "worker-<i>"
@@ -414,13 +389,13 @@ async def run_training(
         arrived.set()
 
     inbox = RolloutInbox(config.run_dir / "inbox")
-    attestations = config.run_dir / "attestations.jsonl"
-    api = CoordinatorApi(
+    verdicts = VerdictStore(config.run_dir / "attestations.jsonl")  # the validators' verdicts, kept across restarts
+    service = CoordinatorService(
         domain=network.domain,
         state=state,
         roles=network.roles,
         inbox=inbox,
-        attestations=attestations,
+        verdicts=verdicts,
         config=config.api,
         on_upload=on_upload,
         on_assign=persist_counter,
@@ -429,6 +404,7 @@ async def run_training(
         signer=network.account,  # upload receipts (what a worker shows if the coordinator loses its file), assignments
         task_spec_hash=spec_hash(spec),
     )
+    api = CoordinatorApi(service)
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
     )
@@ -480,9 +456,9 @@ async def run_training(
                 waited = time.monotonic()
                 while True:
                     arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
-                    # off the event loop: reading new files and the attestation log would hold up uploads
+                    # off the event loop: reading new files would hold up uploads
                     selection = await asyncio.to_thread(
-                        lambda: loop.select(network.accepted(inbox, attestations, loop.counters.consumed))
+                        lambda: loop.select(network.accepted(inbox, verdicts, loop.counters.consumed))
                     )
                     if selection.rows >= config.rollouts_per_step:
                         break

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
+from node.protocol.rollouts import AttestationRecord
 from trainer.inbox import RolloutInbox
 from trainer.run import AttestedUploads, EveryUpload
+from trainer.verdicts import VerdictStore
 
 V1 = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 V2 = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
@@ -19,62 +20,63 @@ def put(inbox: RolloutInbox, data: bytes) -> str:
     return "0x" + key.hex()
 
 
-def attest(log: Path, key: str, accepted: bool, validator: str) -> None:
-    with log.open("a") as out:
-        out.write(json.dumps({"work_key": key, "accepted": accepted, "reason": "", "validator": validator}) + "\n")
+def attest(verdicts: VerdictStore, key: str, accepted: bool, validator: str) -> None:
+    """A verdict as the API records it once its signature is checked (the store does not check it again)."""
+    verdicts.record(AttestationRecord(bytes.fromhex(key[2:]), accepted, 0 if accepted else 7, validator, bytes(65)))
 
 
 def test_network_mode_trains_only_on_files_enough_validators_accepted_and_none_rejected(tmp_path: Path) -> None:
     inbox = RolloutInbox(tmp_path / "inbox")
-    log = tmp_path / "attestations.jsonl"
+    verdicts = VerdictStore(tmp_path / "attestations.jsonl")
     one, two, bad, silent = (put(inbox, bytes([i]) * 10) for i in range(4))
-    attest(log, one, True, V1)
-    attest(log, two, True, V1)
-    attest(log, two, True, V2)
-    attest(log, bad, True, V1)
-    attest(log, bad, False, V2)
-    attest(log, "0x" + "ab" * 32, True, V1)  # attested but never uploaded
-    with log.open("a") as out:
-        out.write('{"work_key": "0x')  # a line cut by a crash
+    attest(verdicts, one, True, V1)
+    attest(verdicts, two, True, V1)
+    attest(verdicts, two, True, V2)
+    attest(verdicts, bad, True, V1)
+    attest(verdicts, bad, False, V2)
+    attest(verdicts, "0x" + "ab" * 32, True, V1)  # attested but never uploaded
     names = lambda paths: {"0x" + p.stem for p in paths}  # noqa: E731
-    assert names(AttestedUploads(1)(inbox, log, set())) == {one, two}
-    assert names(AttestedUploads(2)(inbox, log, set())) == {two}  # V1 twice would not count as two validators
-    attest(log, one, True, V1)
-    assert names(AttestedUploads(2)(inbox, log, set())) == {two}
-    assert names(EveryUpload()(inbox, log, set())) == {one, two, bad, silent}
-    assert AttestedUploads(1)(inbox, tmp_path / "missing.jsonl", set()) == []
+    assert names(AttestedUploads(1)(inbox, verdicts, set())) == {one, two}
+    assert names(AttestedUploads(2)(inbox, verdicts, set())) == {two}  # V1 twice would not count as two validators
+    attest(verdicts, one, True, V1)
+    assert names(AttestedUploads(2)(inbox, verdicts, set())) == {two}
+    assert names(EveryUpload()(inbox, verdicts, set())) == {one, two, bad, silent}
+    assert AttestedUploads(1)(inbox, VerdictStore(), set()) == []
 
 
-def test_the_attestation_log_is_read_once_as_it_grows(tmp_path: Path) -> None:
+def test_a_look_takes_in_only_the_verdicts_recorded_since_the_last(tmp_path: Path) -> None:
     inbox = RolloutInbox(tmp_path / "inbox")
-    log = tmp_path / "attestations.jsonl"
+    verdicts = VerdictStore(tmp_path / "attestations.jsonl")
     one, two, three = (put(inbox, bytes([i]) * 10) for i in range(3))
     accepted = AttestedUploads(2)
-    names = lambda: {"0x" + p.stem for p in accepted(inbox, log, set())}  # noqa: E731
-    assert names() == set()  # no log yet
-    attest(log, one, True, V1)
-    attest(log, one, True, V2)
+    names = lambda: {"0x" + p.stem for p in accepted(inbox, verdicts, set())}  # noqa: E731
+    assert names() == set()  # no verdict yet
+    attest(verdicts, one, True, V1)
+    attest(verdicts, one, True, V2)
     assert names() == {one}
-    with log.open("a") as out:  # a validator's record half written: not read until its line ends
-        out.write(json.dumps({"work_key": two, "accepted": True, "reason": "", "validator": V1})[:30])
-    assert names() == {one}
-    with log.open("a") as out:
-        out.write(json.dumps({"work_key": two, "accepted": True, "reason": "", "validator": V1})[30:] + "\n")
-    attest(log, two, True, V2)
-    assert names() == {one, two}
-    attest(log, one, False, V1)  # a rejection after the acceptances still withdraws the file
-    attest(log, three, True, V1)
-    attest(log, three, True, V2)
+    assert accepted._seen == 2
+    attest(verdicts, two, True, V1)
+    attest(verdicts, two, True, V2)
+    assert names() == {one, two} and accepted._seen == 4
+    attest(verdicts, one, False, V1)  # a rejection after the acceptances still withdraws the file
+    attest(verdicts, three, True, V1)
+    attest(verdicts, three, True, V2)
     assert names() == {two, three}
-    # the parsed part of the log is not read again: a line changed in place there is not seen
-    text = log.read_text()
-    log.write_text(text.replace('"accepted": false', '"accepted": true '))
-    assert names() == {two, three}
-    log.write_text("")  # a log that shrank is read again from its start
-    attest(log, three, True, V1)
-    assert names() == set()
-    attest(log, three, True, V2)
-    assert names() == {three}
+
+
+def test_a_restarted_trainer_trains_on_what_was_accepted_before_it_stopped(tmp_path: Path) -> None:
+    inbox = RolloutInbox(tmp_path / "inbox")
+    journal = tmp_path / "attestations.jsonl"
+    one, two = (put(inbox, bytes([i]) * 10) for i in range(2))
+    before = VerdictStore(journal)
+    attest(before, one, True, V1)
+    attest(before, two, True, V1)
+    attest(before, two, False, V2)
+    with journal.open("ab") as out:
+        out.write(b'{"work_key": "0x')  # a crash in the middle of the next record
+    names = lambda paths: {"0x" + p.stem for p in paths}  # noqa: E731
+    after = VerdictStore(journal)
+    assert names(AttestedUploads(1)(inbox, after, set())) == {one}  # two's rejection survived the restart too
 
 
 def test_the_inbox_lists_its_uploads_from_memory_after_one_scan(tmp_path: Path) -> None:
@@ -100,23 +102,23 @@ class CountingInbox(RolloutInbox):
 
 def test_a_look_leaves_out_consumed_uploads_for_good_and_walks_only_those_waiting(tmp_path: Path) -> None:
     inbox = CountingInbox(tmp_path / "inbox")
-    log = tmp_path / "attestations.jsonl"
+    verdicts = VerdictStore()
     keys = [put(inbox, bytes([i]) * 10) for i in range(40)]
     for key in keys:
-        attest(log, key, True, V1)
+        attest(verdicts, key, True, V1)
     consumed = {bytes.fromhex(k[2:]) for k in keys[:38]}  # trained on, or dropped as stale
     names = lambda paths: sorted("0x" + p.stem for p in paths)  # noqa: E731
     for uploads in (EveryUpload(), AttestedUploads(1)):
-        assert len(uploads(inbox, log, set())) == 40
+        assert len(uploads(inbox, verdicts, set())) == 40
         inbox.checked = 0
-        assert names(uploads(inbox, log, consumed)) == sorted(keys[38:])
+        assert names(uploads(inbox, verdicts, consumed)) == sorted(keys[38:])
         assert inbox.checked == 2  # the waiting files only, not every upload of the run
-        assert names(uploads(inbox, log, set())) == sorted(keys[38:])  # consumed once: left out for good
-    attest(log, keys[0], True, V2)  # a late second acceptance of a consumed file does not bring it back
+        assert names(uploads(inbox, verdicts, set())) == sorted(keys[38:])  # consumed once: left out for good
+    attest(verdicts, keys[0], True, V2)  # a late second acceptance of a consumed file does not bring it back
     later = put(inbox, b"later")
-    attest(log, later, True, V1)
+    attest(verdicts, later, True, V1)
     every, attested = EveryUpload(), AttestedUploads(1)
     for uploads in (every, attested):  # as after a restart: the consumed set comes from the saved state
-        assert names(uploads(inbox, log, consumed)) == sorted([*keys[38:], later])
+        assert names(uploads(inbox, verdicts, consumed)) == sorted([*keys[38:], later])
     reopened = RolloutInbox(tmp_path / "inbox")
-    assert names(EveryUpload()(reopened, log, consumed)) == sorted([*keys[38:], later])
+    assert names(EveryUpload()(reopened, verdicts, consumed)) == sorted([*keys[38:], later])

@@ -22,10 +22,12 @@ from eth_account import Account
 from node.coordinator import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
 from node.signing import Assignment, Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
-from trainer.api import STEP_HISTORY, ApiConfig, CoordinatorApi, PoolState
+from trainer.api import CoordinatorApi
+from trainer.coordinator import STEP_HISTORY, ApiConfig, CoordinatorService, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.roles import StaticRoles
 from trainer.run import load_published, publish_step
+from trainer.verdicts import VerdictStore
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 POOL = 4
@@ -105,16 +107,17 @@ class Client:
 
 def run(tmp_path: Path, scenario: Callable[[Client, CoordinatorApi], Awaitable[None]], **config: Any) -> None:
     async def main() -> None:
-        api = CoordinatorApi(
+        service = CoordinatorService(
             domain=DOMAIN,
             state=PoolState(pool_id=POOL, trainer=TRAINER.address),
             roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
             inbox=RolloutInbox(tmp_path / "inbox"),
-            attestations=tmp_path / "attestations.jsonl",
+            verdicts=VerdictStore(tmp_path / "attestations.jsonl"),
             config=ApiConfig(**config),
             signer=TRAINER,
             task_spec_hash=TASK_SPEC_HASH,
         )
+        api = CoordinatorApi(service)
         runner = web.AppRunner(api.app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -176,7 +179,7 @@ def test_an_upload_is_receipted_by_the_trainer_and_a_lost_file_is_gone_not_missi
         for upload in (first, again):
             assert upload.receipt is not None
             assert recover(UploadReceipt(POOL, work_key, WORKER.address), upload.receipt, DOMAIN) == TRAINER.address
-        api.inbox.path(work_key).unlink()  # the coordinator's disk loses the file it acknowledged
+        api.service.inbox.path(work_key).unlink()  # the coordinator's disk loses the file it acknowledged
         with pytest.raises(CoordinatorLostFile, match="acknowledged"):
             await worker.download(work_key, len(data))
         assert await worker.download(hashlib.sha256(b"never sent").digest(), 100) is None  # unknown: 404
@@ -240,7 +243,7 @@ def test_an_oversized_body_is_refused_before_it_is_read(tmp_path: Path) -> None:
 
 def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
     async def scenario(client: Client, api: CoordinatorApi) -> None:
-        api.state.step = 3
+        api.service.state.step = 3
         first = await client.send("POST", "/v1/tasks", b"{}")
         second = await client.send("POST", "/v1/tasks", b"{}")
         assert (first.body["counter"], second.body["counter"]) == (0, 1)
@@ -261,7 +264,7 @@ def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
 
 def test_a_node_gets_its_share_of_each_step_then_waits_for_the_next_step(tmp_path: Path) -> None:
     async def scenario(client: Client, api: CoordinatorApi) -> None:
-        api.state.step = 3
+        api.service.state.step = 3
         given = [await client.send("POST", "/v1/tasks", b"{}") for _ in range(2)]
         assert [g.body["counter"] for g in given] == [0, 1]
         started = time.monotonic()
@@ -277,7 +280,7 @@ def test_a_node_gets_its_share_of_each_step_then_waits_for_the_next_step(tmp_pat
             held = asyncio.create_task(worker.request_task())
             await asyncio.sleep(0.1)
             assert not held.done()
-            api.state.publish(4, time.time())
+            api.service.state.publish(4, time.time())
             job = await asyncio.wait_for(held, timeout=0.25)
         assert (job.step, job.counter) == (4, 2)  # counters keep rising: a work key is never reused
 
@@ -288,7 +291,7 @@ def test_a_node_with_enough_untrained_uploads_waits_until_the_trainer_trains_on_
     waiting = {WORKER.address: 1}  # the node's uploads the trainer has not consumed, as the training loop counts
 
     async def scenario(client: Client, api: CoordinatorApi) -> None:
-        api.pending = lambda node: waiting[node]
+        api.service.pending = lambda node: waiting[node]
         first = await client.send("POST", "/v1/tasks", b"{}")
         assert (first.status, first.body["step"]) == (200, 0)
         waiting[WORKER.address] = 2
@@ -296,13 +299,13 @@ def test_a_node_with_enough_untrained_uploads_waits_until_the_trainer_trains_on_
         await asyncio.sleep(0.1)
         assert not held.done()
         waiting[WORKER.address] = 0  # the trainer trained on them, then published the next step
-        api.state.publish(1, time.time())
+        api.service.state.publish(1, time.time())
         answer = await asyncio.wait_for(held, timeout=0.5)
         assert (answer.status, answer.body["step"], answer.body["counter"]) == (200, 1, 1)
         waiting[WORKER.address] = 2  # and now a step comes and goes without training on them
         over = asyncio.create_task(client.send("POST", "/v1/tasks", b"{}"))
         await asyncio.sleep(0.1)
-        api.state.publish(2, time.time())
+        api.service.state.publish(2, time.time())
         refused = await over
         assert refused.status == 503 and refused.body["error"] == "no_work"
         assert "2 uploads the trainer has not trained on yet" in refused.body["message"]
@@ -360,8 +363,8 @@ def test_a_bad_upload_name_is_refused(tmp_path: Path, path: str) -> None:
 def test_steps_lists_when_each_step_became_current_and_the_client_reads_it(tmp_path: Path) -> None:
     async def scenario(client: Client, api: CoordinatorApi) -> None:
         for step, at in ((0, 1000.0), (1, 1060.5), (2, 1130.25)):
-            api.state.publish(step, at)
-        assert api.state.publish(2, 9999.0) is None  # a restart republishing a step keeps its first time
+            api.service.state.publish(step, at)
+        assert api.service.state.publish(2, 9999.0) is None  # a restart republishing a step keeps its first time
         reply = await client.send("GET", "/v1/steps", signer=None)
         assert reply.status == 200
         assert reply.body == {
@@ -422,7 +425,7 @@ def test_a_files_attestations_are_listed_signed_and_survive_a_restart_after_a_cu
     work_key = hashlib.sha256(data).digest()
 
     async def first(client: Client, api: CoordinatorApi) -> None:
-        api.inbox.put(work_key, data, WORKER.address)
+        api.service.inbox.put(work_key, data, WORKER.address)
         reader = CoordinatorClient(client.session, client.url, WORKER, DOMAIN)
         assert await reader.attestations(work_key, POOL) == []
         posted = await client.send(

@@ -17,6 +17,7 @@ from trainer.inbox import RolloutInbox
 from trainer.learner import Learner, LearnerConfig
 from trainer.loop import RunPaths, TrainingLoop
 from trainer.run import EveryUpload
+from trainer.verdicts import VerdictStore
 
 TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
 
@@ -45,7 +46,7 @@ def test_consumed_uploads_are_not_read_again(model_dir: Path, tmp_path: Path, ca
     made = tmp_path / "made"
     made.mkdir()
     uploads = EveryUpload()
-    look = lambda: loop.select(uploads(inbox, tmp_path / "attestations.jsonl", loop.counters.consumed))  # noqa: E731
+    look = lambda: loop.select(uploads(inbox, VerdictStore(), loop.counters.consumed))  # noqa: E731
     step_zero = [
         upload(inbox, make_file(made / f"{counter}.parquet", loaded, spec, source, step=0, counter=counter))
         for counter in range(2)

@@ -24,10 +24,12 @@ from eth_account import Account
 from node.signing import SigningDomain, sign_request
 from tests.node.test_parquet_bomb import bomb_bytes
 from tests.trainer.test_api import rollout_bytes
-from trainer.api import ApiConfig, CoordinatorApi, PoolState
+from trainer.api import CoordinatorApi
+from trainer.coordinator import ApiConfig, CoordinatorService, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.parsing import ParseConfig, UploadParser
 from trainer.roles import StaticRoles
+from trainer.verdicts import VerdictStore
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 POOL = 4
@@ -70,17 +72,18 @@ def serve(
     parser: Callable[[], UploadParser] | None = None,
 ) -> None:
     async def main() -> None:
-        api = CoordinatorApi(
+        service = CoordinatorService(
             domain=DOMAIN,
             state=PoolState(pool_id=POOL, trainer=TRAINER.address),
             roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset()),
             inbox=RolloutInbox(tmp_path / "inbox"),
-            attestations=tmp_path / "attestations.jsonl",
+            verdicts=VerdictStore(),
             config=ApiConfig(),
             signer=TRAINER,
         )
         if parser is not None:
-            api.parser = parser()
+            service.parser = parser()
+        api = CoordinatorApi(service)
         runner = web.AppRunner(api.app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -21,32 +21,36 @@ from eth_account import Account
 
 from ledger.client import Ledger
 from ledger.types import WorkStatus
-from node.coordinator import CoordinatorBusy, CoordinatorClient, CoordinatorUnavailable, PublishedStep
+from node.coordinator import CoordinatorBusy, CoordinatorClient, CoordinatorUnavailable
 from node.daemon.chain import LedgerWorkChain
 from node.daemon.worker import WorkerDaemon, WorkerSettings
+from node.protocol.pool import PublishedStep
 from node.signing import sign_request
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK as DEFAULT_TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER, Client, rollout_bytes, upload_path
-from trainer.api import ApiConfig, CoordinatorApi, PoolState
+from trainer.api import CoordinatorApi
 from trainer.config import TrainerConfigError, load_run_config
+from trainer.coordinator import ApiConfig, CoordinatorService, PoolState
 from trainer.inbox import RolloutInbox, UploadQuota
 from trainer.roles import StaticRoles
+from trainer.verdicts import VerdictStore
 
 OTHER = Account.from_key(b"\x15" * 32)  # a second member
 NETWORK = "[run]\ndir='r'\nmodel='m'\ntask='t'\n[pool]\nid=1\ndeployment='d.json'\n"
 
 
 def coordinator(tmp_path: Path, state: PoolState | None = None, **config: Any) -> CoordinatorApi:
-    return CoordinatorApi(
+    service = CoordinatorService(
         domain=DOMAIN,
         state=state or PoolState(pool_id=POOL, trainer=TRAINER.address),
         roles=StaticRoles(members=frozenset({WORKER.address, OTHER.address})),
         inbox=RolloutInbox(tmp_path / "inbox"),
-        attestations=tmp_path / "attestations.jsonl",
+        verdicts=VerdictStore(),
         config=ApiConfig(**config),
         signer=TRAINER,
     )
+    return CoordinatorApi(service)
 
 
 @asynccontextmanager
@@ -189,7 +193,7 @@ def test_a_restarted_coordinator_counts_what_its_inbox_holds(tmp_path: Path) -> 
         async with serving(api) as client:
             assert await upload(client, third) == 429  # step 1 may still train on them
             at = time.time()
-            api.state.publish(2, at)
+            api.service.state.publish(2, at)
             assert await upload(client, third) == 201  # they were counted under step 0, and it left the window
         history.append(PublishedStep(2, at))
         async with serving(restarted(2)) as client:  # holds the third (step 2), no longer the first two
@@ -223,12 +227,14 @@ def test_a_worker_over_its_quota_keeps_the_file_and_uploads_it_once_room_comes_b
     node_ledger = onboard(owner, ledger_for(1), member, pool_id)
     state = PoolState(pool_id=pool_id, trainer=TRAINER.address)
     api = CoordinatorApi(
-        domain=DOMAIN,
-        state=state,
-        roles=StaticRoles(members=frozenset({member.address})),
-        inbox=RolloutInbox(tmp_path / "inbox"),
-        attestations=tmp_path / "attestations.jsonl",
-        config=ApiConfig(max_stored_files_per_node=1, async_level=1),
+        CoordinatorService(
+            domain=DOMAIN,
+            state=state,
+            roles=StaticRoles(members=frozenset({member.address})),
+            inbox=RolloutInbox(tmp_path / "inbox"),
+            verdicts=VerdictStore(),
+            config=ApiConfig(max_stored_files_per_node=1, async_level=1),
+        )
     )
     first, second = (rollout_bytes(node=member.address, pool=pool_id, proof_bytes=300 + i) for i in range(2))
 
@@ -256,7 +262,7 @@ def test_a_worker_over_its_quota_keeps_the_file_and_uploads_it_once_room_comes_b
             assert stages() == {key(first): "submitted", key(second): "submitted"}
 
     asyncio.run(main())
-    assert api.inbox.has(key(second))
+    assert api.service.inbox.has(key(second))
     for data in (first, second):
         assert node_ledger.get_work(pool_id, member.address, key(data)).status == WorkStatus.PENDING
 

@@ -21,9 +21,11 @@ from node.coordinator import CoordinatorClient
 from node.generation.generate import Generated
 from node.rollouts import encode_rollouts, work_units
 from node.signing import SigningDomain
-from trainer.api import CoordinatorApi, PoolState
+from trainer.api import CoordinatorApi
+from trainer.coordinator import CoordinatorService, PoolState
 from trainer.inbox import RolloutInbox
 from trainer.roles import StaticRoles
+from trainer.verdicts import VerdictStore
 from validator.verdict import Verdict
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
@@ -34,14 +36,15 @@ TRAINER = Account.from_key(b"\x23" * 32)
 
 async def through_the_coordinator(tmp_path: Path, data: bytes) -> bytes | None:
     """Uploads `data` signed by the worker to a real coordinator on loopback; returns what the validator downloads."""
-    api = CoordinatorApi(
+    service = CoordinatorService(
         domain=DOMAIN,
         state=PoolState(pool_id=0, trainer=TRAINER.address),
         roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
         inbox=RolloutInbox(tmp_path / "inbox"),
-        attestations=tmp_path / "attestations.jsonl",
+        verdicts=VerdictStore(),
         signer=TRAINER,
     )
+    api = CoordinatorApi(service)
     runner = web.AppRunner(api.app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

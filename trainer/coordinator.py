@@ -1,0 +1,362 @@
+"""The coordinator's service (DESIGN section 8): assignments, uploads, verdicts and the pool's published steps.
+
+Plain objects with no HTTP in them: `trainer/api.py` reads the bodies, checks the request signatures and calls
+`CoordinatorService` with the signer, typed messages of `node.protocol` in and out. A refusal is a `Refused`
+carrying its `node.protocol.ErrorCode`; the API answers it with the code's status.
+
+An assignment is answered with the trainer's EIP-712 signature over `Assignment(poolId, node, step, counter,
+prompts, groupSize, taskSpecHash)`: the worker writes it into the file, and validators refuse a file whose work
+was not handed out in exactly that shape (one generation re-sliced into many files, or a counter never issued).
+
+Assignments are capped per node and policy step (`files_per_node_per_step`). A request over the cap is held until
+the trainer publishes the next step (at most `hold_seconds`), then answered with that step's assignment, or with
+503 `no_work` and Retry-After: the trainer uses only the files
+of the last `async_level + 1` steps, so a fast node left unlimited would fill the chain, the validators' queue and
+the pool's reward bill with files that go stale before anyone trains on them.
+
+A node may also be limited by its uploads the trainer has not yet trained on (`pending_files_per_node`; local
+mode sets it to the files of the k + 1 steps the window holds, as it takes the oldest files first): held the same
+way, a worker then generates the next steps' files while the trainer trains on the last ones, and never more than
+the trainer can use.
+
+An upload is checked against its name (the body's sha256), then the signer's quota (below), then the file's format
+and its node and pool, parsed in a child process with a memory limit and a timeout (`trainer/parsing.py`), never
+on the event loop. A stored upload is answered with a `receipt`: the trainer's EIP-712 signature over
+`UploadReceipt(poolId, workKey, node)`, which the worker keeps. A file acknowledged that way and lost afterwards
+answers 410 `lost`, not 404: validators never slash for it.
+
+Each member has a quota of what the coordinator stores for it (`max_stored_bytes_per_node`,
+`max_stored_files_per_node`), so one member cannot fill the disk. A stored file counts against its uploader while
+the trainer may still train on it: from its upload until the step current then has left the window (the trainer
+has trained on it or dropped it as stale, `trainer/loop.py`); an upload in flight counts from its checks on. An
+upload past the quota is refused with 429 `quota` and Retry-After before it is parsed or stored, and a worker
+keeps the file to upload it later. The upload is reserved once the signature is checked, not before the body is
+read: until then the signer is only claimed, and a reservation in a claimed name would let a stranger hold a
+member's quota with slow uploads. A re-upload of a stored file stores nothing and is never refused for the quota.
+A restarted coordinator counts the inbox again, each file under the step current when it was written (its
+modification time against the published steps).
+
+A validator's verdict is recorded once its signature recovers to the validator that signed the request, in the
+`VerdictStore` (`trainer/verdicts.py`) that the step loop reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import is_checksum_address
+
+from node.protocol.errors import ErrorCode
+from node.protocol.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
+from node.protocol.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
+from node.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
+from trainer.errors import TrainerError
+from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
+from trainer.parsing import ParseConfig, UnparsedUpload, UploadParser
+from trainer.roles import RoleLookupBusy, Roles
+from trainer.verdicts import VerdictStore
+
+STEP_HISTORY = 1024  # published steps `GET /v1/steps` remembers, newest last
+_PARSE_CODES = {ErrorCode.MALFORMED_FILE, ErrorCode.TOO_LARGE, ErrorCode.PARSE_TIMEOUT, ErrorCode.PARSER_DIED}
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """Limits of the coordinator API."""
+
+    max_upload_bytes: int = 64 * 1024 * 1024  # the pool's file-size limit
+    max_json_bytes: int = 64 * 1024
+    max_skew: float = 300.0  # seconds a signed request's timestamp may be off (DESIGN section 5)
+    prompts_per_task: int = 8
+    group_size: int = 8
+    files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
+    pending_files_per_node: int = 0  # uploads of one node not yet trained on, past which it waits; 0 = no limit
+    hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
+    # signed requests per second per client address and per signer (token buckets of the bursts); 429 above them
+    requests_per_address_per_s: float = 200.0
+    address_burst: int = 1000
+    requests_per_signer_per_s: float = 50.0
+    signer_burst: int = 200
+    retry_after: float = 1.0  # seconds a node still over its limit is told to wait
+    # what the coordinator stores for one node that the trainer may still train on; 0 = no limit (trainer.config
+    # derives both from the pool's pace); past either an upload gets 429 quota
+    max_stored_bytes_per_node: int = 0
+    max_stored_files_per_node: int = 0
+    async_level: int = 1  # the trainer's window k: a file stops counting k + 1 steps after the step it came at
+    parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
+
+    def __post_init__(self) -> None:
+        if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
+            raise ValueError("upload and JSON limits and max_skew must be positive")
+        if self.prompts_per_task < 1 or self.group_size < 1:
+            raise ValueError("prompts_per_task and group_size must be at least 1")
+        limits = (self.files_per_node_per_step, self.pending_files_per_node, self.hold_seconds)
+        if min(self.requests_per_address_per_s, self.requests_per_signer_per_s) <= 0:
+            raise ValueError("the request rates must be positive")
+        if min(self.address_burst, self.signer_burst) < 1:
+            raise ValueError("the request bursts must be at least 1")
+        if min(limits) < 0 or self.retry_after <= 0:
+            raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
+        if min(self.max_stored_bytes_per_node, self.max_stored_files_per_node, self.async_level) < 0:
+            raise ValueError("the stored-upload quota and async_level must be at least 0")
+        if 0 < self.max_stored_bytes_per_node < self.max_upload_bytes:
+            raise ValueError(
+                f"max_stored_bytes_per_node ({self.max_stored_bytes_per_node}) must be 0 or at least max_upload_bytes "
+                f"({self.max_upload_bytes}): a node could never store a file of the largest size"
+            )
+
+
+@dataclass
+class PoolState:
+    """What the trainer publishes about itself; `step` moves as training goes (through `publish`)."""
+
+    pool_id: int
+    trainer: str
+    step: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # next assignment counter per node
+    history: deque[PublishedStep] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+
+    _next_step: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.history = deque(self.history, maxlen=STEP_HISTORY)
+
+    def remember(self, published: Iterable[PublishedStep]) -> None:
+        """Loads earlier publications (a restarted trainer's record), oldest first."""
+        for entry in published:
+            if not self.history or entry.step > self.history[-1].step:
+                self.history.append(entry)
+
+    def publish(self, step: int, at: float) -> PublishedStep | None:
+        """`step` is current from `at` on; returns the new record, or None for a step published before (a restart).
+
+        Call it on the event loop's thread: it wakes the requests waiting in `wait_past`."""
+        if step != self.step:
+            self.step = step
+            self._next_step.set()
+            self._next_step = asyncio.Event()
+        if self.history and self.history[-1].step >= step:
+            return None
+        entry = PublishedStep(step, round(at, 3))
+        self.history.append(entry)
+        return entry
+
+    async def wait_past(self, step: int, timeout: float) -> None:
+        """Returns once the current step is not `step`, or after `timeout` seconds."""
+        if self.step == step:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._next_step.wait(), timeout)
+
+
+def step_at(history: Sequence[PublishedStep], at: float, current: int) -> int:
+    """The step current at `at` (unix seconds) by `history` (oldest first): before its first entry, the step before
+    that one; with no history, `current`. With 50 ms of slack, towards the later step: a step's time is rounded to
+    the millisecond, and a file's modification time comes from a coarser clock."""
+    if not history:
+        return current
+    i = bisect_right([entry.at for entry in history], at + 0.05)
+    return history[i - 1].step if i else history[0].step - 1
+
+
+class Refused(TrainerError):
+    """The coordinator refuses a request: `code` says why (the API answers with its status), `retry_after` says
+    when to ask again (None: not worth it)."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.retry_after = code, message, retry_after
+
+
+class CoordinatorService:
+    """The coordinator's logic over the pool's state, the inbox, the quota and the verdicts; no HTTP here."""
+
+    def __init__(
+        self,
+        *,
+        domain: SigningDomain,
+        state: PoolState,
+        roles: Roles,
+        inbox: RolloutInbox,
+        verdicts: VerdictStore,
+        config: ApiConfig | None = None,
+        on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
+        on_assign: Callable[[str, int], None] | None = None,
+        on_attest: Callable[[bytes], None] | None = None,
+        pending: Callable[[str], int] | None = None,
+        signer: LocalAccount | None = None,
+        task_spec_hash: bytes | None = None,
+    ) -> None:
+        self.domain, self.state, self.roles, self.inbox, self.verdicts = domain, state, roles, inbox, verdicts
+        self.signer = signer  # the trainer's key: signs upload receipts and assignments (None: neither is signed)
+        self.task_spec_hash = task_spec_hash  # the pool's task, which every signed assignment names
+        self.config = config or ApiConfig()
+        self.on_upload = on_upload
+        self.on_assign = on_assign  # (node, counter handed out): lets the trainer persist counters before answering
+        self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
+        self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
+        self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
+        self.quota = UploadQuota(self.config.max_stored_bytes_per_node, self.config.max_stored_files_per_node)
+        self._count_stored()
+        self.parser = UploadParser(self.config.parsing)  # its processes start with the first upload
+
+    async def close(self) -> None:
+        await self.parser.close()
+
+    # --- who may ask ---------------------------------------------------------------------------------
+
+    async def authorize(self, signer: str, role: str) -> None:
+        """Refuses `signer` unless it holds `role` ("member" or "validator") in the pool (one chain lookup per
+        unknown address, within a budget)."""
+        try:
+            allowed = await (self.roles.is_member if role == "member" else self.roles.is_validator)(signer)
+        except RoleLookupBusy as exc:
+            raise Refused(ErrorCode.BUSY, str(exc), retry_after=exc.retry_after) from None
+        if not allowed:
+            code, what = (
+                (ErrorCode.NOT_MEMBER, "a member") if role == "member" else (ErrorCode.NOT_VALIDATOR, "a validator")
+            )
+            raise Refused(code, f"{signer} is not {what} of pool {self.state.pool_id}")
+
+    # --- the pool's state ----------------------------------------------------------------------------
+
+    def pool(self) -> PoolInfo:
+        return PoolInfo(self.state.pool_id, self.state.trainer, self.state.step)
+
+    def step(self) -> StepInfo:
+        return StepInfo(self.state.step)
+
+    def steps(self) -> StepHistory:
+        return StepHistory(tuple(self.state.history))
+
+    # --- assignments ---------------------------------------------------------------------------------
+
+    async def assign(self, node: str) -> TaskGrant:
+        """The next assignment of member `node`; held until the next step while it is over its limits."""
+        step, handed = self._handed_now(node)
+        if self._over_limit(node, step, handed):  # held until the trainer publishes the next step: answered as it does
+            await self.state.wait_past(step, self.config.hold_seconds)
+            step, handed = self._handed_now(node)
+        if reason := self._over_limit(node, step, handed):
+            raise Refused(ErrorCode.NO_WORK, reason, retry_after=self.config.retry_after)
+        self._handed[node] = (step, handed + 1)
+        counter = self.state.counters.get(node, 0)
+        self.state.counters[node] = counter + 1
+        if self.on_assign is not None:
+            self.on_assign(node, counter)
+        prompts, group_size = self.config.prompts_per_task, self.config.group_size
+        grant = TaskGrant(self.state.pool_id, node, step, counter, prompts, group_size)
+        if self.signer is None or self.task_spec_hash is None:
+            return grant
+        signed = Assignment(self.state.pool_id, node, step, counter, prompts, group_size, self.task_spec_hash)
+        signature = sign(signed, self.signer, self.domain)
+        return TaskGrant(self.state.pool_id, node, step, counter, prompts, group_size, self.task_spec_hash, signature)
+
+    def _over_limit(self, node: str, step: int, handed: int) -> str:
+        """Why `node` gets no assignment now ("" when it does)."""
+        limit = self.config.files_per_node_per_step
+        if limit and handed >= limit:
+            return f"{node} has its {limit} assignments of step {step}; more when the trainer publishes step {step + 1}"
+        limit = self.config.pending_files_per_node
+        if limit and self.pending is not None and (waiting := self.pending(node)) >= limit:
+            return f"{node} has {waiting} uploads the trainer has not trained on yet; more once it trains on them"
+        return ""
+
+    def _handed_now(self, node: str) -> tuple[int, int]:
+        """The current step, and the assignments `node` got at it."""
+        step = self.state.step
+        at_step, handed = self._handed.get(node, (step, 0))
+        return step, handed if at_step == step else 0
+
+    # --- the stored-upload quota ---------------------------------------------------------------------
+
+    def _oldest_step(self) -> int:
+        """The oldest step whose uploads the trainer may still train on: files stored before it no longer count."""
+        return self.state.step - self.config.async_level
+
+    def _count_stored(self) -> None:
+        """What the inbox holds that still counts (a restart), each file under the step current when it was
+        written. Files written before the oldest step of the window was published are not opened."""
+        oldest, history = self._oldest_step(), list(self.state.history)
+        since = next((entry.at for entry in history if entry.step >= oldest), 0.0)
+        for stored in self.inbox.stored(since):
+            self.quota.hold(stored.node, stored.size, step_at(history, stored.stored_at, self.state.step))
+
+    def _reserve(self, node: str, size: int) -> Reservation:
+        try:
+            return self.quota.reserve(node, size, self._oldest_step())
+        except UploadQuotaExceeded as exc:
+            raise Refused(ErrorCode.QUOTA, str(exc), retry_after=self.config.retry_after) from None
+
+    # --- uploads and downloads -----------------------------------------------------------------------
+
+    async def upload(self, work_key: bytes, body: bytes, node: str) -> Upload:
+        """Stores member `node`'s file under `work_key`, which must be its sha256; `created` False: held already."""
+        actual = hashlib.sha256(body).digest()
+        if actual != work_key:
+            raise Refused(ErrorCode.HASH_MISMATCH, f"the body's sha256 is {actual.hex()}, not {work_key.hex()}")
+        if self.inbox.has(work_key):  # stores nothing: never refused for the quota
+            return Upload(work_key, False, self._receipt(work_key, node))
+        reservation = self._reserve(node, len(body))  # the bytes read, whatever was declared; before any await
+        try:
+            try:  # in a child process: the event loop keeps answering, and no file can take this process down
+                meta = await self.parser.parse(body, self.config.max_upload_bytes)
+            except UnparsedUpload as exc:  # malformed_file, too_large (its memory limit), parse_timeout, parser_died
+                code = ErrorCode(exc.code) if exc.code in _PARSE_CODES else ErrorCode.PARSER_DIED
+                raise Refused(code, exc.message) from None
+            if meta.node != node:
+                raise Refused(ErrorCode.WRONG_NODE, f"the file is for node {meta.node}; {node} signed the upload")
+            if meta.pool_id != self.state.pool_id:
+                raise Refused(ErrorCode.WRONG_POOL, f"the file is for pool {meta.pool_id}, not {self.state.pool_id}")
+            created = self.inbox.put(work_key, body, node)
+            if created:
+                reservation.keep(self.state.step)
+        finally:
+            reservation.close()  # not stored (refused, a failed write, or the same bytes stored meanwhile)
+        if created and self.on_upload is not None:
+            await self.on_upload(work_key, node)
+        return Upload(work_key, created, self._receipt(work_key, node))
+
+    def _receipt(self, work_key: bytes, node: str) -> bytes | None:
+        """The trainer-signed `UploadReceipt` for the node that stored the file (None without a signing key, or for
+        another node re-sending bytes someone else uploaded first)."""
+        if self.signer is None or self.inbox.uploader(work_key) != node:
+            return None
+        return sign(UploadReceipt(self.state.pool_id, work_key, node), self.signer, self.domain)
+
+    def stored_file(self, work_key: bytes) -> Path:
+        """Where the stored file `work_key` is, to be served."""
+        if self.inbox.lost(work_key):  # acknowledged, then lost here: no worker may be slashed for it
+            raise Refused(ErrorCode.LOST, f"rollout file {work_key.hex()} was stored and acknowledged, and is gone")
+        if not self.inbox.has(work_key):
+            raise Refused(ErrorCode.NOT_FOUND, f"no rollout file {work_key.hex()}")
+        return self.inbox.path(work_key)
+
+    # --- verdicts ------------------------------------------------------------------------------------
+
+    def attest(self, signer: str, body: AttestationBody) -> None:
+        """Records validator `signer`'s verdict, once its signature recovers to `signer`."""
+        attestation = Attestation(self.state.pool_id, body.work_key, body.accepted, body.reason)
+        try:
+            attester = recover(attestation, body.signature, self.domain)
+        except SignatureError as exc:
+            raise Refused(ErrorCode.BAD_ATTESTATION, f"not a signed attestation: {exc}") from None
+        if attester != signer or not is_checksum_address(attester):
+            message = f"the attestation is signed by {attester}, the request by {signer}"
+            raise Refused(ErrorCode.BAD_ATTESTATION, message)
+        self.verdicts.record(AttestationRecord(body.work_key, body.accepted, body.reason, signer, body.signature))
+        if self.on_attest is not None:
+            self.on_attest(body.work_key)
+
+    def attestations(self, work_key: bytes) -> AttestationList:
+        """Each validator's latest verdict on a stored file."""
+        if not self.inbox.has(work_key):
+            raise Refused(ErrorCode.NOT_FOUND, f"no rollout file {work_key.hex()}")
+        return AttestationList(work_key, tuple(self.verdicts.latest(work_key)))
