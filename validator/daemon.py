@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 
 from ledger.client import Ledger
@@ -229,10 +228,10 @@ class ValidatorDaemon:
                 )  # fmt: skip
                 await gossip.start()
                 self.gossip = gossip
-            async with aiohttp.ClientSession() as session:
-                self.client = CoordinatorClient(
-                    session, self.setup.coordinator, self.account, self.domain, pool_id=self.setup.pool_id
-                )
+            async with CoordinatorClient.connect(  # a session of its own: every call timed and bounded
+                self.setup.coordinator, self.account, self.domain, pool_id=self.setup.pool_id
+            ) as client:
+                self.client = client
                 while not self.stopping.is_set():
                     if time.monotonic() - self._last_poll >= self.config.poll_seconds:
                         await self._follow()
