@@ -2,7 +2,8 @@
 
 Network mode ([pool] in trainer.toml): members come from ComputePool, and a file is trained on once
 `min_attestations` validators accepted it and none rejected it. Local mode (`--local-workers N`): no chain; the
-trainer makes a key for itself and for each of N worker processes (`trainer.local_worker`), each in an encrypted
+trainer makes a key for itself and for each of N worker processes (the worker daemon in local mode,
+`node.daemon.local`), each in an encrypted
 keystore under `keys/`, admits exactly those workers, and trusts their uploads. Both sign checkpoints and
 requests under an EIP-712 domain: the pool's ComputePool in network mode, `LOCAL_DOMAIN` in local mode.
 """
@@ -245,7 +246,8 @@ class RunSummary:
 
 
 class LocalWorkers:
-    """The worker processes of local mode; their output goes to `logs/worker-<i>.log`."""
+    """The worker processes of local mode: the worker daemon over no chain (`python -m node.daemon.local`), each
+    with its state folder `workers/worker-<i>/`; their output goes to `logs/worker-<i>.log`."""
 
     def __init__(
         self, config: RunConfig, network: Network, keys: LocalWorkerKeys, api_url: str, origin_url: str
@@ -260,12 +262,13 @@ class LocalWorkers:
         }
         for i, key in enumerate(keys.paths):
             command = [
-                sys.executable, "-m", "trainer.local_worker",
+                sys.executable, "-m", "node.daemon.local",
                 "--coordinator", api_url, "--origin", origin_url,
                 "--trainer", network.account.address, "--pool", str(network.pool_id),
                 "--chain-id", str(network.domain.chain_id), "--contract", network.domain.verifying_contract,
                 "--keystore", str(key), "--task", str(config.task),
-                "--work", str(config.run_dir / "workers" / f"worker-{i}"),
+                "--state", str(config.run_dir / "workers" / f"worker-{i}"),
+                "--async-level", str(config.learner.async_level),
                 "--threads", str(config.worker_threads),
             ]  # fmt: skip
             with (logs / f"worker-{i}.log").open("ab") as out:

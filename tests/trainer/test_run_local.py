@@ -1,4 +1,5 @@
-"""`prime-train run` in local mode, as processes: the coordinator, the origin, workers, the async window, resume,
+"""`prime-train run` in local mode, as processes: the coordinator, the origin, workers (the worker daemon over
+`node.daemon.local`'s chain that is not there), the async window, resume,
 and the keys (encrypted keystores; an older run's plaintext key is migrated; the password reaches the workers
 through their environment, never their command line).
 
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -97,7 +99,7 @@ def keystores(run: Path) -> dict[str, Path]:
 
 def worker_command_lines(trainer: subprocess.Popen[str]) -> list[list[str]]:
     children = psutil.Process(trainer.pid).children()
-    return [c.cmdline() for c in children if "trainer.local_worker" in c.cmdline()]
+    return [c.cmdline() for c in children if "node.daemon.local" in c.cmdline()]  # the worker daemon, local mode
 
 
 def records(run: Path, name: str) -> list[dict[str, object]]:
@@ -156,6 +158,12 @@ def test_local_mode_trains_inside_the_async_window_and_refuses_a_stale_upload(tm
     # the coordinator served the workers' checkpoints: every worker log shows uploads for several steps
     for log in (run / "logs").glob("worker-*.log"):
         assert "uploaded" in log.read_text() and PASSWORD not in log.read_text()
+    # each worker journaled its files in its state folder, as the worker daemon does: uploaded ones as submitted
+    for state in (run / "workers").iterdir():
+        journal = sqlite3.connect(state / "state.db")
+        stages = dict(journal.execute("SELECT stage, COUNT(*) FROM files GROUP BY stage").fetchall())
+        journal.close()
+        assert stages.get("submitted", 0) > 0 and not {"invalidated", "claimed"} & set(stages), stages
 
 
 def old_file(tmp_path: Path, model_dir: Path, run: Path) -> tuple[Path, LocalAccount]:
