@@ -11,7 +11,8 @@ Run: `.venv/bin/python benchmarks/learning.py [--minutes 10] [--workers 2]`.
    `--band` (the offline filter of `prime-train filter`, 8 samples each; about 70 s the first time, then cached
    with the SFT model). `--band 0 1` keeps them all.
 4. `prime-train run --local-workers N --max-minutes M`: the coordinator, the SHARDCAST origin and N worker
-   processes that fetch each new policy, generate with proofs and upload; the trainer trains on what arrives and
+   processes (the worker daemon of `prime-node start` in local mode, `python -m node.daemon.local`) that fetch
+   each new policy, generate with proofs, journal and upload; the trainer trains on what arrives and
    measures the held-out problems every `--eval-every` steps (`[eval] task`). Local mode keeps its keys in
    encrypted keystores (`run/keys/`); their password is PRIME_KEYSTORE_PASSWORD, or, when that is not set, a random
    one made for this run and passed to `prime-train run` in its environment. The run folder is replaced at every
