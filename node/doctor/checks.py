@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ledger.cli.common import one_line
+from core.errors import one_line
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30

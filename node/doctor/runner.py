@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ledger.cli.common import one_line
+from core.errors import one_line
 from node.doctor.checks import (
     CheckResult,
     DoctorConfig,

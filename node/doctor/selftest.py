@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledger.cli.common import one_line
+from core.errors import one_line
 from node.doctor.checks import DoctorConfig, Finding, fail, ok, skip
 
 # --- the self-test -----------------------------------------------------------------------------------
