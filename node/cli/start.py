@@ -215,6 +215,7 @@ def start(
         from node.daemon.chain import LedgerWorkChain
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
         from node.daemon.worker import WorkerDaemon, WorkerSettings
+        from node.dashboard.worker import worker_dashboard
         from node.pool_spec import resolve_endpoints
 
         config = read_config(config_file)
@@ -275,9 +276,9 @@ def start(
         async def main() -> int:
             chain = LedgerWorkChain(ledger)
             daemon = (
-                WorkerDaemon(settings, chain, account)
+                WorkerDaemon(settings, chain, account, dashboard=worker_dashboard(ledger))
                 if fault is None  # a cheater is the same daemon with its honest hooks replaced (node.daemon.faults)
-                else FaultyWorker(settings, chain, account, fault)
+                else FaultyWorker(settings, chain, account, fault, dashboard=worker_dashboard(ledger))
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,8 @@
-"""The worker's dashboard source: its journal read on each request, the chain read in a thread every few seconds."""
+"""The worker's dashboard source: its journal read on each request, the chain read in a thread every few seconds.
+
+`worker_dashboard(ledger)` serves it over a running `WorkerDaemon`; `prime-node start` hands it to the daemon, which
+never imports the dashboard (imports point node.daemon <- node.dashboard).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.daemon.state import WorkerState
 from node.dashboard.chain import WorkerChain
 from node.dashboard.model import ChainReading, WorkerLive, worker_snapshot
+from node.dashboard.server import serve_dashboard
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from ledger.client import Ledger
+    from node.daemon.worker import ServeDashboard, WorkerDaemon
 
 log = logging.getLogger("node.dashboard")
 
@@ -56,3 +67,18 @@ class WorkerDashboard:
             now=time.time(),
             chain_error=self.error,
         )
+
+
+def worker_dashboard(ledger: Ledger) -> ServeDashboard:
+    """The worker's page over a running daemon, reading the chain with `ledger` (the pool's contracts): its journal,
+    the chain's word on each file, stake and tokens, and the step it holds."""
+
+    async def serve(daemon: WorkerDaemon, host: str, port: int) -> tuple[web.AppRunner, str]:
+        def live() -> WorkerLive:
+            step, started = daemon.held_step, daemon.started_at
+            return WorkerLive(stopping=daemon.stopping.is_set(), held_step=step, started_at=started)
+
+        chain = WorkerChain(ledger, daemon.settings.pool_id, daemon.node)
+        return await serve_dashboard(WorkerDashboard(daemon.state, chain, live), host, port)
+
+    return serve
