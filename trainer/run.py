@@ -531,7 +531,7 @@ async def _until_stopped() -> None:
 
 def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
     """Network mode: the pool's ComputePool decides membership; validators' attestations decide acceptance."""
-    from ledger.cli.common import open_ledger
+    from ledger.signers import open_ledger
     from trainer.config import TrainerConfigError
     from trainer.roles import LedgerRoles
 
