@@ -6,7 +6,13 @@ ComputePool holds the trainer's address, the model hash and the economics; the s
     checkpoints = ["https://relay-1.example.org"]     # SHARDCAST sources: the origin and relays, tried together
     task = "tasks/default.toml"                       # the task spec; relative to the spec's own location
     async_level = 2                                   # files from steps >= current - async_level count
+    max_file_bytes = 67108864                         # larger files are refused unread (reason 2)
+    prompts_per_task = 8                              # the group shape of an assignment: prompts ...
+    group_size = 8                                    # ... and samples per prompt
     bootstrap = []                                    # libp2p multiaddrs of bootstrap peers
+
+The keys after `task` are optional (the defaults are `node.terms`'s). Every role reads the spec's terms whenever
+the pool has a spec URI (`node.terms.PoolTerms`); flags only say where the pool's parts are.
 
 The URI is a local path, a `file://` URL, or an `http(s)://` URL. A remote spec and its task are downloaded
 (each at most 1 MiB) into a cache folder named by their sha256, so every node reads the bytes the URI served.
@@ -24,15 +30,31 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node.errors import NodeError
 from node.tasks.errors import TaskSpecError
 from node.tasks.fields import Fields
-from node.tasks.spec import TaskSpec, load_task_spec
+from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
+from node.terms import (
+    DEFAULT_ASYNC_LEVEL,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_PROMPTS_PER_TASK,
+    MAX_ASYNC_LEVEL,
+    MAX_FILE_BYTES,
+    PoolTerms,
+    TermsMismatch,
+    pool_terms,
+)
+
+if TYPE_CHECKING:
+    from ledger.types import PoolInfo
 
 MAX_SPEC_BYTES = 1 << 20
 FETCH_TIMEOUT = 10.0
 DEFAULT_CACHE = Path.home() / ".cache" / "prime-node" / "pool-specs"
+NO_SPEC = "the pool has no spec URI; pass --coordinator, --checkpoints and --task instead"
 
 
 class PoolSpecError(NodeError):
@@ -47,6 +69,9 @@ class PoolSpec:
     task_path: Path  # local: the file itself, remote: its cached copy
     async_level: int
     bootstrap: tuple[str, ...]
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    prompts_per_task: int = DEFAULT_PROMPTS_PER_TASK
+    group_size: int = DEFAULT_GROUP_SIZE
 
     def task(self) -> TaskSpec:
         try:
@@ -101,7 +126,7 @@ def _local_path(uri: str) -> Path:
 def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
     """Reads and validates the pool spec at `uri` (see the module docstring)."""
     if not uri.strip():
-        raise PoolSpecError("the pool has no spec URI; pass --coordinator, --checkpoints and --task instead")
+        raise PoolSpecError(NO_SPEC)
     remote = _http_url(uri)
     path = _fetch(uri, cache) if remote else _local_path(uri)
     try:
@@ -118,7 +143,10 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
             raise PoolSpecError(f"pool spec {uri}: checkpoints: must be a non-empty list of URLs")
         checkpoints = tuple(_checked_url(uri, "checkpoints", c) for c in checkpoints_raw)
         task = fields.text("task", nonempty=True)
-        async_level = fields.integer("async_level", 2, minimum=0, maximum=1 << 16)
+        async_level = fields.integer("async_level", DEFAULT_ASYNC_LEVEL, minimum=0, maximum=MAX_ASYNC_LEVEL)
+        max_file_bytes = fields.integer("max_file_bytes", DEFAULT_MAX_FILE_BYTES, minimum=1024, maximum=MAX_FILE_BYTES)
+        prompts = fields.integer("prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096)
+        group_size = fields.integer("group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024)
         bootstrap_raw = fields.raw("bootstrap", [])
         if not isinstance(bootstrap_raw, list) or not all(isinstance(b, str) and b for b in bootstrap_raw):
             raise PoolSpecError(f"pool spec {uri}: bootstrap: must be a list of multiaddr strings")
@@ -129,7 +157,9 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
         task_path = _fetch(urllib.parse.urljoin(uri, task) if remote else task, cache)
     else:
         task_path = (path.parent / task).resolve()
-    spec = PoolSpec(uri, coordinator, checkpoints, task_path, async_level, tuple(bootstrap_raw))
+    spec = PoolSpec(
+        uri, coordinator, checkpoints, task_path, async_level, tuple(bootstrap_raw), max_file_bytes, prompts, group_size
+    )
     loaded = spec.task()
     if (remote or _http_url(task)) and _names_local_files(loaded):
         raise PoolSpecError(f"pool spec {uri}: its task {task} names local files a node cannot fetch")
@@ -147,38 +177,55 @@ class PoolEndpoints:
     coordinator: str
     checkpoints: tuple[str, ...]
     task_path: Path
-    async_level: int
-    bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs; empty when the spec was not read
+    bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs; empty when the pool has no spec
 
 
-def resolve_endpoints(
-    spec_uri: str,
+@dataclass(frozen=True)
+class Pool:
+    """A pool as a daemon joins it: its terms (binding) and where its parts are (flags may move those)."""
+
+    terms: PoolTerms
+    endpoints: PoolEndpoints
+
+
+def read_terms(info: PoolInfo, *, cache: Path = DEFAULT_CACHE) -> tuple[PoolTerms, PoolSpec | None]:
+    """The terms of the pool `info` describes, and its spec (None when it has no spec URI; one that cannot be read
+    raises PoolSpecError)."""
+    spec = load_pool_spec(info.config.spec_uri, cache=cache) if info.config.spec_uri.strip() else None
+    return pool_terms(info, spec), spec
+
+
+def resolve_pool(
+    info: PoolInfo,
     *,
     coordinator: str | None = None,
     checkpoints: Sequence[str] | None = None,
     task: Path | None = None,
-    want_bootstrap: bool = False,
     cache: Path = DEFAULT_CACHE,
-) -> PoolEndpoints:
-    """The flags' values, and what they leave open from the pool spec at `spec_uri` (read only when needed).
+) -> Pool:
+    """The pool `info` describes (its chain record): its terms, from the chain and the pool spec at its specURI,
+    and its endpoints, the flags' values where given and the spec's for the rest.
 
-    With `want_bootstrap` (a daemon that runs a p2p host) the spec is also read for its bootstrap peers when the
-    flags leave nothing else open, unless the pool has no spec URI. Every URL is checked (http or https, with a
-    host); a bad flag raises PoolSpecError naming it.
+    The spec is read whenever the pool has a spec URI, even when the flags name every part: its terms bind every
+    role, and a spec that cannot be read raises PoolSpecError rather than leaving them at the defaults. A `task`
+    flag must be the pool's task (the same canonical hash; assignments sign it), or TermsMismatch names it. Every
+    URL is checked (http or https, with a host); a bad flag raises PoolSpecError naming it.
     """
-    async_level = 2
-    bootstrap: tuple[str, ...] = ()
-    if coordinator is None or not checkpoints or task is None or (want_bootstrap and spec_uri.strip()):
-        spec = load_pool_spec(spec_uri, cache=cache)
-        coordinator = coordinator or spec.coordinator
-        checkpoints = checkpoints or spec.checkpoints
-        task = task or spec.task_path
-        async_level = spec.async_level
-        bootstrap = spec.bootstrap
-    return PoolEndpoints(
-        coordinator=_url(coordinator, "--coordinator"),
-        checkpoints=tuple(_url(url, "--checkpoints") for url in checkpoints),
-        task_path=Path(task),
-        async_level=async_level,
-        bootstrap=bootstrap,
+    terms, spec = read_terms(info, cache=cache)
+    if spec is None and (coordinator is None or not checkpoints or task is None):
+        raise PoolSpecError(NO_SPEC)
+    if task is not None and terms.task_hash is not None:
+        try:
+            own = spec_hash(load_task_spec(task))
+        except TaskSpecError as exc:
+            raise PoolSpecError(f"--task: {exc}") from None
+        if own != terms.task_hash:
+            pools = f"{terms.task_path} (task hash 0x{terms.task_hash.hex()[:12]})"
+            raise TermsMismatch("--task", f"{task} (task hash 0x{own.hex()[:12]})", pools, terms.source)
+    endpoints = PoolEndpoints(
+        coordinator=_url(coordinator or (spec.coordinator if spec else ""), "--coordinator"),
+        checkpoints=tuple(_url(url, "--checkpoints") for url in (checkpoints or (spec.checkpoints if spec else ()))),
+        task_path=Path(task) if task is not None else spec.task_path if spec else Path(),
+        bootstrap=spec.bootstrap if spec else (),
     )
+    return Pool(terms, endpoints)

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -192,8 +192,7 @@ def run_command(
         configure_daemon_logging()
         from trainer.config import load_run_config
 
-        loaded = load_run_config(
-            config,
+        flags: dict[str, Any] = dict(
             local_workers=local_workers,
             steps=steps,
             run_dir=run_dir,
@@ -201,6 +200,7 @@ def run_command(
             device=None if device is None else device.value,
             dtype=None if dtype is None else dtype.value,
         )
+        loaded = load_run_config(config, **flags)
         from trainer.precision import cuda_wanted
 
         cuda_wanted(loaded.device)  # `cuda` without a GPU: one line now, before any keystore is asked for
@@ -211,8 +211,9 @@ def run_command(
         keys: LocalWorkerKeys | None = None
         if loaded.local:
             network, keys = local_network(loaded.run_dir, loaded.local_workers, _local_password(loaded))
-        else:
+        else:  # the pool's terms fill what trainer.toml leaves out, and refuse what contradicts them
             network = network_from_pool(loaded, dev_key)
+            loaded = load_run_config(config, terms=network.terms, **flags)
         console = stderr_console()
 
         def on_ready(api_url: str, origin_url: str) -> None:

@@ -14,6 +14,15 @@ from typing import Any
 
 from node.tasks.errors import TaskSpecError
 from node.tasks.fields import Fields
+from node.tasks.spec import load_task_spec, spec_hash
+from node.terms import (
+    DEFAULT_ASYNC_LEVEL,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_PROMPTS_PER_TASK,
+    MAX_FILE_BYTES,
+    PoolTerms,
+)
 from trainer.api import ApiConfig
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig
@@ -94,8 +103,14 @@ class RunConfig:
         return self.local_workers > 0
 
 
-def load_run_config(path: str | Path, **overrides: Any) -> RunConfig:
-    """Reads trainer.toml; `overrides` (command-line flags, None = not given) replace RunConfig fields."""
+def load_run_config(path: str | Path, *, terms: PoolTerms | None = None, **overrides: Any) -> RunConfig:
+    """Reads trainer.toml; `overrides` (command-line flags, None = not given) replace RunConfig fields.
+
+    With `terms` (network mode: the pool's, `node.terms`), a setting that is one of the pool's terms (the async
+    level, the file-size limit, the group shape, the task) takes the pool's value when the TOML leaves it out, and
+    one that contradicts the pool is refused naming the key: a trainer with a narrower window than the validators
+    would drop files the pool paid for, one with another task would hand out assignments validators refuse.
+    """
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -104,7 +119,7 @@ def load_run_config(path: str | Path, **overrides: Any) -> RunConfig:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise TrainerConfigError(f"{path}: not readable TOML ({exc})") from None
     try:
-        return _parse(path, raw, {k: v for k, v in overrides.items() if v is not None})
+        return _parse(path, raw, {k: v for k, v in overrides.items() if v is not None}, terms)
     except TaskSpecError as exc:
         raise TrainerConfigError(str(exc)) from None
     except ValueError as exc:
@@ -116,7 +131,29 @@ def _path(base: Path, text: str) -> Path:
     return candidate if candidate.is_absolute() else (base / candidate).resolve()
 
 
-def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+def _term(table: Fields, key: str, terms: PoolTerms | None, term: str, default: int, **bounds: int) -> int:
+    """An integer setting that is one of the pool's terms: the pool's value unless the TOML says otherwise, and then
+    refused (without `terms`, local mode, the trainer's own choice, `default` when left out)."""
+    pool = default if terms is None else getattr(terms, term)
+    value = table.integer(key, pool, **bounds)
+    if terms is not None and value != pool:
+        table.fail(key, f"is {value}, but {terms.source} says {pool}: the pool's terms bind every role (leave it out)")
+    return value
+
+
+def _check_task(table: Fields, task: Path, terms: PoolTerms | None) -> None:
+    if terms is None or terms.task_hash is None:
+        return
+    own = spec_hash(load_task_spec(task))
+    if own != terms.task_hash:
+        table.fail(
+            "task",
+            f"{task} (hash 0x{own.hex()[:12]}) is not the task of {terms.source}, {terms.task_path} "
+            f"(hash 0x{terms.task_hash.hex()[:12]}): the pool's assignments sign its hash",
+        )
+
+
+def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: PoolTerms | None) -> RunConfig:
     base = path.resolve().parent
     top = Fields(path, "", raw)
     run = Fields(path, "run", top.table("run"))
@@ -148,16 +185,26 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         grad_clip=optim.number("grad_clip", 1.0, minimum=1e-6),
         vector_lr_scale=optim.number("vector_lr_scale", 1.0, minimum=1e-3, maximum=1000),
         micro_batch_tokens=optim.integer("micro_batch_tokens", 8192, minimum=2),
-        async_level=data.integer("async_level", 1, minimum=0, maximum=64),
+        async_level=_term(data, "async_level", terms, "async_level", DEFAULT_ASYNC_LEVEL, minimum=0, maximum=64),
         temperature=1.0,  # set from the task spec by the run; kept out of the TOML so the two cannot disagree
         loss=grpo,
         seed=run.integer("seed", 0, minimum=0),
     )
     api = ApiConfig(
-        max_upload_bytes=coord.integer("max_upload_bytes", 64 << 20, minimum=1024),
+        max_upload_bytes=_term(
+            coord,
+            "max_upload_bytes",
+            terms,
+            "max_file_bytes",
+            DEFAULT_MAX_FILE_BYTES,
+            minimum=1024,
+            maximum=MAX_FILE_BYTES,
+        ),
         max_skew=coord.number("max_skew", 300.0, minimum=1),
-        prompts_per_task=coord.integer("prompts_per_task", 8, minimum=1, maximum=4096),
-        group_size=coord.integer("group_size", 8, minimum=2, maximum=1024),
+        prompts_per_task=_term(
+            coord, "prompts_per_task", terms, "prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096
+        ),
+        group_size=_term(coord, "group_size", terms, "group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024),
         async_level=learner.async_level,
     )
     per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
@@ -195,10 +242,12 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
             fields.fail("host", f"must be an IPv4 address (libp2p listens on one), got {p2p_host!r}")
         p2p = GossipConfig(host=p2p_host, port=fields.integer("port", 0, minimum=0, maximum=65535))
         fields.done()
+    task = _path(base, run.text("task", nonempty=True))
+    _check_task(run, task, terms)
     values: dict[str, Any] = dict(
         run_dir=_path(base, run.text("dir", nonempty=True)),
         model=_path(base, run.text("model", nonempty=True)),
-        task=_path(base, run.text("task", nonempty=True)),
+        task=task,
         steps=run.integer("steps", 20, minimum=1),
         max_minutes=run.number("max_minutes", 0.0, minimum=0) or None,
         serve_after=run.boolean("serve_after", False),
@@ -213,7 +262,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any]) -> RunCon
         host=coord.text("host", "127.0.0.1", nonempty=True),
         api_port=coord.integer("port", 8600, minimum=0, maximum=65535),
         shardcast_port=shardcast.integer("port", 8700, minimum=0, maximum=65535),
-        keep_versions=shardcast.integer("keep", 4, minimum=1, maximum=1000),
+        keep_versions=shardcast.integer("keep", max(4, learner.async_level + 2), minimum=1, maximum=1000),
         eval_every=evaluation.integer("every", 0, minimum=0),
         eval_problems=evaluation.integer("problems", 128, minimum=1, maximum=100_000),
         eval_task=_path(base, eval_task) if (eval_task := evaluation.text("task", "")) else None,

@@ -20,12 +20,12 @@ import torch
 from transformers import PreTrainedModel
 
 from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
+from node.terms import DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
 from trainer.grpo import keep_group
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_FILE_BYTES = 64 << 20  # the validator's default upload limit (validator.config)
 
 AdvantageFn = Callable[[Sequence[float]], Sequence[float]]  # one group's rewards -> one advantage per completion
 
@@ -116,7 +116,7 @@ def load_accepted(
     """
     if current_step < 0 or async_level < 0:
         raise ValueError(f"current_step and async_level must be >= 0, got {current_step} and {async_level}")
-    oldest = current_step - async_level
+    window = step_window(current_step, async_level)
     accepted: list[RolloutFile] = []
     stale: list[StaleFile] = []
     for path in map(Path, paths):
@@ -127,10 +127,8 @@ def load_accepted(
         step = _file_step(path, file)
         if step > current_step:
             raise FutureRolloutError(path, step, current_step)
-        if step < oldest:
-            log.warning(
-                "not training on %s: step %d is older than the window [%d, %d]", path, step, oldest, current_step
-            )
+        if step not in window:
+            log.warning("not training on %s: step %d is older than the window %s", path, step, window)
             stale.append(StaleFile(path, step))
         else:
             accepted.append(file)

@@ -32,6 +32,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from node.rollouts import RolloutFile
+from node.terms import DEFAULT_ASYNC_LEVEL, step_window
 from trainer.data import (
     PromptUnit,
     Sample,
@@ -62,7 +63,7 @@ class LearnerConfig:
     grad_clip: float = 1.0  # max global L2 norm of the gradient
     vector_lr_scale: float = 1.0  # lr multiplier for 1-D parameters (norm gains, biases); 1: one lr for all
     micro_batch_tokens: int = 8192  # tokens per micro-batch before padding (a group's shared prompt counts once)
-    async_level: int = 1  # k: files from steps >= s - k are trained on at step s
+    async_level: int = DEFAULT_ASYNC_LEVEL  # k: files from steps >= s - k are trained on at step s (node.terms)
     temperature: float = 1.0  # the sampling temperature: log-probs are taken of logits / temperature
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     seed: int = 0
@@ -270,12 +271,12 @@ class Learner:
         rows = [row for f in files for row in f.rows]
         if not rows:
             raise LearnerError("a step needs at least one rollout row")
-        oldest_allowed = self.step - self.config.async_level
+        window = step_window(self.step, self.config.async_level)
         steps = {row.step for row in rows}
-        if min(steps) < oldest_allowed or max(steps) > self.step:
+        if not all(step in window for step in steps):
             raise LearnerError(
                 f"policy {self.step} with async level {self.config.async_level} trains on steps "
-                f"[{oldest_allowed}, {self.step}], got files from steps {sorted(steps)}"
+                f"{window}, got files from steps {sorted(steps)}"
             )
         missing = [s for s in steps if s not in self.history]
         if missing:
@@ -333,7 +334,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.history[self.step] = self._snapshot()
-        for old_step in [s for s in self.history if s < self.step - self.config.async_level]:
+        for old_step in [s for s in self.history if s < step_window(self.step, self.config.async_level).oldest]:
             del self.history[old_step]
 
         totals = self._sum([sums[k] for k in sums])

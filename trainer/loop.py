@@ -36,7 +36,7 @@ from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
 from node.rollouts.writer import write_atomically
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
-from trainer.data import DEFAULT_MAX_FILE_BYTES
+from node.terms import DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
 from trainer.evaluate import pass_rate
 from trainer.inbox import named_work_key
@@ -201,7 +201,7 @@ class TrainingLoop:
 
     def select(self, paths: Iterable[Path]) -> Selection:
         """The files to train the current step on, among accepted `paths`; consumes the stale ones it meets."""
-        step, oldest = self.learner.step, self.learner.step - self.learner.config.async_level
+        window = step_window(self.learner.step, self.learner.config.async_level)
         ready: list[Candidate] = []
         stale = 0
         for path in paths:
@@ -216,15 +216,13 @@ class TrainingLoop:
                 self.counters.consumed.add(candidate.file.work_key)
                 del self._parsed[path]
                 continue
-            if candidate.step < oldest:
-                log.warning(
-                    "not training on %s: step %d is older than the window [%d, %d]", path, candidate.step, oldest, step
-                )
+            if candidate.step < window.oldest:
+                log.warning("not training on %s: step %d is older than the window %s", path, candidate.step, window)
                 self.counters.consumed.add(candidate.file.work_key)
                 self.counters.stale_files += 1
                 del self._parsed[path]
                 stale += 1
-            elif candidate.step <= step:
+            elif candidate.step in window:
                 ready.append(candidate)
         newest_first = self.order == "freshest"
         ready.sort(key=lambda c: (-c.step if newest_first else c.step, c.file.work_key))

@@ -26,6 +26,7 @@ import torch
 from node.model.loading import LoadedModel, load_model
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
+from node.terms import step_window
 from trainer.errors import TrainerError
 from trainer.learner import Learner, LearnerConfig, World
 from trainer.loop import RunPaths, TrainingLoop
@@ -160,10 +161,10 @@ def replay(
     while config.steps is None or learner.step < config.steps:
         selection = loop.select(sorted(config.rollouts.glob("*.parquet")))
         if selection.rows < config.rollouts_per_step:
-            oldest = max(learner.step - learner_config.async_level, 0)
+            window = step_window(learner.step, learner_config.async_level)
             stopped = (
                 f"policy step {learner.step} needs {config.rollouts_per_step} completions of steps "
-                f"[{oldest}, {learner.step}]; {config.rollouts} has {selection.rows} left"
+                f"[{max(window.oldest, 0)}, {learner.step}]; {config.rollouts} has {selection.rows} left"
             )
             break
         last = loop.train(selection.files, idle_seconds=0.0)

@@ -49,6 +49,7 @@ from trainer.roles import Roles, StaticRoles
 from trainer.verdicts import VerdictStore
 
 if TYPE_CHECKING:
+    from node.terms import PoolTerms
     from trainer.gossip import TrainerGossip
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Network:
     pool_id: int
     roles: Roles
     accepted: Uploads  # which files of the inbox may be trained on
+    terms: PoolTerms | None = None  # network mode: the pool's terms (node.terms), which the run's config must keep
 
 
 class Uploads(Protocol):
@@ -532,6 +534,7 @@ async def _until_stopped() -> None:
 def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
     """Network mode: the pool's ComputePool decides membership; validators' attestations decide acceptance."""
     from ledger.signers import open_ledger
+    from node.pool_spec import read_terms
     from trainer.config import TrainerConfigError
     from trainer.roles import LedgerRoles
 
@@ -543,4 +546,11 @@ def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
     if account is None:
         raise TrainerConfigError("network mode needs the trainer's key: [pool] keystore or --dev-key")
     domain = SigningDomain(ledger.deployment.chain_id, ledger.deployment.address("ComputePool"))
-    return Network(account, domain, pool.id, LedgerRoles(ledger, pool.id), AttestedUploads(pool.min_attestations))
+    info = ledger.pool(pool.id)
+    if info.config.trainer != account.address:  # workers and validators trust only the pool's trainer's signatures
+        raise TrainerConfigError(
+            f"pool {pool.id}'s trainer is {info.config.trainer}, not this key's {account.address}: use that key"
+        )
+    terms, _ = read_terms(info)
+    roles, accepted = LedgerRoles(ledger, pool.id), AttestedUploads(pool.min_attestations)
+    return Network(account, domain, pool.id, roles, accepted, terms)

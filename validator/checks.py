@@ -31,6 +31,7 @@ from node.tasks.errors import AssignmentError
 from node.tasks.rewards import score_completion
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
+from node.terms import step_window
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict, reject
 
@@ -138,13 +139,13 @@ def check_step(
     clocks leave that uncertain: the window is then [earliest_step - async_level, current_step]."""
     if current_step is None:
         return None
-    oldest = (current_step if earliest_step is None else min(earliest_step, current_step)) - async_level
-    if oldest <= step <= current_step:
+    window = step_window(current_step, async_level, earliest=earliest_step)
+    if step in window:
         return None
     return reject(
         Reason.STALE_STEP,
         STEP,
-        f"the file is from step {step}, outside [{oldest}, {current_step}]",
+        f"the file is from step {step}, outside {window}",
         step=step,
         current_step=current_step,
         earliest_step=current_step if earliest_step is None else earliest_step,

@@ -40,11 +40,13 @@ from ledger.cli.common import (
 )
 from node.cli.errors import node_cli_errors
 from node.errors import NodeError
+from node.terms import DEFAULT_ASYNC_LEVEL
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
     from node.proofs import ProofThresholds
     from node.tasks.spec import TaskSpec
+    from node.terms import PoolTerms
     from validator.config import ValidatorConfig
     from validator.daemon import PoolSetup
     from validator.store import WorkRow
@@ -125,7 +127,9 @@ def file_command(
     pool: Annotated[int | None, typer.Option("--pool", min=0, metavar="ID", help="The pool the file is for.")] = None,
     work_key: Annotated[str | None, typer.Option("--work-key", metavar="HEX", help="Submitted sha256.")] = None,
     units: Annotated[int | None, typer.Option("--units", min=0, metavar="N", help="Submitted work units.")] = None,
-    async_level: Annotated[int, typer.Option("--async-level", min=0, metavar="K", help="Steps a file may lag.")] = 2,
+    async_level: Annotated[
+        int, typer.Option("--async-level", min=0, metavar="K", help="Steps a file may lag.")
+    ] = DEFAULT_ASYNC_LEVEL,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     thresholds: Annotated[
@@ -236,7 +240,7 @@ def run_command(
     ] = None,
     task: Annotated[Path | None, typer.Option("--task", metavar="SPEC", help="Override the pool spec's.")] = None,
     async_level: Annotated[
-        int | None, typer.Option("--async-level", min=0, metavar="K", help="Steps a file may lag (spec's, else 2).")
+        int | None, typer.Option("--async-level", min=0, metavar="K", help="The pool's async level, checked.")
     ] = None,
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", min=0, max=65535, metavar="P", help="Serve /metrics (0: any).")
@@ -303,15 +307,20 @@ def run_command(
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
-        setup, spec_async_level, bootstrap = _pool_setup(
+        setup, terms, bootstrap = _pool_setup(
             ledger,
             pool,
             pick(coordinator, "coordinator"),
             checkpoints or file.get("checkpoints"),
             Path(task) if task is not None else None,
-            want_bootstrap=p2p_port is not None,
         )
-        tuning = {k: file[k] for k in _TUNING if k in file}
+        # the pool's terms bind: a validator told otherwise would reject honest files (and slash their stake)
+        if async_level is not None:
+            terms.require("--async-level", async_level, "async_level")
+        for key in ("async_level", "max_file_bytes"):
+            if key in file:
+                terms.require(f"{config_file}: {key}", file[key], key)
+        tuning = {k: file[k] for k in _TUNING if k in file} | {"max_file_bytes": terms.max_file_bytes}
         try:
             preset = ThresholdPreset(pick(thresholds, "thresholds")) if pick(thresholds, "thresholds") else None
         except ValueError:
@@ -321,7 +330,7 @@ def run_command(
             pick(device, "device"),
             pick(dtype, "dtype"),
             preset,
-            async_level=pick(async_level, "async_level", spec_async_level),
+            async_level=terms.async_level,
             grace_seconds=float(pick(grace, "grace", 600.0)),
             poll_seconds=float(pick(poll, "poll", 2.0)),
             confirmations=pick(confirmations, "confirmations"),
@@ -370,27 +379,23 @@ def _pool_setup(
     coordinator: str | None,
     checkpoints: list[str] | None,
     task: Path | None,
-    *,
-    want_bootstrap: bool = False,
-) -> tuple[PoolSetup, int, tuple[str, ...]]:
-    """Where the pool's parts are: the flags, else the pool spec at the pool's specURI; its async level and
-    bootstrap peers (read from the spec when `want_bootstrap`)."""
-    from node.pool_spec import resolve_endpoints
+) -> tuple[PoolSetup, PoolTerms, tuple[str, ...]]:
+    """The pool's terms (node.terms: from the chain and the pool spec at its specURI), where its parts are (the
+    flags, else the spec), and its bootstrap peers (the spec's)."""
+    from node.pool_spec import resolve_pool
     from node.tasks.spec import load_task_spec
     from validator.daemon import PoolSetup
 
-    info = ledger.pool(pool)
-    found = resolve_endpoints(
-        info.config.spec_uri, coordinator=coordinator, checkpoints=checkpoints, task=task, want_bootstrap=want_bootstrap
-    )
+    joined = resolve_pool(ledger.pool(pool), coordinator=coordinator, checkpoints=checkpoints, task=task)
+    found, terms = joined.endpoints, joined.terms
     setup = PoolSetup(
         pool_id=pool,
-        trainer=info.config.trainer,
+        trainer=terms.trainer,
         coordinator=found.coordinator,
         checkpoints=found.checkpoints,
         task=load_task_spec(found.task_path),
     )
-    return setup, found.async_level, found.bootstrap
+    return setup, terms, found.bootstrap
 
 
 @app.command("rejections")

@@ -11,10 +11,9 @@ from typing import Any
 
 from node.proofs import ProofThresholds
 from node.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
+from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, MAX_ASYNC_LEVEL, MAX_FILE_BYTES
 from validator.errors import ValidatorError
 
-MAX_ASYNC_LEVEL = 1 << 16
-MAX_FILE_BYTES = 1 << 30  # no pool should accept more than this per upload
 MAX_PREFILL_BATCH = 1024
 MAX_GRACE_SECONDS = 7 * 24 * 3600
 # bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md). They
@@ -49,7 +48,7 @@ class ValidatorConfig:
     """How strictly a validator checks files, and how much it is willing to read."""
 
     # Files from steps >= current - async_level are accepted (DESIGN section 8), in [0, MAX_ASYNC_LEVEL].
-    async_level: int = 2
+    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's term (node.terms)
     # TOPLOC limits per 32-token chunk; cpu_fp32 for a float32 CPU validator, gpu_bf16 on a bf16 GPU.
     thresholds: ProofThresholds = field(default_factory=ProofThresholds.cpu_fp32)
     # Gumbel-score slack (logits / T units) when re-checking sampled tokens, in [0, 1]. Float32 CPU decode and
@@ -60,7 +59,7 @@ class ValidatorConfig:
     # Largest |recorded - recomputed| log-prob, in (0, 1]. Measured on float32 CPU: 9.5e-7 on the random tiny model,
     # 1.1e-4 on the devnet's trained model with the cores saturated (it was borderline at 1e-4): 1e-3 is 9x that.
     logprob_atol: float = 1e-3
-    max_file_bytes: int = 64 << 20  # larger uploads are refused unread (reason 2), in [1, MAX_FILE_BYTES]
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # the pool's term: larger uploads are refused unread (reason 2)
     max_rows: int = DEFAULT_MAX_ROWS  # rows per file, >= 1
     max_tokens: int = DEFAULT_MAX_TOKENS  # list values per file (prompt + output tokens + log-probs), >= 1
     prefill_batch_size: int = 8  # rows recomputed per forward pass, in [1, MAX_PREFILL_BATCH]

@@ -52,6 +52,7 @@ from node.rollouts.writer import publish_atomically
 from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import TaskSpec, spec_hash
+from node.terms import challenge_closes_at, work_state
 from validator.checkpoints import Checkpoints
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
@@ -548,8 +549,8 @@ class ValidatorDaemon:
             return True
         window = await asyncio.to_thread(ledger.challenge_window, pool_id)
         now = await asyncio.to_thread(ledger.timestamp)
-        if now >= work.submitted_at + window:
-            note = f"the challenge window closed at {work.submitted_at + window} (chain time {now})"
+        if work_state(work, window, now) != "pending":
+            note = f"the challenge window closed at {challenge_closes_at(work.submitted_at, window)} (chain time {now})"
             self.store.move(row, ATTESTED, note=note)
             log.warning("%s: rejected too late to invalidate: %s", short, note)
             return True

@@ -216,7 +216,7 @@ def start(
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
         from node.daemon.worker import WorkerDaemon, WorkerSettings
         from node.dashboard.worker import worker_dashboard
-        from node.pool_spec import resolve_endpoints
+        from node.pool_spec import resolve_pool
 
         config = read_config(config_file)
         fault = None
@@ -236,13 +236,13 @@ def start(
             _register(ledger, provider_keystore, provider_dev_key, stake)
         elif provider_keystore is not None or provider_dev_key is not None or stake is not None:
             raise CommandError("--provider-keystore, --provider-dev-key and --stake go with --register")
-        found = resolve_endpoints(
-            ledger.pool(pool).config.spec_uri,
+        joined = resolve_pool(
+            ledger.pool(pool),
             coordinator=_pick(coordinator, config, "coordinator", None),
             checkpoints=checkpoints or config.get("checkpoints"),
             task=_pick(task, config, "task", None),
-            want_bootstrap=_pick(p2p_port, config, "p2p_port", None) is not None,
         )
+        found, terms = joined.endpoints, joined.terms
         default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}" / account.address
         settings = WorkerSettings(
             pool_id=pool,
@@ -250,7 +250,8 @@ def start(
             coordinator=found.coordinator,
             checkpoints=found.checkpoints,
             task=found.task_path,
-            async_level=found.async_level,
+            async_level=terms.async_level,
+            max_file_bytes=terms.max_file_bytes,
             batch_size=_pick(batch_size, config, "batch_size", 64),
             submit_batch=_pick(submit_batch, config, "submit_batch", 4),
             submit_every=float(config.get("submit_every", 10.0)),

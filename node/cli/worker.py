@@ -37,6 +37,7 @@ from ledger.cli.common import (
 )
 from ledger.errors import ContractRevert
 from ledger.types import WorkRecord, WorkStatus
+from node.terms import work_state
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
@@ -339,18 +340,6 @@ def provider_works(ledger: Ledger, pool_id: int, provider: str) -> list[WorkReco
     follower = EventFollower(ledger, pool_id=pool_id, events=("WorkSubmitted",))
     records = [(e.node, e.work_key) for e in follower.poll() if isinstance(e, WorkSubmitted) and e.provider == provider]
     return [ledger.get_work(pool_id, node, key) for node, key in dict.fromkeys(records)]
-
-
-def work_state(work: WorkRecord, window: int, now: int, *, ejected: bool = False) -> str:
-    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated' or 'claimed'.
-
-    Pending work of a node ejected from the pool is 'void': the ledger never pays it.
-    """
-    if work.status == WorkStatus.PENDING:
-        if ejected:
-            return "void"
-        return "claimable" if now >= work.submitted_at + window else "pending"
-    return work.status.name.lower()
 
 
 def _print_status(ledger: Ledger, target: str, pool: int | None, verdicts: dict[bytes, str]) -> None:

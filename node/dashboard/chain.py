@@ -18,6 +18,7 @@ from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated
 from ledger.types import PoolConfig, WorkRecord, WorkStatus
 from node.dashboard.model import ChainReading
+from node.terms import work_state
 
 
 class WorkerChain:
@@ -62,11 +63,7 @@ class WorkerChain:
         for key in keys:
             known = self._works.get(key)
             stale = known is None or known.status == WorkStatus.NONE
-            maybe_claimed = (
-                known is not None
-                and known.status == WorkStatus.PENDING
-                and chain_time >= known.submitted_at + pool.challenge_window
-            )
+            maybe_claimed = known is not None and work_state(known, pool.challenge_window, chain_time) == "claimable"
             if stale or maybe_claimed:
                 self._works[key] = ledger.get_work(self.pool_id, self.node, key)
         return ChainReading(

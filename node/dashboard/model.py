@@ -23,6 +23,7 @@ from ledger.events import WorkInvalidated
 from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 from ledger.units import format_amount
 from node.daemon.state import STAGES, FileRecord
+from node.terms import challenge_closes_at, work_state
 
 THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate averages over
 MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file
@@ -90,7 +91,8 @@ def file_state(
         return FileState("void", None, record.detail, 0)  # the daemon found it void and journaled so
     if record.stage in ("written", "uploaded", "expired"):
         return FileState(record.stage, None, record.detail if record.stage == "expired" else None, 0)
-    closes_at = None if work is None or work.status == WorkStatus.NONE else work.submitted_at + window
+    known = work is not None and work.status != WorkStatus.NONE
+    closes_at = challenge_closes_at(work.submitted_at, window) if work is not None and known else None
     on_chain = WorkStatus.NONE if work is None else work.status
     if invalidation is not None or record.stage == "invalidated" or on_chain == WorkStatus.INVALIDATED:
         if invalidation is not None:
@@ -103,7 +105,8 @@ def file_state(
         return FileState("submitted", None, None, 0)
     if ejected:
         return FileState("void", closes_at, VOID_REASON, 0)
-    return FileState("pending" if now < closes_at else "claimable", closes_at, None, 0)
+    assert work is not None  # closes_at is known
+    return FileState(work_state(work, window, now), closes_at, None, 0)
 
 
 def throughput(records: Sequence[FileRecord], *, now: float, since: float, window: float) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.accounts import dev_account
-from ledger.chain import LocalChain
+from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted
 from ledger.types import PoolConfig, Reason
@@ -315,7 +315,11 @@ class Devnet:
 
     def _start_roles(self, owner: Ledger, model: Path) -> None:
         s = self.settings
-        self._write_trainer_config(model)
+        # the trainer reads the pool's terms from pool.toml as it starts, so the spec comes first, naming the ports
+        # the trainer is about to take; the relay joins its checkpoints once it runs
+        api_port, origin_port = free_port(), free_port()
+        self._write_pool_spec(f"http://127.0.0.1:{api_port}", [f"http://127.0.0.1:{origin_port}"])
+        self._write_trainer_config(model, api_port, origin_port)
         trainer = self.supervisor.start("trainer", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0")
         endpoints = self.root / "run" / "endpoints.json"
         self._wait(lambda: endpoints.is_file(), "the trainer's coordinator and origin", trainer, 120)
@@ -326,13 +330,7 @@ class Devnet:
         )  # fmt: skip
         self._wait(lambda: "relay on http://" in relay.log.read_text(), "the relay", relay, 60)
         relay_url = relay.log.read_text().split("relay on ", 1)[1].split(",", 1)[0].strip()
-        (self.root / "pool.toml").write_text(
-            f"# written by prime-devnet up: where pool {self.pool_id}'s parts are\n"
-            f'coordinator = "{urls["coordinator"]}"\n'
-            f'checkpoints = ["{relay_url}", "{urls["origin"]}"]\n'
-            f'task = "{s.task}"\n'
-            f"async_level = {s.async_level}\n"
-        )
+        self._write_pool_spec(urls["coordinator"], [relay_url, urls["origin"]])
         self.phase(f"trainer {urls['trainer']}: coordinator {urls['coordinator']}, origin {urls['origin']}")
         self.phase(f"relay {relay_url} mirrors the origin")
         pool = ("--pool", str(self.pool_id), "--deployment", "deployment.json")
@@ -357,7 +355,19 @@ class Devnet:
     def _registered(self, owner: Ledger) -> bool:
         return all(owner.is_member(self.pool_id, dev_account(NODES[i]).address) for i in range(len(self.workers)))
 
-    def _write_trainer_config(self, model: Path) -> None:
+    def _write_pool_spec(self, coordinator: str, checkpoints: list[str]) -> None:
+        listed = ", ".join(f'"{url}"' for url in checkpoints)
+        (self.root / "pool.toml").write_text(
+            f"# written by prime-devnet up: pool {self.pool_id}'s terms and where its parts are\n"
+            f'coordinator = "{coordinator}"\n'
+            f"checkpoints = [{listed}]\n"
+            f'task = "{self.settings.task}"\n'
+            f"async_level = {self.settings.async_level}\n"
+            f"prompts_per_task = {self.settings.prompts_per_task}\n"
+            f"group_size = {self.settings.group_size}\n"
+        )
+
+    def _write_trainer_config(self, model: Path, api_port: int, origin_port: int) -> None:
         s = self.settings
         (self.root / "trainer.toml").write_text(
             f"""# written by prime-devnet up (configs/trainer.toml documents every field)
@@ -380,12 +390,12 @@ warmup_steps = 3
 micro_batch_tokens = 16384
 
 [coordinator]
-port = 0
+port = {api_port}
 prompts_per_task = {s.prompts_per_task}
 group_size = {s.group_size}
 
 [shardcast]
-port = 0
+port = {origin_port}
 keep = {s.async_level + 3}
 
 [pool]

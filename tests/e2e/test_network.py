@@ -56,7 +56,7 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
     owner.set_validator(pool_id, dev_account(VALIDATOR).address)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
-    write_trainer_config(tmp_path, model, pool_id, steps=STEPS, rollouts_per_step=16)
+    write_trainer_config(tmp_path, model, pool_id, steps=STEPS, rollouts_per_step=16, spec_file=spec_file)
     trainer = processes.start("trainer", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0")
     endpoints = tmp_path / "run" / "endpoints.json"
     wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints", processes)

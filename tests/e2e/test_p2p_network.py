@@ -66,7 +66,7 @@ def test_the_worker_prefetches_announced_steps_and_attestations_reach_the_gossip
     owner.set_validator(pool_id, dev_account(VALIDATOR).address)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
-    write_trainer_config(tmp_path, model, pool_id, steps=3, rollouts_per_step=8, p2p=True)
+    write_trainer_config(tmp_path, model, pool_id, steps=3, rollouts_per_step=8, p2p=True, spec_file=spec_file)
     trainer = processes.start("trainer", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0")
     endpoints = tmp_path / "run" / "endpoints.json"
     wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints", processes, 120)

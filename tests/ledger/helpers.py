@@ -20,7 +20,7 @@ from tests.conftest import TOKEN  # not `conftest`: a test folder with its own c
 DEFAULT_POOL = PoolConfig(
     name="test-pool",
     model_hash=hashlib.sha256(b"model").digest(),
-    spec_uri="ipfs://spec",
+    spec_uri="",  # no spec: its nodes are told where its parts are by flags, its terms are the defaults
     trainer="0x0000000000000000000000000000000000000000",  # replaced by the owner in make_pool
     min_stake_per_node=100 * TOKEN,
     challenge_window=3600,

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from node.pool_spec import PoolSpecError, load_pool_spec, resolve_endpoints
+from ledger.types import PoolConfig, PoolInfo
+from node.pool_spec import PoolSpecError, load_pool_spec, resolve_pool
+from node.terms import TermsMismatch
 
 TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 SPEC = 'coordinator = "http://127.0.0.1:8000/"\ncheckpoints = ["http://127.0.0.1:9000"]\ntask = "task.toml"\n'
@@ -79,11 +81,31 @@ def test_a_pool_without_a_spec_says_which_flags_replace_it() -> None:
         load_pool_spec("")
 
 
-def test_bootstrap_peers_come_from_the_spec_even_when_flags_name_everything_else(folder: Path) -> None:
+def pool_at(spec_uri: str) -> PoolInfo:
+    trainer = "0x" + "11" * 20
+    return PoolInfo(7, trainer, PoolConfig("p", b"\0" * 32, spec_uri, trainer, 1, 3600, 1, 1))
+
+
+def test_the_spec_is_read_even_when_flags_name_every_part(folder: Path) -> None:
     peer = "/ip4/127.0.0.1/tcp/4001/p2p/16Uiu2HAmExample"
-    (folder / "pool.toml").write_text(SPEC + f'bootstrap = ["{peer}"]\n')
-    uri, flags = str(folder / "pool.toml"), {"coordinator": "http://c:1", "checkpoints": ["http://o:2"], "task": TASK}
-    assert resolve_endpoints(uri).bootstrap == (peer,)
-    assert resolve_endpoints(uri, **flags).bootstrap == ()  # p2p off: the spec is not read at all
-    assert resolve_endpoints(uri, **flags, want_bootstrap=True).bootstrap == (peer,)
-    assert resolve_endpoints("", **flags, want_bootstrap=True).bootstrap == ()  # a pool without a spec
+    (folder / "pool.toml").write_text(SPEC + f'bootstrap = ["{peer}"]\nasync_level = 5\nmax_file_bytes = 4096\n')
+    info, flags = pool_at(str(folder / "pool.toml")), {"coordinator": "http://c:1", "checkpoints": ["http://o:2"]}
+    for given in ({}, {**flags, "task": TASK}):
+        pool = resolve_pool(info, **given)
+        assert pool.endpoints.bootstrap == (peer,) and pool.endpoints.coordinator == given.get("coordinator",
+               "http://127.0.0.1:8000")  # fmt: skip
+        assert (pool.terms.async_level, pool.terms.max_file_bytes, pool.terms.challenge_window) == (5, 4096, 3600)
+    assert resolve_pool(pool_at(""), **flags, task=TASK).terms.async_level == 2  # a pool without a spec: defaults
+    with pytest.raises(PoolSpecError, match="--coordinator, --checkpoints and --task"):
+        resolve_pool(pool_at(""), **flags)
+    (folder / "pool.toml").unlink()  # flags naming every part do not stand in for terms nobody can read
+    with pytest.raises(PoolSpecError, match="not found"):
+        resolve_pool(info, **flags, task=TASK)
+
+
+def test_a_task_flag_that_is_not_the_pools_task_is_refused(folder: Path) -> None:
+    other = folder / "other.toml"
+    other.write_text(TASK.read_text().replace("basic-arithmetic", "another-task", 1))
+    with pytest.raises(TermsMismatch, match=r"--task is .*other.toml .*pool 7's spec"):
+        resolve_pool(pool_at(str(folder / "pool.toml")), task=other)
+    assert resolve_pool(pool_at(str(folder / "pool.toml")), task=TASK).endpoints.task_path == TASK  # the same task

@@ -15,9 +15,8 @@ from ledger.accounts import create_keystore, dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.types import PoolConfig, Reason, WorkRecord, WorkStatus
+from ledger.types import PoolConfig, Reason, WorkStatus
 from node.cli.main import app
-from node.cli.worker import work_state
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 
 WINDOW = 3600
@@ -346,18 +345,3 @@ def test_status_needs_an_address_or_a_key(deployment_file: Path) -> None:
     both = node_cli(deployment_file, "status", "--address", dev_account(1).address, "--dev-key", 1)
     assert_one_line_error(both, "not both")
     assert_one_line_error(node_cli(deployment_file, "status", "--address", "0xnope"), "--address: not an address")
-
-
-@pytest.mark.parametrize(
-    ("status", "now", "state"),
-    [
-        (WorkStatus.PENDING, 1000 + WINDOW - 1, "pending"),
-        (WorkStatus.PENDING, 1000 + WINDOW, "claimable"),
-        (WorkStatus.INVALIDATED, 1000 + WINDOW, "invalidated"),
-        (WorkStatus.CLAIMED, 1000 + WINDOW, "claimed"),
-    ],
-)
-def test_work_state_follows_the_window(status: WorkStatus, now: int, state: str) -> None:
-    work = WorkRecord(1, key("w"), dev_account(2).address, dev_account(1).address, 10, 1000, status)
-    assert work_state(work, WINDOW, now) == state
-    assert work_state(work, WINDOW, now, ejected=True) == ("void" if status == WorkStatus.PENDING else state)

@@ -78,7 +78,7 @@ def pool(
     owner.fund_rewards(pool_id, 1000 * TOKEN)
     deployment.save(tmp_path / "deployment.json")
     model = init_model(tmp_path / "tiny", seed=0)
-    write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=8)
+    write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=8, spec_file=spec_file)
     trainer = subprocess.Popen(
         [sys.executable, "-m", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0"],
         cwd=tmp_path,

@@ -46,10 +46,12 @@ def test_each_network_node_gets_a_steps_files_and_half_again_unless_told(
 @pytest.mark.parametrize(
     ("workers", "extra", "pending"),
     [
-        (1, "", 8),  # 4 files a step; the step being trained and the next one
-        (2, "", 4),
-        (3, "", 3),  # shared out, rounded up
-        (1, "[coordinator]\nprompts_per_task = 16\n", 4),
+        # 4 files a step; k = 2 by default (node.terms), the oldest first: the 3 steps the window holds
+        (1, "", 12),
+        (2, "", 6),
+        (3, "", 4),  # shared out, rounded up
+        (1, "[coordinator]\nprompts_per_task = 16\n", 6),
+        (1, "[data]\nasync_level = 1\n", 8),  # k = 1: the step being trained and the next one
         (1, "[coordinator]\nprompts_per_task = 16\n[data]\nasync_level = 0\n", 2),  # no overlap to make room for
         # k = 2: the oldest go first (local mode's order), so a worker may hold the files of the 3 steps the window
         # holds; with the freshest first, as with k = 1: a third step's files would wait until they left the window

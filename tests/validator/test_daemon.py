@@ -147,7 +147,8 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     missing_key = hashlib.sha256(b"never uploaded").digest()  # reason 8 after the grace period
     lost = rollouts("lost", honest, 2, **keep)  # uploaded, acknowledged, then lost by the coordinator: never slashed
 
-    write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=100_000)  # never trains: step 0 stays
+    # never trains: step 0 stays
+    write_trainer_config(tmp_path, model, pool_id, steps=5, rollouts_per_step=100_000, spec_file=spec_file)
     trainer_log, run = tmp_path / "trainer.log", tmp_path / "run"
     trainer = start(["trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0"], tmp_path, trainer_log)
     processes = [trainer]
@@ -262,13 +263,17 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
 def test_run_refuses_a_pool_without_a_usable_spec_and_an_account_that_is_not_its_validator(
     tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deployment
 ) -> None:
-    pool_id = make_pool(ledger_for(0))  # its spec URI is ipfs://spec, which nodes cannot read
+    unreadable = make_pool(ledger_for(0), spec_uri="ipfs://spec")  # a scheme nodes cannot read
+    pool_id = make_pool(ledger_for(0))  # no spec URI: flags say where its parts are
     deployment.save(tmp_path / "deployment.json")
-    base = ["run", "--pool", str(pool_id), "--deployment", str(tmp_path / "deployment.json")]
-    base += ["--state", str(tmp_path / "state")]
+    where = ["--deployment", str(tmp_path / "deployment.json"), "--state", str(tmp_path / "state")]
+    base = ["run", "--pool", str(pool_id), *where]
     flags = ["--coordinator", "http://127.0.0.1:9", "--checkpoints", "http://127.0.0.1:9", "--task", str(TASK)]
     for args, message in (
-        (["--dev-key", "2"], "scheme 'ipfs' is not supported"),
+        (["--dev-key", "2"], "the pool has no spec URI; pass --coordinator, --checkpoints and --task"),
+        # flags naming every part do not stand in for the pool's terms, which only its spec holds
+        (["--pool", str(unreadable), "--dev-key", "2", *flags], "scheme 'ipfs' is not supported"),
+        (["--dev-key", "2", *flags, "--async-level", "3"], "--async-level is 3, but pool"),
         (["--dev-key", "4", *flags], f"is not a validator of pool {pool_id}: the pool owner appoints it with"),
         (["--dev-key", "2", *flags, "--grace", "1e9"], "ValidatorConfig.grace_seconds must be"),
         (["--dev-key", "2", *flags[2:], "--coordinator", "localhost:8600"], "--coordinator: must be an http(s) URL"),

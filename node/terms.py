@@ -1,0 +1,152 @@
+"""The pool's terms: what every role of a pool must agree on, built one way, and the rules that read them.
+
+A worker, a validator and the trainer each judge the same file. Where they disagree on a fact (how many steps a
+file may lag, when work is claimable, how large a file may be), an honest worker is slashed or a file is paid for
+and never trained on. So those facts live here, as one frozen `PoolTerms` per pool, and the rules over them are
+pure functions that every role calls instead of restating:
+
+- `step_window` (and `PoolTerms.window`): the policy steps a file may come from, [current - async_level, current];
+- `work_state` (and `PoolTerms.state_of`): pending, claimable, void, invalidated or claimed (the contract's rules);
+- `DEFAULT_MAX_FILE_BYTES`: the file-size limit a pool has when its spec says nothing.
+
+The terms come from two places, both fixed by the pool: its ComputePool record on chain (trainer, challenge window,
+units cap) and the pool spec its `specURI` names (async level, file-size limit, group shape, task). A pool without
+a spec URI has the defaults below, and its nodes are told where its parts are by flags; a spec URI that cannot be
+read is an error, never a reason to fall back on the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ledger.types import PoolInfo, WorkRecord, WorkStatus
+from node.errors import NodeError
+
+if TYPE_CHECKING:
+    from node.pool_spec import PoolSpec
+
+DEFAULT_ASYNC_LEVEL = 2  # files from policy steps >= current - 2 count (DESIGN section 8)
+MAX_ASYNC_LEVEL = 1 << 16
+DEFAULT_MAX_FILE_BYTES = 64 << 20  # larger uploads are refused unread (reason 2)
+MAX_FILE_BYTES = 1 << 30  # no pool accepts more than this per upload
+DEFAULT_PROMPTS_PER_TASK = 8  # prompts of one assignment
+DEFAULT_GROUP_SIZE = 8  # samples per prompt
+
+
+class TermsMismatch(NodeError):
+    """A role's own setting contradicts the pool's terms; `key` names the setting, the message both values."""
+
+    def __init__(self, key: str, own: object, pool: object, where: str) -> None:
+        super().__init__(f"{key} is {own!r}, but {where} says {pool!r}: the pool's terms bind every role")
+        self.key, self.own, self.pool = key, own, pool
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """The policy steps whose files count: [oldest, current]."""
+
+    oldest: int
+    current: int
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and self.oldest <= step <= self.current
+
+    def __str__(self) -> str:
+        return f"[{self.oldest}, {self.current}]"
+
+
+def step_window(current: int, async_level: int, *, earliest: int | None = None) -> StepWindow:
+    """Files from steps current - async_level .. current count (DESIGN section 8).
+
+    `earliest` is the oldest step that may have been current when a file was submitted, where clocks leave that
+    uncertain (a validator judging a backlog): the window then reaches back from it instead."""
+    if async_level < 0:
+        raise ValueError(f"async_level must be at least 0, got {async_level}")
+    start = current if earliest is None else min(earliest, current)
+    return StepWindow(start - async_level, current)
+
+
+def challenge_closes_at(submitted_at: int, challenge_window: int) -> int:
+    """Chain time from which work submitted at `submitted_at` may be claimed and no longer invalidated."""
+    return submitted_at + challenge_window
+
+
+def work_state(work: WorkRecord, challenge_window: int, now: int, *, ejected: bool = False) -> str:
+    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated', 'claimed' or 'none'.
+
+    The contract's rules (WorkLedger): `invalidateWork` needs `now < submittedAt + window`, `claimRewards` needs
+    `now >= submittedAt + window`, and refuses every key of a node ejected from the pool: its pending work is 'void'.
+    """
+    if work.status == WorkStatus.PENDING:
+        if ejected:
+            return "void"
+        return "claimable" if now >= challenge_closes_at(work.submitted_at, challenge_window) else "pending"
+    return work.status.name.lower()
+
+
+@dataclass(frozen=True)
+class PoolTerms:
+    """One pool's terms, from its chain record and its spec (see the module docstring)."""
+
+    pool_id: int
+    trainer: str  # the pool's trainer: it signs checkpoints, assignments and receipts
+    challenge_window: int  # seconds a submission may be invalidated
+    max_units_per_key: int
+    spec_uri: str = ""  # "" when the pool has none: the defaults hold
+    async_level: int = DEFAULT_ASYNC_LEVEL
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    prompts_per_task: int = DEFAULT_PROMPTS_PER_TASK
+    group_size: int = DEFAULT_GROUP_SIZE
+    task_path: Path | None = None  # the spec's task (its cached copy when remote); None without a spec
+    task_hash: bytes | None = None  # that task spec's canonical hash, which assignments sign
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.async_level <= MAX_ASYNC_LEVEL:
+            raise ValueError(f"async_level must be in [0, {MAX_ASYNC_LEVEL}], got {self.async_level}")
+        if not 1 <= self.max_file_bytes <= MAX_FILE_BYTES:
+            raise ValueError(f"max_file_bytes must be in [1, {MAX_FILE_BYTES}], got {self.max_file_bytes}")
+
+    @property
+    def source(self) -> str:
+        """Where the spec-borne terms come from, for messages."""
+        return f"pool {self.pool_id}'s spec {self.spec_uri}" if self.spec_uri else f"pool {self.pool_id} (no spec)"
+
+    def window(self, current: int, *, earliest: int | None = None) -> StepWindow:
+        return step_window(current, self.async_level, earliest=earliest)
+
+    def state_of(self, work: WorkRecord, now: int, *, ejected: bool = False) -> str:
+        return work_state(work, self.challenge_window, now, ejected=ejected)
+
+    def require(self, key: str, own: object, term: str) -> None:
+        """Raises TermsMismatch when a role's setting `own` (named `key` where the role reads it) is not the
+        pool's `term`."""
+        pool = getattr(self, term)
+        if own != pool:
+            raise TermsMismatch(key, own, pool, self.source)
+
+
+def pool_terms(info: PoolInfo, spec: PoolSpec | None) -> PoolTerms:
+    """The terms of the pool `info` describes, with `spec` its loaded pool spec (None: the pool has none)."""
+    config = info.config
+    chain = dict(
+        pool_id=info.pool_id,
+        trainer=config.trainer,
+        challenge_window=config.challenge_window,
+        max_units_per_key=config.max_units_per_key,
+    )
+    if spec is None:
+        return PoolTerms(**chain)  # type: ignore[arg-type]
+    from node.tasks.spec import spec_hash
+
+    return PoolTerms(
+        **chain,  # type: ignore[arg-type]
+        spec_uri=spec.uri,
+        async_level=spec.async_level,
+        max_file_bytes=spec.max_file_bytes,
+        prompts_per_task=spec.prompts_per_task,
+        group_size=spec.group_size,
+        task_path=spec.task_path,
+        task_hash=spec_hash(spec.task()),
+    )

@@ -1,0 +1,89 @@
+"""The trainer follows the pool's terms (node.terms) in network mode: what trainer.toml leaves out it takes from the
+pool, what contradicts the pool it refuses, naming the key, before it serves anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger.client import Ledger
+from ledger.deployment import Deployment
+from node.tasks.spec import load_task_spec, spec_hash
+from node.terms import PoolTerms
+from tests.ledger.helpers import make_pool
+from tests.network_trainer import TASK, write_trainer_config
+from trainer.cli import app
+from trainer.config import TrainerConfigError, load_run_config
+
+TRAINER = "0x" + "11" * 20
+NETWORK = f"[run]\ndir='r'\nmodel='m'\ntask='{TASK}'\n[pool]\nid=4\ndeployment='d.json'\n"
+
+
+def terms(**fields: object) -> PoolTerms:
+    base: dict[str, object] = dict(
+        pool_id=4, trainer=TRAINER, challenge_window=3600, max_units_per_key=1, spec_uri="file:///pool.toml"
+    )
+    return PoolTerms(**(base | fields))  # type: ignore[arg-type]
+
+
+def test_settings_left_out_take_the_pools_terms(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(NETWORK)
+    config = load_run_config(path, terms=terms(async_level=3, max_file_bytes=1 << 20, prompts_per_task=4))
+    assert (config.learner.async_level, config.api.async_level) == (3, 3)  # what the loop and the quota count with
+    assert (config.api.max_upload_bytes, config.api.prompts_per_task, config.api.group_size) == (1 << 20, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("extra", "pool", "message"),
+    [
+        (
+            "[data]\nasync_level = 1\n",
+            {"async_level": 2},
+            "data.async_level: is 1, but pool 4's spec file:///pool.toml",
+        ),
+        ("[coordinator]\nmax_upload_bytes = 4096\n", {}, "coordinator.max_upload_bytes: is 4096, but pool 4's"),
+        ("[coordinator]\ngroup_size = 4\n", {"group_size": 16}, "coordinator.group_size: is 4, but pool 4's spec"),
+    ],
+)
+def test_a_setting_that_contradicts_the_pool_is_refused_by_name(
+    tmp_path: Path, extra: str, pool: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text(NETWORK + extra)
+    load_run_config(path)  # alone, the file is fine: only the pool's terms contradict it
+    with pytest.raises(TrainerConfigError, match=message):
+        load_run_config(path, terms=terms(**pool))
+
+
+def test_a_task_that_is_not_the_pools_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.toml"
+    other.write_text(TASK.read_text().replace("basic-arithmetic", "another-task", 1))
+    path = tmp_path / "trainer.toml"
+    path.write_text(NETWORK.replace(str(TASK), str(other)))
+    with pytest.raises(TrainerConfigError, match=r"run.task: .*other.toml .* is not the task of pool 4's spec"):
+        load_run_config(path, terms=terms(task_path=TASK, task_hash=spec_hash(load_task_spec(TASK))))
+
+
+def test_prime_train_run_refuses_a_pool_whose_async_level_is_not_its_own(
+    tmp_path: Path, ledger_for: Callable[[int], Ledger], deployment: Deployment
+) -> None:
+    """On a chain: the pool's spec says async_level = 2, trainer.toml 1. Validators would accept files the trainer
+    then drops as stale, paid for and never trained on: it stops with one line instead, before serving."""
+    spec_file = tmp_path / "pool.toml"
+    pool_id = make_pool(ledger_for(0), spec_uri=spec_file.as_uri())
+    deployment.save(tmp_path / "deployment.json")
+    config = write_trainer_config(tmp_path, tmp_path / "no-model", pool_id, steps=1, rollouts_per_step=8,
+                                  async_level=2, spec_file=spec_file)  # fmt: skip
+    config.write_text(config.read_text().replace("async_level = 2", "async_level = 1"))
+    run = ["run", "--config", str(config)]
+    result = CliRunner().invoke(app, [*run, "--dev-key", "0"])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 1 and len(errors) == 1, result.output
+    assert f"data.async_level: is 1, but pool {pool_id}'s spec {spec_file.as_uri()} says 2" in errors[0]
+    assert not (tmp_path / "run").exists()  # nothing served, nothing written
+    wrong_key = CliRunner().invoke(app, [*run, "--dev-key", "1"])  # not the pool's trainer: refused first
+    assert wrong_key.exit_code == 1 and f"pool {pool_id}'s trainer is" in wrong_key.stderr, wrong_key.output
