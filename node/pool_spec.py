@@ -45,7 +45,6 @@ from node.terms import (
     MAX_FILE_BYTES,
     PoolTerms,
     TermsMismatch,
-    pool_terms,
 )
 
 if TYPE_CHECKING:
@@ -193,6 +192,22 @@ def read_terms(info: PoolInfo, *, cache: Path = DEFAULT_CACHE) -> tuple[PoolTerm
     raises PoolSpecError)."""
     spec = load_pool_spec(info.config.spec_uri, cache=cache) if info.config.spec_uri.strip() else None
     return pool_terms(info, spec), spec
+
+
+def pool_terms(info: PoolInfo, spec: PoolSpec | None) -> PoolTerms:
+    """The terms of the pool `info` describes, with `spec` its loaded pool spec (None: the pool has none)."""
+    if spec is None:
+        return PoolTerms.of_chain(info)
+    return PoolTerms.of_chain(
+        info,
+        spec_uri=spec.uri,
+        async_level=spec.async_level,
+        max_file_bytes=spec.max_file_bytes,
+        prompts_per_task=spec.prompts_per_task,
+        group_size=spec.group_size,
+        task_path=spec.task_path,
+        task_hash=spec_hash(spec.task()),
+    )
 
 
 def resolve_pool(

@@ -19,13 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ledger.types import PoolInfo, WorkRecord, WorkStatus
 from node.errors import NodeError
-
-if TYPE_CHECKING:
-    from node.pool_spec import PoolSpec
 
 DEFAULT_ASYNC_LEVEL = 2  # files from policy steps >= current - 2 count (DESIGN section 8)
 MAX_ASYNC_LEVEL = 1 << 16
@@ -119,34 +115,17 @@ class PoolTerms:
     def state_of(self, work: WorkRecord, now: int, *, ejected: bool = False) -> str:
         return work_state(work, self.challenge_window, now, ejected=ejected)
 
+    @classmethod
+    def of_chain(cls, info: PoolInfo, **spec_terms: object) -> PoolTerms:
+        """The terms of the pool `info` describes, with the spec-borne ones given (none: the pool has no spec;
+        `node.pool_spec.read_terms` reads them)."""
+        c = info.config
+        chain = (info.pool_id, c.trainer, c.challenge_window, c.max_units_per_key)
+        return cls(*chain, **spec_terms)  # type: ignore[arg-type]
+
     def require(self, key: str, own: object, term: str) -> None:
         """Raises TermsMismatch when a role's setting `own` (named `key` where the role reads it) is not the
         pool's `term`."""
         pool = getattr(self, term)
         if own != pool:
             raise TermsMismatch(key, own, pool, self.source)
-
-
-def pool_terms(info: PoolInfo, spec: PoolSpec | None) -> PoolTerms:
-    """The terms of the pool `info` describes, with `spec` its loaded pool spec (None: the pool has none)."""
-    config = info.config
-    chain = dict(
-        pool_id=info.pool_id,
-        trainer=config.trainer,
-        challenge_window=config.challenge_window,
-        max_units_per_key=config.max_units_per_key,
-    )
-    if spec is None:
-        return PoolTerms(**chain)  # type: ignore[arg-type]
-    from node.tasks.spec import spec_hash
-
-    return PoolTerms(
-        **chain,  # type: ignore[arg-type]
-        spec_uri=spec.uri,
-        async_level=spec.async_level,
-        max_file_bytes=spec.max_file_bytes,
-        prompts_per_task=spec.prompts_per_task,
-        group_size=spec.group_size,
-        task_path=spec.task_path,
-        task_hash=spec_hash(spec.task()),
-    )

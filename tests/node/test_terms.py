@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 
 from ledger.types import PoolConfig, PoolInfo, WorkRecord, WorkStatus
-from node.pool_spec import load_pool_spec
+from node.pool_spec import load_pool_spec, pool_terms
 from node.tasks.spec import load_task_spec, spec_hash
 from node.terms import (
     DEFAULT_ASYNC_LEVEL,
     DEFAULT_MAX_FILE_BYTES,
     PoolTerms,
     TermsMismatch,
-    pool_terms,
     step_window,
     work_state,
 )
