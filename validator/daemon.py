@@ -471,7 +471,7 @@ class ValidatorDaemon:
             config=self.config,
             task=self.setup.task.path,
             task_hash=spec_hash(self.setup.task),
-            kept_until=row.submitted_at + window + EVIDENCE_SLACK_SECONDS,
+            kept_until=challenge_closes_at(row.submitted_at, window) + EVIDENCE_SLACK_SECONDS,
             step=step,
             checkpoint=checkpoint if checkpoint is not None and checkpoint.is_dir() else None,
             manifest_hash=self.checkpoints.manifest_hash(step) if step is not None else None,

@@ -37,7 +37,7 @@ from ledger.cli.common import (
 )
 from ledger.errors import ContractRevert
 from ledger.types import WorkRecord, WorkStatus
-from node.terms import work_state
+from node.terms import challenge_closes_at, work_state
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
@@ -413,7 +413,7 @@ def _print_works(
         totals[state] += reward
         shown = state
         if state == "pending":
-            shown = f"pending until {format_time(work.submitted_at + config.challenge_window)}"
+            shown = f"pending until {format_time(challenge_closes_at(work.submitted_at, config.challenge_window))}"
             if work.work_key in verdicts:
                 shown += f"; {verdicts[work.work_key]}"
         elif state == "invalidated":
