@@ -240,30 +240,24 @@ def run_command(
     ] = None,
     task: Annotated[Path | None, typer.Option("--task", metavar="SPEC", help="Override the pool spec's.")] = None,
     async_level: Annotated[
-        int | None, typer.Option("--async-level", min=0, metavar="K", help="The pool's async level, checked.")
+        int | None, typer.Option("--async-level", metavar="K", help="The pool's async level, checked.")
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option("--metrics-port", min=0, max=65535, metavar="P", help="Serve /metrics (0: any).")
+        int | None, typer.Option("--metrics-port", metavar="P", help="Serve /metrics (0: any).")
     ] = None,
     dashboard_port: Annotated[
         int | None,
-        typer.Option(
-            "--dashboard-port", min=0, max=65535, metavar="P", help="Serve the web dashboard on 127.0.0.1 (0: any)."
-        ),
+        typer.Option("--dashboard-port", metavar="P", help="Serve the web dashboard on 127.0.0.1 (0: any)."),
     ] = None,
     grace: Annotated[
         float | None,
-        typer.Option("--grace", min=0.001, metavar="SECONDS", help="Wait for an upload before reason 8 [600]."),
+        typer.Option("--grace", metavar="SECONDS", help="Wait for an upload before reason 8."),
     ] = None,
-    poll: Annotated[
-        float | None, typer.Option("--poll", min=0.01, metavar="SECONDS", help="Between chain reads [2].")
-    ] = None,
+    poll: Annotated[float | None, typer.Option("--poll", metavar="SECONDS", help="Between chain reads.")] = None,
     confirmations: Annotated[
         int | None,
         typer.Option(
             "--confirmations",
-            min=0,
-            max=10_000,
             metavar="N",
             help="Blocks to stay behind the head [0 on a local chain, else 12].",
         ),
@@ -276,13 +270,16 @@ def run_command(
     ] = None,
     p2p_port: Annotated[
         int | None,
-        typer.Option("--p2p-port", min=0, max=65535, metavar="P", help="Also gossip attestations (0: any port)."),
+        typer.Option("--p2p-port", metavar="P", help="Also gossip attestations (0: any port)."),
     ] = None,
     threads: Annotated[
-        int | None, typer.Option("--threads", min=0, metavar="N", help="torch threads for recomputation (0: default).")
+        int | None, typer.Option("--threads", metavar="N", help="torch threads for recomputation (0: default).")
     ] = None,
 ) -> None:
-    """Validate pool N: verify each submitted file, attest, invalidate the bad ones on chain; runs until stopped."""
+    """Validate pool N: verify each submitted file, attest, invalidate the bad ones on chain; runs until stopped.
+
+    Every setting is declared once, with its default and bounds, in validator.settings.ValidatorSettings:
+    configs/validator.toml shows them; a flag overrides the file."""
     configure_daemon_logging()
     with node_cli_errors():
         import asyncio
@@ -290,29 +287,43 @@ def run_command(
 
         from ledger.cli.common import open_ledger
         from validator.daemon import ValidatorDaemon
-        from validator.settings import read_settings
+        from validator.settings import ValidatorSettings
 
-        file = read_settings(config_file)
-
-        def pick(flag: Any, key: str, default: Any = None) -> Any:
-            return flag if flag is not None else file.get(key, default)
-
-        task = pick(task, "task")
-        p2p_port = pick(p2p_port, "p2p_port")
-        if torch_threads := pick(threads, "threads", 0):
+        settings = ValidatorSettings.load(
+            config_file,
+            flags={
+                "state": state,
+                "coordinator": coordinator,
+                "checkpoints": checkpoints,
+                "task": task,
+                "async_level": async_level,
+                "metrics_port": metrics_port,
+                "dashboard_port": dashboard_port,
+                "grace_seconds": grace,
+                "poll_seconds": poll,
+                "confirmations": confirmations,
+                "device": device,
+                "dtype": dtype,
+                "thresholds": thresholds,
+                "p2p_port": p2p_port,
+                "threads": threads,
+            },
+        )
+        file = settings.file
+        if settings.threads:
             # on a machine whose cores are busy, threads that spin at every barrier made verification 30x slower
             import torch
 
-            torch.set_num_threads(torch_threads)
+            torch.set_num_threads(settings.threads)
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
         setup, terms, bootstrap = _pool_setup(
             ledger,
             pool,
-            pick(coordinator, "coordinator"),
-            checkpoints or file.get("checkpoints"),
-            Path(task) if task is not None else None,
+            settings.coordinator,
+            list(settings.checkpoints) or None,
+            settings.task,
         )
         # the pool's terms bind: a validator told otherwise would reject honest files (and slash their stake)
         if async_level is not None:
@@ -320,26 +331,17 @@ def run_command(
         for key in ("async_level", "max_file_bytes"):
             if key in file:
                 terms.require(f"{config_file}: {key}", file[key], key)
-        tuning = {k: file[k] for k in _TUNING if k in file} | {"max_file_bytes": terms.max_file_bytes}
-        try:
-            preset = ThresholdPreset(pick(thresholds, "thresholds")) if pick(thresholds, "thresholds") else None
-        except ValueError:
-            raise CommandError(f"thresholds must be one of {', '.join(p.value for p in ThresholdPreset)}") from None
         config = _precision_config(
             setup.task,
-            pick(device, "device"),
-            pick(dtype, "dtype"),
-            preset,
+            settings.device,
+            settings.dtype,
+            ThresholdPreset(settings.thresholds) if settings.thresholds else None,
             async_level=terms.async_level,
-            grace_seconds=float(pick(grace, "grace", 600.0)),
-            poll_seconds=float(pick(poll, "poll", 2.0)),
-            confirmations=pick(confirmations, "confirmations"),
-            **tuning,
+            max_file_bytes=terms.max_file_bytes,
+            **settings.config_fields(),
         )
-        metrics_port = pick(metrics_port, "metrics_port")
-        dashboard_port = pick(dashboard_port, "dashboard_port")
         default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}"
-        state_dir = Path(pick(state, "state", default_state / f"validator-{account.address}")).expanduser()
+        state_dir = settings.state or default_state / f"validator-{account.address}"
 
         async def main() -> None:
             daemon = ValidatorDaemon(
@@ -347,10 +349,10 @@ def run_command(
                 setup,
                 config,
                 state_dir,
-                metrics_port=metrics_port,
-                p2p_port=p2p_port,
+                metrics_port=settings.metrics_port,
+                p2p_port=settings.p2p_port,
                 bootstrap=bootstrap,
-                dashboard_port=dashboard_port,
+                dashboard_port=settings.dashboard_port,
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -358,19 +360,6 @@ def run_command(
             await daemon.run()
 
         asyncio.run(main())
-
-
-# ValidatorConfig fields a validator.toml may set directly (no flag of their own)
-_TUNING = (
-    "sampling_margin",
-    "logprob_atol",
-    "max_file_bytes",
-    "prefill_batch_size",
-    "checkpoints_kept",
-    "clock_slack",
-    "clear_factor",
-    "max_rechecked_rows",
-)
 
 
 def _pool_setup(

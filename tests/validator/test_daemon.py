@@ -275,7 +275,7 @@ def test_run_refuses_a_pool_without_a_usable_spec_and_an_account_that_is_not_its
         (["--pool", str(unreadable), "--dev-key", "2", *flags], "scheme 'ipfs' is not supported"),
         (["--dev-key", "2", *flags, "--async-level", "3"], "--async-level is 3, but pool"),
         (["--dev-key", "4", *flags], f"is not a validator of pool {pool_id}: the pool owner appoints it with"),
-        (["--dev-key", "2", *flags, "--grace", "1e9"], "ValidatorConfig.grace_seconds must be"),
+        (["--dev-key", "2", *flags, "--grace", "1e9"], "--grace: must be a number in (0, 604800]"),
         (["--dev-key", "2", *flags[2:], "--coordinator", "localhost:8600"], "--coordinator: must be an http(s) URL"),
     ):
         result = CliRunner().invoke(app, [*base, *args])
