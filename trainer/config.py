@@ -38,8 +38,9 @@ class TrainerConfigError(TrainerError, ValueError):
 
 
 @dataclass(frozen=True)
-class PoolConfig:
-    """The pool on chain (network mode): who may upload is asked of ComputePool, files count once attested."""
+class PoolLink:
+    """`[pool]`: how the trainer finds its pool on chain (network mode): who may upload is asked of ComputePool,
+    files count once attested. Not the pool's on-chain config, which is `ledger.types.PoolConfig`."""
 
     id: int
     deployment: Path
@@ -81,7 +82,7 @@ class RunConfig:
     train_threads: int = 0  # torch threads of the trainer; 0 = torch's default
     device: str = "auto"  # where the trainer trains (trainer.precision.DEVICES): auto = CUDA when present
     dtype: str = "auto"  # compute dtype (trainer.precision.DTYPES): auto = bfloat16 on CUDA, float32 on the CPU
-    pool: PoolConfig | None = None
+    pool: PoolLink | None = None  # network mode: the pool on chain
     p2p: GossipConfig | None = None  # None: no gossip
     seed: int = 0
 
@@ -224,7 +225,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
     if pool_table:
         fields = Fields(path, "pool", pool_table)
         keystore = fields.text("keystore", "")
-        pool = PoolConfig(
+        pool = PoolLink(
             id=fields.integer("id", minimum=0),
             deployment=_path(base, fields.text("deployment", nonempty=True)),
             rpc_url=fields.text("rpc_url", "") or None,
