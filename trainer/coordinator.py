@@ -58,6 +58,7 @@ from node.protocol.errors import ErrorCode
 from node.protocol.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
 from node.protocol.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
 from node.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
+from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
 from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
 from trainer.parsing import ParseConfig, UnparsedUpload, UploadParser
@@ -72,7 +73,7 @@ _PARSE_CODES = {ErrorCode.MALFORMED_FILE, ErrorCode.TOO_LARGE, ErrorCode.PARSE_T
 class ApiConfig:
     """Limits of the coordinator API."""
 
-    max_upload_bytes: int = 64 * 1024 * 1024  # the pool's file-size limit
+    max_upload_bytes: int = DEFAULT_MAX_FILE_BYTES  # the pool's file-size limit (node.terms)
     max_json_bytes: int = 64 * 1024
     max_skew: float = 300.0  # seconds a signed request's timestamp may be off (DESIGN section 5)
     prompts_per_task: int = 8
@@ -90,7 +91,8 @@ class ApiConfig:
     # derives both from the pool's pace); past either an upload gets 429 quota
     max_stored_bytes_per_node: int = 0
     max_stored_files_per_node: int = 0
-    async_level: int = 1  # the trainer's window k: a file stops counting k + 1 steps after the step it came at
+    # the pool's window k (node.terms): a file stops counting k + 1 steps after the step it came at
+    async_level: int = DEFAULT_ASYNC_LEVEL
     parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
 
     def __post_init__(self) -> None:
@@ -279,7 +281,7 @@ class CoordinatorService:
 
     def _oldest_step(self) -> int:
         """The oldest step whose uploads the trainer may still train on: files stored before it no longer count."""
-        return self.state.step - self.config.async_level
+        return step_window(self.state.step, self.config.async_level).oldest
 
     def _count_stored(self) -> None:
         """What the inbox holds that still counts (a restart), each file under the step current when it was

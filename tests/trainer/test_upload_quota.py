@@ -26,6 +26,7 @@ from node.daemon.chain import LedgerWorkChain
 from node.daemon.worker import WorkerDaemon, WorkerSettings
 from node.protocol.pool import PublishedStep
 from node.signing import sign_request
+from node.terms import step_window
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK as DEFAULT_TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER, Client, rollout_bytes, upload_path
@@ -272,16 +273,16 @@ def test_a_node_at_the_pools_pace_stays_far_below_the_default_quota(tmp_path: Pa
     path = tmp_path / "trainer.toml"
     path.write_text(NETWORK)
     api = load_run_config(path).api
-    assert (api.files_per_node_per_step, api.async_level) == (6, 1)
-    assert (api.max_stored_files_per_node, api.max_stored_bytes_per_node) == (72, 36 * api.max_upload_bytes)
+    assert (api.files_per_node_per_step, api.async_level) == (6, 2)  # the pool's default window (node.terms)
+    assert (api.max_stored_files_per_node, api.max_stored_bytes_per_node) == (96, 48 * api.max_upload_bytes)
     quota = UploadQuota(api.max_stored_bytes_per_node, api.max_stored_files_per_node)
     most = (0, 0)
     for step in range(100):
-        oldest = step - api.async_level
+        oldest = step_window(step, api.async_level).oldest
         for _ in range(2 * api.files_per_node_per_step if step == 50 else api.files_per_node_per_step):
             quota.reserve(WORKER.address, api.max_upload_bytes, oldest).keep(step)  # step 50: two steps' files
         most = max(most, quota.usage(WORKER.address, oldest))
-    assert most == (18, 18 * api.max_upload_bytes)  # a quarter of the files and half of the bytes
+    assert most == (24, 24 * api.max_upload_bytes)  # a quarter of the files and half of the bytes
     path.write_text(NETWORK + "[coordinator]\nmax_stored_bytes_per_node = 65536\n")
     with pytest.raises(TrainerConfigError, match=r"max_stored_bytes_per_node .* at least max_upload_bytes"):
         load_run_config(path)
