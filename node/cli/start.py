@@ -3,14 +3,13 @@
 Where the pool's parts are (coordinator, checkpoint sources, task) comes from the pool spec at the pool's
 `specURI` on chain (node/pool_spec.py); `--coordinator`, `--checkpoints` and `--task` override it, and are needed
 for a pool without a spec. Flags override the config file (`configs/node.toml` documents every field), which
-overrides the defaults.
+overrides the defaults; every setting is declared once, with its default and bounds, in `node.config.NodeConfig`.
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -33,66 +32,11 @@ from node.cli.inference import BackendOption, DeviceOption
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
+    from node.config import NodeConfig
 
 start_app = typer.Typer()
 
 DEFAULT_DASHBOARD_PORT = 8790  # `--dashboard` without a port from a flag or the config
-
-CONFIG_KEYS = {  # node.toml [worker] key -> type
-    "state": str,
-    "coordinator": str,
-    "checkpoints": list,
-    "task": str,
-    "batch_size": int,
-    "threads": int,
-    "submit_batch": int,
-    "submit_every": float,
-    "claim": bool,
-    "claim_every": float,
-    "join": bool,
-    "metrics_port": int,
-    "dashboard_port": int,
-    "max_files": int,
-    "p2p_port": int,
-    "backend": str,
-    "device": str,
-}
-
-
-def read_config(path: Path | None) -> dict[str, Any]:
-    """The `[worker]` table of a node.toml, type-checked; relative paths are relative to the file."""
-    if path is None:
-        return {}
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CommandError(f"config {path} not found") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise CommandError(f"config {path} is not readable TOML: {exc}") from None
-    unknown_tables = set(raw) - {"worker"}
-    if unknown_tables:
-        raise CommandError(f"config {path}: unknown table(s) {sorted(unknown_tables)}; the worker reads [worker]")
-    table = raw.get("worker", {})
-    config: dict[str, Any] = {}
-    for key, value in table.items():
-        kind = CONFIG_KEYS.get(key)
-        if kind is None:
-            raise CommandError(f"config {path}: worker.{key} is not a setting ({', '.join(sorted(CONFIG_KEYS))})")
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float:
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok:
-            raise CommandError(f"config {path}: worker.{key} must be a {kind.__name__}, got {value!r}")
-        config[key] = value
-    for key in ("state", "task"):
-        if key in config:
-            config[key] = str((path.parent / Path(config[key]).expanduser()).resolve())
-    return config
-
-
-def _pick(flag: Any, config: dict[str, Any], key: str, default: Any) -> Any:
-    return flag if flag is not None else config.get(key, default)
-
 
 PROVIDER_FLAGS = KeyFlags("--provider-keystore", "--provider-dev-key", password_env="PRIME_PROVIDER_KEYSTORE_PASSWORD")
 
@@ -115,18 +59,16 @@ def _register(node_ledger: Ledger, keystore: Path | None, dev_key: int | None, s
         ledger.add_node(node)
 
 
-def _dashboard_port(enabled: bool | None, port: int | None, config: dict[str, Any]) -> int | None:
-    """None (no dashboard) unless --dashboard, --dashboard-port or the config's dashboard_port asks for one."""
+def _dashboard_port(enabled: bool | None, port: int | None, config: NodeConfig) -> int | None:
+    """None (no dashboard) unless --dashboard, --dashboard-port or the config's dashboard_port asks for one;
+    `port` is the flag, `config.dashboard_port` the flag or else the file's."""
     if enabled is False:
         if port is not None:
             raise CommandError("--no-dashboard and --dashboard-port do not go together")
         return None
-    chosen = _pick(port, config, "dashboard_port", None)
-    if chosen is None and enabled:
-        chosen = DEFAULT_DASHBOARD_PORT
-    if chosen is not None and not 0 <= chosen <= 65535:
-        raise CommandError(f"dashboard_port {chosen} is not a port (0 to 65535)")
-    return chosen
+    if config.dashboard_port is None and enabled:
+        return DEFAULT_DASHBOARD_PORT
+    return config.dashboard_port
 
 
 @start_app.command()
@@ -147,15 +89,15 @@ def start(
     task: Annotated[Path | None, typer.Option(metavar="SPEC", help="Task spec; overrides the pool spec's.")] = None,
     join: Annotated[bool | None, typer.Option("--join/--no-join", help="Join the pool if not a member.")] = None,
     claim: Annotated[bool | None, typer.Option("--claim/--no-claim", help="Claim matured rewards.")] = None,
-    batch_size: Annotated[int | None, typer.Option(min=1, help="Sequences decoded together.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences decoded together.")] = None,
     backend: Annotated[str | None, BackendOption] = None,
     device: Annotated[str | None, DeviceOption] = None,
-    threads: Annotated[int | None, typer.Option(min=0, help="torch threads (0: torch's default).")] = None,
-    submit_batch: Annotated[int | None, typer.Option(min=1, help="Files per submitWorkBatch.")] = None,
-    metrics_port: Annotated[int | None, typer.Option(min=0, max=65535, help="Serve /metrics (0: any port).")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
+    submit_batch: Annotated[int | None, typer.Option(help="Files per submitWorkBatch.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (0: any port).")] = None,
     max_files: Annotated[
         int | None,
-        typer.Option(min=0, help="Stop after this many files (0: make none; upload, submit and check the journal's)."),
+        typer.Option(help="Stop after this many files (0: make none; upload, submit and check the journal's)."),
     ] = None,
     dashboard: Annotated[
         bool | None,
@@ -167,9 +109,7 @@ def start(
     ] = None,
     dashboard_port: Annotated[
         int | None,
-        typer.Option(
-            min=0, max=65535, metavar="P", help="The dashboard's port (0: any free one); implies --dashboard."
-        ),
+        typer.Option(metavar="P", help="The dashboard's port (0: any free one); implies --dashboard."),
     ] = None,
     relay: Annotated[bool, typer.Option("--relay", help="Also serve the checkpoints this node holds.")] = False,
     relay_port: Annotated[int, typer.Option(min=0, max=65535, help="The relay's port (0: any free one).")] = 0,
@@ -178,7 +118,7 @@ def start(
     ),
     p2p_port: Annotated[
         int | None,
-        typer.Option(min=0, max=65535, metavar="P", help="Join the pool's gossip on this port (0: any free one)."),
+        typer.Option(metavar="P", help="Join the pool's gossip on this port (0: any free one)."),
     ] = None,
     register: Annotated[
         bool, typer.Option("--register", help="Bind this node to the provider first (needs the provider's key).")
@@ -212,13 +152,33 @@ def start(
         import asyncio
         import signal
 
+        from node.config import NodeConfig
         from node.daemon.chain import LedgerWorkChain
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
         from node.daemon.worker import WorkerDaemon, WorkerSettings
         from node.dashboard.worker import worker_dashboard
         from node.pool_spec import resolve_pool
 
-        config = read_config(config_file)
+        config = NodeConfig.load(
+            config_file,
+            flags={
+                "state": state,
+                "coordinator": coordinator,
+                "checkpoints": checkpoints,
+                "task": task,
+                "join": join,
+                "claim": claim,
+                "batch_size": batch_size,
+                "backend": backend,
+                "device": device,
+                "threads": threads,
+                "submit_batch": submit_batch,
+                "metrics_port": metrics_port,
+                "max_files": max_files,
+                "dashboard_port": dashboard_port,
+                "p2p_port": p2p_port,
+            },
+        )
         fault = None
         if simulate_fault is not None:
             try:
@@ -238,41 +198,40 @@ def start(
             raise CommandError("--provider-keystore, --provider-dev-key and --stake go with --register")
         joined = resolve_pool(
             ledger.pool(pool),
-            coordinator=_pick(coordinator, config, "coordinator", None),
-            checkpoints=checkpoints or config.get("checkpoints"),
-            task=_pick(task, config, "task", None),
+            coordinator=config.coordinator,
+            checkpoints=list(config.checkpoints) or None,
+            task=config.task,
         )
         found, terms = joined.endpoints, joined.terms
         default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}" / account.address
         settings = WorkerSettings(
             pool_id=pool,
-            state_dir=Path(_pick(state, config, "state", default_state)).expanduser(),
+            state_dir=config.state or default_state,
             coordinator=found.coordinator,
             checkpoints=found.checkpoints,
             task=found.task_path,
             async_level=terms.async_level,
             max_file_bytes=terms.max_file_bytes,
-            batch_size=_pick(batch_size, config, "batch_size", 64),
-            submit_batch=_pick(submit_batch, config, "submit_batch", 4),
-            submit_every=float(config.get("submit_every", 10.0)),
-            claim=_pick(claim, config, "claim", False),
-            claim_every=float(config.get("claim_every", 60.0)),
-            join=_pick(join, config, "join", False),
-            max_files=_pick(max_files, config, "max_files", None),
-            metrics_port=_pick(metrics_port, config, "metrics_port", None),
+            batch_size=config.batch_size,
+            submit_batch=config.submit_batch,
+            submit_every=config.submit_every,
+            claim=config.claim,
+            claim_every=config.claim_every,
+            join=config.join,
+            max_files=config.max_files,
+            metrics_port=config.metrics_port,
             dashboard_port=_dashboard_port(dashboard, dashboard_port, config),
             relay_host=relay_host,
             relay_port=relay_port if relay else None,
-            p2p_port=_pick(p2p_port, config, "p2p_port", None),
+            p2p_port=config.p2p_port,
             bootstrap=found.bootstrap,
-            backend=_pick(backend, config, "backend", "auto"),
-            device=_pick(device, config, "device", "auto"),
+            backend=config.backend,
+            device=config.device,
         )
-        torch_threads = _pick(threads, config, "threads", 0)
-        if torch_threads:
+        if config.threads:
             import torch
 
-            torch.set_num_threads(torch_threads)
+            torch.set_num_threads(config.threads)
 
         async def main() -> int:
             chain = LedgerWorkChain(ledger)

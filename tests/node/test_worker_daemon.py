@@ -214,24 +214,43 @@ def test_a_simulated_fault_needs_a_name_the_worker_knows(pool: Pool) -> None:
     assert "choose one of wrong-model, tamper-tokens, fake-reward, stale-step" in (pool.root / "fault.log").read_text()
 
 
-def test_the_example_node_config_is_valid() -> None:
-    from node.cli.start import read_config
+def test_the_example_node_config_is_valid_and_shows_the_defaults() -> None:
+    from core.config import declared
+    from node.config import NodeConfig
 
-    config = read_config(Path(__file__).resolve().parents[2] / "configs" / "node.toml")
-    assert config["submit_batch"] == 4 and config["claim"] is False and "state" not in config
+    path = Path(__file__).resolve().parents[2] / "configs" / "node.toml"
+    config = NodeConfig.load(path)
+    assert config == NodeConfig() and config.file["submit_batch"] == 4 and "state" not in config.file
+    assert all(f"{d.key} =" in path.read_text() for d in declared(NodeConfig)), "every key is shown in the example"
 
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [("[worker]\nbatch = 4\n", "worker.batch is not a setting"), ("[worker]\nclaim = 1\n", "must be a bool")],
+    [
+        ("[worker]\nbatch = 4\n", "unknown key worker.batch; known: state,"),
+        ("[worker]\nclaim = 1\n", "worker.claim must be true or false, got 1"),
+        ("[worker]\nbatch_size = 0\n", r"worker.batch_size must be an integer in \[1, 4096\], got 0"),
+        ('[worker]\nbackend = "tpu"\n', "worker.backend must be one of auto, vllm, torch"),
+    ],
 )
 def test_a_bad_node_config_names_the_field(tmp_path: Path, text: str, problem: str) -> None:
-    from ledger.cli.common import CommandError
-    from node.cli.start import read_config
+    from core.config import ConfigError
+    from node.config import NodeConfig
 
     (tmp_path / "node.toml").write_text(text)
-    with pytest.raises(CommandError, match=problem):
-        read_config(tmp_path / "node.toml")
+    with pytest.raises(ConfigError, match=problem):
+        NodeConfig.load(tmp_path / "node.toml")
+
+
+def test_a_bad_flag_of_prime_node_start_is_named_before_any_chain_call(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from node.cli.main import app
+
+    args = ["start", "--pool", "1", "--dev-key", "3", "--deployment", str(tmp_path / "none.json")]
+    result = CliRunner().invoke(app, [*args, "--submit-batch", "0"])
+    assert result.exit_code == 1, result.output
+    assert "--submit-batch: must be an integer in [1, 256], got 0" in result.output and "Traceback" not in result.output
 
 
 def test_a_worker_with_relay_serves_the_checkpoints_it_mirrors(pool: Pool) -> None:
