@@ -35,6 +35,7 @@ from node.daemon.worker import ServeDashboard, WorkerDaemon, WorkerSettings
 from node.errors import NodeError
 from node.model.loading import LoadedModel
 from node.rollouts import RolloutRow
+from node.terms import step_window
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -115,7 +116,7 @@ def falsify(fault: Fault, rows: Sequence[RolloutRow], *, vocab_size: int, async_
             tampered.append(dataclasses.replace(r, output_tokens=tokens))
         return tampered
     # stale-step: a step older than the window, or, that early in a run, one the pool has not reached
-    step = rows[0].step - async_level - 1 if rows else 0
+    step = step_window(rows[0].step, async_level).oldest - 1 if rows else 0
     return [dataclasses.replace(r, step=step if step >= 0 else r.step + 1) for r in rows]
 
 

@@ -55,7 +55,6 @@ from node.generation.plan import Job
 from node.inference.select import Engine, choose
 from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
-from node.relay.client import new_session
 from node.relay.sources import SourcePool
 from node.relay.trust import TrustPolicy
 from node.rollouts import RolloutRow, encode_rollouts
@@ -68,7 +67,6 @@ from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window,
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
-    from ledger.client import Ledger
     from node.daemon.chain import WorkChain
     from node.daemon.gossip import WorkerGossip
     from node.relay.server import ShardServer
@@ -270,10 +268,10 @@ class WorkerDaemon:
         made, failures = 0, 0
         unreachable_since: float | None = None  # since when the coordinator has not answered
         try:
-            async with new_session() as session:
-                coordinator = CoordinatorClient(
-                    session, settings.coordinator, self.account, domain, pool_id=settings.pool_id
-                )
+            # a session of its own: every call timed and bounded (node.coordinator.ClientLimits)
+            async with CoordinatorClient.connect(
+                settings.coordinator, self.account, domain, pool_id=settings.pool_id
+            ) as coordinator:
                 self._coordinator = coordinator
                 recovered = False  # what a previous run left written or uploaded goes first
                 while not self.stopping.is_set() and (settings.max_files is None or made < settings.max_files):
@@ -644,16 +642,6 @@ class WorkerDaemon:
         return runner
 
     # --- dashboard ----------------------------------------------------------------------------------
-
-    @property
-    def ledger(self) -> Ledger:
-        """The web3 ledger under the chain, which the dashboard reads on its own (only `prime-node start` serves
-        one); a worker of local mode has none."""
-        from node.daemon.chain import LedgerWorkChain
-
-        if not isinstance(self.chain, LedgerWorkChain):
-            raise WorkerError("this worker has no chain to show (local mode): serve no dashboard")
-        return self.chain.ledger
 
     @property
     def held_step(self) -> int | None:
