@@ -10,27 +10,13 @@ import pytest
 import torch
 
 from node.model.loading import LoadedModel, load_model
-from node.model.tiny import init_model
 from node.rollouts import RolloutFile, read_rollouts
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from node.tasks.sources import TaskSource
+from node.tasks.spec import TaskSpec
 from tests.trainer.rollout_factory import make_file
 from trainer.data import build_samples, collate
 from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss
 from trainer.learner import Learner, LearnerConfig, LearnerError
-
-DEFAULT_TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
-
-
-@pytest.fixture(scope="module")
-def task() -> tuple[TaskSpec, TaskSource]:
-    spec = load_task_spec(DEFAULT_TASK)
-    return spec, open_source(spec)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_model(tmp_path_factory.mktemp("learner") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="module")

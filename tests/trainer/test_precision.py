@@ -10,10 +10,9 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from node.model.loading import LoadedModel, load_model
-from node.model.tiny import init_model
 from node.rollouts import RolloutFile, read_rollouts
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from node.tasks.sources import TaskSource
+from node.tasks.spec import TaskSpec
 from tests.trainer.rollout_factory import make_file
 from trainer.cli import app
 from trainer.config import TrainerConfigError, load_run_config
@@ -88,17 +87,6 @@ def test_bfloat16_autocasts_and_float32_does_not() -> None:
 
 
 # --- a real learner step ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def task() -> tuple[TaskSpec, TaskSource]:
-    spec = load_task_spec(DEFAULT_TASK)
-    return spec, open_source(spec)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_model(tmp_path_factory.mktemp("precision") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="module")
