@@ -48,6 +48,7 @@ from node.devnet.warmstart import DEFAULT_CACHE, warm_start_model
 from node.errors import NodeError
 from node.metrics import scrape
 from node.model.loading import model_hash_of
+from node.terms import DEFAULT_ASYNC_LEVEL
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TASK = REPO / "configs" / "tasks" / "default.toml"
@@ -78,7 +79,7 @@ class DevnetSettings:
     rollouts_per_step: int = 256
     prompts_per_task: int = 16
     group_size: int = 8
-    async_level: int = 2
+    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool spec it writes says so (node.terms)
     lr: float = 1e-4
     vector_lr_scale: float = 10.0
     eval_problems: int = 256
