@@ -1,10 +1,11 @@
 """`NodeConfig`: what `prime-node start` reads from node.toml's `[worker]` table and its flags.
 
-Every key is declared once here (core.config), with its type, default, bounds and flag; configs/node.toml shows
-them. The file overrides the defaults and a flag overrides the file; relative paths in the file are resolved
-against its folder; unknown keys, wrong types and values out of bounds are refused naming the file and the key, or
-the flag. The worker's own defaults (batch size, submit batch and pace, claim pace, backend, device) are
-`WorkerSettings`' (node/daemon/worker.py): declared there, taken here.
+Every key is declared once here (core.config), with its type, default, bounds and flag, but for those every daemon
+shares (state and where the pool's parts are: node.pool_spec.DaemonSettings); configs/node.toml shows them. The
+file overrides the defaults and a flag overrides the file; relative paths in the file are resolved against its
+folder; unknown keys, wrong types and values out of bounds are refused naming the file and the key, or the flag.
+The worker's own defaults (batch size, submit batch and pace, claim pace, backend, device) are `WorkerSettings`'
+(node/daemon/worker.py): declared there, taken here.
 """
 
 from __future__ import annotations
@@ -13,34 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from core.config import Settings, setting
+from core.config import setting
 from node.daemon.worker import WorkerSettings
 from node.inference.select import BACKENDS, DEVICES
+from node.pool_spec import DaemonSettings, state_setting
 
 MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
-class NodeConfig(Settings):
+class NodeConfig(DaemonSettings):
     """The worker's settings (`prime-node start`); the pool's parts default to its spec on chain."""
 
     TABLE: ClassVar[str] = "worker"
 
-    # where things are
-    state: Path | None = setting(  # noqa: RUF009
-        "journal, files and weights; None: ~/.local/share/prime-node/pool-N/ADDRESS",
-        default=None,
-        flag="--state",
-        relative=True,
-    )
-    coordinator: str | None = setting(
-        "the coordinator's URL; None: the pool spec's", default=None, flag="--coordinator"
-    )
-    checkpoints: tuple[str, ...] = setting(
-        "checkpoint sources (URLs); empty: the pool spec's", default=(), flag="--checkpoints"
-    )
-    task: Path | None = setting(  # noqa: RUF009
-        "the task spec (TOML); None: the pool spec's", default=None, flag="--task", relative=True
+    state: Path | None = state_setting(  # noqa: RUF009
+        "journal, files and weights; None: ~/.local/share/prime-node/pool-N/ADDRESS"
     )
     # generation
     batch_size: int = setting(

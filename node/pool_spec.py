@@ -30,8 +30,9 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from core.config import Settings, setting
 from node.errors import NodeError
 from node.tasks.errors import TaskSpecError
 from node.tasks.fields import Fields
@@ -244,3 +245,38 @@ def resolve_pool(
         bootstrap=spec.bootstrap if spec else (),
     )
     return Pool(terms, endpoints)
+
+
+def state_setting(doc: str) -> Any:
+    """A daemon's `state` field: its folder (`--state`; relative in a config file to the file's folder); `doc` says
+    what the folder holds and where it is when not set."""
+    return setting(doc, default=None, flag="--state", relative=True)
+
+
+@dataclass(frozen=True)
+class DaemonSettings(Settings):
+    """What every pool daemon (worker, validator) declares first: its state folder, which each role re-declares with
+    `state_setting` to say what it holds, and where the pool's parts are, overriding the pool spec's."""
+
+    state: Path | None = state_setting(  # noqa: RUF009
+        "the daemon's folder; None: one in ~/.local/share/prime-node/pool-N/"
+    )
+    coordinator: str | None = setting(
+        "the coordinator's URL; None: the pool spec's", default=None, flag="--coordinator"
+    )
+    checkpoints: tuple[str, ...] = setting(
+        "checkpoint sources (URLs); empty: the pool spec's", default=(), flag="--checkpoints"
+    )
+    task: Path | None = setting(  # noqa: RUF009
+        "the task spec (TOML); None: the pool spec's", default=None, flag="--task", relative=True
+    )
+
+    def resolve(self, info: PoolInfo) -> Pool:
+        """The pool `info` describes, with its parts where these settings name them (`resolve_pool`)."""
+        return resolve_pool(
+            info, coordinator=self.coordinator, checkpoints=list(self.checkpoints) or None, task=self.task
+        )
+
+    def state_dir(self, pool_id: int, name: str) -> Path:
+        """`state`, or else folder `name` of pool `pool_id` in ~/.local/share/prime-node."""
+        return self.state or Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool_id}" / name

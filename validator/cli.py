@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from node.terms import PoolTerms
     from validator.config import ValidatorConfig
     from validator.daemon import PoolSetup
+    from validator.settings import ValidatorSettings
     from validator.store import WorkRow
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
@@ -318,13 +319,7 @@ def run_command(
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         account = ledger.account
         assert account is not None  # open_ledger requires a signer
-        setup, terms, bootstrap = _pool_setup(
-            ledger,
-            pool,
-            settings.coordinator,
-            list(settings.checkpoints) or None,
-            settings.task,
-        )
+        setup, terms, bootstrap = _pool_setup(ledger, pool, settings)
         # the pool's terms bind: a validator told otherwise would reject honest files (and slash their stake)
         if async_level is not None:
             terms.require("--async-level", async_level, "async_level")
@@ -340,8 +335,7 @@ def run_command(
             max_file_bytes=terms.max_file_bytes,
             **settings.config_fields(),
         )
-        default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}"
-        state_dir = settings.state or default_state / f"validator-{account.address}"
+        state_dir = settings.state_dir(pool, f"validator-{account.address}")
 
         async def main() -> None:
             daemon = ValidatorDaemon(
@@ -362,20 +356,13 @@ def run_command(
         asyncio.run(main())
 
 
-def _pool_setup(
-    ledger: Ledger,
-    pool: int,
-    coordinator: str | None,
-    checkpoints: list[str] | None,
-    task: Path | None,
-) -> tuple[PoolSetup, PoolTerms, tuple[str, ...]]:
+def _pool_setup(ledger: Ledger, pool: int, settings: ValidatorSettings) -> tuple[PoolSetup, PoolTerms, tuple[str, ...]]:
     """The pool's terms (node.terms: from the chain and the pool spec at its specURI), where its parts are (the
     flags, else the spec), and its bootstrap peers (the spec's)."""
-    from node.pool_spec import resolve_pool
     from node.tasks.spec import load_task_spec
     from validator.daemon import PoolSetup
 
-    joined = resolve_pool(ledger.pool(pool), coordinator=coordinator, checkpoints=checkpoints, task=task)
+    joined = settings.resolve(ledger.pool(pool))
     found, terms = joined.endpoints, joined.terms
     setup = PoolSetup(
         pool_id=pool,

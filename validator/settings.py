@@ -1,8 +1,9 @@
 """`ValidatorSettings`: what `prime-validate run` reads from validator.toml's `[validator]` table and its flags.
 
-Every field is declared once here (core.config): its TOML key, type, default, bounds and flag. The file overrides the
-defaults and a flag overrides the file; relative paths in the file are resolved against its folder; unknown keys,
-wrong types and values out of bounds are refused naming the file and the key, or the flag. A field that is also a
+Every field is declared once here (core.config): its TOML key, type, default, bounds and flag; those every daemon
+shares (state and where the pool's parts are) in node.pool_spec.DaemonSettings. The file overrides the defaults
+and a flag overrides the file; relative paths in the file are resolved against its folder; unknown keys, wrong types
+and values out of bounds are refused naming the file and the key, or the flag. A field that is also a
 `ValidatorConfig` field has that field's name (`grace_seconds`, whose TOML key and flag are `grace`) and its default;
 `config_fields()` hands them over. configs/validator.toml documents every key.
 """
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from core.config import Settings, setting
+from core.config import setting
+from node.pool_spec import DaemonSettings, state_setting
 from node.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES
 from validator.config import MAX_GRACE_SECONDS, MAX_PREFILL_BATCH, ValidatorConfig
 
@@ -25,7 +27,7 @@ _DEFAULTS = ValidatorConfig()  # the defaults of the fields below that are Valid
 
 
 @dataclass(frozen=True)
-class ValidatorSettings(Settings):
+class ValidatorSettings(DaemonSettings):
     """The validator daemon's settings; those named in TUNING and the daemon's timings become `ValidatorConfig`."""
 
     TABLE: ClassVar[str] = "validator"
@@ -44,21 +46,8 @@ class ValidatorSettings(Settings):
         "clock_slack",
     )
 
-    # where things are
-    state: Path | None = setting(  # noqa: RUF009
-        "cursor, verdicts and checkpoints; None: ~/.local/share/prime-node/pool-N/validator-ADDRESS",
-        default=None,
-        flag="--state",
-        relative=True,
-    )
-    coordinator: str | None = setting(
-        "the coordinator's URL; None: the pool spec's", default=None, flag="--coordinator"
-    )
-    checkpoints: tuple[str, ...] = setting(
-        "checkpoint sources (URLs); empty: the pool spec's", default=(), flag="--checkpoints"
-    )
-    task: Path | None = setting(  # noqa: RUF009
-        "the task spec (TOML); None: the pool spec's", default=None, flag="--task", relative=True
+    state: Path | None = state_setting(  # noqa: RUF009
+        "cursor, verdicts and checkpoints; None: ~/.local/share/prime-node/pool-N/validator-ADDRESS"
     )
     # the pool's terms and precision: checked against the pool's at start
     async_level: int | None = setting(

@@ -157,7 +157,6 @@ def start(
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
         from node.daemon.worker import WorkerDaemon, WorkerSettings
         from node.dashboard.worker import worker_dashboard
-        from node.pool_spec import resolve_pool
 
         config = NodeConfig.load(
             config_file,
@@ -196,17 +195,11 @@ def start(
             _register(ledger, provider_keystore, provider_dev_key, stake)
         elif provider_keystore is not None or provider_dev_key is not None or stake is not None:
             raise CommandError("--provider-keystore, --provider-dev-key and --stake go with --register")
-        joined = resolve_pool(
-            ledger.pool(pool),
-            coordinator=config.coordinator,
-            checkpoints=list(config.checkpoints) or None,
-            task=config.task,
-        )
+        joined = config.resolve(ledger.pool(pool))
         found, terms = joined.endpoints, joined.terms
-        default_state = Path.home() / ".local" / "share" / "prime-node" / f"pool-{pool}" / account.address
         settings = WorkerSettings(
             pool_id=pool,
-            state_dir=config.state or default_state,
+            state_dir=config.state_dir(pool, account.address),
             coordinator=found.coordinator,
             checkpoints=found.checkpoints,
             task=found.task_path,
