@@ -92,6 +92,10 @@ DtypeOption = Annotated[
         help="Precision to recompute in; it must be the task's sampling.dtype, which auto takes [auto].",
     ),
 ]
+ThresholdsOption = Annotated[
+    ThresholdPreset | None,
+    typer.Option("--thresholds", help="TOPLOC limits; default: those calibrated for the precision."),
+]
 
 
 @app.callback()
@@ -133,10 +137,7 @@ def file_command(
     ] = DEFAULT_ASYNC_LEVEL,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
-    thresholds: Annotated[
-        ThresholdPreset | None,
-        typer.Option("--thresholds", help="TOPLOC limits; default: those calibrated for the precision."),
-    ] = None,
+    thresholds: ThresholdsOption = None,
     max_exp_mismatches: Annotated[
         int | None, typer.Option("--max-exp-mismatches", min=0, metavar="N", help="Override: of 128 per chunk.")
     ] = None,
@@ -265,10 +266,7 @@ def run_command(
     ] = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
-    thresholds: Annotated[
-        ThresholdPreset | None,
-        typer.Option("--thresholds", help="TOPLOC limits; default: those calibrated for the precision."),
-    ] = None,
+    thresholds: ThresholdsOption = None,
     p2p_port: Annotated[
         int | None,
         typer.Option("--p2p-port", metavar="P", help="Also gossip attestations (0: any port)."),
@@ -284,9 +282,9 @@ def run_command(
     configure_daemon_logging()
     with node_cli_errors():
         import asyncio
-        import signal
 
         from ledger.cli.common import open_ledger
+        from node.daemon.signals import run_until_signalled
         from validator.daemon import ValidatorDaemon
         from validator.settings import ValidatorSettings
 
@@ -348,10 +346,7 @@ def run_command(
                 bootstrap=bootstrap,
                 dashboard_port=settings.dashboard_port,
             )
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, daemon.stopping.set)
-            await daemon.run()
+            await run_until_signalled(daemon)
 
         asyncio.run(main())
 

@@ -150,11 +150,11 @@ def start(
     configure_daemon_logging()
     with node_cli_errors():
         import asyncio
-        import signal
 
         from node.config import NodeConfig
         from node.daemon.chain import LedgerWorkChain
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
+        from node.daemon.signals import run_until_signalled
         from node.daemon.worker import WorkerDaemon, WorkerSettings
         from node.dashboard.worker import worker_dashboard
 
@@ -233,10 +233,7 @@ def start(
                 if fault is None  # a cheater is the same daemon with its honest hooks replaced (node.daemon.faults)
                 else FaultyWorker(settings, chain, account, fault, dashboard=worker_dashboard(ledger))
             )
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, daemon.stopping.set)
-            return await daemon.run()
+            return await run_until_signalled(daemon)
 
         code = asyncio.run(main())
     raise typer.Exit(code)

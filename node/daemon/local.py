@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
+from node.daemon.signals import run_until_signalled
 from node.errors import NodeError
 from node.signing import SigningDomain
 
@@ -152,10 +152,7 @@ async def run(settings: WorkerSettings, account: LocalAccount, domain: SigningDo
 
     chain = LocalWorkChain(domain, settings.pool_id, trainer, account.address)
     daemon = WorkerDaemon(settings, chain, account)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.stopping.set)
-    return await daemon.run()
+    return await run_until_signalled(daemon)
 
 
 def main(argv: list[str] | None = None) -> int:
