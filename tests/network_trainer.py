@@ -1,4 +1,5 @@
-"""The trainer.toml of a trainer in network mode, as the tests that start one as a process write it."""
+"""The trainer.toml of a trainer, as the tests that start one as a process write it: the tables every mode has
+(`trainer_toml`), and a network-mode trainer's whole file (`write_trainer_config`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,30 @@ from pathlib import Path
 from ledger.chain import free_port
 
 TASK = Path(__file__).resolve().parents[1] / "configs" / "tasks" / "default.toml"
+
+TomlValue = str | int | bool
+
+
+def toml_value(value: TomlValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def trainer_toml(
+    model: Path, *, steps: int, async_level: int, rollouts_per_step: int, **tables: dict[str, TomlValue]
+) -> str:
+    """The text of a trainer.toml: `[run]` (run folder `run`, the default task, one thread) and `[data]`, which
+    every mode has, then `tables` in their order, each `name={key: value}` (the mode's own: `coordinator`,
+    `shardcast`, `local` or `pool` ...)."""
+    every = {
+        "run": {"dir": "run", "model": str(model), "task": str(TASK), "steps": steps, "threads": 1},
+        "data": {"async_level": async_level, "rollouts_per_step": rollouts_per_step},
+    }
+    return "".join(
+        f"[{name}]\n" + "".join(f"{key} = {toml_value(value)}\n" for key, value in table.items())
+        for name, table in (every | tables).items()
+    )
 
 
 def write_trainer_config(
@@ -35,27 +60,21 @@ def write_trainer_config(
             f'coordinator = "http://127.0.0.1:{api_port}"\ncheckpoints = ["http://127.0.0.1:{origin_port}"]\n'
             f'task = "{TASK}"\nasync_level = {async_level}\nprompts_per_task = 2\ngroup_size = 4\n'
         )
-    gossip = "[p2p]\nport = 0\n" if p2p else ""
     path.write_text(
-        f"""[run]
-dir = "run"
-model = "{model}"
-task = "{TASK}"
-steps = {steps}
-threads = 1
-[data]
-async_level = {async_level}
-rollouts_per_step = {rollouts_per_step}
-[coordinator]
-port = {api_port}
-prompts_per_task = 2
-group_size = 4
-files_per_node_per_step = {files_per_node_per_step}
-[shardcast]
-port = {origin_port}
-{gossip}[pool]
-id = {pool_id}
-deployment = "deployment.json"
-"""
+        trainer_toml(
+            model,
+            steps=steps,
+            async_level=async_level,
+            rollouts_per_step=rollouts_per_step,
+            coordinator={
+                "port": api_port,
+                "prompts_per_task": 2,
+                "group_size": 4,
+                "files_per_node_per_step": files_per_node_per_step,
+            },
+            shardcast={"port": origin_port},
+            **({"p2p": {"port": 0}} if p2p else {}),
+            pool={"id": pool_id, "deployment": "deployment.json"},
+        )
     )
     return path

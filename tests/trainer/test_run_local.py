@@ -34,11 +34,10 @@ from node.model.tiny import init_model
 from node.relay.client import new_session
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
+from tests.network_trainer import TASK, trainer_toml
 from tests.trainer.rollout_factory import make_file
 from trainer.run import LOCAL_DOMAIN, LOCAL_POOL_ID
 
-REPO = Path(__file__).parents[2]
-TASK = REPO / "configs" / "tasks" / "default.toml"
 PASSWORD = "run-local-test-password"
 
 pytestmark = pytest.mark.slow
@@ -51,25 +50,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_config(path: Path, model: Path, *, steps: int, async_level: int = 1, rollouts: int = 32) -> Path:
     path.write_text(
-        f"""[run]
-dir = "run"
-model = "{model}"
-task = "{TASK}"
-steps = {steps}
-threads = 1
-[data]
-async_level = {async_level}
-rollouts_per_step = {rollouts}
-[coordinator]
-port = 0
-prompts_per_task = 4
-group_size = 4
-[shardcast]
-port = 0
-keep = {async_level + 2}
-[local]
-workers = 2
-"""
+        trainer_toml(
+            model,
+            steps=steps,
+            async_level=async_level,
+            rollouts_per_step=rollouts,
+            coordinator={"port": 0, "prompts_per_task": 4, "group_size": 4},
+            shardcast={"port": 0, "keep": async_level + 2},
+            local={"workers": 2},
+        )
     )
     return path
 
