@@ -63,6 +63,18 @@ async def honest(store: ShardStore, limits: ServerLimits | None = None) -> tuple
     return f"http://127.0.0.1:{port}", server
 
 
+async def resolve_newest(sources: list[Source], *servers: ShardServer | web.AppRunner) -> Manifest:
+    """The newest version that `sources` offer signed by the trainer (`resolve_version`, holding no step); the
+    `servers` are stopped afterwards, whatever happened."""
+    try:
+        async with aiohttp.ClientSession() as session:
+            manifest, _, _ = await resolve_version(session, sources, POLICY, None)
+    finally:
+        for server in servers:
+            await (server.cleanup() if isinstance(server, web.AppRunner) else server.stop())
+    return manifest
+
+
 def hostile(store: ShardStore, shard: Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]) -> web.Application:
     """An app that lists and describes `store` honestly but answers shard requests with `shard(request, data)`."""
 
@@ -262,13 +274,7 @@ def test_latest_skips_a_newer_step_that_the_trainer_did_not_sign(tmp_path: Path,
         honest_url, honest_server = await honest(honest_store)
         forged_url, forged_server = await honest(forged_store)
         sources = [Source(forged_url), Source(honest_url)]
-        try:
-            async with aiohttp.ClientSession() as session:
-                manifest, _, _ = await resolve_version(session, sources, POLICY, None)
-        finally:
-            await honest_server.stop()
-            await forged_server.stop()
-        return manifest, sources
+        return await resolve_newest(sources, honest_server, forged_server), sources
 
     manifest, sources = asyncio.run(scenario())
     assert manifest.step == 1
@@ -488,13 +494,7 @@ def test_a_source_listing_junk_steps_costs_one_manifest_request(tmp_path: Path, 
         junk_url, junk_runner = await serve(app)
         origin_url, origin = await honest(store)
         sources = [Source(junk_url), Source(origin_url)]
-        try:
-            async with aiohttp.ClientSession() as session:
-                manifest, _, _ = await resolve_version(session, sources, POLICY, None)
-        finally:
-            await junk_runner.cleanup()
-            await origin.stop()
-        return manifest, sources
+        return await resolve_newest(sources, junk_runner, origin), sources
 
     manifest, sources = asyncio.run(scenario())
     assert manifest.step == 1

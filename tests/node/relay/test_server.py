@@ -215,26 +215,22 @@ def test_long_poll_is_woken_by_a_version_that_starts_mirroring(
     serve(store, scenario)
 
 
-def test_long_poll_returns_after_the_wait_when_nothing_newer_appears(store: ShardStore, manifest: Manifest) -> None:
+@pytest.mark.parametrize(
+    ("wait", "limits", "at_least"),
+    [("0.5", None, 0.4), ("3600", ServerLimits(max_wait=0.3), 0.2)],
+    ids=["the-wait-asked", "capped-by-max-wait"],
+)
+def test_long_poll_returns_after_the_wait_or_max_wait_when_nothing_newer_appears(
+    store: ShardStore, manifest: Manifest, wait: str, limits: ServerLimits | None, at_least: float
+) -> None:
     async def scenario(s: Served) -> None:
         started = time.monotonic()
-        reply = await s.get(f"/versions?after={STEP}&wait=0.5")
+        reply = await s.get(f"/versions?after={STEP}&wait={wait}")
         elapsed = time.monotonic() - started
-        assert 0.4 <= elapsed < 5, elapsed
+        assert at_least <= elapsed < 5, elapsed
         assert reply.status == 200 and reply.json()["latest"] == STEP
 
-    serve(store, scenario)
-
-
-def test_long_poll_wait_is_capped_by_max_wait(store: ShardStore, manifest: Manifest) -> None:
-    async def scenario(s: Served) -> None:
-        started = time.monotonic()
-        reply = await s.get(f"/versions?after={STEP}&wait=3600")
-        elapsed = time.monotonic() - started
-        assert 0.2 <= elapsed < 5, elapsed
-        assert reply.status == 200
-
-    serve(store, scenario, limits=ServerLimits(max_wait=0.3))
+    serve(store, scenario, limits=limits)
 
 
 def test_long_poll_after_minus_one_waits_for_the_first_version(tmp_path: Path) -> None:
