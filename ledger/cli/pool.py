@@ -6,6 +6,7 @@ converted with the token's decimals. web3 loads inside each command body, so `pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -175,46 +176,31 @@ def fund(
         stdout_console().print(f"funded pool {pool} with {amount} tokens; escrow now {escrow} tokens")
 
 
-def _set_validator(
-    pool: int,
-    address: str,
-    allowed: bool,
-    deployment: Path,
-    rpc_url: str | None,
-    keystore: Path | None,
-    dev_key: int | None,
-) -> None:
-    with cli_errors():
-        validator = parse_address(address, what="ADDRESS")
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
-        ledger.set_validator(pool, validator, allowed)
-        stdout_console().print(f"{validator} {'may now' if allowed else 'may no longer'} validate pool {pool}")
+def _validator_command(allowed: bool, doc: str) -> Callable[..., None]:
+    """`prime-pool validator add` (allowed) or `remove`: the same arguments and call, with `doc` as its help."""
+
+    def command(
+        pool: PoolArgument,
+        address: Annotated[str, typer.Argument(metavar="ADDRESS", help="Validator address.")],
+        deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
+        rpc_url: RpcUrlOption = None,
+        keystore: KeystoreOption = None,
+        dev_key: DevKeyOption = None,
+    ) -> None:
+        with cli_errors():
+            validator = parse_address(address, what="ADDRESS")
+            ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+            ledger.set_validator(pool, validator, allowed)
+            stdout_console().print(f"{validator} {'may now' if allowed else 'may no longer'} validate pool {pool}")
+
+    command.__doc__ = doc
+    return command
 
 
-@validator_app.command("add")
-def validator_add(
-    pool: PoolArgument,
-    address: Annotated[str, typer.Argument(metavar="ADDRESS", help="Validator address.")],
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
-    """Let ADDRESS invalidate POOL's work (pool owner only)."""
-    _set_validator(pool, address, True, deployment, rpc_url, keystore, dev_key)
-
-
-@validator_app.command("remove")
-def validator_remove(
-    pool: PoolArgument,
-    address: Annotated[str, typer.Argument(metavar="ADDRESS", help="Validator address.")],
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
-    """Take back ADDRESS's right to invalidate POOL's work (pool owner only)."""
-    _set_validator(pool, address, False, deployment, rpc_url, keystore, dev_key)
+validator_app.command("add")(_validator_command(True, "Let ADDRESS invalidate POOL's work (pool owner only)."))
+validator_app.command("remove")(
+    _validator_command(False, "Take back ADDRESS's right to invalidate POOL's work (pool owner only).")
+)
 
 
 @app.command()
