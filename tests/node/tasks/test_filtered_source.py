@@ -7,45 +7,15 @@ from pathlib import Path
 import pytest
 
 from node.tasks import TaskSpecError, UnknownProblem, assign_problem_ids, load_task_spec, open_source, spec_hash
+from tests.node.tasks.spec_texts import MATH_SPEC, RG_SPEC, ROWS, with_problems
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "tasks"
-
-RG_SPEC = """\
-name = "arith"
-[source]
-type = "reasoning_gym"
-dataset = "basic_arithmetic"
-seed = 0
-size = 100
-{problems}
-[source.config]
-min_terms = 2
-max_terms = 2
-[prompt]
-answer_format = "Reply with <answer>N</answer>."
-[sampling]
-max_tokens = 64
-"""
-
-MATH_SPEC = """\
-name = "math"
-[source]
-type = "math_jsonl"
-path = "rows.jsonl"
-problems = "ids.txt"
-[prompt]
-answer_format = "<answer>...</answer>"
-[sampling]
-max_tokens = 64
-"""
-
-ROWS = '{"id": "a", "question": "1+1?", "answer": "2"}\n{"id": "b", "question": "1/2?", "answer": "0.5"}\n'
 
 
 def write_rg(directory: Path, ids: str | None) -> Path:
     """The RG spec in `directory`, naming ids.txt (holding `ids`) when `ids` is not None."""
     path = directory / "spec.toml"
-    path.write_text(RG_SPEC.format(problems="" if ids is None else 'problems = "ids.txt"'), encoding="utf-8")
+    path.write_text(RG_SPEC if ids is None else with_problems(RG_SPEC), encoding="utf-8")
     if ids is not None:
         (directory / "ids.txt").write_text(ids, encoding="utf-8")
     return path
@@ -104,7 +74,7 @@ def test_the_list_enters_the_hash_and_only_its_ids_in_order_count(tmp_path: Path
 
 
 def test_math_source_keeps_only_listed_rows(tmp_path: Path) -> None:
-    (tmp_path / "spec.toml").write_text(MATH_SPEC, encoding="utf-8")
+    (tmp_path / "spec.toml").write_text(with_problems(MATH_SPEC), encoding="utf-8")
     (tmp_path / "rows.jsonl").write_text(ROWS, encoding="utf-8")
     (tmp_path / "ids.txt").write_text("b\n", encoding="utf-8")
     source = open_source(load_task_spec(tmp_path / "spec.toml"))
@@ -133,7 +103,7 @@ def test_bad_list_is_refused_naming_file_and_line(
 ) -> None:
     path = write_rg(tmp_path, ids)
     if ids is None:
-        path.write_text(RG_SPEC.format(problems='problems = "ids.txt"'), encoding="utf-8")
+        path.write_text(with_problems(RG_SPEC), encoding="utf-8")
     with pytest.raises(TaskSpecError, match=fragment) as caught:
         load_task_spec(path)
     assert caught.value.field == field
@@ -143,7 +113,7 @@ def test_bad_list_is_refused_naming_file_and_line(
 
 @pytest.mark.parametrize(("line", "fragment"), [('problems = ""', "must not be empty"), ("problems = 3", "string")])
 def test_problems_key_must_name_a_file(tmp_path: Path, line: str, fragment: str) -> None:
-    (tmp_path / "spec.toml").write_text(RG_SPEC.format(problems=line), encoding="utf-8")
+    (tmp_path / "spec.toml").write_text(with_problems(RG_SPEC, line), encoding="utf-8")
     with pytest.raises(TaskSpecError, match=fragment) as caught:
         load_task_spec(tmp_path / "spec.toml")
     assert caught.value.field == "source.problems"

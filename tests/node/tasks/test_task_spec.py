@@ -9,54 +9,9 @@ import pytest
 
 from node.tasks import TaskSpecError, load_task_spec, spec_hash
 from node.tasks.spec import MathJsonlSourceSpec, ReasoningGymSourceSpec
+from tests.node.tasks.spec_texts import MATH_SPEC, RG_SPEC, ROWS, write_spec
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "tasks"
-
-RG_SPEC = """\
-name = "arith"
-[source]
-type = "reasoning_gym"
-dataset = "basic_arithmetic"
-seed = 0
-size = 100
-[source.config]
-min_terms = 2
-max_terms = 2
-operators = ["+", "-"]
-[prompt]
-system = "sys"
-answer_format = "Reply with <answer>N</answer>."
-thinking_budget = [16, 32]
-[reward]
-length_mode = "exact"
-alpha = 0.5
-delta = 0.0
-[sampling]
-temperature = 1.0
-top_p = 1.0
-max_tokens = 64
-"""
-
-MATH_SPEC = """\
-name = "math"
-[source]
-type = "math_jsonl"
-path = "rows.jsonl"
-[prompt]
-answer_format = "<answer>...</answer>"
-[sampling]
-max_tokens = 64
-"""
-
-ROWS = '{"id": "a", "question": "1+1?", "answer": "2"}\n{"id": "b", "question": "1/2?", "answer": "0.5"}\n'
-
-
-def write(directory: Path, text: str, rows: str | None = ROWS) -> Path:
-    path = directory / "spec.toml"
-    path.write_text(text, encoding="utf-8")
-    if rows is not None:
-        (directory / "rows.jsonl").write_text(rows, encoding="utf-8")
-    return path
 
 
 def test_default_spec_is_two_term_addition_and_subtraction() -> None:
@@ -77,7 +32,7 @@ def test_math_sample_spec_reads_every_row() -> None:
 
 
 def test_full_spec_parses_every_field(tmp_path: Path) -> None:
-    spec = load_task_spec(write(tmp_path, RG_SPEC))
+    spec = load_task_spec(write_spec(tmp_path, RG_SPEC))
     assert spec.name == "arith"
     assert spec.prompt.system == "sys" and spec.prompt.thinking_budget == (16, 32)
     assert (spec.reward.length_mode, spec.reward.alpha, spec.reward.delta) == ("exact", 0.5, 0.0)
@@ -86,7 +41,7 @@ def test_full_spec_parses_every_field(tmp_path: Path) -> None:
 
 
 def test_defaults_fill_optional_tables(tmp_path: Path) -> None:
-    spec = load_task_spec(write(tmp_path, MATH_SPEC))
+    spec = load_task_spec(write_spec(tmp_path, MATH_SPEC))
     assert spec.prompt.system == "" and spec.prompt.thinking_budget == ()
     assert (spec.reward.length_mode, spec.reward.alpha, spec.reward.delta) == ("none", 0.0, 0.0)
     assert (spec.sampling.temperature, spec.sampling.top_p) == (1.0, 1.0)
@@ -142,7 +97,7 @@ BAD_RG = [
 def test_bad_field_is_refused_naming_it(tmp_path: Path, old: str, new: str, field: str) -> None:
     assert old in RG_SPEC
     with pytest.raises(TaskSpecError) as caught:
-        load_task_spec(write(tmp_path, RG_SPEC.replace(old, new, 1), rows=None))
+        load_task_spec(write_spec(tmp_path, RG_SPEC.replace(old, new, 1), rows=None))
     assert caught.value.field == field, str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -162,19 +117,19 @@ BAD_ROWS = [
 @pytest.mark.parametrize(("rows", "field"), BAD_ROWS)
 def test_bad_jsonl_row_is_refused_naming_its_line(tmp_path: Path, rows: str, field: str) -> None:
     with pytest.raises(TaskSpecError) as caught:
-        load_task_spec(write(tmp_path, MATH_SPEC, rows=rows))
+        load_task_spec(write_spec(tmp_path, MATH_SPEC, rows=rows))
     assert caught.value.field == field
     assert caught.value.path.endswith("rows.jsonl")
 
 
 def test_missing_jsonl_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TaskSpecError, match="cannot read") as caught:
-        load_task_spec(write(tmp_path, MATH_SPEC, rows=None))
+        load_task_spec(write_spec(tmp_path, MATH_SPEC, rows=None))
     assert caught.value.field == "source.path"
 
 
 def test_blank_lines_in_jsonl_are_skipped(tmp_path: Path) -> None:
-    spec = load_task_spec(write(tmp_path, MATH_SPEC, rows="\n" + ROWS + "\n\n"))
+    spec = load_task_spec(write_spec(tmp_path, MATH_SPEC, rows="\n" + ROWS + "\n\n"))
     assert isinstance(spec.source, MathJsonlSourceSpec)
     assert [row.id for row in spec.source.problems] == ["a", "b"]
 
@@ -188,25 +143,25 @@ def test_missing_or_malformed_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_spec_hash_changes_when_the_jsonl_changes(tmp_path: Path) -> None:
-    path = write(tmp_path, MATH_SPEC)
+    path = write_spec(tmp_path, MATH_SPEC)
     before = spec_hash(load_task_spec(path))
     (tmp_path / "rows.jsonl").write_text(ROWS.replace('"0.5"', '"1/2"'), encoding="utf-8")
     assert spec_hash(load_task_spec(path)) != before
 
 
 def test_spec_hash_ignores_where_the_files_lie(tmp_path: Path) -> None:
-    path = write(tmp_path, MATH_SPEC)
+    path = write_spec(tmp_path, MATH_SPEC)
     elsewhere = tmp_path / "copy"
     shutil.copytree(tmp_path, elsewhere, ignore=shutil.ignore_patterns("copy"))
     assert spec_hash(load_task_spec(elsewhere / "spec.toml")) == spec_hash(load_task_spec(path))
 
 
 def test_spec_hash_ignores_number_spelling_and_key_order(tmp_path: Path) -> None:
-    base = spec_hash(load_task_spec(write(tmp_path, RG_SPEC)))
+    base = spec_hash(load_task_spec(write_spec(tmp_path, RG_SPEC)))
     respelled = RG_SPEC.replace("delta = 0.0", "delta = 0").replace(
         "min_terms = 2\nmax_terms = 2", "max_terms = 2\nmin_terms = 2"
     )
-    assert spec_hash(load_task_spec(write(tmp_path, respelled, rows=None))) == base
+    assert spec_hash(load_task_spec(write_spec(tmp_path, respelled, rows=None))) == base
 
 
 @pytest.mark.parametrize(
@@ -224,14 +179,18 @@ def test_spec_hash_ignores_number_spelling_and_key_order(tmp_path: Path) -> None
     ],
 )
 def test_spec_hash_changes_with_any_field(tmp_path: Path, old: str, new: str) -> None:
-    base = spec_hash(load_task_spec(write(tmp_path, RG_SPEC)))
-    assert spec_hash(load_task_spec(write(tmp_path, RG_SPEC.replace(old, new), rows=None))) != base
+    base = spec_hash(load_task_spec(write_spec(tmp_path, RG_SPEC)))
+    assert spec_hash(load_task_spec(write_spec(tmp_path, RG_SPEC.replace(old, new), rows=None))) != base
 
 
 def test_the_precision_is_float32_unless_the_pool_says_bfloat16_and_float32_keeps_the_old_hash(tmp_path: Path) -> None:
-    base = load_task_spec(write(tmp_path, RG_SPEC, rows=None))
+    base = load_task_spec(write_spec(tmp_path, RG_SPEC, rows=None))
     assert base.sampling.dtype == "float32"
-    explicit = load_task_spec(write(tmp_path, RG_SPEC.replace("max_tokens = 64", 'max_tokens = 64\ndtype = "float32"')))
+    explicit = load_task_spec(
+        write_spec(tmp_path, RG_SPEC.replace("max_tokens = 64", 'max_tokens = 64\ndtype = "float32"'))
+    )
     assert spec_hash(explicit) == spec_hash(base)  # a spec written before there was a choice keeps its hash
-    bf16 = load_task_spec(write(tmp_path, RG_SPEC.replace("max_tokens = 64", 'max_tokens = 64\ndtype = "bfloat16"')))
+    bf16 = load_task_spec(
+        write_spec(tmp_path, RG_SPEC.replace("max_tokens = 64", 'max_tokens = 64\ndtype = "bfloat16"'))
+    )
     assert bf16.sampling.dtype == "bfloat16"
