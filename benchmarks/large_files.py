@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ from pathlib import Path
 
 import aiohttp
 import torch
-from aiohttp import web
 from eth_account import Account
 
 from node.coordinator import CoordinatorClient
@@ -44,14 +44,13 @@ from node.rollouts import encode_rollouts, read_rollouts, work_units
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec
-from trainer.api import CoordinatorApi
-from trainer.coordinator import CoordinatorService, PoolState
-from trainer.inbox import RolloutInbox
-from trainer.roles import StaticRoles
-from trainer.verdicts import VerdictStore
 from validator.verify import Expected, verify_file
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the loopback coordinator is the tests' (tests/loopback_coordinator.py)
+
+from tests.loopback_coordinator import coordinator_service, serving  # noqa: E402
+
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 WORKER, VALIDATOR, TRAINER = (Account.from_key(bytes([n]) * 32) for n in (0x31, 0x32, 0x33))
 GROUP = 16
@@ -82,33 +81,17 @@ def generate(spec: TaskSpec, source: TaskSource, model: LoadedModel, counter: in
 
 async def move(tmp: Path, data: bytes) -> tuple[bytes | None, float, float]:
     """Uploads `data` as the worker to a real coordinator on loopback; returns what the validator downloads."""
-    service = CoordinatorService(
-        domain=DOMAIN,
-        state=PoolState(pool_id=0, trainer=TRAINER.address),
-        roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
-        inbox=RolloutInbox(tmp / "inbox"),
-        verdicts=VerdictStore(),
-        signer=TRAINER,
-    )
-    api = CoordinatorApi(service)
-    runner = web.AppRunner(api.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[-1][1]}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            key = hashlib.sha256(data).digest()
-            started = time.perf_counter()
-            uploaded = await CoordinatorClient(session, url, WORKER, DOMAIN).upload(key, data)
-            upload_s = time.perf_counter() - started
-            if not uploaded.created:
-                raise SystemExit(f"the coordinator did not store the {len(data):,}-byte file")
-            started = time.perf_counter()
-            downloaded = await CoordinatorClient(session, url, VALIDATOR, DOMAIN).download(key, MAX_BYTES)
-            return downloaded, upload_s, time.perf_counter() - started
-    finally:
-        await runner.cleanup()
+    service = coordinator_service(tmp, DOMAIN, trainer=TRAINER, worker=WORKER.address, validator=VALIDATOR.address)
+    async with serving(service) as (_, url), aiohttp.ClientSession() as session:
+        key = hashlib.sha256(data).digest()
+        started = time.perf_counter()
+        uploaded = await CoordinatorClient(session, url, WORKER, DOMAIN).upload(key, data)
+        upload_s = time.perf_counter() - started
+        if not uploaded.created:
+            raise SystemExit(f"the coordinator did not store the {len(data):,}-byte file")
+        started = time.perf_counter()
+        downloaded = await CoordinatorClient(session, url, VALIDATOR, DOMAIN).download(key, MAX_BYTES)
+        return downloaded, upload_s, time.perf_counter() - started
 
 
 def run_size(megabytes: int, spec: TaskSpec, source: TaskSource, model: LoadedModel, bytes_per_row: float) -> Outcome:

@@ -16,16 +16,15 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from eth_account import Account
 
 from node.coordinator import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
 from node.signing import Assignment, Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
+from tests.loopback_coordinator import coordinator_service, serving
 from trainer.api import CoordinatorApi
-from trainer.coordinator import STEP_HISTORY, ApiConfig, CoordinatorService, PoolState
+from trainer.coordinator import STEP_HISTORY, ApiConfig, PoolState
 from trainer.inbox import RolloutInbox
-from trainer.roles import StaticRoles
 from trainer.run import load_published, publish_step
 from trainer.verdicts import VerdictStore
 
@@ -107,26 +106,19 @@ class Client:
 
 def run(tmp_path: Path, scenario: Callable[[Client, CoordinatorApi], Awaitable[None]], **config: Any) -> None:
     async def main() -> None:
-        service = CoordinatorService(
-            domain=DOMAIN,
-            state=PoolState(pool_id=POOL, trainer=TRAINER.address),
-            roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
-            inbox=RolloutInbox(tmp_path / "inbox"),
+        service = coordinator_service(
+            tmp_path,
+            DOMAIN,
+            trainer=TRAINER,
+            worker=WORKER.address,
+            validator=VALIDATOR.address,
+            pool_id=POOL,
             verdicts=VerdictStore(tmp_path / "attestations.jsonl"),
             config=ApiConfig(**config),
-            signer=TRAINER,
             task_spec_hash=TASK_SPEC_HASH,
         )
-        api = CoordinatorApi(service)
-        runner = web.AppRunner(api.app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                await scenario(Client(session, f"http://127.0.0.1:{runner.addresses[-1][1]}"), api)
-        finally:
-            await runner.cleanup()
+        async with serving(service) as (api, url), aiohttp.ClientSession() as session:
+            await scenario(Client(session, url), api)
 
     asyncio.run(main())
 

@@ -14,18 +14,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 from eth_account import Account
 
 from node.coordinator import CoordinatorClient
 from node.generation.generate import Generated
 from node.rollouts import encode_rollouts, work_units
 from node.signing import SigningDomain
-from trainer.api import CoordinatorApi
-from trainer.coordinator import CoordinatorService, PoolState
-from trainer.inbox import RolloutInbox
-from trainer.roles import StaticRoles
-from trainer.verdicts import VerdictStore
+from tests.loopback_coordinator import coordinator_service, serving
 from validator.verdict import Verdict
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
@@ -36,27 +31,11 @@ TRAINER = Account.from_key(b"\x23" * 32)
 
 async def through_the_coordinator(tmp_path: Path, data: bytes) -> bytes | None:
     """Uploads `data` signed by the worker to a real coordinator on loopback; returns what the validator downloads."""
-    service = CoordinatorService(
-        domain=DOMAIN,
-        state=PoolState(pool_id=0, trainer=TRAINER.address),
-        roles=StaticRoles(members=frozenset({WORKER.address}), validators=frozenset({VALIDATOR.address})),
-        inbox=RolloutInbox(tmp_path / "inbox"),
-        verdicts=VerdictStore(),
-        signer=TRAINER,
-    )
-    api = CoordinatorApi(service)
-    runner = web.AppRunner(api.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[-1][1]}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            key = hashlib.sha256(data).digest()
-            assert (await CoordinatorClient(session, url, WORKER, DOMAIN).upload(key, data)).created
-            return await CoordinatorClient(session, url, VALIDATOR, DOMAIN).download(key, 64 << 20)
-    finally:
-        await runner.cleanup()
+    service = coordinator_service(tmp_path, DOMAIN, trainer=TRAINER, worker=WORKER.address, validator=VALIDATOR.address)
+    async with serving(service) as (_, url), aiohttp.ClientSession() as session:
+        key = hashlib.sha256(data).digest()
+        assert (await CoordinatorClient(session, url, WORKER, DOMAIN).upload(key, data)).created
+        return await CoordinatorClient(session, url, VALIDATOR, DOMAIN).download(key, 64 << 20)
 
 
 @pytest.mark.parametrize(("megabytes", "prompts"), [(1, 96)], ids=["1MB"])
