@@ -13,7 +13,16 @@ from ledger.client import Ledger
 from ledger.errors import ContractRevert
 from ledger.types import PoolConfig, StakeLock
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, pool_config
+from tests.ledger.helpers import (
+    assert_revert,
+    assert_unbonds_once_released,
+    events,
+    fund_provider,
+    make_pool,
+    onboard,
+    pool_config,
+    stake_unlocked,
+)
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
@@ -364,15 +373,7 @@ def test_leave_holds_the_lock_one_window_then_stake_can_be_unstaked(chain: Local
 
     release_at = owner.timestamp() + WINDOW
     assert events(owner.pools.events.NodeLeft(), receipt) == [{"poolId": pool_id, "node": node.address}]
-    assert events(owner.registry.events.StakeUnlocked(), receipt) == [
-        {
-            "provider": provider.address,
-            "node": node.address,
-            "poolId": pool_id,
-            "amount": 100 * TOKEN,
-            "releaseAt": release_at,
-        }
-    ]
+    assert events(owner.registry.events.StakeUnlocked(), receipt) == stake_unlocked(provider, node, pool_id, release_at)
     assert not owner.is_member(pool_id, node.address)
     assert owner.members(pool_id) == []
     assert owner.stake_of(provider.address).locked == 100 * TOKEN  # work submitted until now may still be slashed
@@ -384,9 +385,7 @@ def test_leave_holds_the_lock_one_window_then_stake_can_be_unstaked(chain: Local
 
     chain.increase_time(WINDOW)
     provider.release_stake(pool_id, node.address)
-    assert owner.stake_of(provider.address).locked == 0
-    provider.request_unstake(100 * TOKEN)
-    assert owner.stake_of(provider.address).unbonding == 100 * TOKEN
+    assert_unbonds_once_released(owner, provider)
 
 
 def test_node_that_left_may_rejoin(ledger_for: LedgerFor) -> None:
@@ -438,15 +437,7 @@ def test_owner_eject_removes_member_holds_lock_one_window_and_bans_rejoin(
         {"poolId": pool_id, "node": node.address, "by": owner.address}
     ]
     release_at = owner.timestamp() + WINDOW
-    assert events(owner.registry.events.StakeUnlocked(), receipt) == [
-        {
-            "provider": provider.address,
-            "node": node.address,
-            "poolId": pool_id,
-            "amount": 100 * TOKEN,
-            "releaseAt": release_at,
-        }
-    ]
+    assert events(owner.registry.events.StakeUnlocked(), receipt) == stake_unlocked(provider, node, pool_id, release_at)
     assert not owner.is_member(pool_id, node.address)
     assert owner.is_ejected(pool_id, node.address)
     assert owner.members(pool_id) == []

@@ -16,7 +16,17 @@ from ledger.deployment import role_id
 from ledger.errors import ContractRevert
 from ledger.types import Reason, StakeInfo, StakeLock, WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
+from tests.ledger.helpers import (
+    assert_revert,
+    assert_unbonds_once_released,
+    events,
+    fund_provider,
+    make_pool,
+    onboard,
+    stake_unlocked,
+    transact_at,
+    work_key,
+)
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
@@ -194,15 +204,7 @@ def test_leave_holds_the_lock_for_one_window_then_anyone_may_release_it(
     receipt = node.leave(pool_id)
 
     release_at = owner.timestamp() + WINDOW
-    assert events(owner.registry.events.StakeUnlocked(), receipt) == [
-        {
-            "provider": provider.address,
-            "node": node.address,
-            "poolId": pool_id,
-            "amount": 100 * TOKEN,
-            "releaseAt": release_at,
-        }
-    ]
+    assert events(owner.registry.events.StakeUnlocked(), receipt) == stake_unlocked(provider, node, pool_id, release_at)
     assert events(owner.registry.events.StakeReleased(), receipt) == []
     assert owner.lock_of(pool_id, node.address) == StakeLock(
         pool_id, node.address, 100 * TOKEN, release_at, False, True
@@ -225,10 +227,8 @@ def test_leave_holds_the_lock_for_one_window_then_anyone_may_release_it(
         {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": 100 * TOKEN}
     ]
     assert owner.lock_of(pool_id, node.address) == StakeLock(pool_id, node.address, 0, 0, False, False)
-    assert owner.stake_of(provider.address).locked == 0
     assert owner.balance_of(stranger.address) == 0
-    provider.request_unstake(100 * TOKEN)
-    assert owner.stake_of(provider.address).unbonding == 100 * TOKEN
+    assert_unbonds_once_released(owner, provider)
 
 
 def test_release_of_a_membership_or_of_no_lock_is_refused(ledger_for: LedgerFor) -> None:
