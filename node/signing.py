@@ -44,8 +44,9 @@ HEADER_NONCE = "X-Prime-Nonce"
 REQUEST_HEADERS = (HEADER_ADDRESS, HEADER_SIGNATURE, HEADER_TIMESTAMP, HEADER_NONCE)
 
 _SECP256K1_HALF_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141 // 2
-_UINT8_MAX, _UINT32_MAX, _UINT64_MAX, _UINT256_MAX = 2**8 - 1, 2**32 - 1, 2**64 - 1, 2**256 - 1
+_UINT64_MAX, _UINT256_MAX = 2**64 - 1, 2**256 - 1
 _METHOD = re.compile(r"[A-Z]{1,16}")
+_UINT_KIND, _BYTES_KIND = re.compile(r"uint([0-9]+)"), re.compile(r"bytes([0-9]+)")
 _TIMESTAMP = re.compile(r"[0-9]{1,20}")
 _NONCE = re.compile(r"0x[0-9a-fA-F]{32}")
 _SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")
@@ -93,6 +94,20 @@ def _check_bytes(name: str, value: object, length: int) -> None:
 def _check_checksum_address(name: str, value: object) -> None:
     if not isinstance(value, str) or not is_checksum_address(value):
         raise SignatureError(f"{name} must be a checksummed address", field=name, value=value)
+
+
+def _check_typed(name: str, value: object, kind: str) -> None:
+    """`value` as EIP-712 type `kind` holds it: a checksummed address, a uintN in [0, 2**N - 1], N bytes for a
+    bytesN, a bool; a string is left to its message to check."""
+    if kind == "address":
+        _check_checksum_address(name, value)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise SignatureError(f"{name} must be a bool", field=name, value=value)
+    elif (uint := _UINT_KIND.fullmatch(kind)) is not None:
+        _check_uint(name, value, 2 ** int(uint.group(1)) - 1)
+    elif (fixed := _BYTES_KIND.fullmatch(kind)) is not None:
+        _check_bytes(name, value, int(fixed.group(1)))
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,12 @@ class TypedMessage:
             "domain": domain.as_dict(),
             "message": {name: getattr(self, attr) for attr, name, _ in self.FIELDS},
         }
+
+    def __post_init__(self) -> None:
+        """Each field checked against its EIP-712 type, in FIELDS order (`_check_typed`); a message with string
+        fields checks those itself."""
+        for attr, _, kind in self.FIELDS:
+            _check_typed(attr, getattr(self, attr), kind)
 
 
 @dataclass(frozen=True)
@@ -205,11 +226,6 @@ class Checkpoint(TypedMessage):
         ("manifest_hash", "manifestHash", "bytes32"),
     )
 
-    def __post_init__(self) -> None:
-        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
-        _check_uint("step", self.step, _UINT64_MAX)
-        _check_bytes("manifest_hash", self.manifest_hash, 32)
-
 
 @dataclass(frozen=True)
 class Attestation(TypedMessage):
@@ -227,13 +243,6 @@ class Attestation(TypedMessage):
         ("accepted", "accepted", "bool"),
         ("reason", "reason", "uint8"),
     )
-
-    def __post_init__(self) -> None:
-        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
-        _check_bytes("work_key", self.work_key, 32)
-        if not isinstance(self.accepted, bool):
-            raise SignatureError("accepted must be a bool", field="accepted", value=self.accepted)
-        _check_uint("reason", self.reason, _UINT8_MAX)
 
 
 @dataclass(frozen=True)
@@ -264,15 +273,6 @@ class Assignment(TypedMessage):
         ("task_spec_hash", "taskSpecHash", "bytes32"),
     )
 
-    def __post_init__(self) -> None:
-        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
-        _check_checksum_address("node", self.node)
-        _check_uint("step", self.step, _UINT64_MAX)
-        _check_uint("counter", self.counter, _UINT64_MAX)
-        _check_uint("prompts", self.prompts, _UINT32_MAX)
-        _check_uint("group_size", self.group_size, _UINT32_MAX)
-        _check_bytes("task_spec_hash", self.task_spec_hash, 32)
-
 
 @dataclass(frozen=True)
 class UploadReceipt(TypedMessage):
@@ -291,11 +291,6 @@ class UploadReceipt(TypedMessage):
         ("work_key", "workKey", "bytes32"),
         ("node", "node", "address"),
     )
-
-    def __post_init__(self) -> None:
-        _check_uint("pool_id", self.pool_id, _UINT256_MAX)
-        _check_bytes("work_key", self.work_key, 32)
-        _check_checksum_address("node", self.node)
 
 
 def _signable(message: TypedMessage, domain: SigningDomain) -> SignableMessage:

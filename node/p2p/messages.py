@@ -39,7 +39,6 @@ from node.signing import (
     sign,
 )
 
-_UINT64_MAX = 2**64 - 1
 MAX_URL_LENGTH = 2048
 MAX_JSON_DEPTH = 4  # a message is one flat object; the margin only makes the error message clearer
 _TOPIC = re.compile(r"/prime/(0|[1-9][0-9]{0,77})/([a-z]+)")
@@ -105,10 +104,7 @@ class RelayAdvert(TypedMessage):
     )
 
     def __post_init__(self) -> None:
-        for name, maximum in (("pool_id", 2**256 - 1), ("throughput_kbps", _UINT64_MAX), ("timestamp", _UINT64_MAX)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
-                raise SignatureError(f"{name} must be an integer in [0, {maximum}]", field=name, value=value)
+        super().__post_init__()  # pool_id, throughput_kbps, timestamp: their uint types
         url = self.url
         if not isinstance(url, str) or len(url) > MAX_URL_LENGTH or not url.isascii() or any(c.isspace() for c in url):
             raise SignatureError(f"url must be ASCII without whitespace, at most {MAX_URL_LENGTH} chars", url=url)
