@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
@@ -93,6 +94,39 @@ def contract_address(receipt: TxReceipt) -> ChecksumAddress:
 
 def rpc(chain: LocalChain, method: str, *params: Any) -> Any:
     return chain.w3.provider.make_request(method, list(params))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Repriced:
+    """A broadcast that the chain's price left stuck, and the replacement that was mined in its place."""
+
+    sender: Transactor
+    first: dict[str, Any]  # the first broadcast, as the pool held it
+    high: int  # the price per gas that left it stuck
+    receipt: TxReceipt
+    mined: dict[str, Any]  # the mined transaction
+
+
+def send_stuck_then_repriced(
+    chain: LocalChain, make_stuck: Callable[[dict[str, Any]], int], price: Callable[[dict[str, Any]], int]
+) -> Repriced:
+    """Sends deploy 42 from dev account 3, repricing after 0.5 s. Once its first broadcast is in the pool,
+    `make_stuck(first)` raises what the chain asks past it and returns that price; the replacement whose `price` is
+    at least that is mined. The mined transaction is that replacement, with the first's nonce."""
+    w3, account = chain.w3, dev_account(3)
+    sender = Transactor(w3, account, fees=FeePolicy(replace_after=0.5), receipt_timeout=60)
+    with ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(sender.send, deploy_42(w3), description="deploy 42")
+        first = wait_for_pool(w3, account.address, lambda tx: True, "first broadcast")
+        high = make_stuck(first)
+        replacement = wait_for_pool(w3, account.address, lambda tx: price(tx) >= high, "repriced replacement")
+        chain.mine()
+        receipt = sending.result(timeout=60)
+
+    mined = dict(w3.eth.get_transaction(receipt["transactionHash"]))
+    assert mined["nonce"] == first["nonce"]
+    assert mined["hash"].to_0x_hex() == replacement["hash"] != first["hash"]
+    return Repriced(sender, first, high, receipt, mined)
 
 
 def test_two_senders_sharing_a_key_resynchronise_their_nonce(
@@ -195,22 +229,16 @@ def test_a_stopped_chain_is_reported_as_unreachable() -> None:
 def test_a_stuck_transaction_is_replaced_with_the_same_nonce_and_fees_for_the_new_base_fee(
     paused_chain: LocalChain, caplog: pytest.LogCaptureFixture
 ) -> None:
-    w3, account = paused_chain.w3, dev_account(3)
-    sender = Transactor(w3, account, fees=FeePolicy(replace_after=0.5), receipt_timeout=60)
-    with ThreadPoolExecutor(1) as pool:
-        sending = pool.submit(sender.send, deploy_42(w3), description="deploy 42")
-        first = wait_for_pool(w3, account.address, lambda tx: True, "first broadcast")
+    def base_fee_past(first: dict[str, Any]) -> int:
         high = 20 * offer(first)  # the base fee jumps past what the first broadcast offers: it cannot be mined
         rpc(paused_chain, "anvil_setNextBlockBaseFeePerGas", hex(high))
         paused_chain.mine()
-        replacement = wait_for_pool(w3, account.address, lambda tx: offer(tx) >= high, "repriced replacement")
-        paused_chain.mine()
-        receipt = sending.result(timeout=60)
+        return high
 
-    mined = w3.eth.get_transaction(receipt["transactionHash"])
+    w3, account = paused_chain.w3, dev_account(3)
+    stuck = send_stuck_then_repriced(paused_chain, base_fee_past, offer)
+    sender, first, high, receipt, mined = stuck.sender, stuck.first, stuck.high, stuck.receipt, stuck.mined
     assert mined["type"] == 2
-    assert mined["nonce"] == first["nonce"]
-    assert mined["hash"].to_0x_hex() == replacement["hash"] != first["hash"]
     assert mined["maxFeePerGas"] >= high > first["maxFeePerGas"]
     assert mined["maxPriorityFeePerGas"] >= first["maxPriorityFeePerGas"] * 9 / 8
     assert w3.eth.get_code(contract_address(receipt)) == bytes.fromhex(RUNTIME)
@@ -305,22 +333,14 @@ def test_a_chain_without_a_base_fee_gets_legacy_transactions_at_the_node_gas_pri
 
 
 def test_a_stuck_legacy_transaction_is_repriced_to_the_node_gas_price(paused_legacy_chain: LocalChain) -> None:
-    w3, account = paused_legacy_chain.w3, dev_account(3)
-    sender = Transactor(w3, account, fees=FeePolicy(replace_after=0.5), receipt_timeout=60)
-    with ThreadPoolExecutor(1) as pool:
-        sending = pool.submit(sender.send, deploy_42(w3), description="deploy 42")
-        first = wait_for_pool(w3, account.address, lambda tx: True, "first broadcast")
-        high = 20 * first["gasPrice"]
+    def min_gas_price_past(first: dict[str, Any]) -> int:
+        high = 20 * int(first["gasPrice"])
         rpc(paused_legacy_chain, "anvil_setMinGasPrice", hex(high))  # eth_gasPrice now answers `high`
-        replacement = wait_for_pool(w3, account.address, lambda tx: tx["gasPrice"] >= high, "repriced replacement")
-        paused_legacy_chain.mine()
-        receipt = sending.result(timeout=60)
+        return high
 
-    mined = w3.eth.get_transaction(receipt["transactionHash"])
-    assert mined["type"] == 0
-    assert mined["nonce"] == first["nonce"]
-    assert mined["hash"].to_0x_hex() == replacement["hash"] != first["hash"]
-    assert mined["gasPrice"] >= high
+    stuck = send_stuck_then_repriced(paused_legacy_chain, min_gas_price_past, lambda tx: int(tx["gasPrice"]))
+    assert stuck.mined["type"] == 0
+    assert stuck.mined["gasPrice"] >= stuck.high
 
 
 def test_replacement_fees_raise_both_fees_by_an_eighth_and_follow_the_base_fee() -> None:
