@@ -2,7 +2,7 @@
 
 A dictionary page holding one value and an RLE run "N times index 0" decode to N values whatever N is, so a
 file's encoded sizes bound nothing; `read_rollouts` bounds the decoded counts the footer and every page header
-declare (node/rollouts/bounds.py). Before, the 3,981-byte file of `bomb_bytes(10**8)` took 1.2-1.5 GB and 4-7 s to
+declare (node/rollouts/bounds.py). Before, the 4 KB file of `bomb_bytes(10**8)` took 1.2-1.5 GB and 4-7 s to
 refuse, the same file with a footer that understates the count 1.6 GB, and one of 3 x 10^7 values was accepted
 (850 MB), all of it on the coordinator's event loop and on every validator. Now each is refused in 20-50 ms at the
 89 MB a Python with pyarrow takes.
@@ -28,30 +28,15 @@ from node.rollouts import (
     NO_TARGET_LENGTH,
     FormatProblem,
     RolloutFormatError,
-    RolloutMeta,
     RolloutRow,
-    SamplingMeta,
     encode_rollouts,
     read_rollouts,
 )
 from node.rollouts.bounds import MAX_PAGES, VALUES_PER_BYTE
 from node.rollouts.meta import encode_meta
+from tests.node.rollout_meta import NODE, make_meta
 
-NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 SEED_VALUES = (1 << 20) + 8  # the run lengths written (N, and N - 8 after a bit-packed first group) have 4-byte varints
-
-
-def make_meta(node: str = NODE, pool_id: int = 7) -> RolloutMeta:
-    return RolloutMeta(
-        pool_id=pool_id,
-        node=node,
-        manifest_hash=bytes(range(32)),
-        sampling=SamplingMeta(temperature=1.0, top_p=1.0, max_tokens=64),
-        task_spec_hash=b"\x02" * 32,
-        model_hash=b"\x03" * 32,
-        counter=0,
-        created_by="prime-node test",
-    )
 
 
 def _varint(value: int, width: int | None = None) -> bytes:
@@ -98,7 +83,7 @@ def bomb_bytes(
         sink, ARROW_SCHEMA, use_dictionary=["input_tokens.list.element"], compression="none", store_schema=False
     ) as writer:
         writer.write_table(pa.table(columns, schema=ARROW_SCHEMA))
-        writer.add_key_value_metadata({METADATA_KEY: encode_meta(make_meta(node, pool_id))})
+        writer.add_key_value_metadata({METADATA_KEY: encode_meta(make_meta(node=node, pool_id=pool_id))})
     data = sink.getvalue()
     footer_at = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
     pages, footer = data[:footer_at], data[footer_at:]

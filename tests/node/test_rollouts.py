@@ -26,7 +26,6 @@ from node.rollouts import (
     NO_TARGET_LENGTH,
     FormatProblem,
     RolloutFormatError,
-    RolloutMeta,
     RolloutRow,
     SamplingMeta,
     encode_rollouts,
@@ -35,24 +34,9 @@ from node.rollouts import (
     write_rollouts,
 )
 from node.rollouts.meta import encode_meta
+from tests.node.rollout_meta import NODE, make_meta
 
-NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 MAX_BYTES = 1 << 20
-
-
-def make_meta(**changes: Any) -> RolloutMeta:
-    fields: dict[str, Any] = {
-        "pool_id": 7,
-        "node": NODE,
-        "manifest_hash": bytes(range(32)),
-        "sampling": SamplingMeta(temperature=0.75, top_p=0.875, max_tokens=64),
-        "task_spec_hash": b"\x02" * 32,
-        "model_hash": b"\x03" * 32,
-        "counter": 2,
-        "assignment_signature": None,
-        "created_by": "prime-node test",
-    }
-    return RolloutMeta(**(fields | changes))
 
 
 def make_rows(n: int = 6) -> list[RolloutRow]:
