@@ -108,26 +108,3 @@ def events(contract_event: Any, receipt: TxReceipt) -> list[dict[str, Any]]:
     Logs of other contracts and events in the same receipt are skipped.
     """
     return [dict(entry["args"]) for entry in contract_event.process_receipt(receipt, errors=DISCARD)]
-
-
-def stake_unlocked(
-    provider: Ledger, node: Ledger, pool_id: int, release_at: int, amount: int = 100 * TOKEN
-) -> list[dict[str, Any]]:
-    """The StakeUnlocked event of `node` leaving `pool_id` (or ejected from it), as `events` returns it: its
-    provider's `amount` stays locked until `release_at`."""
-    return [
-        {
-            "provider": provider.address,
-            "node": node.address,
-            "poolId": pool_id,
-            "amount": amount,
-            "releaseAt": release_at,
-        }
-    ]
-
-
-def assert_unbonds_once_released(owner: Ledger, provider: Ledger, amount: int = 100 * TOKEN) -> None:
-    """`provider` has no stake locked any more, and can start unbonding `amount`."""
-    assert owner.stake_of(provider.address).locked == 0
-    provider.request_unstake(amount)
-    assert owner.stake_of(provider.address).unbonding == amount

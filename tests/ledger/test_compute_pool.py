@@ -13,16 +13,8 @@ from ledger.client import Ledger
 from ledger.errors import ContractRevert
 from ledger.types import PoolConfig, StakeLock
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import (
-    assert_revert,
-    assert_unbonds_once_released,
-    events,
-    fund_provider,
-    make_pool,
-    onboard,
-    pool_config,
-    stake_unlocked,
-)
+from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, pool_config
+from tests.ledger.stake_locks import assert_unbonds_once_released, stake_unlocked
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9

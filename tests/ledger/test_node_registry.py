@@ -16,17 +16,8 @@ from ledger.deployment import role_id
 from ledger.errors import ContractRevert
 from ledger.types import Reason, StakeInfo, StakeLock, WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import (
-    assert_revert,
-    assert_unbonds_once_released,
-    events,
-    fund_provider,
-    make_pool,
-    onboard,
-    stake_unlocked,
-    transact_at,
-    work_key,
-)
+from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
+from tests.ledger.stake_locks import assert_unbonds_once_released, stake_unlocked
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
