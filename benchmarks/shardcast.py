@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -65,6 +64,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the anvil deployment is the tests' (tests/anvil_deployment.py)
+
+from tests.anvil_deployment import write_anvil_deployment  # noqa: E402
+
 SHARDCAST = "shardcast==0.3.2"
 CACHE = Path.home() / ".cache" / "prime-node" / "bench-shardcast" / "0.3.2"
 TRAINER = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil key 0, what `--dev-key 0` signs as
@@ -72,18 +75,6 @@ POOL = 1
 FILE = "model.safetensors"
 POLL = 0.01  # how often this process looks at its children
 TICKS = os.sysconf("SC_CLK_TCK")
-# The EIP-712 domain needs only the chain id and the ComputePool address: no chain runs.
-DEPLOYMENT = {
-    "chain_id": 31337,
-    "rpc_url": "http://127.0.0.1:8545",
-    "block": 0,
-    "contracts": {
-        "StakeToken": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-        "NodeRegistry": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-        "ComputePool": "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0",
-        "WorkLedger": "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9",
-    },
-}
 GOAL_SPEEDUP = 4.0  # ours >= 4x faster than shardcast 0.3.2 at N=4
 GOAL_RAW_SHARE = 0.5  # ours >= 50% of the raw GET's speed at N=1
 
@@ -462,8 +453,7 @@ def measure_shardcast(
 def measure_ours(
     work: Path, source: Path, expected: str, clients: int, shard_size: int | None, settle: float, procs: Processes
 ) -> Result:
-    deployment = work / "deployment.json"
-    deployment.write_text(json.dumps(DEPLOYMENT))
+    deployment = write_anvil_deployment(work / "deployment.json")  # no chain runs: see tests/anvil_deployment.py
     staging, watch = work / "staging" / "step_1", work / "checkpoints"
     staging.mkdir(parents=True)
     watch.mkdir()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.anvil_deployment import write_anvil_deployment
+
 REPO = Path(__file__).resolve().parents[3]
 TRAINER = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"  # anvil dev key 0, the origin's signer
 OTHER = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"  # anvil dev key 1
@@ -39,22 +41,7 @@ class Network:
         self.root = root
         self.logs = root / "logs"
         self.logs.mkdir()
-        self.deployment = root / "deployment.json"
-        self.deployment.write_text(
-            json.dumps(
-                {
-                    "chain_id": 31337,
-                    "rpc_url": "http://127.0.0.1:8545",
-                    "block": 0,
-                    "contracts": {
-                        "StakeToken": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-                        "NodeRegistry": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-                        "ComputePool": "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0",
-                        "WorkLedger": "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9",
-                    },
-                }
-            )
-        )
+        self.deployment = write_anvil_deployment(root / "deployment.json")
         self.watch = root / "checkpoints"
         self.watch.mkdir()
         self.procs: list[subprocess.Popen[bytes]] = []
