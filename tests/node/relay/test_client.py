@@ -102,6 +102,19 @@ def hostile(store: ShardStore, shard: Callable[[web.Request, bytes], Awaitable[w
     return app
 
 
+async def download_step_1(
+    session: aiohttp.ClientSession, out: Path, sources: list[Source], *, parallel: int, via: list[Source] | None = None
+) -> Downloader:
+    """Resolves step 1 from `sources`, then downloads it whole into `out` from `via` (by default the sources that
+    have it); returns the downloader, with its errors."""
+    manifest, _, having = await resolve_version(session, sources, POLICY, 1)
+    sink = PartialCheckpoint(out, manifest)
+    downloader = Downloader(session, having if via is None else via, parallel=parallel)
+    await downloader.download(sink)
+    sink.finish()
+    return downloader
+
+
 async def download_from_hostile(
     tmp_path: Path, checkpoint: Path, shard: Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
 ) -> Downloader:
@@ -111,11 +124,7 @@ async def download_from_hostile(
     url, runner = await serve(hostile(store, shard))
     try:
         async with aiohttp.ClientSession() as session:
-            manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
-            sink = PartialCheckpoint(tmp_path / "out", manifest)
-            downloader = Downloader(session, having, parallel=2)
-            await downloader.download(sink)
-            sink.finish()
+            downloader = await download_step_1(session, tmp_path / "out", [Source(url)], parallel=2)
     finally:
         await runner.cleanup()
     return downloader
@@ -153,10 +162,7 @@ def test_the_faster_source_carries_most_of_the_download(tmp_path: Path) -> None:
         sources = [Source(fast_url), Source(slow_url)]
         try:
             async with aiohttp.ClientSession() as session:
-                manifest, _, having = await resolve_version(session, sources, POLICY, 1)
-                sink = PartialCheckpoint(tmp_path / "out", manifest)
-                await Downloader(session, having, parallel=4).download(sink)
-                sink.finish()
+                await download_step_1(session, tmp_path / "out", sources, parallel=4)
         finally:
             await fast.stop()
             await slow.stop()
@@ -188,10 +194,9 @@ def test_a_transfer_cut_mid_shard_resumes_with_a_range_request_elsewhere(tmp_pat
         bad = Source(bad_url, throughput=1e12)  # measured as very fast: it is asked first
         try:
             async with aiohttp.ClientSession() as session:
-                manifest, _, _ = await resolve_version(session, [Source(good_url)], POLICY, 1)
-                sink = PartialCheckpoint(tmp_path / "out", manifest)
-                await Downloader(session, [bad, Source(good_url)], parallel=1).download(sink)
-                sink.finish()
+                await download_step_1(
+                    session, tmp_path / "out", [Source(good_url)], parallel=1, via=[bad, Source(good_url)]
+                )
             ranged = good.metrics.render().count('status="206"')
         finally:
             await bad_runner.cleanup()
@@ -216,10 +221,7 @@ def test_a_source_sending_extra_bytes_is_dropped(tmp_path: Path, checkpoint: Pat
         sources = [Source(bad_url, throughput=1e12), Source(good_url)]
         try:
             async with aiohttp.ClientSession() as session:
-                manifest, _, _ = await resolve_version(session, sources, POLICY, 1)
-                sink = PartialCheckpoint(tmp_path / "out", manifest)
-                await Downloader(session, sources, parallel=2).download(sink)
-                sink.finish()
+                await download_step_1(session, tmp_path / "out", sources, parallel=2, via=sources)
         finally:
             await bad_runner.cleanup()
             await good.stop()
@@ -423,11 +425,9 @@ def test_a_relay_sending_bad_partial_ranges_is_banned_and_the_honest_origin_fini
         relay, honest_origin = Source(relay_url, throughput=1e12), Source(origin_url, throughput=1.0)  # relay first
         try:
             async with aiohttp.ClientSession() as session:
-                manifest, _, _ = await resolve_version(session, [honest_origin], POLICY, 1)
-                sink = PartialCheckpoint(tmp_path / "out", manifest)
-                downloader = Downloader(session, [relay, honest_origin], parallel=2)
-                await downloader.download(sink)
-                sink.finish()
+                downloader = await download_step_1(
+                    session, tmp_path / "out", [honest_origin], parallel=2, via=[relay, honest_origin]
+                )
         finally:
             await relay_runner.cleanup()
             await origin.stop()
