@@ -63,16 +63,17 @@ async def honest(store: ShardStore, limits: ServerLimits | None = None) -> tuple
     return f"http://127.0.0.1:{port}", server
 
 
-async def resolve_newest(sources: list[Source], *servers: ShardServer | web.AppRunner) -> Manifest:
-    """The newest version that `sources` offer signed by the trainer (`resolve_version`, holding no step); the
-    `servers` are stopped afterwards, whatever happened."""
+async def resolve_newest(urls: list[str], *servers: ShardServer | web.AppRunner) -> tuple[Manifest, list[Source]]:
+    """The newest version that the sources at `urls` offer signed by the trainer (`resolve_version`, holding no
+    step), and the sources as it left them; the `servers` are stopped afterwards, whatever happened."""
+    sources = [Source(url) for url in urls]
     try:
         async with aiohttp.ClientSession() as session:
             manifest, _, _ = await resolve_version(session, sources, POLICY, None)
     finally:
         for server in servers:
             await (server.cleanup() if isinstance(server, web.AppRunner) else server.stop())
-    return manifest
+    return manifest, sources
 
 
 def hostile(store: ShardStore, shard: Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]) -> web.Application:
@@ -275,8 +276,7 @@ def test_latest_skips_a_newer_step_that_the_trainer_did_not_sign(tmp_path: Path,
         publish(forged_store, make_checkpoint(tmp_path / "evil", 1000, seed=2), 9, signer=MALLORY)
         honest_url, honest_server = await honest(honest_store)
         forged_url, forged_server = await honest(forged_store)
-        sources = [Source(forged_url), Source(honest_url)]
-        return await resolve_newest(sources, honest_server, forged_server), sources
+        return await resolve_newest([forged_url, honest_url], honest_server, forged_server)
 
     manifest, sources = asyncio.run(scenario())
     assert manifest.step == 1
@@ -493,8 +493,7 @@ def test_a_source_listing_junk_steps_costs_one_manifest_request(tmp_path: Path, 
         app.middlewares.append(count)
         junk_url, junk_runner = await serve(app)
         origin_url, origin = await honest(store)
-        sources = [Source(junk_url), Source(origin_url)]
-        return await resolve_newest(sources, junk_runner, origin), sources
+        return await resolve_newest([junk_url, origin_url], junk_runner, origin)
 
     manifest, sources = asyncio.run(scenario())
     assert manifest.step == 1
