@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from typing import TextIO
 
 DEBUG_ENV_VAR = "PRIME_DEBUG"
 
@@ -27,8 +29,26 @@ def configure_logging() -> None:
             logging.getLogger(package).setLevel(logging.DEBUG)
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record is emitted, not to the stream it was at set-up: a command
+    run in-process (typer's CliRunner in tests) swaps stderr and closes its copy afterwards."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: object) -> None:
+        pass
+
+
 def configure_daemon_logging(level: int = logging.INFO) -> None:
     """For long-running commands: timestamped logs of the prime packages on stderr (debug with PRIME_DEBUG=1)."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[_Stderr()],
+        force=True,
+    )
     for package in ("ledger", "node", "trainer", "validator"):
         logging.getLogger(package).setLevel(logging.DEBUG if debug_enabled() else level)

@@ -30,6 +30,7 @@ from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
 from node.daemon.signals import run_until_signalled
 from node.errors import NodeError
 from node.signing import SigningDomain
+from node.terms import DEFAULT_ASYNC_LEVEL
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--task", required=True, help="task spec (TOML)")
     parser.add_argument("--state", required=True, help="the daemon's state folder: journal, files, weights")
-    parser.add_argument("--async-level", type=int, default=2, help="the run's async level k")
+    parser.add_argument("--async-level", type=int, default=DEFAULT_ASYNC_LEVEL, help="the run's async level k")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
         "--batch-size", type=int, default=128, help="sequences decoded together (128: a default file in one pass)"

@@ -75,7 +75,7 @@ def test_two_gloo_processes_train_like_one_including_after_a_resume(
     model_dir, folder = recorded
     single = CliRunner().invoke(app, replay_args(model_dir, folder, tmp_path / "one"))
     assert single.exit_code == 0, single.output
-    assert json.loads(single.output)["world_size"] == 1
+    assert json.loads(single.stdout)["world_size"] == 1  # the JSON on stdout; logs go to stderr
 
     sharded_args = replay_args(model_dir, folder, tmp_path / "two")
     first = torchrun([*sharded_args, "--steps", "1"])

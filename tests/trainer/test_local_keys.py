@@ -223,10 +223,10 @@ def test_a_local_worker_whose_keystore_does_not_open_exits_1_at_once(tmp_path: P
     if password is not None:
         env[PASSWORD_ENV_VAR] = password
     command = [
-        sys.executable, "-m", "trainer.local_worker", "--keystore", str(keystore),
+        sys.executable, "-m", "node.daemon.local", "--keystore", str(keystore),
         "--coordinator", "http://127.0.0.1:9", "--origin", "http://127.0.0.1:9", "--trainer", "0x" + "11" * 20,
         "--pool", "0", "--chain-id", "31337", "--contract", "0x" + "00" * 20, "--task", str(TASK),
-        "--work", str(tmp_path / "work"),
+        "--state", str(tmp_path / "work"),
     ]  # fmt: skip
     done = subprocess.run(
         command,
