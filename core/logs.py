@@ -39,7 +39,7 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
     @stream.setter
     def stream(self, _: object) -> None:
-        pass
+        """Ignored: StreamHandler.__init__ and setStream assign a stream; this handler always takes sys.stderr."""
 
 
 def configure_daemon_logging(level: int = logging.INFO) -> None:
