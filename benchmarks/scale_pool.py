@@ -98,21 +98,24 @@ def register_members(chain: LocalChain, provider: Ledger, pool_id: int, nodes: S
     url = chain.rpc_url
     registry, pools = provider.registry, provider.pools
 
-    def tx(sender: str, to: str, data: str) -> tuple[str, list[Any]]:
-        return ("eth_sendTransaction", [{"from": sender, "to": to, "data": data, "gas": hex(GAS)}])
+    def tx(sender: str, to: str, data: str, nonce: int) -> tuple[str, list[Any]]:
+        """A call with its nonce given: a batch is taken in concurrently, and anvil would hand two the same one."""
+        params = {"from": sender, "to": to, "data": data, "gas": hex(GAS), "nonce": hex(nonce)}
+        return ("eth_sendTransaction", [params])
 
     rpc_batch(url, [("evm_setAutomine", [False])])
     try:
+        first = provider.w3.eth.get_transaction_count(provider.address, "pending")
         binds = [
-            tx(provider.address, registry.address, registry.encode_abi("addNode", [n.address, sig]))
-            for n in nodes
+            tx(provider.address, registry.address, registry.encode_abi("addNode", [n.address, sig]), first + i)
+            for i, n in enumerate(nodes)
             for sig in [provider.node_binding_signature(n)]
         ]
         _mine_checked(chain, rpc_batch(url, binds), "addNode")
         money = [("anvil_setBalance", [n.address, hex(10**20)]) for n in nodes]
         rpc_batch(url, money + [("anvil_impersonateAccount", [n.address]) for n in nodes])
         join = pools.encode_abi("join", [pool_id])
-        _mine_checked(chain, rpc_batch(url, [tx(n.address, pools.address, join) for n in nodes]), "join")
+        _mine_checked(chain, rpc_batch(url, [tx(n.address, pools.address, join, 0) for n in nodes]), "join")
     finally:
         rpc_batch(url, [("evm_setAutomine", [True])])
     missing = [n.address for n in (nodes[0], nodes[-1]) if not provider.is_member(pool_id, n.address)]
