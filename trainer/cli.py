@@ -27,6 +27,7 @@ from trainer.precision import Device, Dtype
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
+    from trainer.ranks import Control
 
 DeviceOption = Annotated[
     Device, typer.Option("--device", help="Where to train: auto is CUDA when torch sees a GPU, else the CPU.")
@@ -186,7 +187,8 @@ def run_command(
 ) -> None:
     """Serve the coordinator API and the SHARDCAST origin, and train with GRPO until the last step.
 
-    It resumes from the newest full state in the run folder. Each step appends a line to metrics.jsonl.
+    It resumes from the newest full state in the run folder. Each step appends a line to metrics.jsonl. Under
+    torchrun every rank trains, sharded with FSDP2; rank 0 alone serves, runs the workers and writes the run folder.
     """
     with node_cli_errors():
         configure_daemon_logging()
@@ -204,53 +206,83 @@ def run_command(
         from trainer.precision import cuda_wanted
 
         cuda_wanted(loaded.device)  # `cuda` without a GPU: one line now, before any keystore is asked for
-        import asyncio
+        from trainer.distributed import init_distributed, shutdown
+        from trainer.ranks import Control
 
-        from trainer.run import LocalWorkerKeys, local_network, network_from_pool, run_training
+        world = init_distributed(device=loaded.device)  # one process: no group, and nothing below changes
+        try:
+            control = Control(world) if world.size > 1 else None
+            if control is not None and world.rank != 0:
+                from trainer.run import follow_training
 
-        keys: LocalWorkerKeys | None = None
-        if loaded.local:
-            network, keys = local_network(loaded.run_dir, loaded.local_workers, _local_password(loaded))
-        else:  # the pool's terms fill what trainer.toml leaves out, and refuse what contradicts them
-            network = network_from_pool(loaded, dev_key)
-            loaded = load_run_config(config, terms=network.terms, **flags)
-        console = stderr_console()
-
-        def on_ready(api_url: str, origin_url: str) -> None:
-            mode = f"local mode, {len(keys.paths)} workers" if keys is not None else f"pool {network.pool_id}"
-            console.print(f"coordinator {api_url}, origin {origin_url}, trainer {network.account.address} ({mode})")
-
-        def on_step(record: dict[str, object]) -> None:
-            if json_output:
+                follow_training(control.share_config(None), control)  # serves nothing, prints nothing
                 return
-            evaluated = record.get("eval_pass_rate")
-            console.print(
-                f"step {record['step']:>4}  reward {record['reward_mean']:.3f}  pass {record['pass_rate']:6.1%}"
-                f"  loss {record['loss'] if record['loss'] is None else format(record['loss'], '+.4f')}"
-                f"  files {record['files']:>3}  idle {record['idle_seconds']:5.1f} s"
-                f"  train {record['train_seconds']:5.1f} s"
-                + (f"  eval {evaluated:6.1%}" if isinstance(evaluated, float) else "")
-            )
+            _run_rank0(config, loaded, flags, dev_key, control, json_output)
+        finally:
+            shutdown()
 
-        summary = asyncio.run(run_training(loaded, network, worker_keys=keys, on_step=on_step, on_ready=on_ready))
-        result = {
-            "run_dir": str(summary.run_dir),
-            "start_step": summary.start_step,
-            "final_step": summary.final_step,
-            "seconds": round(summary.seconds, 1),
-            "idle_seconds": round(summary.idle_seconds, 1),
-            "stale_files": summary.stale_files,
-            "metrics": str(summary.run_dir / "metrics.jsonl"),
-        }
+
+def _run_rank0(
+    config: Path,
+    loaded: RunConfig,
+    flags: dict[str, Any],
+    dev_key: int | None,
+    control: Control | None,
+    json_output: bool,
+) -> None:
+    """The trainer the pool sees: its keys, its pool, the coordinator and the origin; the only process on one."""
+    import asyncio
+
+    from trainer.config import load_run_config
+    from trainer.run import LocalWorkerKeys, local_network, network_from_pool, run_training
+
+    keys: LocalWorkerKeys | None = None
+    if loaded.local:
+        network, keys = local_network(loaded.run_dir, loaded.local_workers, _local_password(loaded))
+    else:  # the pool's terms fill what trainer.toml leaves out, and refuse what contradicts them
+        network = network_from_pool(loaded, dev_key)
+        loaded = load_run_config(config, terms=network.terms, **flags)
+    if control is not None:  # the pool's terms are read here alone: every rank trains with these settings
+        loaded = control.share_config(loaded)
+    console = stderr_console()
+
+    def on_ready(api_url: str, origin_url: str) -> None:
+        mode = f"local mode, {len(keys.paths)} workers" if keys is not None else f"pool {network.pool_id}"
+        console.print(f"coordinator {api_url}, origin {origin_url}, trainer {network.account.address} ({mode})")
+
+    def on_step(record: dict[str, object]) -> None:
         if json_output:
-            print_json(result)
             return
-        share = summary.idle_seconds / summary.seconds if summary.seconds else 0.0
-        stdout_console().print(
-            f"trained steps {summary.start_step} -> {summary.final_step} in {summary.seconds:.0f} s "
-            f"(idle {summary.idle_seconds:.0f} s = {share:.0%} waiting for data, {summary.stale_files} stale files); "
-            f"metrics in {result['metrics']}"
+        evaluated = record.get("eval_pass_rate")
+        console.print(
+            f"step {record['step']:>4}  reward {record['reward_mean']:.3f}  pass {record['pass_rate']:6.1%}"
+            f"  loss {record['loss'] if record['loss'] is None else format(record['loss'], '+.4f')}"
+            f"  files {record['files']:>3}  idle {record['idle_seconds']:5.1f} s"
+            f"  train {record['train_seconds']:5.1f} s"
+            + (f"  eval {evaluated:6.1%}" if isinstance(evaluated, float) else "")
         )
+
+    summary = asyncio.run(
+        run_training(loaded, network, worker_keys=keys, on_step=on_step, on_ready=on_ready, control=control)
+    )
+    result = {
+        "run_dir": str(summary.run_dir),
+        "start_step": summary.start_step,
+        "final_step": summary.final_step,
+        "seconds": round(summary.seconds, 1),
+        "idle_seconds": round(summary.idle_seconds, 1),
+        "stale_files": summary.stale_files,
+        "metrics": str(summary.run_dir / "metrics.jsonl"),
+    }
+    if json_output:
+        print_json(result)
+        return
+    share = summary.idle_seconds / summary.seconds if summary.seconds else 0.0
+    stdout_console().print(
+        f"trained steps {summary.start_step} -> {summary.final_step} in {summary.seconds:.0f} s "
+        f"(idle {summary.idle_seconds:.0f} s = {share:.0%} waiting for data, {summary.stale_files} stale files); "
+        f"metrics in {result['metrics']}"
+    )
 
 
 def _local_password(config: RunConfig) -> str:

@@ -95,6 +95,7 @@ class Selection:
     files: list[RolloutFile]
     rows: int
     stale: int  # files consumed without training in this selection
+    paths: list[Path] = field(default_factory=list)  # where `files` were read, in their order
 
 
 @dataclass
@@ -237,7 +238,16 @@ class TrainingLoop:
             taken.add(_assignment(candidate.file))
             chosen.append(candidate)
             rows += len(candidate.file.rows)
-        return Selection([c.file for c in chosen], rows, stale)
+        return Selection([c.file for c in chosen], rows, stale, [c.path for c in chosen])
+
+    def read(self, path: Path, work_key: bytes) -> RolloutFile:
+        """The file at `path`, read as `select` reads it, which must be the upload `work_key` (another rank chose it,
+        `trainer.ranks`): a file that cannot be read, or holds other bytes, is a `TrainerError`."""
+        candidate = self._candidate(path)
+        if candidate is None or candidate.file.work_key != work_key:
+            chosen = f"0x{work_key.hex()}"
+            raise TrainerError(f"{path} is not the upload {chosen} rank 0 chose: do the ranks share its folder?")
+        return candidate.file
 
     def forget(self, files: Iterable[RolloutFile]) -> None:
         keys = {f.work_key for f in files}

@@ -14,7 +14,6 @@ the weights and the training state is collective, so every rank takes part in ea
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,14 +22,14 @@ from typing import Any
 
 import torch
 
-from node.model.loading import LoadedModel, load_model
 from node.tasks.sources import open_source
 from node.tasks.spec import load_task_spec
 from node.terms import step_window
 from trainer.errors import TrainerError
-from trainer.learner import Learner, LearnerConfig, World
-from trainer.loop import RunPaths, TrainingLoop
+from trainer.learner import LearnerConfig, World
+from trainer.loop import RunPaths
 from trainer.precision import DEVICES, DTYPES, check_choice, resolve_precision
+from trainer.sharded import open_loop
 
 log = logging.getLogger(__name__)
 
@@ -76,50 +75,6 @@ class ReplaySummary:
     run_dir: Path
 
 
-@dataclass(frozen=True)
-class ReaderPaths(RunPaths):
-    """The run folder as a rank other than 0 sees it: states to resume from, but its log lines go nowhere."""
-
-    @property
-    def metrics(self) -> Path:
-        return Path(os.devnull)
-
-    @property
-    def trained(self) -> Path:
-        return Path(os.devnull)
-
-
-class ShardedLoop(TrainingLoop):
-    """A `TrainingLoop` that every rank runs over one FSDP2-sharded learner; rank 0 alone writes files.
-
-    On rank 0 `loaded` holds a plain, unsharded copy of the model, brought up to date from the gathered weights
-    before each checkpoint; the other ranks never save it. Held-out evaluation is not supported (it would sample
-    from the copy on rank 0 alone), so `eval_every` stays 0.
-    """
-
-    def __init__(self, *args: Any, world: World, **kwargs: Any) -> None:
-        if kwargs.get("eval_every"):
-            raise ValueError("a sharded loop does not evaluate: leave eval_every at 0")
-        super().__init__(*args, **kwargs)
-        self.world = world
-
-    def save_checkpoint(self) -> Path:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only
-        full = get_model_state_dict(self.learner.model, options=options)  # collective: every rank gathers
-        if self.world.rank != 0:
-            return self.paths.checkpoint(self.learner.step)
-        self.loaded.model.load_state_dict(full)
-        return super().save_checkpoint()
-
-    def save_state(self) -> Path:
-        if self.world.rank == 0:
-            return super().save_state()
-        self.learner.state_dict()  # collective: takes part in the gathering rank 0 does inside save_state
-        return self.paths.state / f"step_{self.learner.step}.pt"
-
-
 def replay(
     config: ReplayConfig, world: World, *, on_step: Callable[[dict[str, Any]], None] | None = None
 ) -> ReplaySummary:
@@ -136,24 +91,11 @@ def replay(
     source = open_source(spec)
     precision = resolve_precision(config.device, config.dtype)  # after init_distributed: cuda is the rank's GPU
     log.info("rank %d: %s", world.rank, precision.describe())
-    loaded = load_model(config.model, device=precision.device)  # float32 weights, moved once
     learner_config = replace(config.learner, temperature=spec.sampling.temperature or 1.0, seed=config.seed)
-    pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
-    paths = RunPaths(config.run_dir)
     settings: dict[str, Any] = {"rollouts_per_step": config.rollouts_per_step, "max_files_per_step": ALL_FILES}
-    loop: TrainingLoop
-    if world.size == 1:
-        learner = Learner(loaded.model, learner_config, pad_id=pad_id, precision=precision)
-        loop = TrainingLoop(learner, loaded, spec, source, paths, **settings)
-    else:
-        from trainer.distributed import shard_model
-
-        shard_model(loaded.model)
-        learner = Learner(loaded.model, learner_config, pad_id=pad_id, precision=precision)  # after sharding
-        # rank 0's plain copy for checkpoints stays on the CPU in float32: the gathered weights land there
-        writer: LoadedModel = load_model(config.model) if world.rank == 0 else loaded
-        own_paths = paths if world.rank == 0 else ReaderPaths(config.run_dir)
-        loop = ShardedLoop(learner, writer, spec, source, own_paths, world=world, **settings)
+    paths = RunPaths(config.run_dir)
+    loop = open_loop(config.model, learner_config, precision, spec, source, paths, world, **settings)
+    learner = loop.learner
     loop.resume()
     start_step = learner.step
     last: dict[str, Any] | None = None

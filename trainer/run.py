@@ -32,20 +32,21 @@ from eth_account.signers.local import LocalAccount
 
 from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
 from node.coordinator import PublishedStep
-from node.model.loading import load_model
 from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
 from trainer.api import CoordinatorApi
-from trainer.config import RunConfig
+from trainer.config import RunConfig, TrainerConfigError
 from trainer.coordinator import STEP_HISTORY, CoordinatorService, PoolState
 from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
-from trainer.learner import Learner
+from trainer.learner import World
 from trainer.loop import RunPaths, TrainingLoop
 from trainer.precision import resolve_precision
+from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
 from trainer.roles import Roles, StaticRoles
+from trainer.sharded import open_loop
 from trainer.verdicts import VerdictStore
 
 if TYPE_CHECKING:
@@ -337,40 +338,43 @@ async def run_training(
     worker_keys: LocalWorkerKeys | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_ready: Callable[[str, str], None] | None = None,
+    control: Control | None = None,
 ) -> RunSummary:
-    """Serves and trains until policy step `config.steps` exists; returns what happened."""
+    """Serves and trains until policy step `config.steps` exists; returns what happened.
+
+    Under torchrun this is rank 0, and `control` its channel to the other ranks, which run `follow_training`
+    (`trainer.ranks`): rank 0 alone serves, spawns workers and chooses the files, every rank trains. There SIGTERM
+    and SIGINT stop the run after the step in progress; on one process they act as they always have.
+    """
+    stopping = asyncio.Event()
+    with contextlib.ExitStack() as signals:
+        if control is not None:  # the ranks must stop at one step boundary: the followers wait for rank 0's word
+            signals.enter_context(_stop_on_signals(stopping))
+        return await _serve_and_train(config, network, stopping, signals, worker_keys, on_step, on_ready, control)
+
+
+async def _serve_and_train(
+    config: RunConfig,
+    network: Network,
+    stopping: asyncio.Event,
+    signals: contextlib.ExitStack,
+    worker_keys: LocalWorkerKeys | None,
+    on_step: Callable[[dict[str, Any]], None] | None,
+    on_ready: Callable[[str, str], None] | None,
+    control: Control | None,
+) -> RunSummary:
     from node.relay.origin import Origin
     from node.relay.server import ShardServer
     from node.relay.store import ShardStore
 
     paths = RunPaths(config.run_dir)
-    spec = load_task_spec(config.task)
-    source = open_source(spec)
-    precision = resolve_precision(config.device, config.dtype)
-    log.info("%s", precision.describe())
-    # float32 weights on the training device, moved once: checkpoints are written from them as float32 safetensors
-    loaded = await asyncio.to_thread(load_model, config.model, device=precision.device)
-    learner_config = replace(config.learner, temperature=spec.sampling.temperature or 1.0)
-    pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
-    learner = Learner(loaded.model, learner_config, pad_id=pad_id, precision=precision)
-    loop = TrainingLoop(
-        learner,
-        loaded,
-        spec,
-        source,
-        paths,
-        rollouts_per_step=config.rollouts_per_step,
-        max_files_per_step=config.max_files_per_step,
-        eval_every=config.eval_every,
-        eval_problems=config.eval_problems,
-        eval_task=_eval_task(config.eval_task),
-        max_file_bytes=config.api.max_upload_bytes,
-        order=config.order,
-    )
-    await asyncio.to_thread(loop.resume)
+    world = World() if control is None else control.world
+    loop = await asyncio.to_thread(live_loop, config, world)
+    learner, spec = loop.learner, loop.spec
+    await asyncio.to_thread(resume_loop, loop, control)
     start_step = learner.step
     if not paths.checkpoint(learner.step).is_dir():
-        await asyncio.to_thread(loop.save_checkpoint)
+        await asyncio.to_thread(save_checkpoint, loop, control)
 
     counters_file = config.run_dir / "counters.json"
     if counters_file.exists():  # handed out after the last saved state: never hand them out again
@@ -459,7 +463,7 @@ async def run_training(
             deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
             while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):
                 waited = time.monotonic()
-                while True:
+                while not stopping.is_set():
                     arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
                     # off the event loop: reading new files would hold up uploads
                     selection = await asyncio.to_thread(
@@ -469,10 +473,14 @@ async def run_training(
                         break
                     if workers is not None:
                         workers.check()
+                    if control is not None and control.heartbeat_due():
+                        await asyncio.to_thread(control.send, Decision("wait", learner.step))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(arrived.wait(), timeout=0.5)
+                if stopping.is_set():
+                    break
                 idle = time.monotonic() - waited
-                record = await asyncio.to_thread(loop.train, selection.files, idle_seconds=idle)
+                record = await asyncio.to_thread(train, loop, control, selection, idle)
                 manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
                 publish_step(state, learner.step, steps_file)
                 _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
@@ -482,9 +490,12 @@ async def run_training(
                 last.update(record)
                 if on_step is not None:
                     on_step(record)
-        if config.serve_after:
+        if control is not None:  # the other ranks are done: nothing they do needs the coordinator
+            await asyncio.to_thread(control.send, Decision("stop", learner.step))
+        if config.serve_after and not stopping.is_set():
             log.info("trained to step %d; serving the coordinator and origin until SIGTERM or SIGINT", learner.step)
-            await _until_stopped()
+            signals.enter_context(_stop_on_signals(stopping))
+            await stopping.wait()
     finally:
         if workers is not None:
             workers.stop()
@@ -517,25 +528,58 @@ def _eval_task(path: Path | None) -> tuple[TaskSpec, TaskSource] | None:
     return spec, open_source(spec)
 
 
-async def _until_stopped() -> None:
-    """Waits for SIGTERM or SIGINT. Validators may still fetch files and checkpoints for the challenge window
-    after training ends; a pool that stops its coordinator with its last step leaves them nothing to check."""
-    stop = asyncio.Event()
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` while the block runs, instead of ending the process. After the last step
+    (`serve_after`) it keeps the coordinator up: validators may still fetch files and checkpoints for the challenge
+    window, and a pool that stops its coordinator with its last step leaves them nothing to check."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+
+    def stop_now(sig: signal.Signals) -> None:
+        log.info("%s: stopping (after the step in progress, if one is)", sig.name)
+        stop.set()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop_now, sig)
     try:
-        await stop.wait()
+        yield
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+
+
+def live_loop(config: RunConfig, world: World) -> TrainingLoop:
+    """This rank's step loop of a live run: rank 0's, or under torchrun a follower's (`trainer.sharded`)."""
+    if world.size > 1 and config.eval_every:
+        raise TrainerConfigError(
+            "[eval] every needs one process: held-out evaluation samples from the whole model, which no rank holds"
+            " under torchrun; set it to 0 or run prime-train run without torchrun"
+        )
+    spec = load_task_spec(config.task)
+    precision = resolve_precision(config.device, config.dtype)  # after init_distributed: cuda is the rank's GPU
+    log.info("%s", precision.describe())
+    learner_config = replace(config.learner, temperature=spec.sampling.temperature or 1.0)
+    return open_loop(
+        config.model, learner_config, precision, spec, open_source(spec), RunPaths(config.run_dir), world,
+        rollouts_per_step=config.rollouts_per_step, max_files_per_step=config.max_files_per_step,
+        eval_every=config.eval_every, eval_problems=config.eval_problems, eval_task=_eval_task(config.eval_task),
+        max_file_bytes=config.api.max_upload_bytes, order=config.order,
+    )  # fmt: skip
+
+
+def follow_training(config: RunConfig, control: Control) -> int:
+    """A rank other than 0 of a live run under torchrun: it serves nothing and chooses nothing, and trains what
+    rank 0 (`run_training`) decides until rank 0 stops; returns the steps it trained."""
+    loop = live_loop(config, control.world)
+    resume_loop(loop, control)
+    with torch_threads(config.train_threads):
+        return follow(loop, control)
 
 
 def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
     """Network mode: the pool's ComputePool decides membership; validators' attestations decide acceptance."""
     from ledger.signers import open_ledger
     from node.pool_spec import read_terms
-    from trainer.config import TrainerConfigError
     from trainer.roles import LedgerRoles
 
     pool = config.pool
