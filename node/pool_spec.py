@@ -9,6 +9,7 @@ ComputePool holds the trainer's address, the model hash and the economics; the s
     max_file_bytes = 67108864                         # larger files are refused unread (reason 2)
     prompts_per_task = 8                              # the group shape of an assignment: prompts ...
     group_size = 8                                    # ... and samples per prompt
+    replication = 1                                   # validators that check each work key (validator.sharing)
     bootstrap = []                                    # libp2p multiaddrs of bootstrap peers
 
 The keys after `task` are optional (the defaults are `node.terms`'s). Every role reads the spec's terms whenever
@@ -42,8 +43,10 @@ from node.terms import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_PROMPTS_PER_TASK,
+    DEFAULT_REPLICATION,
     MAX_ASYNC_LEVEL,
     MAX_FILE_BYTES,
+    MAX_REPLICATION,
     PoolTerms,
     TermsMismatch,
 )
@@ -72,6 +75,7 @@ class PoolSpec:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     prompts_per_task: int = DEFAULT_PROMPTS_PER_TASK
     group_size: int = DEFAULT_GROUP_SIZE
+    replication: int = DEFAULT_REPLICATION
 
     def task(self) -> TaskSpec:
         try:
@@ -147,6 +151,7 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
         max_file_bytes = fields.integer("max_file_bytes", DEFAULT_MAX_FILE_BYTES, minimum=1024, maximum=MAX_FILE_BYTES)
         prompts = fields.integer("prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096)
         group_size = fields.integer("group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024)
+        replication = fields.integer("replication", DEFAULT_REPLICATION, minimum=1, maximum=MAX_REPLICATION)
         bootstrap_raw = fields.raw("bootstrap", [])
         if not isinstance(bootstrap_raw, list) or not all(isinstance(b, str) and b for b in bootstrap_raw):
             raise PoolSpecError(f"pool spec {uri}: bootstrap: must be a list of multiaddr strings")
@@ -158,8 +163,9 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
     else:
         task_path = (path.parent / task).resolve()
     spec = PoolSpec(
-        uri, coordinator, checkpoints, task_path, async_level, tuple(bootstrap_raw), max_file_bytes, prompts, group_size
-    )
+        uri, coordinator, checkpoints, task_path, async_level, tuple(bootstrap_raw), max_file_bytes, prompts,
+        group_size, replication,
+    )  # fmt: skip
     loaded = spec.task()
     if (remote or _http_url(task)) and _names_local_files(loaded):
         raise PoolSpecError(f"pool spec {uri}: its task {task} names local files a node cannot fetch")
@@ -206,6 +212,7 @@ def pool_terms(info: PoolInfo, spec: PoolSpec | None) -> PoolTerms:
         max_file_bytes=spec.max_file_bytes,
         prompts_per_task=spec.prompts_per_task,
         group_size=spec.group_size,
+        replication=spec.replication,
         task_path=spec.task_path,
         task_hash=spec_hash(spec.task()),
     )

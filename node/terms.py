@@ -10,7 +10,8 @@ pure functions that every role calls instead of restating:
 - `DEFAULT_MAX_FILE_BYTES`: the file-size limit a pool has when its spec says nothing.
 
 The terms come from two places, both fixed by the pool: its ComputePool record on chain (trainer, challenge window,
-units cap) and the pool spec its `specURI` names (async level, file-size limit, group shape, task). A pool without
+units cap) and the pool spec its `specURI` names (async level, file-size limit, group shape, task, and how many
+validators check each key). A pool without
 a spec URI has the defaults below, and its nodes are told where its parts are by flags; a spec URI that cannot be
 read is an error, never a reason to fall back on the defaults.
 """
@@ -29,6 +30,8 @@ DEFAULT_MAX_FILE_BYTES = 64 << 20  # larger uploads are refused unread (reason 2
 MAX_FILE_BYTES = 1 << 30  # no pool accepts more than this per upload
 DEFAULT_PROMPTS_PER_TASK = 8  # prompts of one assignment
 DEFAULT_GROUP_SIZE = 8  # samples per prompt
+DEFAULT_REPLICATION = 1  # validators that check each work key (validator.sharing splits the pool's keys among them)
+MAX_REPLICATION = 16
 
 
 class TermsMismatch(NodeError):
@@ -95,6 +98,7 @@ class PoolTerms:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     prompts_per_task: int = DEFAULT_PROMPTS_PER_TASK
     group_size: int = DEFAULT_GROUP_SIZE
+    replication: int = DEFAULT_REPLICATION  # validators that check each work key; only the first may slash at once
     task_path: Path | None = None  # the spec's task (its cached copy when remote); None without a spec
     task_hash: bytes | None = None  # that task spec's canonical hash, which assignments sign
 
@@ -103,6 +107,8 @@ class PoolTerms:
             raise ValueError(f"async_level must be in [0, {MAX_ASYNC_LEVEL}], got {self.async_level}")
         if not 1 <= self.max_file_bytes <= MAX_FILE_BYTES:
             raise ValueError(f"max_file_bytes must be in [1, {MAX_FILE_BYTES}], got {self.max_file_bytes}")
+        if not 1 <= self.replication <= MAX_REPLICATION:
+            raise ValueError(f"replication must be in [1, {MAX_REPLICATION}], got {self.replication}")
 
     @property
     def source(self) -> str:

@@ -5,9 +5,10 @@ After the origin publishes a version, `announce` publishes `Checkpoint(poolId, s
 same signature, as the manifest's `X-Shardcast-Signature` (node/relay/trust.py). Workers that hear it prefetch
 the step before the coordinator hands it out.
 
-The host also subscribes to the pool's relay and attestation topics. It does nothing with those messages beyond
-a debug line, but gossipsub forwards only the topics a host subscribes to, so a pool whose only bootstrap peer is
-the trainer would otherwise never carry a relay advert or an attestation from one node to another.
+The host also subscribes to the pool's relay, attestation and validator topics. It does nothing with those messages
+beyond a debug line, but gossipsub forwards only the topics a host subscribes to, so a pool whose only bootstrap
+peer is the trainer would otherwise never carry a relay advert, an attestation or a validator's heartbeat from one
+node to another.
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ import logging
 from eth_account.signers.local import LocalAccount
 
 from node.metrics import Registry
-from node.p2p import P2PConfig, P2PError, P2PNode, Subscription, attestations_topic, checkpoints_topic, relays_topic
+from node.p2p import (
+    P2PConfig,
+    P2PError,
+    P2PNode,
+    Subscription,
+    attestations_topic,
+    checkpoints_topic,
+    relays_topic,
+    validators_topic,
+)
 from node.relay.manifest import Manifest
 from node.relay.trust import checkpoint_message
 from node.signing import SigningDomain
@@ -52,7 +62,7 @@ class TrainerGossip:
 
     async def start(self) -> None:
         await self.node.start()
-        for topic in (relays_topic(self.pool_id), attestations_topic(self.pool_id)):
+        for topic in (relays_topic(self.pool_id), attestations_topic(self.pool_id), validators_topic(self.pool_id)):
             self._drains.append(asyncio.create_task(_drain(await self.node.subscribe(topic))))
 
     async def stop(self) -> None:

@@ -269,7 +269,16 @@ def run_command(
     thresholds: ThresholdsOption = None,
     p2p_port: Annotated[
         int | None,
-        typer.Option("--p2p-port", metavar="P", help="Also gossip attestations (0: any port)."),
+        typer.Option(
+            "--p2p-port", metavar="P", help="Gossip attestations and heartbeats (0: any port); sharing needs it."
+        ),
+    ] = None,
+    takeover: Annotated[
+        float | None,
+        typer.Option("--takeover", metavar="SECONDS", help="Take over a silent validator's share after this."),
+    ] = None,
+    heartbeat: Annotated[
+        float | None, typer.Option("--heartbeat", metavar="SECONDS", help="Between this validator's heartbeats.")
     ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", metavar="N", help="torch threads for recomputation (0: default).")
@@ -305,6 +314,8 @@ def run_command(
                 "dtype": dtype,
                 "thresholds": thresholds,
                 "p2p_port": p2p_port,
+                "takeover_seconds": takeover,
+                "heartbeat_seconds": heartbeat,
                 "threads": threads,
             },
         )
@@ -365,6 +376,7 @@ def _pool_setup(ledger: Ledger, pool: int, settings: ValidatorSettings) -> tuple
         coordinator=found.coordinator,
         checkpoints=found.checkpoints,
         task=load_task_spec(found.task_path),
+        replication=terms.replication,
     )
     return setup, terms, found.bootstrap
 

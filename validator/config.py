@@ -82,6 +82,12 @@ class ValidatorConfig:
     # Seconds the trainer's clock and block timestamps may disagree, either way, when mapping a submission to the
     # pool's step (GET /v1/steps), in [0, 3600]: a file is judged by every step current within that much.
     clock_slack: float = 60.0
+    # Validators that share a pool (validator.sharing): a validator not heard of for takeover_seconds, in [1, 3600],
+    # is taken for gone and its keys pass to the next of each key's ranking; each sends a heartbeat every
+    # heartbeat_seconds, in (0, 600]; the daemon wants it at most half of takeover_seconds, so a lost heartbeat never
+    # looks like a stop.
+    takeover_seconds: float = 60.0
+    heartbeat_seconds: float = 5.0
 
     # The precision this validator recomputes in: the pool's (its task's sampling.dtype), one of PRECISIONS; the
     # three tolerances above are calibrated for it (`for_precision`). A task of another precision is refused.
@@ -131,6 +137,10 @@ class ValidatorConfig:
             raise ValidatorConfigError("checkpoints_kept", self.checkpoints_kept, "an integer in [1, 64]")
         if not (_is_number(self.clock_slack) and 0 <= self.clock_slack <= 3600):
             raise ValidatorConfigError("clock_slack", self.clock_slack, "a number in [0, 3600]")
+        if not (_is_number(self.takeover_seconds) and 1 <= self.takeover_seconds <= 3600):
+            raise ValidatorConfigError("takeover_seconds", self.takeover_seconds, "a number in [1, 3600]")
+        if not (_is_number(self.heartbeat_seconds) and 0 < self.heartbeat_seconds <= 600):
+            raise ValidatorConfigError("heartbeat_seconds", self.heartbeat_seconds, "a number in (0, 600]")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,11 @@ One loop, one submission at a time (DESIGN section 1, step 5):
    and ejecting the node). A borderline rejection (not clear on the second route of `validator.recompute`) is
    attested, so nobody trains on it, and never sent on chain.
 
+Validators that share a pool (validator.sharing) each follow every submission and check their share of the keys:
+their heartbeats and attestations travel on gossip, the chain's `ValidatorSet` says who they are, and a validator
+silent for `takeover_seconds` has its share taken over. Before a taken-over key is verified, the coordinator is
+asked whether enough validators judged it already.
+
 Every transition is committed before the next side effect, so a restart resumes where the last run stopped. SIGTERM
 or SIGINT drops a verification in progress (its row stays `seen`) and lets a chain call in flight finish.
 """
@@ -39,9 +44,10 @@ from aiohttp import web
 
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
-from ledger.events import EventFollower, WorkSubmitted, default_confirmations
+from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted, default_confirmations
 from ledger.tx import with_retries
 from ledger.types import Reason, WorkStatus
+from ledger.validators import ValidatorSet
 from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
 from node.metrics import Registry, serve_metrics
 from node.model.loading import LoadedModel
@@ -58,8 +64,10 @@ from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
 from validator.errors import CheckpointGone, NotAValidator, ValidatorError
 from validator.evidence import Evidence
+from validator.sharing import Peers
 from validator.store import (
     ATTESTED,
+    COVERED,
     GONE,
     INVALIDATED,
     SEEN,
@@ -75,12 +83,15 @@ from validator.verdict import Verdict, reject
 from validator.verify import Expected, verify_file
 
 if TYPE_CHECKING:
-    from validator.gossip import AttestationGossip
+    from node.p2p import ValidatorHeartbeat
+    from node.signing import Attestation as SignedAttestation
+    from validator.gossip import ValidatorGossip
 
 log = logging.getLogger("validator.daemon")
 
 DOWNLOAD = "download"  # `Verdict.check` of a file that could not be downloaded
 EVIDENCE_SLACK_SECONDS = 24 * 3600  # evidence outlives its window by this much: block times and clocks drift
+VALIDATOR_SET_SECONDS = 10.0  # between reads of the chain's validator set
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,7 @@ class PoolSetup:
     coordinator: str
     checkpoints: tuple[str, ...]  # SHARDCAST sources: the origin and relays
     task: TaskSpec
+    replication: int = 1  # validators that check each key (the pool's term, node.terms.PoolTerms.replication)
 
 
 class ValidatorDaemon:
@@ -116,6 +128,11 @@ class ValidatorDaemon:
                 f"the pool's task generates in {setup.task.sampling.dtype} (sampling.dtype) and this validator would "
                 f"recompute in {config.dtype}: pass --dtype {setup.task.sampling.dtype}, or leave --dtype out"
             )
+        if config.heartbeat_seconds > config.takeover_seconds / 2:  # one lost heartbeat would look like a stop
+            raise ValidatorError(
+                f"a heartbeat every {config.heartbeat_seconds:g} s is too rare for a takeover after "
+                f"{config.takeover_seconds:g} s of silence: give --heartbeat at most half of --takeover"
+            )
         self.ledger, self.setup, self.config, self.state_dir = ledger, setup, config, state_dir
         self.account = ledger.account
         if not ledger.is_validator(setup.pool_id, self.account.address):  # before the state folder is bound to it
@@ -123,7 +140,7 @@ class ValidatorDaemon:
         self.metrics_host, self.metrics_port = metrics_host, metrics_port
         self.dashboard_host, self.dashboard_port = dashboard_host, dashboard_port  # None: no dashboard; 0: any port
         self.p2p_port, self.bootstrap = p2p_port, bootstrap  # None: no gossip; 0: any free port
-        self.gossip: AttestationGossip | None = None
+        self.gossip: ValidatorGossip | None = None
         deployment = ledger.deployment
         self.domain = SigningDomain(deployment.chain_id, deployment.address("ComputePool"))
         self.store = ValidatorStore.open(
@@ -148,6 +165,10 @@ class ValidatorDaemon:
         )
         self.source = open_source(setup.task)
         self.evidence = Evidence(state_dir)
+        self.validator_set = ValidatorSet(ledger, setup.pool_id)
+        self.peers = Peers(self.account.address, config.takeover_seconds, started=time.time())
+        self._live = self.peers.live(time.time())
+        self._set_read_at = -VALIDATOR_SET_SECONDS
         self._window: int | None = None  # the pool's challenge window (seconds), read from the chain at start
         self.stopping = asyncio.Event()
         self.metrics_url: str | None = None
@@ -162,7 +183,7 @@ class ValidatorDaemon:
             pool_id=self.setup.pool_id,
             start_block=self.store.cursor(self.ledger.deployment.block),
             hashes=self.store.block_hashes(),
-            events=("WorkSubmitted",),
+            events=("WorkSubmitted", "WorkInvalidated"),  # another validator's invalidation covers a key
             confirmations=self.confirmations,
         )
 
@@ -192,6 +213,22 @@ class ValidatorDaemon:
             "validator_files_gone_total", "Submissions a reorganisation removed from the chain before they were judged."
         )
         m.gauge("validator_open_files", "Submissions not finished yet.", lambda: self.store.open_count())
+        m.gauge(
+            "validator_share_waiting_files",
+            "Submissions of other validators' shares whose verdicts have not been heard yet.",
+            lambda: self.store.theirs_count(),
+        )
+        m.gauge("validator_live_validators", "Validators of the pool heard from recently, this one included.",
+                lambda: len(self.peers.live(time.time())))  # fmt: skip
+        self._covered = m.counter(
+            "validator_files_covered_total", "Submissions another validator judged or invalidated: not verified here."
+        )
+        self._taken_over = m.counter(
+            "validator_files_taken_over_total", "Submissions of a silent validator's share this one took over."
+        )
+        self._expired = m.counter(
+            "validator_files_expired_total", "Submissions of other validators' shares whose window closed unheard."
+        )
 
     # --- the loop -----------------------------------------------------------------------------------
 
@@ -220,15 +257,24 @@ class ValidatorDaemon:
             pruned = await asyncio.to_thread(self.evidence.prune, time.time())
             if pruned:
                 log.info("pruned the evidence of %d rejections whose challenge windows closed", len(pruned))
+            await self._read_validator_set()
             if self.p2p_port is not None:
-                from validator.gossip import AttestationGossip  # libp2p takes a second or two to import
+                from validator.gossip import ValidatorGossip, heartbeat_now  # libp2p takes a second or two to import
 
-                gossip = AttestationGossip(
+                gossip = ValidatorGossip(
                     self.account, self.domain, pool_id, port=self.p2p_port, bootstrap=self.bootstrap,
-                    registry=self.metrics,
+                    registry=self.metrics, heartbeat_seconds=self.config.heartbeat_seconds,
+                    heartbeat=lambda: heartbeat_now(pool_id, self.follower.next_block, self.store.open_count()),
+                    on_heartbeat=self._heard_heartbeat, on_attestation=self._heard_attestation,
                 )  # fmt: skip
                 await gossip.start()
                 self.gossip = gossip
+            elif len(self.peers.validators) > 1:
+                log.warning(
+                    "%d validators share pool %d, but this one has no --p2p-port: it cannot hear them, and checks "
+                    "every file once %g s have passed without a heartbeat", len(self.peers.validators), pool_id,
+                    self.config.takeover_seconds,
+                )  # fmt: skip
             async with CoordinatorClient.connect(  # a session of its own: every call timed and bounded
                 self.setup.coordinator, self.account, self.domain, pool_id=self.setup.pool_id
             ) as client:
@@ -287,10 +333,14 @@ class ValidatorDaemon:
         def block_timestamp(block: int) -> int:
             return int(with_retries(lambda: w3.eth.get_block(block)["timestamp"], what="read a block", url=url))
 
+        invalidations: list[WorkInvalidated] = []
+
         def read() -> list[Submission]:
             stamps: dict[int, int] = {}
             found = []
             for event in follower.poll():
+                if isinstance(event, WorkInvalidated) and event.pool_id == self.setup.pool_id:
+                    invalidations.append(event)
                 if not isinstance(event, WorkSubmitted) or event.pool_id != self.setup.pool_id:
                     continue
                 block = event.at.block_number
@@ -311,10 +361,89 @@ class ValidatorDaemon:
             return
         if follower.rewound_to is not None:
             self._reorgs.inc()
-        added = store.record(submissions, follower.next_block, follower.hashes)
+        now, replication = time.time(), self.setup.replication
+        added = store.record(
+            submissions, follower.next_block, follower.hashes, mine=lambda key: self.peers.mine(key, replication, now)
+        )
         if added:
             self._seen.inc(added)
             log.info("%d new submissions (cursor at block %d)", added, follower.next_block)
+            self._covered.inc(store.cover([s.work_key for s in submissions], replication))  # heard before recorded
+        for event in invalidations:
+            if event.validator != self.account.address and store.invalidated_elsewhere(
+                event.work_key, event.node, event.validator
+            ):
+                self._covered.inc()
+                log.info("%s from %s: invalidated by validator %s; not verifying it here",
+                         _short(event.work_key), event.node, event.validator)  # fmt: skip
+        await self._share()
+
+    # --- sharing the pool (validator.sharing) -------------------------------------------------------
+
+    async def _read_validator_set(self) -> None:
+        """The chain's validator set, read every VALIDATOR_SET_SECONDS; a failed read keeps the last one."""
+        if time.monotonic() - self._set_read_at < VALIDATOR_SET_SECONDS:
+            return
+        self._set_read_at = time.monotonic()
+        try:
+            validators = await asyncio.to_thread(self.validator_set.read)
+        except LedgerError as exc:
+            log.warning("reading the pool's validator set failed, keeping the last one: %s", exc)
+            return
+        if validators | {self.account.address} != self.peers.validators:
+            self.peers.set_validators(validators)
+            log.info("the pool's validators: %s", ", ".join(sorted(self.peers.validators)))
+
+    async def _share(self) -> None:
+        """Takes over the share of validators gone silent, and retires other shares' rows whose window closed."""
+        await self._read_validator_set()
+        now, replication = time.time(), self.setup.replication
+        live = self.peers.live(now)
+        if live != self._live:
+            gone, back = sorted(self._live - live), sorted(live - self._live)
+            self._live = live
+            taken = self.store.reassign(lambda key: self.peers.mine(key, replication, now)) if gone else 0
+            self._taken_over.inc(taken)
+            for validator in gone:
+                log.warning("validator %s silent for %g s: taking over its share (%d files)", validator,
+                            self.config.takeover_seconds, taken)  # fmt: skip
+            for validator in back:
+                log.info("validator %s is heard again: new files of its share are its own", validator)
+        if self._window is not None:
+            closed_before = int(now - self._window - self.config.clock_slack)
+            self._expired.inc(self.store.expire_theirs(closed_before))
+            self.store.forget_heard(closed_before)
+
+    def _heard_heartbeat(self, signer: str, heartbeat: ValidatorHeartbeat) -> None:
+        # the signed time counts, never the arrival: a heartbeat replayed later keeps no stopped validator alive
+        if not self.peers.hear(signer, min(float(heartbeat.timestamp), time.time())):
+            log.debug("a heartbeat from %s, who is not a validator of pool %d: ignored", signer, self.setup.pool_id)
+
+    def _heard_attestation(self, signer: str, attestation: SignedAttestation) -> None:
+        if signer == self.account.address or signer not in self.peers.validators:
+            return
+        covered = self.store.hear(attestation.work_key, signer, attestation.accepted, self.setup.replication)
+        self._covered.inc(covered)
+
+    async def _judged_elsewhere(self, row: WorkRow) -> bool:
+        """Whether `replication` other validators of the pool accepted `row`'s file at the coordinator already (a
+        taken-over key its validator judged before it stopped, or a gossip message this one missed); such a row
+        becomes `covered`. A rejection by another is no reason to skip: slashing takes this validator's own
+        evidence."""
+        try:
+            verdicts = await self.client.attestations(row.work_key, self.setup.pool_id)
+        except CoordinatorError:
+            return False  # the download that follows fails too, and is retried
+        others = {v.validator for v in verdicts if v.validator in self.peers.validators}
+        others.discard(self.account.address)
+        accepted = {v.validator for v in verdicts if v.accepted and v.validator in others}
+        if len(accepted) < self.setup.replication or any(not v.accepted for v in verdicts if v.validator in others):
+            return False
+        self.store.move(row, COVERED, note="accepted by " + ", ".join(sorted(accepted)))
+        self._covered.inc()
+        log.info("%s from %s: already accepted by %s; not verifying it again", _short(row.work_key), row.node,
+                 ", ".join(sorted(accepted)))  # fmt: skip
+        return True
 
     async def _advance(self, row: WorkRow) -> None:
         """Moves one submission one stage on (or schedules a retry)."""
@@ -344,6 +473,8 @@ class ValidatorDaemon:
             self.store.move(row, UNVERIFIABLE, note=GONE)
             self._gone.inc()
             log.warning("%s from %s: %s; judged if it is submitted again", short, row.node, GONE)
+            return
+        if len(self.peers.validators) > 1 and await self._judged_elsewhere(row):
             return
         try:
             data = await self.client.download(key, self.config.max_file_bytes)
@@ -513,6 +644,8 @@ class ValidatorDaemon:
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
         assert row.reason is not None  # only rejections, which always carry a reason, reach this stage
         reason = Reason(row.reason)
+        if row.slash_after is None and self._wait_for_primary(row):
+            return
         try:
             if await self._settled_on_chain(row):
                 return
@@ -533,6 +666,24 @@ class ValidatorDaemon:
         self._invalidations.inc()
         log.info("%s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short, reason.name.lower(),
                  reason, tx, row.node)  # fmt: skip
+
+    def _wait_for_primary(self, row: WorkRow) -> bool:
+        """A replica that is not the key's primary waits `rank x takeover_seconds` (at most half the window left)
+        before it reads the chain and invalidates: the primary's transaction lands first, and a second
+        invalidateWork is never sent. Returns whether the row now waits."""
+        if len(self.peers.validators) == 1:
+            return False
+        now, replication = time.time(), self.setup.replication
+        delay = self.peers.slash_delay(row.work_key, replication, now)
+        if delay is None:  # no longer one of the key's replicas (a validator came back): after all of them
+            delay = replication * self.config.takeover_seconds
+        if self._window is not None:
+            delay = min(delay, max(0.0, (challenge_closes_at(row.submitted_at, self._window) - now) / 2))
+        self.store.slash_at(row, now + delay)
+        if delay > 0:
+            log.info("%s: rejected; waiting %.0f s for the key's primary validator to invalidate it first",
+                     _short(row.work_key), delay)  # fmt: skip
+        return delay > 0
 
     async def _settled_on_chain(self, row: WorkRow) -> bool:
         """Records and returns True when nothing is left to send: already invalidated, gone, or its window closed."""

@@ -44,6 +44,8 @@ class ValidatorSettings(DaemonSettings):
         "max_rechecked_rows",
         "checkpoints_kept",
         "clock_slack",
+        "takeover_seconds",
+        "heartbeat_seconds",
     )
 
     state: Path | None = state_setting(  # noqa: RUF009
@@ -110,7 +112,11 @@ class ValidatorSettings(DaemonSettings):
         maximum=MAX_PORT,
     )
     p2p_port: int | None = setting(
-        "gossip attestations on this port (0: any)", default=None, flag="--p2p-port", minimum=0, maximum=MAX_PORT
+        "gossip attestations and heartbeats on this port (0: any); validators sharing a pool need it",
+        default=None,
+        flag="--p2p-port",
+        minimum=0,
+        maximum=MAX_PORT,
     )
     threads: int = setting(
         "torch threads for recomputation (0: torch's default)", default=0, flag="--threads", minimum=0, maximum=1024
@@ -143,6 +149,23 @@ class ValidatorSettings(DaemonSettings):
         default=_DEFAULTS.clock_slack,
         minimum=0,
         maximum=3600,
+    )
+
+    takeover_seconds: float = setting(
+        "seconds without a heartbeat before another validator's share is taken over",
+        default=_DEFAULTS.takeover_seconds,
+        key="takeover",
+        flag="--takeover",
+        minimum=1,
+        maximum=3600,
+    )
+    heartbeat_seconds: float = setting(
+        "seconds between this validator's heartbeats (at most half of takeover)",
+        default=_DEFAULTS.heartbeat_seconds,
+        key="heartbeat",
+        flag="--heartbeat",
+        above=0,
+        maximum=600,
     )
 
     def config_fields(self) -> dict[str, Any]:

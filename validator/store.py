@@ -8,7 +8,14 @@ A submission moves through these stages; each transition is committed before the
     seen --verify--> verified --attest--> attested --invalidateWork--> invalidated
        |                                      (an accept, or a reject whose window closed, ends at attested)
        |--(not downloadable within the grace period)--> unavailable --attest--> attested --> invalidated
-       `--(the checkpoint of its step is gone)--> unverifiable (final: not the worker's fault, never slashed)
+       |--(the checkpoint of its step is gone)--> unverifiable (final: not the worker's fault, never slashed)
+       |--(another validator judged it, or it was invalidated on chain)--> covered (final, validator.sharing)
+       `--(another validator's share, its window closed with no verdict heard)--> expired (final, never slashed)
+
+Validators that share a pool record every submission, but a row is `mine` only when this validator is one of its
+key's replicas (validator.sharing); the others wait as `seen`, not mine, until an attestation heard from another
+validator covers them, the chain invalidates them, their window closes, or their validator goes silent and
+`reassign` makes them mine.
 
 `seen` rows are written together with the cursor that moves past their block, in one transaction, so a crash
 never skips a submission. A crash during verification leaves the row `seen` and a restart verifies it again; a
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,8 +38,8 @@ from validator.errors import ValidatorStateError
 from validator.verdict import Verdict
 
 SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalidated"
-UNVERIFIABLE, UNAVAILABLE = "unverifiable", "unavailable"
-STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE)
+UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED = "unverifiable", "unavailable", "covered", "expired"
+STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED)
 DB_NAME = "validator.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -54,12 +61,22 @@ CREATE TABLE IF NOT EXISTS work (
     last_error TEXT,                 -- the last transient failure (the row is tried again)
     attempts INTEGER NOT NULL DEFAULT 0,
     borderline INTEGER NOT NULL DEFAULT 0,  -- a rejection not clear enough to slash: attested, never invalidated
+    mine INTEGER NOT NULL DEFAULT 1, -- this validator checks it (validator.sharing); 0: another validator's share
+    slash_after REAL,                -- a replica's rejection: unix time from which it may send invalidateWork
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
     next_try REAL NOT NULL,          -- unix time before which the row is left alone
     updated REAL NOT NULL,
     PRIMARY KEY (pool_id, node, work_key)
 );
 CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
+CREATE INDEX IF NOT EXISTS work_key ON work (work_key);
+CREATE TABLE IF NOT EXISTS heard (  -- other validators' attestations heard on gossip (validator.sharing)
+    work_key TEXT NOT NULL,
+    validator TEXT NOT NULL,
+    accepted INTEGER NOT NULL,
+    heard_at REAL NOT NULL,
+    PRIMARY KEY (work_key, validator)
+);
 CREATE TABLE IF NOT EXISTS block_hashes (  -- the last blocks the event cursor passed: how a reorganisation is found
     number INTEGER PRIMARY KEY,
     hash TEXT NOT NULL
@@ -78,8 +95,10 @@ _ROW = "WHERE pool_id = ? AND node = ? AND work_key = ?"
 GONE = "not on chain: a reorganisation removed the submission"
 # Rows with something left to do: a verdict to reach, an attestation to post, or a rejection to act on.
 _OPEN = (
-    f"(stage IN ('{SEEN}', '{VERIFIED}', '{UNAVAILABLE}') OR (stage = '{ATTESTED}' AND accepted = 0 AND note IS NULL))"
+    f"mine = 1 AND (stage IN ('{SEEN}', '{VERIFIED}', '{UNAVAILABLE}') "
+    f"OR (stage = '{ATTESTED}' AND accepted = 0 AND note IS NULL))"
 )
+_THEIRS = f"mine = 0 AND stage = '{SEEN}'"  # another validator's share, not judged as far as this one knows
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,8 @@ class WorkRow(Submission):
     borderline: bool
     first_seen: float
     next_try: float
+    mine: bool = True
+    slash_after: float | None = None
 
 
 _FIELDS = tuple(f.name for f in fields(WorkRow))
@@ -185,10 +206,15 @@ class ValidatorStore:
         return {int(n): bytes.fromhex(h) for n, h in self.db.execute("SELECT number, hash FROM block_hashes")}
 
     def record(
-        self, submissions: Sequence[Submission], next_block: int, hashes: Mapping[int, bytes] | None = None
+        self,
+        submissions: Sequence[Submission],
+        next_block: int,
+        hashes: Mapping[int, bytes] | None = None,
+        *,
+        mine: Callable[[bytes], bool] = lambda work_key: True,
     ) -> int:
         """Adds the submissions as `seen` and moves the cursor (with the follower's block hashes), atomically;
-        returns how many were new.
+        returns how many were new. `mine(work_key)` says whether a new one is this validator's to check.
 
         A submission read again at another place in the chain (a reorganisation moved it) takes its new block and
         timestamp. A verdict that may depend on that timestamp and has not gone on chain (a rejection not yet
@@ -199,7 +225,7 @@ class ValidatorStore:
             before = self.db.total_changes
             self.db.executemany(
                 "INSERT OR IGNORE INTO work (pool_id, work_key, node, units, block, log_index, submitted_at, stage, "
-                "first_seen, next_try, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "first_seen, next_try, updated, mine) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         s.pool_id,
@@ -213,6 +239,7 @@ class ValidatorStore:
                         now,
                         now,
                         now,
+                        int(mine(s.work_key)),
                     )
                     for s in submissions
                 ],
@@ -266,6 +293,88 @@ class ValidatorStore:
 
     def open_count(self) -> int:
         return int(self.db.execute(f"SELECT COUNT(*) FROM work WHERE {_OPEN}").fetchone()[0])
+
+    def oldest_open(self) -> int | None:
+        """The submission time (chain) of the oldest open row: how far behind the backlog is."""
+        row = self.db.execute(f"SELECT MIN(submitted_at) FROM work WHERE {_OPEN}").fetchone()
+        return None if row[0] is None else int(row[0])
+
+    # --- sharing the pool (validator.sharing) ----------------------------------------------------------
+
+    def theirs_count(self) -> int:
+        return int(self.db.execute(f"SELECT COUNT(*) FROM work WHERE {_THEIRS}").fetchone()[0])
+
+    def reassign(self, mine: Callable[[bytes], bool]) -> int:
+        """Makes mine every row of another validator's share that `mine(work_key)` now gives to this one (its
+        validator went silent); returns how many. Rows already mine stay mine."""
+        now = time.time()
+        keys = [bytes.fromhex(k) for (k,) in self.db.execute(f"SELECT DISTINCT work_key FROM work WHERE {_THEIRS}")]
+        taken = [(now, now, k.hex()) for k in keys if mine(k)]
+        with self._transaction():
+            before = self.db.total_changes
+            self.db.executemany(
+                f"UPDATE work SET mine = 1, next_try = ?, updated = ? WHERE work_key = ? AND {_THEIRS}", taken
+            )
+            return self.db.total_changes - before
+
+    def hear(self, work_key: bytes, validator: str, accepted: bool, replication: int) -> int:
+        """Records another validator's attestation, and covers the rows it completes (`cover`); returns how many."""
+        self.db.execute(
+            "INSERT OR REPLACE INTO heard (work_key, validator, accepted, heard_at) VALUES (?, ?, ?, ?)",
+            (work_key.hex(), validator, int(accepted), time.time()),
+        )
+        return self.cover([work_key], replication)
+
+    def cover(self, work_keys: Sequence[bytes], replication: int) -> int:
+        """Rows of another validator's share among `work_keys` that `replication` other validators have accepted, and
+        none rejected, become `covered`; returns how many. A rejection covers nothing: its rejecter invalidates the
+        work, and if that one stops first, whoever takes the key over judges it itself."""
+        if not work_keys:
+            return 0
+        now, covered = time.time(), 0
+        with self._transaction():
+            for key in {k.hex() for k in work_keys}:
+                accepts, rejects = self.db.execute(
+                    "SELECT COALESCE(SUM(accepted), 0), COALESCE(SUM(1 - accepted), 0) FROM heard WHERE work_key = ?",
+                    (key,),
+                ).fetchone()
+                if accepts >= replication and rejects == 0:
+                    covered += self.db.execute(
+                        f"UPDATE work SET stage = ?, note = ?, updated = ? WHERE work_key = ? AND {_THEIRS}",
+                        (COVERED, f"accepted by {accepts} other validator(s)", now, key),
+                    ).rowcount
+        return covered
+
+    def forget_heard(self, before: float) -> int:
+        """Drops the attestations heard before `before` (unix time): their keys' windows have closed."""
+        return self.db.execute("DELETE FROM heard WHERE heard_at < ?", (before,)).rowcount
+
+    def invalidated_elsewhere(self, work_key: bytes, node: str, validator: str) -> bool:
+        """Another validator's invalidateWork of `node`'s record: the record, unless this validator already judged
+        it, is `covered`. Returns whether a row moved."""
+        cursor = self.db.execute(
+            f"UPDATE work SET stage = ?, note = ?, updated = ? {_ROW} AND stage = '{SEEN}'",
+            (COVERED, f"invalidated on chain by {validator}", time.time(), self.pool_id, node, work_key.hex()),
+        )
+        return cursor.rowcount > 0
+
+    def expire_theirs(self, closed_before: int) -> int:
+        """Rows of another validator's share submitted before `closed_before` (chain time), whose window has closed
+        with no verdict heard: nothing can be invalidated any more. Returns how many became `expired`. (This
+        validator's own rows are verified however late: the trainer may still train on an attested file.)"""
+        cursor = self.db.execute(
+            f"UPDATE work SET stage = ?, note = ?, updated = ? WHERE {_THEIRS} AND submitted_at < ?",
+            (EXPIRED, "another validator's share; its window closed before a verdict was heard", time.time(),
+             closed_before),
+        )  # fmt: skip
+        return cursor.rowcount
+
+    def slash_at(self, row: Submission, when: float) -> None:
+        """Sets when `row`'s invalidation may be sent (a replica's wait), and leaves the row until then."""
+        self.db.execute(
+            f"UPDATE work SET slash_after = ?, next_try = ?, updated = ? {_ROW}",
+            (when, when, time.time(), *self._identity(row)),
+        )
 
     # --- transitions ---------------------------------------------------------------------------------
 
@@ -366,6 +475,7 @@ def _work_row(row: Sequence[Any]) -> WorkRow:
     values["work_key"] = bytes.fromhex(values["work_key"])
     values["accepted"] = None if values["accepted"] is None else bool(values["accepted"])
     values["borderline"] = bool(values["borderline"])
+    values["mine"] = bool(values["mine"])
     return WorkRow(**values)
 
 
@@ -374,3 +484,7 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     have = {row[1] for row in db.execute("PRAGMA table_info(work)")}
     if "borderline" not in have:
         db.execute("ALTER TABLE work ADD COLUMN borderline INTEGER NOT NULL DEFAULT 0")
+    if "mine" not in have:
+        db.execute("ALTER TABLE work ADD COLUMN mine INTEGER NOT NULL DEFAULT 1")
+    if "slash_after" not in have:
+        db.execute("ALTER TABLE work ADD COLUMN slash_after REAL")

@@ -16,10 +16,12 @@ from node.p2p.messages import (
     SignedMessage,
     Topic,
     TopicKind,
+    ValidatorHeartbeat,
     attestations_topic,
     checkpoints_topic,
     relays_topic,
     sign_message,
+    validators_topic,
 )
 from node.p2p.subscription import Received, Subscription
 
@@ -37,10 +39,12 @@ __all__ = [
     "Subscription",
     "Topic",
     "TopicKind",
+    "ValidatorHeartbeat",
     "address_of",
     "attestations_topic",
     "checkpoints_topic",
     "peer_id_of",
     "relays_topic",
     "sign_message",
+    "validators_topic",
 ]

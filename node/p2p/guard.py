@@ -10,7 +10,8 @@ little before it is refused:
 3. rate        the originating peer's token bucket is empty
 4. malformed   not the canonical JSON of a well-formed message (messages.SignedMessage.decode)
 5. topic       the message's type or pool is not the topic's
-6. stale       a relay advert whose timestamp is more than `max_clock_skew_s` off this host's clock
+6. stale       a relay advert or validator heartbeat whose timestamp is more than `max_clock_skew_s` off this
+               host's clock
 7. signature   unrecoverable (`bad_signature`), or recovers to another address than the originating
                peer's (`signer_mismatch`); the peer's address comes from its peer id (identity.address_of)
 
@@ -38,7 +39,7 @@ from node.metrics import Registry
 from node.p2p.config import P2PConfig
 from node.p2p.errors import MessageError, P2PError
 from node.p2p.identity import address_of
-from node.p2p.messages import TOPIC_PAYLOAD, RelayAdvert, SignedMessage, Topic
+from node.p2p.messages import TOPIC_PAYLOAD, RelayAdvert, SignedMessage, Topic, ValidatorHeartbeat
 from node.ratelimit import TokenBucket
 from node.signing import SignatureError, SigningDomain
 
@@ -193,7 +194,7 @@ class MessageGuard:
         expected = Topic.parse(topic)
         if not isinstance(message.payload, TOPIC_PAYLOAD[expected.kind]) or message.pool_id != expected.pool_id:
             return DropReason.WRONG_TOPIC, f"a {message.type_name} message of pool {message.pool_id}", None
-        if isinstance(message.payload, RelayAdvert):
+        if isinstance(message.payload, (RelayAdvert, ValidatorHeartbeat)):
             skew = abs(self.wall_clock() - message.payload.timestamp)
             if skew > self.config.max_clock_skew_s:
                 return DropReason.STALE, f"timestamp {message.payload.timestamp} is {skew:.0f} s off", None

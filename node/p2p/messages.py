@@ -5,14 +5,15 @@ Topics, one set per pool:
     /prime/<pool_id>/checkpoints    Checkpoint(poolId, step, manifestHash), signed by the pool's trainer
     /prime/<pool_id>/relays         RelayAdvert(poolId, url, throughputKBps, timestamp), signed by the relay
     /prime/<pool_id>/attestations   Attestation(poolId, workKey, accepted, reason), signed by a validator
+    /prime/<pool_id>/validators     ValidatorHeartbeat(poolId, timestamp, nextBlock, backlog), signed by a validator
 
 A message is one JSON object: `type`, the typed message's fields under their Python names, and `signature`,
 the sender's 65-byte EIP-712 signature (node/signing.py) of those fields. Integers are JSON numbers, byte
 strings `0x` + lower-case hex, and the encoding is canonical (sorted keys, no whitespace, ASCII), so
 `decode` refuses any other spelling of the same message: one message, one byte string.
 
-`RelayAdvert` is defined here rather than in node/signing.py because only gossip uses it; it is a
-`TypedMessage` all the same, so it is signed under the PrimeNode domain like the others.
+`RelayAdvert` and `ValidatorHeartbeat` are defined here rather than in node/signing.py because only gossip uses
+them; they are `TypedMessage`s all the same, so they are signed under the PrimeNode domain like the others.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class TopicKind(StrEnum):
     CHECKPOINTS = "checkpoints"
     RELAYS = "relays"
     ATTESTATIONS = "attestations"
+    VALIDATORS = "validators"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ def attestations_topic(pool_id: int) -> str:
     return str(Topic(pool_id, TopicKind.ATTESTATIONS))
 
 
+def validators_topic(pool_id: int) -> str:
+    return str(Topic(pool_id, TopicKind.VALIDATORS))
+
+
 @dataclass(frozen=True)
 class RelayAdvert(TypedMessage):
     """A relay's offer to serve pool `pool_id`'s checkpoints at `url`, measured at `throughput_kbps` kB/s."""
@@ -117,18 +123,40 @@ class RelayAdvert(TypedMessage):
         return self.throughput_kbps / 1000
 
 
-Payload = Checkpoint | RelayAdvert | Attestation
+@dataclass(frozen=True)
+class ValidatorHeartbeat(TypedMessage):
+    """A validator of pool `pool_id` saying it is at work: validators that share the pool take over the keys of one
+    they stop hearing from (validator.sharing). The signed `timestamp` is what counts, so a heartbeat replayed later
+    does not keep a stopped validator alive."""
+
+    pool_id: int
+    timestamp: int  # unix seconds when it was sent
+    next_block: int  # the validator's event cursor: the next block it reads
+    backlog: int  # submissions of its share it has not judged yet
+
+    TYPE_NAME: ClassVar[str] = "ValidatorHeartbeat"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pool_id", "poolId", "uint256"),
+        ("timestamp", "timestamp", "uint64"),
+        ("next_block", "nextBlock", "uint64"),
+        ("backlog", "backlog", "uint64"),
+    )
+
+
+Payload = Checkpoint | RelayAdvert | Attestation | ValidatorHeartbeat
 
 _TYPE_NAMES: dict[type[TypedMessage], str] = {
     Checkpoint: "checkpoint",
     RelayAdvert: "relay",
     Attestation: "attestation",
+    ValidatorHeartbeat: "heartbeat",
 }
 _BY_TYPE_NAME: dict[str, type[TypedMessage]] = {name: cls for cls, name in _TYPE_NAMES.items()}
 TOPIC_PAYLOAD: dict[TopicKind, type[TypedMessage]] = {
     TopicKind.CHECKPOINTS: Checkpoint,
     TopicKind.RELAYS: RelayAdvert,
     TopicKind.ATTESTATIONS: Attestation,
+    TopicKind.VALIDATORS: ValidatorHeartbeat,
 }
 
 

@@ -14,6 +14,8 @@ from node.coordinator import PublishedStep
 from validator.errors import ValidatorStateError
 from validator.store import (
     ATTESTED,
+    COVERED,
+    EXPIRED,
     INVALIDATED,
     SEEN,
     UNAVAILABLE,
@@ -90,7 +92,7 @@ def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) ->
     store.move(submission("gone"), UNVERIFIABLE, note="the checkpoint of step 3 is gone")
     assert store.open_count() == 0
     assert store.counts() == {
-        SEEN: 0, VERIFIED: 0, ATTESTED: 1, INVALIDATED: 0, UNVERIFIABLE: 1, UNAVAILABLE: 0
+        SEEN: 0, VERIFIED: 0, ATTESTED: 1, INVALIDATED: 0, UNVERIFIABLE: 1, UNAVAILABLE: 0, COVERED: 0, EXPIRED: 0
     }  # fmt: skip
 
 
