@@ -218,8 +218,10 @@ class ValidatorDaemon:
             "Submissions of other validators' shares whose verdicts have not been heard yet.",
             lambda: self.store.theirs_count(),
         )
-        m.gauge("validator_live_validators", "Validators of the pool heard from recently, this one included.",
+        m.gauge("validator_live_validators", "Validators of the pool taken for alive, this one included.",
                 lambda: len(self.peers.live(time.time())))  # fmt: skip
+        m.gauge("validator_peers_heard", "Other validators of the pool whose heartbeat arrived recently.",
+                lambda: len(self.peers.heard_recently(time.time())))  # fmt: skip
         self._covered = m.counter(
             "validator_files_covered_total", "Submissions another validator judged or invalidated: not verified here."
         )

@@ -13,9 +13,10 @@ belongs to the first `replication` of them that are alive (`replicas`). The pool
   the chain again, and sends only if the work is still pending: the primary sends at once and a second replica
   finds it invalidated, yet a primary that accepted a file its replica rejects does not let the cheater escape.
 - **Liveness** comes from gossip: each validator publishes a signed heartbeat on the pool's validators topic, and
-  its attestations count too. A validator not heard of for `takeover_seconds` is taken for gone, and its keys
+  only its signed timestamp counts. A validator not heard of for `takeover_seconds` is taken for gone, and its keys
   pass to the next validator of each key's ranking; removing one validator moves only its own keys (the property
-  of rendezvous hashing). A validator never heard of is presumed alive until `takeover_seconds` after this one
+  of rendezvous hashing). Attestations are no sign of life: they carry no time, and one replayed would look like
+  one new. A validator never heard of is presumed alive until `takeover_seconds` after this one
   started, so validators starting together do not each take the whole pool.
 - **The set** is the chain's (`ledger.validators.ValidatorSet`), never a configuration list; a heartbeat from an
   address the chain does not list is ignored.
@@ -80,6 +81,12 @@ class Peers:
             return True
         last = self.heard.get(validator, self.started)  # never heard of: presumed alive for a while after we start
         return now - last < self.takeover_seconds
+
+    def heard_recently(self, now: float) -> frozenset[str]:
+        """The other validators whose heartbeat arrived within the takeover period (not merely presumed alive)."""
+        return frozenset(
+            v for v, last in self.heard.items() if v in self.validators and now - last < self.takeover_seconds
+        )
 
     def live(self, now: float) -> frozenset[str]:
         return frozenset(v for v in self.validators if self.alive(v, now))
