@@ -205,6 +205,7 @@ class CoordinatorService:
         self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
         self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
+        self._storing: dict[bytes, asyncio.Future[bool]] = {}  # work key -> its write in a worker thread
         self.quota = UploadQuota(self.config.max_stored_bytes_per_node, self.config.max_stored_files_per_node)
         self._count_stored()
         self.parser = UploadParser(self.config.parsing)  # its processes start with the first upload
@@ -317,7 +318,7 @@ class CoordinatorService:
                 raise Refused(ErrorCode.WRONG_NODE, f"the file is for node {meta.node}; {node} signed the upload")
             if meta.pool_id != self.state.pool_id:
                 raise Refused(ErrorCode.WRONG_POOL, f"the file is for pool {meta.pool_id}, not {self.state.pool_id}")
-            created = self.inbox.put(work_key, body, node)
+            created = await self._store(work_key, body, node)
             if created:
                 reservation.keep(self.state.step)
         finally:
@@ -325,6 +326,21 @@ class CoordinatorService:
         if created and self.on_upload is not None:
             await self.on_upload(work_key, node)
         return Upload(work_key, created, self._receipt(work_key, node))
+
+    async def _store(self, work_key: bytes, body: bytes, node: str) -> bool:
+        """`inbox.put` in a worker thread: its write and fsync held the event loop (every request) for as long as
+        the disk took. One write a key at a time: an upload of bytes being written waits for that write, then
+        stores nothing unless it failed. The write is shielded: aiohttp does not cancel a handler whose client
+        went away, so only a shutdown cancels this, and the write still ends and lets go of its key."""
+        while (writing := self._storing.get(work_key)) is not None:
+            with contextlib.suppress(Exception):  # the first writer answers its own failure
+                await asyncio.shield(writing)
+            if self.inbox.has(work_key):
+                return False
+        task = asyncio.ensure_future(asyncio.to_thread(self.inbox.put, work_key, body, node))
+        self._storing[work_key] = task
+        task.add_done_callback(lambda _: self._storing.pop(work_key, None))
+        return await asyncio.shield(task)
 
     def _receipt(self, work_key: bytes, node: str) -> bytes | None:
         """The trainer-signed `UploadReceipt` for the node that stored the file (None without a signing key, or for

@@ -6,7 +6,10 @@ uploader is recorded beside it (`<sha256>.node`), so the trainer knows whose wor
 The folder is listed once, when the inbox is opened; from then on `put` (the API, in the same process) is the
 only writer, and the keys are kept in memory, in the order they came (the first scan's in key order): the step
 loop looks for new uploads many times a step, and a listing of the folder would grow with the run; with
-`arrivals` a reader takes only those that came since its last look.
+`arrivals` a reader takes only those that came since its last look. Each uploader is kept in memory too once
+written or first read (a `.node` file is never rewritten): the coordinator names it in every upload's receipt,
+and a file read per answer is IO on the event loop. `put` writes and fsyncs, so the coordinator calls it in a
+worker thread (`trainer/coordinator.py`), one at a time per key.
 
 `UploadQuota` is what the coordinator holds for each node against its quota (`trainer/coordinator.py` says when a
 file stops counting); `stored` is what a restarted coordinator counts again.
@@ -42,6 +45,7 @@ class RolloutInbox:
             leftover.unlink()
         found = (named_work_key(p) for p in self.root.glob("*.parquet"))
         self._arrivals = sorted(key for key in found if key is not None)  # `put` stores each key once
+        self._uploaders: dict[bytes, str] = {}  # work key -> its uploader, as recorded beside the file
 
     def path(self, work_key: bytes) -> Path:
         return self.root / f"{work_key.hex()}.parquet"
@@ -51,10 +55,16 @@ class RolloutInbox:
 
     def uploader(self, work_key: bytes) -> str | None:
         """The node whose upload stored the file (recorded beside it before it was acknowledged), or None."""
+        known = self._uploaders.get(work_key)
+        if known is not None:
+            return known
         try:
-            return (self.root / f"{work_key.hex()}.node").read_text().strip() or None
+            node = (self.root / f"{work_key.hex()}.node").read_text().strip() or None
         except OSError:
             return None
+        if node is not None:
+            self._uploaders[work_key] = node
+        return node
 
     def lost(self, work_key: bytes) -> bool:
         """Acknowledged once (its uploader is recorded) but its bytes are gone: the coordinator's loss."""
@@ -76,6 +86,7 @@ class RolloutInbox:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        self._uploaders[work_key] = node
         self._arrivals.append(work_key)
         return True
 
