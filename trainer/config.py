@@ -232,6 +232,12 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
             keystore=_path(base, keystore) if keystore else None,
             min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=64),
         )
+        if terms is not None and pool.min_attestations > terms.replication:  # validators split the keys
+            fields.fail(
+                "min_attestations",
+                f"is {pool.min_attestations}, but {terms.source} has each key checked by {terms.replication} "
+                "validator(s) (replication): no file would ever be trained on",
+            )
         fields.done()
     p2p = None
     if "p2p" in raw:  # an empty [p2p] table turns gossip on with the defaults

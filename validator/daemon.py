@@ -394,6 +394,7 @@ class ValidatorDaemon:
             return
         if validators | {self.account.address} != self.peers.validators:
             self.peers.set_validators(validators)
+            self._live = self.peers.live(time.time())  # one appointed now is presumed alive, not "heard again"
             log.info("the pool's validators: %s", ", ".join(sorted(self.peers.validators)))
 
     async def _share(self) -> None:

@@ -47,13 +47,15 @@ def test_settings_left_out_take_the_pools_terms(tmp_path: Path) -> None:
         ),
         ("[coordinator]\nmax_upload_bytes = 4096\n", {}, "coordinator.max_upload_bytes: is 4096, but pool 4's"),
         ("[coordinator]\ngroup_size = 4\n", {"group_size": 16}, "coordinator.group_size: is 4, but pool 4's spec"),
+        # validators split the keys: with one checking each, a file never gets two acceptances
+        ("", {"replication": 1}, r"pool.min_attestations: is 2, but pool 4's .* checked by 1 validator"),
     ],
 )
 def test_a_setting_that_contradicts_the_pool_is_refused_by_name(
     tmp_path: Path, extra: str, pool: dict[str, object], message: str
 ) -> None:
     path = tmp_path / "trainer.toml"
-    path.write_text(NETWORK + extra)
+    path.write_text(NETWORK + ("min_attestations = 2\n" if "replication" in pool else "") + extra)
     load_run_config(path)  # alone, the file is fine: only the pool's terms contradict it
     with pytest.raises(TrainerConfigError, match=message):
         load_run_config(path, terms=terms(**pool))
