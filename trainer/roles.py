@@ -1,7 +1,11 @@
 """Who may do what at the coordinator: pool members ask for tasks and upload, validators attest.
 
 `LedgerRoles` asks the chain (ComputePool.isMember / isValidator) and remembers an answer for `ttl` seconds, so
-a burst of requests costs one RPC per address; an ejected node is refused again within `ttl`. Both caches are
+a burst of requests costs one RPC per address; an ejected node is refused again within `ttl`. The ttl is a minute,
+longer than a worker's pace: a GPU worker on a 7B-32B model asks twice a file, every 30 s or so, and with the
+10 s it had every one of its requests missed the cache (benchmarks/scale.py: 1,000 members cost the event loop a
+web3 call a request, a fifth of the coordinator's samples, and passed the lookup budget). An ejected node's
+uploads in that minute are never paid (WorkLedger) and are bounded by its quota. Both caches are
 bounded (least recently used first out), and lookups of addresses it has no answer for share a budget
 (`lookups_per_s`): a flood of fresh keys costs the chain at most that, and is answered `RoleLookupBusy` (429)
 beyond it, while every cached member and validator goes on being served. `StaticRoles` is a fixed table, for
@@ -52,7 +56,7 @@ class RoleLookupBusy(Exception):
 class LedgerRoles:
     ledger: Ledger
     pool_id: int
-    ttl: float = 10.0
+    ttl: float = 60.0  # seconds: above two of a worker's requests at a GPU's pace (see the module doc)
     max_known: int = 100_000  # cached answers "yes" (members, validators): the pool's own, never crowded out
     max_refused: int = 10_000  # cached answers "no": strangers, bounded apart so they cannot evict members
     lookups_per_s: float = 50.0  # chain lookups of addresses with no live answer, shared by all of them
