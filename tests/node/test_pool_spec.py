@@ -67,6 +67,7 @@ def test_an_unreachable_spec_is_a_clear_error(tmp_path: Path) -> None:
         ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "task.toml"\nrelays = 1\n', "unknown key"),
         ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "missing.toml"\n', "not found"),
         ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "task.toml"\nasync_level = -1\n', ">= 0"),
+        ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "task.toml"\nreplication = 0\n', ">= 1"),
         ("coordinator = \n", "not readable TOML"),
     ],
 )
@@ -88,14 +89,18 @@ def pool_at(spec_uri: str) -> PoolInfo:
 
 def test_the_spec_is_read_even_when_flags_name_every_part(folder: Path) -> None:
     peer = "/ip4/127.0.0.1/tcp/4001/p2p/16Uiu2HAmExample"
-    (folder / "pool.toml").write_text(SPEC + f'bootstrap = ["{peer}"]\nasync_level = 5\nmax_file_bytes = 4096\n')
+    (folder / "pool.toml").write_text(
+        SPEC + f'bootstrap = ["{peer}"]\nasync_level = 5\nmax_file_bytes = 4096\nreplication = 2\n'
+    )
     info, flags = pool_at(str(folder / "pool.toml")), {"coordinator": "http://c:1", "checkpoints": ["http://o:2"]}
     for given in ({}, {**flags, "task": TASK}):
         pool = resolve_pool(info, **given)
         assert pool.endpoints.bootstrap == (peer,) and pool.endpoints.coordinator == given.get("coordinator",
                "http://127.0.0.1:8000")  # fmt: skip
         assert (pool.terms.async_level, pool.terms.max_file_bytes, pool.terms.challenge_window) == (5, 4096, 3600)
-    assert resolve_pool(pool_at(""), **flags, task=TASK).terms.async_level == 2  # a pool without a spec: defaults
+        assert pool.terms.replication == 2
+    no_spec = resolve_pool(pool_at(""), **flags, task=TASK).terms  # a pool without a spec: the defaults
+    assert (no_spec.async_level, no_spec.replication) == (2, 1)
     with pytest.raises(PoolSpecError, match="--coordinator, --checkpoints and --task"):
         resolve_pool(pool_at(""), **flags)
     (folder / "pool.toml").unlink()  # flags naming every part do not stand in for terms nobody can read
