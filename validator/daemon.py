@@ -169,6 +169,7 @@ class ValidatorDaemon:
         self.peers = Peers(self.account.address, config.takeover_seconds, started=time.time())
         self._live = self.peers.live(time.time())
         self._set_read_at = -VALIDATOR_SET_SECONDS
+        self._chain_lag: float | None = None  # wall clock less chain time, read with the validator set
         self._window: int | None = None  # the pool's challenge window (seconds), read from the chain at start
         self.stopping = asyncio.Event()
         self.metrics_url: str | None = None
@@ -389,6 +390,7 @@ class ValidatorDaemon:
         self._set_read_at = time.monotonic()
         try:
             validators = await asyncio.to_thread(self.validator_set.read)
+            self._chain_lag = time.time() - await asyncio.to_thread(self.ledger.timestamp)
         except LedgerError as exc:
             log.warning("reading the pool's validator set failed, keeping the last one: %s", exc)
             return
@@ -412,10 +414,17 @@ class ValidatorDaemon:
                             self.config.takeover_seconds, taken)  # fmt: skip
             for validator in back:
                 log.info("validator %s is heard again: new files of its share are its own", validator)
-        if self._window is not None:
-            closed_before = int(now - self._window - self.config.clock_slack)
+        if self._window is not None and self._chain_lag is not None:
+            chain_now = now - self._chain_lag  # submissions are stamped with block times, which may not be the wall's
+            closed_before = int(chain_now - self._window - self.config.clock_slack)
             self._expired.inc(self.store.expire_theirs(closed_before))
             self.store.forget_heard(closed_before)
+            # the safety net: a key of another's share unjudged half-way through its window is checked here too
+            unheard = self.store.take_unheard(int(chain_now - self._window / 2))
+            if unheard:
+                self._taken_over.inc(unheard)
+                log.warning("%d files of other validators' shares still unjudged half-way through their window: "
+                            "checking them here", unheard)  # fmt: skip
 
     def _heard_heartbeat(self, signer: str, heartbeat: ValidatorHeartbeat) -> None:
         # the signed time counts, never the arrival: a heartbeat replayed later keeps no stopped validator alive

@@ -18,6 +18,10 @@ belongs to the first `replication` of them that are alive (`replicas`). The pool
   of rendezvous hashing). Attestations are no sign of life: they carry no time, and one replayed would look like
   one new. A validator never heard of is presumed alive until `takeover_seconds` after this one
   started, so validators starting together do not each take the whole pool.
+- **The safety net**: a key of another validator's share whose verdict has not been heard half-way through its
+  challenge window is checked by every validator that holds it (the coordinator is asked first, so a verdict
+  merely lost on gossip costs no download): a validator that heartbeats but never judges cannot let a cheater
+  be paid.
 - **The set** is the chain's (`ledger.validators.ValidatorSet`), never a configuration list; a heartbeat from an
   address the chain does not list is ignored.
 

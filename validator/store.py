@@ -358,6 +358,17 @@ class ValidatorStore:
         )
         return cursor.rowcount > 0
 
+    def take_unheard(self, submitted_before: int) -> int:
+        """Makes mine every row of another validator's share submitted before `submitted_before` (chain time) with no
+        verdict heard: its validator is alive but has not judged it (lazy, swamped, or its gossip lost), and what
+        nobody judges is paid to a cheater when its window closes. Returns how many."""
+        now = time.time()
+        cursor = self.db.execute(
+            f"UPDATE work SET mine = 1, next_try = ?, updated = ? WHERE {_THEIRS} AND submitted_at < ?",
+            (now, now, submitted_before),
+        )
+        return cursor.rowcount
+
     def expire_theirs(self, closed_before: int) -> int:
         """Rows of another validator's share submitted before `closed_before` (chain time), whose window has closed
         with no verdict heard: nothing can be invalidated any more. Returns how many became `expired`. (This

@@ -111,6 +111,12 @@ def test_other_shares_expire_when_their_window_closed_unheard_but_own_rows_never
     assert store.theirs_count() == 1
 
 
+def test_other_shares_unjudged_half_way_through_their_window_become_mine(store: ValidatorStore) -> None:
+    store.record([submission(0, 100), submission(1, 900)], 20, mine=lambda key: False)
+    assert store.take_unheard(submitted_before=500) == 1  # only the older one
+    assert store.open_count() == 1 and store.due(now=1e12).work_key == KEYS[0]  # type: ignore[union-attr]
+
+
 def test_a_state_from_before_sharing_keeps_every_row_its_own(tmp_path: Path) -> None:
     import sqlite3
 
