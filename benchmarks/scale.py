@@ -3,6 +3,7 @@
 Run: `.venv/bin/python benchmarks/scale.py` (N = 10, 100, 1,000 in one invocation, one file per worker every 30 s,
 a GPU worker's pace on a 7B-32B model), or `--quick` for a short run; `--sizes`, `--file-every`, `--duration`,
 `--ramp-steps`, `--ramp-seconds` and `--json PATH` change what is run and where the figures go.
+`--validators K[,K...]` measures validators sharing a pool instead (benchmarks/scale_validators.py).
 
 What runs, and why so:
 - anvil with one pool and max(N) registered, staked member nodes (`benchmarks/scale_pool.py`, batched so that 1,000
@@ -572,6 +573,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    if any(a == "--validators" or a.startswith("--validators=") for a in arguments):
+        from benchmarks.scale_validators import main as validators_main  # K validators sharing a pool
+
+        return validators_main(arguments)
     args = parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.keep is not None:
