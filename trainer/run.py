@@ -1,4 +1,5 @@
-"""`prime-train run`: the coordinator API, the SHARDCAST origin and the step loop in one process.
+"""`prime-train run`: the coordinator API, the SHARDCAST origin and the step loop in one process; under torchrun
+the same on rank 0 (`run_training`), with every other rank training beside it (`follow_training`, `trainer.ranks`).
 
 Network mode ([pool] in trainer.toml): members come from ComputePool, and a file is trained on once
 `min_attestations` validators accepted it and none rejected it. Local mode (`--local-workers N`): no chain; the
