@@ -190,7 +190,7 @@ class CoordinatorService:
         verdicts: VerdictStore,
         config: ApiConfig | None = None,
         on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
-        on_assign: Callable[[str, int], None] | None = None,
+        on_assign: Callable[[str, int], Awaitable[None] | None] | None = None,
         on_attest: Callable[[bytes], None] | None = None,
         pending: Callable[[str], int] | None = None,
         signer: LocalAccount | None = None,
@@ -201,7 +201,9 @@ class CoordinatorService:
         self.task_spec_hash = task_spec_hash  # the pool's task, which every signed assignment names
         self.config = config or ApiConfig()
         self.on_upload = on_upload
-        self.on_assign = on_assign  # (node, counter handed out): lets the trainer persist counters before answering
+        # (node, counter handed out): lets the trainer persist counters before answering; an awaitable it returns is
+        # awaited first (trainer/counters.py makes a batch of them durable with one fsync, off the event loop)
+        self.on_assign = on_assign
         self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
         self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
@@ -252,8 +254,8 @@ class CoordinatorService:
         self._handed[node] = (step, handed + 1)
         counter = self.state.counters.get(node, 0)
         self.state.counters[node] = counter + 1
-        if self.on_assign is not None:
-            self.on_assign(node, counter)
+        if self.on_assign is not None and (persisted := self.on_assign(node, counter)) is not None:
+            await persisted  # counted above, before this await: a request racing this one gets the next counter
         prompts, group_size = self.config.prompts_per_task, self.config.group_size
         grant = TaskGrant(self.state.pool_id, node, step, counter, prompts, group_size)
         if self.signer is None or self.task_spec_hash is None:
