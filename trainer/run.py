@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -33,13 +33,13 @@ from eth_account.signers.local import LocalAccount
 
 from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
 from node.coordinator import PublishedStep
-from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
 from trainer.api import CoordinatorApi
 from trainer.config import RunConfig, TrainerConfigError
 from trainer.coordinator import STEP_HISTORY, CoordinatorService, PoolState
+from trainer.counters import CounterJournal
 from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
@@ -377,18 +377,20 @@ async def _serve_and_train(
     if not paths.checkpoint(learner.step).is_dir():
         await asyncio.to_thread(save_checkpoint, loop, control)
 
-    counters_file = config.run_dir / "counters.json"
+    counters_file = config.run_dir / "counters.json"  # before trainer/counters.py: read once, then superseded
     if counters_file.exists():  # handed out after the last saved state: never hand them out again
         saved = json.loads(counters_file.read_text())
         for node, counter in saved.items():
             loop.assignment_counters[node] = max(loop.assignment_counters.get(node, 0), int(counter))
+    journal = CounterJournal.open(config.run_dir / "counters.journal", loop.assignment_counters)
+    loop.assignment_counters.update(journal.counters)
     state = PoolState(network.pool_id, network.account.address, learner.step, dict(loop.assignment_counters))
     steps_file = config.run_dir / "steps.jsonl"
     state.remember(load_published(steps_file))
 
-    def persist_counter(node: str, counter: int) -> None:
+    def persist_counter(node: str, counter: int) -> Awaitable[None]:
         loop.assignment_counters[node] = counter + 1
-        publish_atomically(counters_file, json.dumps(loop.assignment_counters, sort_keys=True).encode())
+        return journal.record(node, counter + 1)  # durable before the assignment is answered, fsyncs batched
 
     arrived = asyncio.Event()
     uploaded: dict[str, set[bytes]] = {}  # node -> its uploads (since this process started) no published step used
@@ -504,6 +506,7 @@ async def _serve_and_train(
             await gossip.stop()
         await runner.cleanup()
         await server.stop()
+        await journal.close()
     return RunSummary(
         start_step=start_step,
         final_step=learner.step,
