@@ -398,18 +398,20 @@ def test_a_worker_generates_only_what_the_pools_trainer_signed() -> None:
 
 def test_a_submitted_file_the_coordinator_lost_is_uploaded_again_before_a_validator_judges_it(pool: Pool) -> None:
     """Issue 17: a file the coordinator acknowledged and then lost (here: deleted from its inbox with the record of
-    its uploader, so it answers 404 as for a file never uploaded) would be invalidated as unavailable (reason 8)
-    and slash the honest node. While no validator has judged it, the worker uploads it again from its journal."""
+    its uploader) is unverifiable; a coordinator that forgot it had it too would answer 404 and the file would be
+    invalidated as unavailable (reason 8), slashing the honest node. The running coordinator still knows it
+    acknowledged the upload and answers 410 `lost`; either way, while no validator has judged it, the worker
+    uploads it again from its journal."""
     first = start(pool, "--max-files", "1", "--submit-batch", "1")
     assert finish(pool, first) == 0, (pool.root / "worker.log").read_text()[-3000:]
     [key] = journal(pool)
     inbox = pool.root / "run" / "inbox"
     for path in inbox.glob(f"{key}*"):
-        path.unlink()  # the bytes and the record of who uploaded them: the coordinator now answers 404
+        path.unlink()  # the bytes and the record on disk of who uploaded them
     url = f"{pool.coordinator}/v1/rollouts/{key}"
     with pytest.raises(urllib.error.HTTPError) as gone:
         urllib.request.urlopen(url, timeout=10)
-    assert gone.value.code == 404
+    assert gone.value.code == 410  # it remembers the receipt it signed (trainer/inbox.py keeps uploaders in memory)
     again = start(pool, "--max-files", "0", log="worker-2.log")  # no new work: only the journal's own checks
     assert finish(pool, again, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
     served = urllib.request.urlopen(url, timeout=10).read()
