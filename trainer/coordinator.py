@@ -48,6 +48,7 @@ import hashlib
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,7 @@ from trainer.roles import RoleLookupBusy, Roles
 from trainer.verdicts import VerdictStore
 
 STEP_HISTORY = 1024  # published steps `GET /v1/steps` remembers, newest last
+INBOX_WRITERS = 4  # threads writing and fsyncing uploads: disks overlap several fsyncs
 _PARSE_CODES = {ErrorCode.MALFORMED_FILE, ErrorCode.TOO_LARGE, ErrorCode.PARSE_TIMEOUT, ErrorCode.PARSER_DIED}
 
 
@@ -211,9 +213,13 @@ class CoordinatorService:
         self.quota = UploadQuota(self.config.max_stored_bytes_per_node, self.config.max_stored_files_per_node)
         self._count_stored()
         self.parser = UploadParser(self.config.parsing)  # its processes start with the first upload
+        # inbox writes have threads of their own: in the default pool they queued behind role lookups (web3 calls)
+        # and the step loop's work, and every upload waited for them
+        self._writers = ThreadPoolExecutor(INBOX_WRITERS, thread_name_prefix="inbox")
 
     async def close(self) -> None:
         await self.parser.close()
+        self._writers.shutdown(wait=True)  # a write under way ends: its key is never left half-stored
 
     # --- who may ask ---------------------------------------------------------------------------------
 
@@ -330,16 +336,17 @@ class CoordinatorService:
         return Upload(work_key, created, self._receipt(work_key, node))
 
     async def _store(self, work_key: bytes, body: bytes, node: str) -> bool:
-        """`inbox.put` in a worker thread: its write and fsync held the event loop (every request) for as long as
-        the disk took. One write a key at a time: an upload of bytes being written waits for that write, then
-        stores nothing unless it failed. The write is shielded: aiohttp does not cancel a handler whose client
-        went away, so only a shutdown cancels this, and the write still ends and lets go of its key."""
+        """`inbox.put` in one of the coordinator's writer threads: its write and fsync held the event loop (every
+        request) for as long as the disk took. One write a key at a time: an upload of bytes being written waits for
+        that write, then stores nothing unless it failed. The write is shielded: aiohttp does not cancel a handler
+        whose client went away, so only a shutdown cancels this, and the write still ends and lets go of its key."""
         while (writing := self._storing.get(work_key)) is not None:
             with contextlib.suppress(Exception):  # the first writer answers its own failure
                 await asyncio.shield(writing)
             if self.inbox.has(work_key):
                 return False
-        task = asyncio.ensure_future(asyncio.to_thread(self.inbox.put, work_key, body, node))
+        write = asyncio.get_running_loop().run_in_executor(self._writers, self.inbox.put, work_key, body, node)
+        task = asyncio.ensure_future(write)
         self._storing[work_key] = task
         task.add_done_callback(lambda _: self._storing.pop(work_key, None))
         return await asyncio.shield(task)

@@ -32,7 +32,7 @@ import torch
 
 from node.model.loading import LoadedModel
 from node.model.tiny import save_model_dir
-from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
+from node.rollouts import RolloutFile, RolloutFormatError, inspect_rollouts, read_rollouts
 from node.rollouts.writer import write_atomically
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
@@ -83,10 +83,15 @@ class RunPaths:
         return self.checkpoints / f"step_{step}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Candidate:
+    """What `select` keeps of a file it may train on: its summary, not its rows (a run's window holds thousands of
+    files, and rows as Python objects cost far more than the file); the chosen ones are read whole."""
+
     path: Path
-    file: RolloutFile
+    work_key: bytes
+    assignment: tuple[str, int]  # (node, counter): see `_assignment`
+    rows: int
     step: int
 
 
@@ -184,18 +189,21 @@ class TrainingLoop:
     # --- data ---------------------------------------------------------------------------------------
 
     def _candidate(self, path: Path) -> Candidate | None:
-        """The file at `path`, read once; None if it can never be trained on (unreadable, or several steps)."""
+        """The file at `path`, inspected once; None if it can never be trained on (unreadable, or several steps)."""
         if path in self._parsed:
             return self._parsed[path]
         try:
-            file = read_rollouts(path, max_bytes=self.max_file_bytes)
+            summary = inspect_rollouts(path, max_bytes=self.max_file_bytes)
         except RolloutFormatError as exc:
             log.error("never training on %s: %s", path, exc)
             self._parsed[path] = None
             return None
-        steps = {row.step for row in file.rows}
-        candidate = Candidate(path, file, steps.pop()) if len(steps) == 1 else None
-        if candidate is None:
+        candidate = None
+        if len(summary.steps) == 1:
+            [step] = summary.steps
+            assignment = (summary.meta.node, summary.meta.counter)
+            candidate = Candidate(path, summary.work_key, assignment, summary.rows, step)
+        else:
             log.error("never training on %s: its rows claim several policy steps", path)
         self._parsed[path] = candidate
         return candidate
@@ -210,48 +218,69 @@ class TrainingLoop:
             if named is not None and named in self.counters.consumed:
                 continue  # trained on or stale: not read again (every look lists every upload of the run)
             candidate = self._candidate(path)
-            if candidate is None or candidate.file.work_key in self.counters.consumed:
+            if candidate is None or candidate.work_key in self.counters.consumed:
                 continue
-            if _assignment(candidate.file) in self.counters.assignments:
+            if candidate.assignment in self.counters.assignments:
                 log.warning("never training on %s: its assignment was trained on already (another file)", path)
-                self.counters.consumed.add(candidate.file.work_key)
+                self.counters.consumed.add(candidate.work_key)
                 del self._parsed[path]
                 continue
             if candidate.step < window.oldest:
                 log.warning("not training on %s: step %d is older than the window %s", path, candidate.step, window)
-                self.counters.consumed.add(candidate.file.work_key)
+                self.counters.consumed.add(candidate.work_key)
                 self.counters.stale_files += 1
                 del self._parsed[path]
                 stale += 1
             elif candidate.step in window:
                 ready.append(candidate)
         newest_first = self.order == "freshest"
-        ready.sort(key=lambda c: (-c.step if newest_first else c.step, c.file.work_key))
-        chosen: list[Candidate] = []
+        ready.sort(key=lambda c: (-c.step if newest_first else c.step, c.work_key))
+        chosen: list[tuple[Candidate, RolloutFile]] = []
         taken: set[tuple[str, int]] = set()
         rows = 0
         for candidate in ready:
             if rows >= self.rollouts_per_step or len(chosen) == self.max_files_per_step:
                 break
-            if _assignment(candidate.file) in taken:  # two files of one assignment: only the first one counts
+            if candidate.assignment in taken:  # two files of one assignment: only the first one counts
                 continue
-            taken.add(_assignment(candidate.file))
-            chosen.append(candidate)
-            rows += len(candidate.file.rows)
-        return Selection([c.file for c in chosen], rows, stale, [c.path for c in chosen])
+            file = self._read_chosen(candidate)
+            if file is None:
+                continue
+            taken.add(candidate.assignment)
+            chosen.append((candidate, file))
+            rows += len(file.rows)
+        return Selection([f for _, f in chosen], rows, stale, [c.path for c, _ in chosen])
+
+    def _read_chosen(self, candidate: Candidate) -> RolloutFile | None:
+        """A chosen file's rows; None (and never again) if they are not the bytes it was inspected as."""
+        try:
+            file = read_rollouts(candidate.path, max_bytes=self.max_file_bytes)
+        except RolloutFormatError as exc:
+            log.error("never training on %s: %s", candidate.path, exc)
+            self._parsed[candidate.path] = None
+            return None
+        if file.work_key != candidate.work_key:  # rewritten since it was inspected: the inbox never rewrites
+            log.error("never training on %s: its bytes changed after it was inspected", candidate.path)
+            self._parsed[candidate.path] = None
+            return None
+        return file
 
     def read(self, path: Path, work_key: bytes) -> RolloutFile:
         """The file at `path`, read as `select` reads it, which must be the upload `work_key` (another rank chose it,
         `trainer.ranks`): a file that cannot be read, or holds other bytes, is a `TrainerError`."""
-        candidate = self._candidate(path)
-        if candidate is None or candidate.file.work_key != work_key:
+        try:
+            file: RolloutFile | None = read_rollouts(path, max_bytes=self.max_file_bytes)
+        except RolloutFormatError as exc:
+            log.error("cannot read %s: %s", path, exc)
+            file = None
+        if file is None or file.work_key != work_key:
             chosen = f"0x{work_key.hex()}"
             raise TrainerError(f"{path} is not the upload {chosen} rank 0 chose: do the ranks share its folder?")
-        return candidate.file
+        return file
 
     def forget(self, files: Iterable[RolloutFile]) -> None:
         keys = {f.work_key for f in files}
-        self._parsed = {p: c for p, c in self._parsed.items() if c is None or c.file.work_key not in keys}
+        self._parsed = {p: c for p, c in self._parsed.items() if c is None or c.work_key not in keys}
 
     # --- a step -------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from node.rollouts.bounds import DecodeBounds, check_decode_bounds, expanded_size, max_uncompressed
@@ -46,6 +47,7 @@ class RolloutSummary:
     rows: int
     work_key: bytes
     size: int
+    steps: frozenset[int]  # the policy steps its rows claim (a trainable file claims one)
 
 
 def _read_bounded(source: Path | str | bytes, max_bytes: int) -> bytes:
@@ -172,4 +174,6 @@ def inspect_rollouts(
     """Every check of `read_rollouts`, without building the rows as Python objects (the costly part)."""
     data = _read_bounded(source, max_bytes)
     meta, table = _decode(data, max_bytes, max_rows, max_tokens)
-    return RolloutSummary(meta=meta, rows=table.num_rows, work_key=hashlib.sha256(data).digest(), size=len(data))
+    steps = frozenset(int(step) for step in pc.unique(table.column("step")).to_pylist())
+    digest = hashlib.sha256(data).digest()
+    return RolloutSummary(meta=meta, rows=table.num_rows, work_key=digest, size=len(data), steps=steps)

@@ -138,3 +138,33 @@ def test_one_assignment_is_trained_on_once_whatever_files_claim_it(model_dir: Pa
     assert restarted.resume()
     assert (file.meta.node, 5) in restarted.counters.assignments
     assert restarted.select(paths).files == []
+
+
+def test_a_waiting_file_is_read_whole_only_when_chosen_and_only_as_the_bytes_it_was_inspected_as(
+    model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`select` keeps a summary of each file waiting in the window and reads the rows of the files it chooses: a
+    waiting file whose bytes were replaced meanwhile (another valid file, or garbage) is never trained on."""
+    loaded = load_model(model_dir)
+    spec = load_task_spec(TASK)
+    source = open_source(spec)
+    loop = TrainingLoop(
+        Learner(loaded.model, LearnerConfig(async_level=2), pad_id=0), loaded, spec, source, RunPaths(tmp_path / "run"),
+        rollouts_per_step=16, max_files_per_step=4,
+    )  # fmt: skip
+    made = tmp_path / "made"
+    made.mkdir()
+    waiting = sorted(make_file(made / f"{c}.parquet", loaded, spec, source, step=0, counter=c) for c in range(3))
+    first = loop.select(waiting)  # 16 rows a file: one file a step, the other two wait
+    assert [f.work_key for f in first.files] == [hashlib.sha256(waiting[0].read_bytes()).digest()]
+    loop.train(first.files, idle_seconds=0.0)
+    other = make_file(made / "other.parquet", loaded, spec, source, step=0, counter=9)
+    waiting[1].write_bytes(other.read_bytes())  # a valid file, but not the bytes inspected
+    waiting[2].write_bytes(b"not parquet")
+    caplog.set_level(logging.ERROR, logger="trainer.loop")
+    assert loop.select(waiting).files == []
+    assert "its bytes changed after it was inspected" in caplog.text
+    assert caplog.text.count("never training on") == 2
+    caplog.clear()
+    assert loop.select(waiting).files == []  # refused once, never read again
+    assert caplog.text == ""
