@@ -27,6 +27,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("select") / "tiny", seed=0)
 
 
+def window_loop(model_dir: Path, run: Path, async_level: int) -> TrainingLoop:
+    """A loop on the tiny model whose steps take 16 rows (one file of `make_file`), at most 4 files."""
+    loaded = load_model(model_dir)
+    spec = load_task_spec(TASK)
+    learner = Learner(loaded.model, LearnerConfig(async_level=async_level), pad_id=0)
+    source = open_source(spec)
+    return TrainingLoop(learner, loaded, spec, source, RunPaths(run), rollouts_per_step=16, max_files_per_step=4)
+
+
 def upload(inbox: RolloutInbox, made: Path) -> Path:
     data = made.read_bytes()
     key = hashlib.sha256(data).digest()
@@ -35,13 +44,8 @@ def upload(inbox: RolloutInbox, made: Path) -> Path:
 
 
 def test_consumed_uploads_are_not_read_again(model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    loaded = load_model(model_dir)
-    spec = load_task_spec(TASK)
-    source = open_source(spec)
-    loop = TrainingLoop(
-        Learner(loaded.model, LearnerConfig(async_level=1), pad_id=0), loaded, spec, source, RunPaths(tmp_path / "run"),
-        rollouts_per_step=16, max_files_per_step=4,
-    )  # fmt: skip
+    loop = window_loop(model_dir, tmp_path / "run", async_level=1)
+    loaded, spec, source = loop.loaded, loop.spec, loop.source
     inbox = RolloutInbox(tmp_path / "inbox")
     made = tmp_path / "made"
     made.mkdir()
@@ -145,13 +149,8 @@ def test_a_waiting_file_is_read_whole_only_when_chosen_and_only_as_the_bytes_it_
 ) -> None:
     """`select` keeps a summary of each file waiting in the window and reads the rows of the files it chooses: a
     waiting file whose bytes were replaced meanwhile (another valid file, or garbage) is never trained on."""
-    loaded = load_model(model_dir)
-    spec = load_task_spec(TASK)
-    source = open_source(spec)
-    loop = TrainingLoop(
-        Learner(loaded.model, LearnerConfig(async_level=2), pad_id=0), loaded, spec, source, RunPaths(tmp_path / "run"),
-        rollouts_per_step=16, max_files_per_step=4,
-    )  # fmt: skip
+    loop = window_loop(model_dir, tmp_path / "run", async_level=2)
+    loaded, spec, source = loop.loaded, loop.spec, loop.source
     made = tmp_path / "made"
     made.mkdir()
     waiting = sorted(make_file(made / f"{c}.parquet", loaded, spec, source, step=0, counter=c) for c in range(3))

@@ -31,13 +31,13 @@ from ledger.events import EventFollower, WorkInvalidated
 from ledger.types import Reason, WorkStatus
 from node.coordinator import CoordinatorClient
 from node.metrics import scrape
-from node.model.loading import load_model
+from node.model.loading import LoadedModel, load_model
 from node.model.tiny import init_model
 from node.relay.client import new_session
 from node.rollouts import read_rollouts, work_units
 from node.signing import SigningDomain
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from node.tasks.sources import TaskSource, open_source
+from node.tasks.spec import TaskSpec, load_task_spec
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.trainer.rollout_factory import make_file
@@ -86,6 +86,37 @@ def upload(url: str, node: LocalAccount, domain: SigningDomain, data: bytes) -> 
     asyncio.run(send())
 
 
+def pool_file(
+    path: Path,
+    loaded: LoadedModel,
+    spec: TaskSpec,
+    source: TaskSource,
+    pool_id: int,
+    node: LocalAccount,
+    counter: int,
+    domain: SigningDomain,
+    **kwargs: Any,
+) -> tuple[bytes, bytes, int]:
+    """A file of 2 prompts x 2 at step 0 for `node` in `pool_id`, its assignment signed by the trainer (dev key 0):
+    its bytes, its work key and its work units."""
+    made = make_file(
+        path,
+        loaded,
+        spec,
+        source,
+        step=0,
+        counter=counter,
+        prompts=2,
+        group_size=2,
+        pool_id=pool_id,
+        node=node.address,
+        signed_by=(dev_account(0), domain),
+        **kwargs,
+    )
+    data = made.read_bytes()
+    return data, hashlib.sha256(data).digest(), work_units(read_rollouts(data, max_bytes=len(data)).rows)
+
+
 def stage_of(state: Path, work_key: bytes, node: LocalAccount) -> str | None:
     if not (state / "validator.db").exists():
         return None
@@ -131,12 +162,8 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_ones_once_and_resumes_a
     loaded, source = load_model(model), open_source(spec)
 
     def rollouts(name: str, node: LocalAccount, counter: int, **kwargs: Any) -> tuple[bytes, bytes, int]:
-        path = make_file(
-            tmp_path / f"{name}.parquet", loaded, spec, source, step=0, counter=counter, prompts=2, group_size=2,
-            pool_id=pool_id, node=node.address, signed_by=(dev_account(0), domain), **kwargs,
-        )  # fmt: skip
-        data = path.read_bytes()
-        return data, hashlib.sha256(data).digest(), work_units(read_rollouts(data, max_bytes=len(data)).rows)
+        where = tmp_path / f"{name}.parquet"
+        return pool_file(where, loaded, spec, source, pool_id, node, counter, domain, **kwargs)
 
     keep = {"reward_of": lambda row: row.reward}  # make_file's default rewrites rewards; keep the task's
     first, faked, second = (
