@@ -33,6 +33,7 @@ from ledger.cli.common import (
     stdout_console,
 )
 from node.cli.errors import node_cli_errors
+from node.relay import trace
 from node.relay.manifest import DEFAULT_SHARD_SIZE
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ def origin(
     """Serve signed checkpoints: publish every step_<N>/ directory that appears in --watch (rename it in)."""
     with node_cli_errors():
         configure_daemon_logging()
+        trace.set_role("origin")
         domain = _domain(deployment)
         account = require_signer(keystore, dev_key, chain_id=domain.chain_id)
         if not watch.is_dir():
@@ -162,6 +164,7 @@ def relay(
     """Mirror checkpoints from upstream servers and serve them, each shard verified before it is served."""
     with node_cli_errors():
         configure_daemon_logging()
+        trace.set_role("relay")
         policy = None
         if trainer is not None:
             from node.relay.trust import TrustPolicy
@@ -215,6 +218,7 @@ def fetch_weights(
     """Download a checkpoint from several servers at once, verify it, publish it atomically; print its path."""
     with node_cli_errors():
         configure_daemon_logging(logging.WARNING)  # a dropped source is worth a line; progress is the bar
+        trace.set_role("client")
         wanted = _parse_step(step)
         if after is not None and wanted is not None:
             raise CommandError("--after waits for the newest version: use it with --step latest")

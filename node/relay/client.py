@@ -40,6 +40,7 @@ from node.relay import (
     SourceError,
     UntrustedManifest,
     splice,
+    trace,
 )
 from node.relay.manifest import Manifest, check_json_depth, parse_manifest
 from node.relay.server import SIGNATURE_HEADER
@@ -162,6 +163,9 @@ class _Transfer:
     pieces: list[tuple[int, str]] = field(default_factory=list)
     single: bool = False
     suspects: list[tuple[int, int, str, bytes]] = field(default_factory=list)
+    asked: float = 0.0  # time.monotonic() of its first request, for the trace
+    answered: float = 0.0  # ... and of the first answer's headers
+    hash_seconds: float = 0.0
 
     def restart(self) -> None:
         self.received, self.hasher = 0, hashlib.sha256()
@@ -268,6 +272,8 @@ class Downloader:
         return next(s for s in self.sources if s.url == url)
 
     async def _fetch(self, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
+        transfer.asked = time.monotonic()
+        trace.event("shard_start", file=transfer.file, index=transfer.index)
         for _ in range(MAX_ATTEMPTS):
             source = self._pick()
             if source is None:
@@ -295,6 +301,12 @@ class Downloader:
                 await self._mismatch(sink, transfer, exc)
                 continue
             source.succeeded(transfer.received - before, time.monotonic() - started)
+            if trace.enabled():
+                wait_s = round(transfer.answered - transfer.asked, 4)
+                trace.event(
+                    "shard_done", file=transfer.file, index=transfer.index, source=source.url, wait_s=wait_s,
+                    hash_s=round(transfer.hash_seconds, 4),
+                )  # fmt: skip
             if transfer.suspects:
                 await self._convict_suspects(sink, transfer)
             if self.on_progress is not None:
@@ -336,8 +348,10 @@ class Downloader:
 
     @staticmethod
     def _write(sink: PartialCheckpoint, transfer: _Transfer, chunks: list[bytes], size: int) -> None:
+        began = time.monotonic()
         for chunk in chunks:
             transfer.hasher.update(chunk)
+        transfer.hash_seconds += time.monotonic() - began
         sink.write_unverified(transfer.file, transfer.index, transfer.received, chunks)
         transfer.received += size
 
@@ -385,6 +399,7 @@ class Downloader:
             response = await pool.get(url, headers)
         except (OSError, TimeoutError) as exc:
             raise SourceError(source.url, f"{what}: {exc or type(exc).__name__}") from None
+        transfer.answered = transfer.answered or time.monotonic()
         if response.status not in (200, 206):
             await response.discard()
         try:
@@ -406,8 +421,10 @@ class Downloader:
 
                 def hash_range(offset: int, n: int) -> None:  # in a worker thread; hashlib releases the GIL
                     at = shard_offset + start + offset
+                    began = time.monotonic()
                     with memoryview(mapped) as view:
                         transfer.hasher.update(view[at : at + n])
+                    transfer.hash_seconds += time.monotonic() - began
                     start_writeback(fd, at, n)
                     transfer.received += n
 
@@ -430,6 +447,7 @@ class Downloader:
         headers = {"Range": f"bytes={transfer.received}-"} if transfer.received else {}
         try:
             async with self.session.get(url, headers=headers, timeout=client_timeout()) as response:
+                transfer.answered = transfer.answered or time.monotonic()
                 self._check_status(source, transfer, step, response.status, response.headers)
                 transfer.begin_piece(source.url)
                 async for chunk, _ in response.content.iter_chunks():  # the buffers as received, never joined
@@ -587,6 +605,7 @@ async def fetch_checkpoint(
             if target.exists():
                 return target
             sink = PartialCheckpoint(target, manifest)
+            trace.event("manifest", step=manifest.step, bytes=manifest.total_size)
             try:
                 if on_start is not None:
                     on_start(manifest, sink.done_bytes)

@@ -17,7 +17,7 @@ import time
 
 import aiohttp
 
-from node.relay import RelayError, SourceError, UntrustedManifest, VersionExists
+from node.relay import RelayError, SourceError, UntrustedManifest, VersionExists, trace
 from node.relay.client import Downloader, fetch_manifest, list_versions, new_session
 from node.relay.manifest import Manifest
 from node.relay.server import ShardServer
@@ -187,6 +187,7 @@ class Mirror:
             raise RelayError(f"step {step} is no longer among the newest {self.keep} verified")
         manifest, signature = self._verified[step]
         partial = self.store.begin_version(manifest, signature)  # the same one again on a retry
+        trace.event("manifest", step=step, bytes=manifest.total_size)
         await self.server.notify()
         downloader = Downloader(self._session, having, parallel=self.parallel, on_shard=self.server.notify)
         await downloader.download(partial)

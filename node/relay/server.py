@@ -29,7 +29,7 @@ from typing import BinaryIO
 from aiohttp import web
 
 from node.metrics import Registry
-from node.relay import LongPollRefused, ManifestError, ShardPending, UnknownShard, VersionNotFound
+from node.relay import LongPollRefused, ManifestError, ShardPending, UnknownShard, VersionNotFound, trace
 from node.relay.manifest import check_name
 from node.relay.polls import LongPolls
 from node.relay.store import ShardStore
@@ -318,6 +318,7 @@ class ShardServer:
             return _error(404, "no such file")
         if not _STEP.fullmatch(index_text):
             return _error(404, "no such shard")
+        asked = time.monotonic()
         try:
             paths, offset, size = await self._locate(step, file, int(index_text))
         except VersionNotFound:
@@ -345,8 +346,10 @@ class ShardServer:
             response = web.StreamResponse(status=status, headers=headers)
             response.content_length = end - start
             await response.prepare(request)
+            waited = time.monotonic() - asked
             await self._send_file(request, file_object, offset + start, end - start)
             await response.write_eof()
+            trace.event("served", file=file, index=int(index_text), bytes=end - start, waited_s=round(waited, 4))
             return response
         finally:
             file_object.close()

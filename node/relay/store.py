@@ -37,6 +37,7 @@ from node.relay import (
     UnknownShard,
     VersionExists,
     VersionNotFound,
+    trace,
 )
 from node.relay.manifest import (
     Manifest,
@@ -177,6 +178,7 @@ class ShardStore:
         One read of the source (a kernel copy) and one hashing pass over the copy: the origin's path.
         `sign(manifest)` returns the trainer's 65-byte signature.
         """
+        trace.event("publish_start", step=step)
         tmp = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{step}."))
         try:
             for entry in sorted(os.scandir(checkpoint_dir), key=lambda e: e.name):
@@ -184,7 +186,9 @@ class ShardStore:
                 if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
                     raise ManifestError(f"{entry.name!r} in {checkpoint_dir} is not a regular file")
                 shutil.copyfile(entry.path, tmp / entry.name)
+            trace.event("publish_copied", step=step)
             manifest = build_manifest(tmp, pool_id=pool_id, step=step, shard_size=shard_size)
+            trace.event("publish_hashed", step=step)
             if self._stored(manifest):
                 shutil.rmtree(tmp)
                 return manifest
@@ -194,6 +198,7 @@ class ShardStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        trace.event("published", step=step)
         return manifest
 
     def _stored(self, manifest: Manifest) -> bool:
@@ -534,6 +539,7 @@ class PartialCheckpoint:
             raise IncompleteCheckpoint(missing)
         if self.target.exists():
             raise TargetExists(str(self.target))
+        trace.event("finish_start", step=self.manifest.step)
         for mf in self.manifest.files:
             if verify_files:
                 self._verify_file(mf)
@@ -547,8 +553,10 @@ class PartialCheckpoint:
         if not self._keep_metadata:
             (self.partial / PARTIAL_MANIFEST_NAME).unlink()
         _fsync_path(self.partial)
+        trace.event("finish_fsynced", step=self.manifest.step)
         os.rename(self.partial, self.target)
         _fsync_path(self.target.parent)
+        trace.event("finish_renamed", step=self.manifest.step)
         return self.target
 
     def _verify_file(self, mf: ManifestFile) -> None:

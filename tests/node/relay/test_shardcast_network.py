@@ -9,6 +9,7 @@ others, and a new version crosses a tree of relays by long-poll, not by polling 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,3 +309,64 @@ def test_a_new_version_crosses_a_relay_tree_to_leaf_clients_without_polling_dela
         assert client.wait(timeout=120) == 0, net.log(f"client{i}")
         assert_same_checkpoint(net.root / f"out{i}" / "step_2", source)
     assert metric(leaf, "shardcast_mirror_failures_total") == 0
+
+
+def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byte(net: Network) -> None:
+    """Issue 23: a relay serves each shard once it verified it, while later shards still arrive. Here its upstream
+    sends a wrong byte in every odd shard: those bytes land in the relay's partial file, unverified, and must never
+    leave it. Readers ask the relay for every shard as soon as it lists the version, and compare each byte; then the
+    relay is SIGKILLed mid-answer and a client that was fetching from it finishes from the origin."""
+    origin = net.origin()
+    source = net.publish(1, 16 * MIB, seed=6)
+    corrupt, _ = net.relay("corrupt", origin)
+    wait_complete(corrupt, 1)
+    stored = net.root / "corrupt" / "v" / "1" / "model.safetensors"
+    data = bytearray(stored.read_bytes())
+    for offset in range(SHARD, len(data), 2 * SHARD):
+        data[offset + 11] ^= 0xFF  # each odd shard is wrong from its 12th byte on
+    stored.write_bytes(bytes(data))
+    truth = (source / "model.safetensors").read_bytes()
+    served: list[int] = []  # shards the relay sent whole
+    wrong: list[int] = []  # shards of which the relay sent a byte that is not the checkpoint's
+
+    def read_shard(index: int) -> None:
+        url = f"{relay}/v/1/shards/model.safetensors/{index}"
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    got = b""
+                    while chunk := response.read(64 * 1024):
+                        got += chunk
+                        if got != truth[index * SHARD : index * SHARD + len(got)]:
+                            wrong.append(index)
+                            return
+            except urllib.error.HTTPError as exc:
+                if exc.code not in (404, 429, 503):  # no such version here yet; busy; not mirrored yet
+                    wrong.append(index)
+                    return
+                time.sleep(0.05)
+                continue
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
+                return  # the relay was killed
+            if len(got) == SHARD:
+                served.append(index)
+            return
+
+    relay, proc = net.relay("relay", corrupt, extra=("--client-rate", "2"))  # MB/s: answers still going at the kill
+    readers = [threading.Thread(target=read_shard, args=(i,)) for i in range(16)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + 60
+    while len(served) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(served) >= 2 and all(i % 2 == 0 for i in served), served  # verified shards, while it had not all
+    out = net.root / "out"
+    client = net.fetch("client", out, relay, origin)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)  # mid-answer: the readers and the client lose the rest of theirs
+    for reader in readers:
+        reader.join(timeout=60)
+    assert wrong == []
+    assert client.wait(timeout=120) == 0, net.log("client")
+    assert_same_checkpoint(out / "step_1", source)
+    assert f"dropping source {corrupt}" in net.log("relay")  # it did receive bad bytes, and kept them to itself
