@@ -466,6 +466,7 @@ def measure_ours(
     *,
     relays: int = 1,
     traced: bool = False,
+    parallel: int | None = None,
 ) -> Result:
     deployment = write_anvil_deployment(work / "deployment.json")  # no chain runs: see tests/anvil_deployment.py
     staging, watch = work / "staging" / "step_1", work / "checkpoints"
@@ -488,6 +489,7 @@ def measure_ours(
         port = free_port()
         relay = [*prime_node, "relay", "--data", str(work / f"relay-{hop}"), "--port", str(port)]
         relay += ["--host", "127.0.0.1", "--upstream", upstream, "--trainer", TRAINER, "--deployment", str(deployment)]
+        relay += ["--parallel", str(parallel)] if parallel else []
         procs.start(f"relay-{hop}", relay, REPO, env)
         upstream = f"http://127.0.0.1:{port}"
         procs.wait_until(f"our relay-{hop}'s /health", lambda url=upstream: answers(f"{url}/health"))  # type: ignore[misc]
@@ -497,6 +499,7 @@ def measure_ours(
         outputs.append(work / name / "step_1" / FILE)
         fetch = [*prime_node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--after", "0"]
         fetch += ["--out", str(work / name), "--deployment", str(deployment), "--pool", str(POOL), "--quiet"]
+        fetch += ["--parallel", str(parallel)] if parallel else []
         procs.start(name, fetch, REPO, env)
     # ready: every client's long-poll is waiting at the relay (the /metrics request is in flight too)
     procs.wait_until("our clients to long-poll the relay", lambda: in_flight(relay_url) > clients)
@@ -513,6 +516,8 @@ def measure_ours(
     verify(outputs, expected, result.system)
     if traced:
         result.timeline = timeline(trace.read(work / "trace"), max(finished))
+        used = {name: cpu - procs.cpu_at_mark.get(name, 0.0) for name, cpu in procs.cpu.items()}
+        result.timeline.append("CPU s while the clock ran: " + ", ".join(f"{n} {c:.2f}" for n, c in used.items()))
     return result
 
 
@@ -608,7 +613,7 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
                 results.append(
                     measure_ours(
                         work, source, expected, int(n), args.shard_size, args.settle, procs, relays=relays,
-                        traced=args.trace,
+                        traced=args.trace, parallel=args.parallel,
                     )
                 )  # fmt: skip
         finally:
@@ -700,6 +705,7 @@ def main() -> int:
     parser.add_argument(
         "--systems", default="raw,shardcast,ours,chain", help="which to measure (chain: ours through 2 relays)"
     )
+    parser.add_argument("--parallel", type=int, help="our relays' and clients' --parallel (default: their own)")
     parser.add_argument("--trace", action="store_true", help="print where our time went, hop by hop (node.relay.trace)")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs (printed path)")
     args = parser.parse_args()

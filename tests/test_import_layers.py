@@ -80,3 +80,18 @@ def test_no_two_parts_of_a_package_import_each_other() -> None:
 
     cycles = sorted(f"{a} <-> {b}" for a in uses for b in uses[a] if reaches(b, a))
     assert not cycles, cycles
+
+
+def test_the_checkpoint_commands_run_without_torch() -> None:
+    """`prime-node origin`, `relay` and `fetch-weights` move bytes: loading torch cost them 1.4 s at start-up, about
+    300 MB each, and 0.1-0.2 s at exit, which a broadcast's last client waits for (benchmarks/shardcast.py)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, node.cli.main, node.relay.client, node.relay.mirror, node.relay.origin, node.relay.trust\n"
+        "loaded = sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -1,25 +1,34 @@
-"""Verifiable sampling and the backends that generate with it (torch here, vLLM on a GPU)."""
+"""Verifiable sampling and the backends that generate with it (torch here, vLLM on a GPU).
 
-from node.inference.base import Completion, FinishReason, GenerationRequest, InferenceBackend, InferenceError
-from node.inference.sampler import (
-    SamplingCheck,
-    SamplingParams,
-    SamplingParamsError,
-    check_logprobs,
-    check_sampled,
-    sample_tokens,
-)
+The names below load on first use, not with the package: `node.inference.select` (which every command that
+generates names in its options) must import without torch, so that `prime-node relay`, `origin` and
+`fetch-weights` start, run and exit without it.
+"""
 
-__all__ = [
-    "Completion",
-    "FinishReason",
-    "GenerationRequest",
-    "InferenceBackend",
-    "InferenceError",
-    "SamplingCheck",
-    "SamplingParams",
-    "SamplingParamsError",
-    "check_logprobs",
-    "check_sampled",
-    "sample_tokens",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Completion": "base",
+    "FinishReason": "base",
+    "GenerationRequest": "base",
+    "InferenceBackend": "base",
+    "InferenceError": "base",
+    "SamplingCheck": "sampler",
+    "SamplingParams": "sampler",
+    "SamplingParamsError": "sampler",
+    "check_logprobs": "sampler",
+    "check_sampled": "sampler",
+    "sample_tokens": "sampler",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-import torch
-
 from node.errors import NodeError
 
 if TYPE_CHECKING:
+    import torch
+
     from node.inference.sampler import SamplingParams
 
 FinishReason = Literal["stop", "length"]

@@ -201,8 +201,10 @@ class Response:
             self._release(reusable)
 
     async def splice_into(self, fd: int, file_offset: int, absorb: Absorb, every: int) -> None:
-        """Move the body into `fd` at `file_offset`; `absorb(offset, n)` is awaited, in order, every `every`
-        bytes and for the remainder, before more is read. A short or overlong body raises `ConnectionError`."""
+        """Move the body into `fd` at `file_offset`; `absorb(offset, n)` is called in order for every `every` bytes
+        and for the remainder, each once the previous one has returned, while the next bytes are being read (the
+        hash of one piece overlaps the receipt of the next); all have returned when this does, also on an error.
+        A short or overlong body raises `ConnectionError`."""
         reusable = False
         try:
             if len(self.early) > self.length:
@@ -219,6 +221,14 @@ class Response:
             done += os.pwrite(fd, early[done:], file_offset + done)
         read_end, write_end = self.pool._pipe_fds()
         lowat = 1
+        running: asyncio.Future[None] | None = None  # the absorb of the previous piece
+
+        async def hand_over(offset: int, n: int) -> None:
+            nonlocal running
+            if running is not None:
+                await running
+            running = asyncio.ensure_future(absorb(offset, n))
+
         try:
             while done < length:
                 try:
@@ -243,14 +253,22 @@ class Response:
                     drained += os.splice(read_end, fd, moved - drained, offset_dst=file_offset + done + drained)
                 done += moved
                 if done - absorbed >= every:
-                    await absorb(absorbed, done - absorbed)
+                    await hand_over(absorbed, done - absorbed)
                     absorbed = done
         except (OSError, TimeoutError):
             if done > absorbed:  # keep the prefix that arrived: the next source is asked only for the rest
-                await absorb(absorbed, done - absorbed)
+                await hand_over(absorbed, done - absorbed)
+            if running is not None:
+                await running
+            raise
+        except BaseException:  # cancelled: the piece being absorbed still ends before the file is let go
+            if running is not None:
+                await asyncio.shield(running)
             raise
         if done > absorbed:
-            await absorb(absorbed, done - absorbed)
+            await hand_over(absorbed, done - absorbed)
+        if running is not None:
+            await running
         try:  # a well-behaved server sends nothing more; stray bytes make the connection unusable, not the body
             self._stray = bool(self.sock.recv(1, socket.MSG_PEEK))
         except BlockingIOError:
