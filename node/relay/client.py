@@ -54,6 +54,11 @@ CHUNK = 1024 * 1024  # bytes hashed and written at a time
 MAX_VERSIONS_BYTES = 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 MAX_ATTEMPTS = 60  # requests for one shard before the download gives up (busy answers included)
+# Transfers in flight to one source. Shards of one source then complete nearly in manifest order, so a relay has
+# its first shard verified (and served on) after about two shards' time, not `parallel` shards' time: with 8 at
+# once from its one upstream, each hop of a relay tree held back 8 shards (128 MiB). Two keep a source busy while
+# one transfer ends and the next begins; more sources still get `parallel` transfers in all.
+PER_SOURCE = 2
 STEP_DIR_PREFIX = "step_"
 Progress = Callable[[int], None]  # bytes just verified and written
 ShardDone = Callable[[], Awaitable[None]]
@@ -208,16 +213,19 @@ class Downloader:
         sources: Sequence[Source],
         *,
         parallel: int = 8,
+        per_source: int = PER_SOURCE,
         on_progress: Progress | None = None,
         on_shard: ShardDone | None = None,
     ) -> None:
         if not sources:
             raise RelayError("no source to download from")
-        if parallel < 1:
-            raise ValueError(f"parallel must be at least 1, got {parallel}")
+        if parallel < 1 or per_source < 1:
+            raise ValueError(f"parallel and per_source must be at least 1, got {parallel} and {per_source}")
         self.session = session
         self.sources = list(sources)
-        self.parallel = parallel
+        self.parallel, self.per_source = parallel, per_source
+        self._freed = asyncio.Condition()  # a transfer of this download ended: a source may be under its cap again
+        self._mine: dict[str, int] = {}  # url -> this download's transfers in flight to it (the cap counts these)
         self.on_progress = on_progress
         self.on_shard = on_shard
         self.errors: list[str] = []
@@ -230,10 +238,24 @@ class Downloader:
         queue = deque(sink.missing())
         step = sink.manifest.step
 
+        active = 0  # shards being fetched: at most PER_SOURCE for each usable source
+
         async def worker() -> None:
+            nonlocal active
             while queue:
+                usable = sum(s.banned is None for s in self.sources)
+                if active >= self.per_source * max(1, usable):  # a shard is taken only when it can be sent for,
+                    async with self._freed:  # so they are fetched in manifest order, not held by waiting workers
+                        await self._freed.wait()
+                    continue
                 file, index = queue.popleft()
-                await self._fetch(sink, _Transfer(file, index, shards[(file, index)]), step)
+                active += 1
+                try:
+                    await self._fetch(sink, _Transfer(file, index, shards[(file, index)]), step)
+                finally:
+                    active -= 1
+                    async with self._freed:
+                        self._freed.notify_all()
 
         workers = [asyncio.create_task(worker()) for _ in range(min(self.parallel, max(1, len(queue))))]
         try:
@@ -245,11 +267,21 @@ class Downloader:
             if self._splice is not None:
                 self._splice.close()
 
-    def _pick(self) -> Source | None:
-        """A usable source at random, weighted by throughput per transfer in flight; None if all are out."""
-        usable = [s for s in self.sources if s.banned is None]
-        if not usable:
-            return None
+    async def _pick(self) -> Source | None:
+        """A usable source under its cap of transfers at random, weighted by throughput per transfer in flight,
+        waiting for one to be under its cap; None if all are out."""
+        while True:
+            usable = [s for s in self.sources if s.banned is None]
+            if not usable:
+                return None
+            open_ = [s for s in usable if self._mine.get(s.url, 0) < self.per_source]
+            if open_:
+                return self._weighted(open_)
+            async with self._freed:
+                await self._freed.wait()
+
+    @staticmethod
+    def _weighted(usable: list[Source]) -> Source:
         now = time.monotonic()
         ready = [s for s in usable if s.retry_at <= now] or [min(usable, key=lambda s: s.retry_at)]
         known = [s.throughput for s in ready if s.throughput > 0]
@@ -275,7 +307,7 @@ class Downloader:
         transfer.asked = time.monotonic()
         trace.event("shard_start", file=transfer.file, index=transfer.index)
         for _ in range(MAX_ATTEMPTS):
-            source = self._pick()
+            source = await self._pick()
             if source is None:
                 break
             delay = source.retry_at - time.monotonic()
@@ -283,6 +315,7 @@ class Downloader:
                 await asyncio.sleep(delay)
             started, before = time.monotonic(), transfer.received
             source.in_flight += 1
+            self._mine[source.url] = self._mine.get(source.url, 0) + 1
             try:
                 await self._receive(source, sink, transfer, step)
             except SourceError as exc:
@@ -295,6 +328,9 @@ class Downloader:
                 continue
             finally:
                 source.in_flight -= 1
+                self._mine[source.url] -= 1
+                async with self._freed:
+                    self._freed.notify_all()
             try:
                 sink.commit(transfer.file, transfer.index, transfer.hasher.digest())
             except ShardHashMismatch as exc:
@@ -425,7 +461,8 @@ class Downloader:
                     with memoryview(mapped) as view:
                         transfer.hasher.update(view[at : at + n])
                     transfer.hash_seconds += time.monotonic() - began
-                    start_writeback(fd, at, n)
+                    if sink.writeback:
+                        start_writeback(fd, at, n)
                     transfer.received += n
 
                 async def absorb(offset: int, n: int) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,6 @@ DEFAULT_SHARD_SIZE = 16 * 1024 * 1024
 MIN_SHARD_SIZE = 1024
 MAX_SHARD_SIZE = 1024 * 1024 * 1024
 MAX_NAME_BYTES = 255
-_READ_CHUNK = 1024 * 1024  # bounds memory while hashing shards larger than this
 _HEX = frozenset("0123456789abcdef")
 _MAX_DEPTH = 8  # a manifest nests 5 deep; deeper input is refused before json.loads can overflow the C stack
 
@@ -72,28 +73,21 @@ def check_name(name: str) -> None:
 
 
 def _hash_file(path: Path, name: str, shard_size: int) -> ManifestFile:
-    """One pass over the file: the whole-file hash and each shard's hash grow from the same reads."""
-    whole = hashlib.sha256()
-    shards: list[ShardInfo] = []
-    offset = 0
+    """The whole-file hash and each shard's hash, in two threads over one mapping of the file (hashlib lets go of
+    the GIL): the origin's publish waits for both passes, which in one thread took twice as long."""
     with open(path, "rb") as f:
-        while True:
-            shard = hashlib.sha256()
-            size = 0
-            while size < shard_size:
-                chunk = f.read(min(_READ_CHUNK, shard_size - size))
-                if not chunk:
-                    break
-                shard.update(chunk)
-                whole.update(chunk)
-                size += len(chunk)
-            if size == 0:
-                break
-            shards.append(ShardInfo(len(shards), offset, size, shard.digest()))
-            offset += size
-            if size < shard_size:
-                break
-    return ManifestFile(name, offset, whole.digest(), tuple(shards))
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return ManifestFile(name, 0, hashlib.sha256().digest(), ())
+        mapping = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        with mapping, memoryview(mapping) as view, ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
+            whole = pool.submit(lambda: hashlib.sha256(view).digest())
+            shards = []
+            for index, offset in enumerate(range(0, size, shard_size)):
+                with view[offset : offset + shard_size] as piece:
+                    shards.append(ShardInfo(index, offset, len(piece), hashlib.sha256(piece).digest()))
+            digest = whole.result()
+    return ManifestFile(name, size, digest, tuple(shards))
 
 
 def build_manifest(

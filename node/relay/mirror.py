@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 LONG_POLL_S = 30.0
 MAX_TRIES = 3  # manifest requests for one step an upstream lists before that step of that upstream is ignored
 MAX_REMEMBERED = 4096  # steps remembered per upstream as not backed (the lowest are forgotten first)
+FINISH_QUIET = 0.5  # seconds without a shard of a mirrored version served before it is fsynced and renamed
+FINISH_WAIT = 30.0  # ... but no longer than this after its last shard was verified
 
 
 class Mirror:
@@ -178,6 +180,19 @@ class Mirror:
             self._active.pop(step, None)
             self._verified.pop(step, None)
 
+    async def _until_quiet(self, step: int) -> None:
+        """Wait, up to `FINISH_WAIT` s, until no shard of `step` has been served for `FINISH_QUIET` s.
+
+        Every shard of the version is verified and served already; what `finish_version` adds is durability (an
+        fsync of the whole version, then the rename). That fsync took the disk and the file system's journal from
+        this relay's clients while they were still receiving and renaming their own copies (measured on one
+        machine: their renames waited 0.15 s for it), so it runs once they are done, and at the latest after
+        `FINISH_WAIT` s. Until then the version is listed as incoming and served from its partial folder; a crash
+        meanwhile costs a re-hash of its shards on restart, never a byte."""
+        deadline = time.monotonic() + FINISH_WAIT
+        while (idle := self.server.idle_for(step)) < FINISH_QUIET and time.monotonic() < deadline:
+            await asyncio.sleep(FINISH_QUIET - idle)
+
     async def _mirror_once(self, step: int) -> None:
         assert self._session is not None
         having = [u for u in self.upstreams if step in self._offers.get(u.url, frozenset()) and u.banned is None]
@@ -191,6 +206,7 @@ class Mirror:
         await self.server.notify()
         downloader = Downloader(self._session, having, parallel=self.parallel, on_shard=self.server.notify)
         await downloader.download(partial)
+        await self._until_quiet(step)
         await asyncio.to_thread(self.store.finish_version, partial)
         await self.server.notify()
         log.info("mirrored step %d (%d bytes)", step, manifest.total_size)

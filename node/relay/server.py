@@ -123,6 +123,8 @@ class ShardServer:
         self._byte_buckets: dict[str, TokenBucket] = {}
         self._runner: web.AppRunner | None = None
         self.started = time.time()
+        self._serving: dict[int, int] = {}  # step -> shard answers being sent now
+        self._served_at: dict[int, float] = {}  # step -> time.monotonic() the last shard answer of it ended
 
         self.metrics = Registry()
         self._requests = self.metrics.counter("shardcast_requests_total", "HTTP requests by endpoint and status.")
@@ -184,6 +186,13 @@ class ShardServer:
         self._polls.wake_all()
         async with self._changed:
             self._changed.notify_all()
+
+    def idle_for(self, step: int) -> float:
+        """Seconds since the last shard answer of `step` ended (infinite if none was sent); 0 while one is sent."""
+        if self._serving.get(step, 0):
+            return 0.0
+        ended = self._served_at.get(step)
+        return float("inf") if ended is None else time.monotonic() - ended
 
     def latest(self) -> int | None:
         steps = self.store.versions() + self.store.incoming()
@@ -342,6 +351,7 @@ class ShardServer:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         file_object = self._open(paths)
+        self._serving[step] = self._serving.get(step, 0) + 1
         try:
             response = web.StreamResponse(status=status, headers=headers)
             response.content_length = end - start
@@ -353,6 +363,14 @@ class ShardServer:
             return response
         finally:
             file_object.close()
+            left = self._serving[step] - 1
+            if left:
+                self._serving[step] = left
+            else:
+                del self._serving[step]
+            self._served_at[step] = time.monotonic()
+            while len(self._served_at) > 64:  # the steps a server still holds are few; forget the oldest
+                del self._served_at[min(self._served_at)]
 
     async def _locate(self, step: int, file: str, index: int) -> tuple[list[os.PathLike[str]], int, int]:
         """The shard's location, waiting up to `pending_wait` while it is still being mirrored."""

@@ -230,7 +230,9 @@ class ShardStore:
                 raise VersionExists(manifest.step)
             if not current.closed:
                 return current
-        partial = PartialCheckpoint(self._versions / str(manifest.step), manifest, metadata={SIGNATURE_NAME: signature})
+        partial = PartialCheckpoint(
+            self._versions / str(manifest.step), manifest, metadata={SIGNATURE_NAME: signature}, writeback=False
+        )
         self._incoming[manifest.step] = partial
         return partial
 
@@ -350,9 +352,18 @@ class PartialCheckpoint:
     """
 
     def __init__(
-        self, target_dir: str | os.PathLike[str], manifest: Manifest, *, metadata: Mapping[str, bytes] | None = None
+        self,
+        target_dir: str | os.PathLike[str],
+        manifest: Manifest,
+        *,
+        metadata: Mapping[str, bytes] | None = None,
+        writeback: bool = True,
     ) -> None:
         self.target = Path(target_dir)
+        # start writing each range to disk as it lands, so `finish` has little left to fsync: a client's rename
+        # waits for that fsync; a relay's does not (it serves each shard as soon as it is verified), and its disk
+        # writes only take the CPU and the disk from its own transfers and its clients'
+        self.writeback = writeback
         self.partial = self.target.with_name(self.target.name + ".partial")
         self.manifest = manifest
         self.metadata = dict(metadata or {})
@@ -463,7 +474,8 @@ class PartialCheckpoint:
                 while rest:
                     n = os.pwrite(fd, rest, shard.offset + at + written)
                     rest, written = rest[n:], written + n
-            start_writeback(fd, shard.offset + at, size)
+            if self.writeback:
+                start_writeback(fd, shard.offset + at, size)
         finally:
             os.close(fd)
 
