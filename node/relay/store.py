@@ -16,6 +16,7 @@ which no manifest file can have; they are removed just before the rename.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import shutil
@@ -81,6 +82,38 @@ def start_writeback(fd: int, offset: int, size: int) -> None:
     """Start writing a just-written range to disk without waiting (nothing where sync_file_range is missing)."""
     if _start_writeback is not None:
         _start_writeback(fd, offset, size)
+
+
+def _load_fallocate() -> Callable[[int, int], int] | None:
+    """Linux's fallocate(2) through libc (mode 0), answering 0 or an errno, or None where it is missing.
+
+    Not `os.posix_fallocate`: where the file system cannot allocate, glibc emulates it by writing zeros over the
+    whole length, a second write of every byte of a checkpoint."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+
+    def allocate(fd: int, size: int) -> int:
+        return 0 if function(fd, 0, 0, size) == 0 else ctypes.get_errno()
+
+    return allocate
+
+
+_fallocate = _load_fallocate() if sys.platform == "linux" else None
+
+
+def reserve_space(path: Path, fd: int, size: int) -> None:
+    """Allocate `size` bytes of disk for a file about to be written in pieces: a download that cannot fit fails
+    before its first byte (`RelayError`), not at some shard halfway, and the file system writes into extents it has
+    allocated once instead of reserving blocks page by page (about 5% of a receiving process's time here). Where
+    it cannot allocate, the file stays sparse."""
+    if _fallocate is None or size == 0:
+        return
+    error = _fallocate(fd, size)
+    if error in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        raise RelayError(f"cannot hold {size} bytes at {path}: {os.strerror(error)}")
 
 
 def _fsync_path(path: Path) -> None:
@@ -389,9 +422,14 @@ class PartialCheckpoint:
         for name, data in self.metadata.items():
             _write_durably(self.partial / name, data)
         for mf in manifest.files:
-            with open(self.partial / mf.name, "ab") as f:  # creates it; sparse until shards arrive
-                if os.fstat(f.fileno()).st_size != mf.size:
-                    f.truncate(mf.size)
+            with open(self.partial / mf.name, "ab") as f:  # creates it
+                if os.fstat(f.fileno()).st_size == mf.size:
+                    continue  # resumed
+                reserve_space(self.partial / mf.name, f.fileno(), mf.size)  # extends it where it can
+                try:
+                    f.truncate(mf.size)  # sparse where it could not, or shorter than a leftover
+                except OSError as exc:
+                    raise RelayError(f"cannot hold {mf.size} bytes at {self.partial / mf.name}: {exc}") from exc
         self._journal: TextIO | None = None
         self._rewrite_journal()
 

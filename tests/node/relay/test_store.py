@@ -332,3 +332,35 @@ def test_uncommitted_streamed_bytes_are_not_trusted_on_resume(tmp_path: Path, so
     partial.close()
     resumed = PartialCheckpoint(tmp_path / "out", manifest)
     assert ("model.safetensors", 0) in resumed.missing()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fallocate(2)")
+def test_a_download_that_cannot_fit_fails_before_its_first_byte(tmp_path: Path, manifest: Manifest) -> None:
+    """The partial files are allocated whole when the download starts: past the space a process may write (here a
+    file size limit, as a full disk would), the download is refused with the reason, not after hours of shards."""
+    total = max(mf.size for mf in manifest.files)
+    probe = f"""
+import resource, signal, sys
+from pathlib import Path
+from node.relay import RelayError
+from node.relay.manifest import parse_manifest
+from node.relay.store import PartialCheckpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, ({total // 2}, {total // 2}))
+manifest = parse_manifest(Path(sys.argv[1]).read_bytes())
+try:
+    PartialCheckpoint(Path(sys.argv[2]), manifest)
+except RelayError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+    (tmp_path / "manifest.json").write_bytes(encode_manifest(manifest))
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "manifest.json"), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[3],
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"cannot hold {total} bytes" in done.stdout and "File too large" in done.stdout
+    fits = PartialCheckpoint(tmp_path / "fits", manifest)  # no limit: allocated, not sparse
+    for mf in manifest.files:
+        assert os.stat(fits.partial / mf.name).st_blocks * 512 >= mf.size
