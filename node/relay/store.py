@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -208,25 +209,30 @@ class ShardStore:
     ) -> Manifest:
         """Copy a trusted checkpoint directory in, build its manifest from the copy, sign it, and store it.
 
-        One read of the source (a kernel copy) and one hashing pass over the copy: the origin's path.
+        One read of the source (a kernel copy) and one hashing pass over the copy: the origin's path. The copy is
+        fsynced while it is hashed (both only read it), so publishing waits for the longer of the two, not both.
         `sign(manifest)` returns the trainer's 65-byte signature.
         """
         trace.event("publish_start", step=step)
         tmp = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{step}."))
         try:
+            names = []
             for entry in sorted(os.scandir(checkpoint_dir), key=lambda e: e.name):
                 check_name(entry.name)
                 if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
                     raise ManifestError(f"{entry.name!r} in {checkpoint_dir} is not a regular file")
                 shutil.copyfile(entry.path, tmp / entry.name)
+                names.append(entry.name)
             trace.event("publish_copied", step=step)
-            manifest = build_manifest(tmp, pool_id=pool_id, step=step, shard_size=shard_size)
+            with ThreadPoolExecutor(1, thread_name_prefix="publish-fsync") as pool:
+                synced = [pool.submit(_fsync_path, tmp / name) for name in names]
+                manifest = build_manifest(tmp, pool_id=pool_id, step=step, shard_size=shard_size)
+                for done in synced:
+                    done.result()
             trace.event("publish_hashed", step=step)
             if self._stored(manifest):
                 shutil.rmtree(tmp)
                 return manifest
-            for mf in manifest.files:
-                _fsync_path(tmp / mf.name)
             self._install(tmp, manifest, sign(manifest))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
