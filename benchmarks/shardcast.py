@@ -1,8 +1,10 @@
 """Checkpoint broadcast time, ours against Prime Intellect's `shardcast` 0.3.2 and a raw HTTP GET, from one run.
 
-Run: `.venv/bin/python benchmarks/shardcast.py [--size-mib 512] [--clients 1,4] [--repeats 1]` (`--size-mib 64`
-for a quick check). Goals: ours at least 4x faster than shardcast 0.3.2 with 4 clients, and at least half the raw
-GET's speed with 1 client.
+Run: `.venv/bin/python benchmarks/shardcast.py [--size-mib 512] [--clients 1,4] [--repeats 1] [--trace]`
+(`--size-mib 64` for a quick check). Goals (issue 23): ours at least 6x faster than shardcast 0.3.2 with 4 clients,
+at least 75% of the raw GET's speed with 1 client, and at least 60% through a chain of 2 relays. It first prints
+the machine's page-cache write rate, fsync time and sha256 rate, which every figure depends on; `--trace` prints
+each of our processes' timeline (node/relay/trace.py) and CPU for the median runs.
 
 The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast, outside the
 project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's downloader).
@@ -552,9 +554,12 @@ def timeline(traces: dict[str, list[dict[str, Any]]], last_exit: float) -> list[
             parts.append(f"shards +{first['shard_done']:.2f} .. +{last['shard_done']:.2f}")
             parts.append(f"hash {sum(e['hash_s'] for e in done):.2f} s")
             parts.append(f"first bytes waited {sum(e['wait_s'] for e in done):.2f} s (all shards)")
-        if "finish_start" in first:
+        if "finish_fsynced" in first:
             parts.append(f"fsync {first['finish_fsynced'] - first['finish_start']:.2f} s")
+        if "finish_renamed" in first:
             parts.append(f"renamed +{first['finish_renamed']:.2f}")
+        elif "finish_start" in first:
+            parts.append(f"finishing from +{first['finish_start']:.2f} when stopped")
         if served:
             parts.append(f"served {len(served)} shards, waiting for them {sum(e['waited_s'] for e in served):.2f} s")
         lines.append(f"{name.split('-')[0]:<7} " + ", ".join(parts))
