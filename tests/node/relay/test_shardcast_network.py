@@ -177,6 +177,16 @@ def assert_same_checkpoint(got: Path, want: Path) -> None:
         assert (got / p.name).read_bytes() == p.read_bytes(), p.name
 
 
+def corrupt_shards(net: Network, relay: str, *, first: int, every: int, at: int) -> None:
+    """Flip byte `at` of shards first, first + every, ... of step 1 on `relay`'s disk, after it verified them: from
+    then on it serves those shards wrong."""
+    stored = net.root / relay / "v" / "1" / "model.safetensors"
+    data = bytearray(stored.read_bytes())
+    for offset in range(first * SHARD, len(data), every * SHARD):
+        data[offset + at] ^= 0xFF
+    stored.write_bytes(bytes(data))
+
+
 @pytest.fixture
 def net(tmp_path: Path) -> Iterator[Network]:
     network = Network(tmp_path)
@@ -191,12 +201,7 @@ def test_a_corrupting_relay_is_caught_and_the_checkpoint_is_byte_identical(net: 
     source = net.publish(1, 12 * MIB, seed=1)
     relay, _ = net.relay("relay", origin)
     wait_complete(relay, 1)
-    # the relay's disk goes bad after it verified the version: every shard it now serves is wrong
-    stored = net.root / "relay" / "v" / "1" / "model.safetensors"
-    data = bytearray(stored.read_bytes())
-    for offset in range(0, len(data), SHARD):
-        data[offset + 7] ^= 0xFF
-    stored.write_bytes(bytes(data))
+    corrupt_shards(net, "relay", first=0, every=1, at=7)  # its disk goes bad after it verified the version
 
     out = net.root / "out"
     proc = net.fetch("client", out, relay, origin, extra=("--step", "1"))
@@ -320,11 +325,7 @@ def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byt
     source = net.publish(1, 16 * MIB, seed=6)
     corrupt, _ = net.relay("corrupt", origin)
     wait_complete(corrupt, 1)
-    stored = net.root / "corrupt" / "v" / "1" / "model.safetensors"
-    data = bytearray(stored.read_bytes())
-    for offset in range(SHARD, len(data), 2 * SHARD):
-        data[offset + 11] ^= 0xFF  # each odd shard is wrong from its 12th byte on
-    stored.write_bytes(bytes(data))
+    corrupt_shards(net, "corrupt", first=1, every=2, at=11)  # each odd shard is wrong from its 12th byte on
     truth = (source / "model.safetensors").read_bytes()
     served: list[int] = []  # shards the relay sent whole
     wrong: list[int] = []  # shards of which the relay sent a byte that is not the checkpoint's
