@@ -318,14 +318,15 @@ def test_a_new_version_crosses_a_relay_tree_to_leaf_clients_without_polling_dela
 
 def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byte(net: Network) -> None:
     """Issue 23: a relay serves each shard once it verified it, while later shards still arrive. Here its upstream
-    sends a wrong byte in every odd shard: those bytes land in the relay's partial file, unverified, and must never
-    leave it. Readers ask the relay for every shard as soon as it lists the version, and compare each byte; then the
-    relay is SIGKILLed mid-answer and a client that was fetching from it finishes from the origin."""
+    sends a wrong byte in shards 9, 11, 13 and 15: those bytes land in the relay's partial file, unverified, and
+    must never leave it. Readers ask the relay for every shard as soon as it lists the version and compare each
+    byte (a shard not yet written would read as zeros); then the relay is SIGKILLed while readers and a client
+    wait on it, and the client finishes from the origin."""
     origin = net.origin()
     source = net.publish(1, 16 * MIB, seed=6)
-    corrupt, _ = net.relay("corrupt", origin)
+    corrupt, _ = net.relay("corrupt", origin, extra=("--client-rate", "4"))  # MB/s: the relay mirrors for seconds
     wait_complete(corrupt, 1)
-    corrupt_shards(net, "corrupt", first=1, every=2, at=11)  # each odd shard is wrong from its 12th byte on
+    corrupt_shards(net, "corrupt", first=9, every=2, at=11)  # wrong from their 12th byte on
     truth = (source / "model.safetensors").read_bytes()
     served: list[int] = []  # shards the relay sent whole
     wrong: list[int] = []  # shards of which the relay sent a byte that is not the checkpoint's
@@ -335,12 +336,7 @@ def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byt
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=60) as response:
-                    got = b""
-                    while chunk := response.read(64 * 1024):
-                        got += chunk
-                        if got != truth[index * SHARD : index * SHARD + len(got)]:
-                            wrong.append(index)
-                            return
+                    got = response.read()
             except urllib.error.HTTPError as exc:
                 if exc.code not in (404, 429, 503):  # no such version here yet; busy; not mirrored yet
                     wrong.append(index)
@@ -349,25 +345,27 @@ def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byt
                 continue
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
                 return  # the relay was killed
-            if len(got) == SHARD:
+            if got != truth[index * SHARD : index * SHARD + len(got)]:
+                wrong.append(index)
+            elif len(got) == SHARD:
                 served.append(index)
             return
 
-    relay, proc = net.relay("relay", corrupt, extra=("--client-rate", "2"))  # MB/s: answers still going at the kill
+    relay, proc = net.relay("relay", corrupt)
     readers = [threading.Thread(target=read_shard, args=(i,)) for i in range(16)]
     for reader in readers:
         reader.start()
     deadline = time.monotonic() + 60
-    while len(served) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert len(served) >= 2 and all(i % 2 == 0 for i in served), served  # verified shards, while it had not all
+    while f"dropping source {corrupt}" not in net.log("relay") and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the bad bytes of shard 9 are in its partial file, refused
+    assert wrong == []
+    assert len(served) >= 4 and not {9, 11, 13, 15} & set(served), served  # verified shards, while it had not all
     out = net.root / "out"
     client = net.fetch("client", out, relay, origin)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)  # mid-answer: the readers and the client lose the rest of theirs
+    proc.send_signal(signal.SIGKILL)  # the readers of shards it never verified, and the client, are waiting on it
     for reader in readers:
         reader.join(timeout=60)
     assert wrong == []
     assert client.wait(timeout=120) == 0, net.log("client")
     assert_same_checkpoint(out / "step_1", source)
-    assert f"dropping source {corrupt}" in net.log("relay")  # it did receive bad bytes, and kept them to itself
