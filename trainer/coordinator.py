@@ -219,7 +219,7 @@ class CoordinatorService:
 
     async def close(self) -> None:
         await self.parser.close()
-        self._writers.shutdown(wait=True)  # a write under way ends: its key is never left half-stored
+        await asyncio.to_thread(self._writers.shutdown, True)  # a write under way ends: no key is left half-stored
 
     # --- who may ask ---------------------------------------------------------------------------------
 

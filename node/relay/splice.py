@@ -14,6 +14,7 @@ per source. Every wait has a timeout; a peer that sends more than it announced, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import socket
@@ -263,7 +264,8 @@ class Response:
             raise
         except BaseException:  # cancelled: the piece being absorbed still ends before the file is let go
             if running is not None:
-                await asyncio.shield(running)
+                with contextlib.suppress(Exception):  # the cancellation is what this answers
+                    await asyncio.shield(running)
             raise
         if done > absorbed:
             await hand_over(absorbed, done - absorbed)
