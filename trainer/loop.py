@@ -91,7 +91,6 @@ class Candidate:
     path: Path
     work_key: bytes
     assignment: tuple[str, int]  # (node, counter): see `_assignment`
-    rows: int
     step: int
 
 
@@ -202,7 +201,7 @@ class TrainingLoop:
         if len(summary.steps) == 1:
             [step] = summary.steps
             assignment = (summary.meta.node, summary.meta.counter)
-            candidate = Candidate(path, summary.work_key, assignment, summary.rows, step)
+            candidate = Candidate(path, summary.work_key, assignment, step)
         else:
             log.error("never training on %s: its rows claim several policy steps", path)
         self._parsed[path] = candidate
@@ -243,37 +242,33 @@ class TrainingLoop:
                 break
             if candidate.assignment in taken:  # two files of one assignment: only the first one counts
                 continue
-            file = self._read_chosen(candidate)
-            if file is None:
+            file = self._read_upload(candidate.path, candidate.work_key)
+            if file is None:  # not the bytes it was inspected as: never again
+                self._parsed[candidate.path] = None
                 continue
             taken.add(candidate.assignment)
             chosen.append((candidate, file))
             rows += len(file.rows)
         return Selection([f for _, f in chosen], rows, stale, [c.path for c, _ in chosen])
 
-    def _read_chosen(self, candidate: Candidate) -> RolloutFile | None:
-        """A chosen file's rows; None (and never again) if they are not the bytes it was inspected as."""
+    def _read_upload(self, path: Path, work_key: bytes) -> RolloutFile | None:
+        """The rows of the file at `path` if it is the upload `work_key`; None (the reason logged) if it cannot be
+        read or holds other bytes (rewritten since it was inspected: the inbox never rewrites)."""
         try:
-            file = read_rollouts(candidate.path, max_bytes=self.max_file_bytes)
+            file = read_rollouts(path, max_bytes=self.max_file_bytes)
         except RolloutFormatError as exc:
-            log.error("never training on %s: %s", candidate.path, exc)
-            self._parsed[candidate.path] = None
+            log.error("never training on %s: %s", path, exc)
             return None
-        if file.work_key != candidate.work_key:  # rewritten since it was inspected: the inbox never rewrites
-            log.error("never training on %s: its bytes changed after it was inspected", candidate.path)
-            self._parsed[candidate.path] = None
+        if file.work_key != work_key:
+            log.error("never training on %s: its bytes changed after it was inspected", path)
             return None
         return file
 
     def read(self, path: Path, work_key: bytes) -> RolloutFile:
         """The file at `path`, read as `select` reads it, which must be the upload `work_key` (another rank chose it,
         `trainer.ranks`): a file that cannot be read, or holds other bytes, is a `TrainerError`."""
-        try:
-            file: RolloutFile | None = read_rollouts(path, max_bytes=self.max_file_bytes)
-        except RolloutFormatError as exc:
-            log.error("cannot read %s: %s", path, exc)
-            file = None
-        if file is None or file.work_key != work_key:
+        file = self._read_upload(path, work_key)
+        if file is None:
             chosen = f"0x{work_key.hex()}"
             raise TrainerError(f"{path} is not the upload {chosen} rank 0 chose: do the ranks share its folder?")
         return file
