@@ -24,7 +24,7 @@ class ManifestError(RelayError):
 
 
 class ShardHashMismatch(RelayError):
-    """A shard's bytes do not hash to the manifest's sha256; nothing was written."""
+    """A shard's bytes do not hash to the manifest's value for it (BLAKE3, or sha256 in format 1)."""
 
     def __init__(self, file: str, index: int, expected: str, actual: str) -> None:
         super().__init__(f"shard {file}[{index}] hash mismatch: expected {expected}, got {actual}")

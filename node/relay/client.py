@@ -16,7 +16,6 @@ a `PartialCheckpoint`, so a killed download resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import mmap
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import blake3
 
 from node.bodies import read_body
 from node.relay import (
@@ -42,7 +42,7 @@ from node.relay import (
     splice,
     trace,
 )
-from node.relay.manifest import Manifest, check_json_depth, parse_manifest
+from node.relay.manifest import Hasher, Manifest, ShardInfo, check_json_depth, parse_manifest
 from node.relay.server import SIGNATURE_HEADER
 from node.relay.sources import Source, SourcePool
 from node.relay.store import PartialCheckpoint, start_writeback
@@ -154,15 +154,14 @@ class _Transfer:
 
     `pieces` says which source sent which bytes: (offset in the shard, url) where each source's bytes begin.
     A shard that fails its hash after bytes from several sources is fetched again whole from one source
-    (`single`), and each piece of the failed attempt (`suspects`: start, end, url, sha256 of what it sent) is
+    (`single`), and each piece of the failed attempt (`suspects`: start, end, url, hash of what it sent) is
     then compared with the verified bytes: only a source whose piece differs sent bad bytes.
     """
 
     file: str
-    index: int
-    size: int
+    shard: ShardInfo
     received: int = 0  # bytes hashed and written
-    hasher: Any = field(default_factory=hashlib.sha256)
+    hasher: Hasher = field(init=False)  # the shard's kind of hash (BLAKE3 in format 2) over bytes 0..received
     pending: list[bytes] = field(default_factory=list)  # received, not yet hashed and written: no copies
     pending_bytes: int = 0
     pieces: list[tuple[int, str]] = field(default_factory=list)
@@ -172,8 +171,19 @@ class _Transfer:
     answered: float = 0.0  # ... and of the first answer's headers
     hash_seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.hasher = self.shard.hasher()
+
+    @property
+    def index(self) -> int:
+        return self.shard.index
+
+    @property
+    def size(self) -> int:
+        return self.shard.size
+
     def restart(self) -> None:
-        self.received, self.hasher = 0, hashlib.sha256()
+        self.received, self.hasher = 0, self.shard.hasher()
         self.pending, self.pending_bytes = [], 0
         self.pieces.clear()
 
@@ -190,12 +200,13 @@ class _Transfer:
 
 
 def _hash_ranges(path: Path, offset: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-    """sha256 of each (start, end) range of a shard at `offset` in the file, as it is on disk now."""
+    """BLAKE3 of each (start, end) range of a shard at `offset` in the file, as it is on disk now (only compared
+    with another call's result, so any collision-resistant hash does; this is the fastest here)."""
     digests = []
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
         for start, end in ranges:
             with memoryview(mapped) as view:
-                digests.append(hashlib.sha256(view[offset + start : offset + end]).digest())
+                digests.append(blake3.blake3(view[offset + start : offset + end]).digest())
     return digests
 
 
@@ -234,7 +245,7 @@ class Downloader:
 
     async def download(self, sink: PartialCheckpoint) -> None:
         """Fetch every missing shard; raises `DownloadFailed` when no usable source is left."""
-        shards = {(f.name, s.index): s.size for f in sink.manifest.files for s in f.shards}
+        shards = {(f.name, s.index): s for f in sink.manifest.files for s in f.shards}
         queue = deque(sink.missing())
         step = sink.manifest.step
 
@@ -251,7 +262,7 @@ class Downloader:
                 file, index = queue.popleft()
                 active += 1
                 try:
-                    await self._fetch(sink, _Transfer(file, index, shards[(file, index)]), step)
+                    await self._fetch(sink, _Transfer(file, shards[(file, index)]), step)
                 finally:
                     active -= 1
                     async with self._freed:
@@ -359,16 +370,16 @@ class Downloader:
 
     async def _mismatch(self, sink: PartialCheckpoint, transfer: _Transfer, exc: ShardHashMismatch) -> None:
         """Ban the one source of a bad shard; for a shard of several, note who sent what, and refetch it whole."""
-        what = f"shard {transfer.file}[{transfer.index}]"
+        what, hash_name = f"shard {transfer.file}[{transfer.index}]", transfer.shard.hash_name
         ranges = transfer.ranges()
         senders = {url for _, _, url in ranges}
         if len(senders) == 1:
-            self._ban(self._source(senders.pop()), f"sent {what} that failed its sha256 ({exc})", offence=True)
+            self._ban(self._source(senders.pop()), f"sent {what} that failed its {hash_name} ({exc})", offence=True)
         elif not transfer.suspects:  # the first mixed failure: the bytes each source sent, while still on disk
             path, offset = self._shard_path(sink, transfer)
             digests = await asyncio.to_thread(_hash_ranges, path, offset, [(a, b) for a, b, _ in ranges])
             transfer.suspects = [(a, b, url, d) for (a, b, url), d in zip(ranges, digests, strict=True)]
-            self.errors.append(f"{what} from {len(senders)} sources failed its sha256; fetching it from one")
+            self.errors.append(f"{what} from {len(senders)} sources failed its {hash_name}; fetching it from one")
         transfer.single = True
         transfer.restart()
 
@@ -455,7 +466,7 @@ class Downloader:
         try:
             with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
 
-                def hash_range(offset: int, n: int) -> None:  # in a worker thread; hashlib releases the GIL
+                def hash_range(offset: int, n: int) -> None:  # in a worker thread; the hash releases the GIL
                     at = shard_offset + start + offset
                     began = time.monotonic()
                     with memoryview(mapped) as view:

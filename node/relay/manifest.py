@@ -1,10 +1,16 @@
-"""Checkpoint manifests: which files a version holds, and the sha256 of each file and of each of its shards.
+"""Checkpoint manifests: which files a version holds, and the hashes of each file and of each of its shards.
 
 A file of `size` bytes is cut into `ceil(size / shard_size)` shards; shard i covers `[i * shard_size, ...)` and
 only the last one may be shorter (an empty file has no shards). The canonical encoding is JSON with sorted keys,
 no whitespace and lower-case hex hashes; `manifest_hash` (sha256 of those bytes) is what the trainer signs as
 `Checkpoint(poolId, step, manifestHash)` (DESIGN section 5). `parse_manifest` reads bytes from an untrusted
 relay: it checks every key, type, range and shard boundary, and bounds the work before doing it.
+
+Two formats are read. Format 1 gives each file and each shard its sha256 (DESIGN section 9). Format 2, which
+`build_manifest` writes, adds each shard's BLAKE3 beside its sha256, and receivers check shards by BLAKE3: every
+relay and client must hash every byte before it trusts or serves it, and BLAKE3 does that 3-4x faster than sha256
+on one core (docs/shardcast.md, "The shard hash"). Both are 256-bit hashes under the trainer's signature; the
+sha256 values stay for any verifier that knows only DESIGN section 9.
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import blake3
 
 from node.relay import ManifestError
 from node.safejson import json_too_deep
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what build_manifest writes
+FORMATS = (1, 2)  # what parse_manifest reads: 1 = sha256 shards, 2 = sha256 and BLAKE3 shards
 # 16 MiB: fewer requests and hash finalisations per byte than 8 MiB (benchmarks/shardcast.py, 512 MiB to 4 clients:
 # 2.25 -> 2.11 s), while a client killed mid-download loses at most --parallel shards in flight
 DEFAULT_SHARD_SIZE = 16 * 1024 * 1024
@@ -32,12 +41,40 @@ _HEX = frozenset("0123456789abcdef")
 _MAX_DEPTH = 8  # a manifest nests 5 deep; deeper input is refused before json.loads can overflow the C stack
 
 
+class Hasher(Protocol):
+    """What hashlib's and blake3's hash objects share: `update` releases the GIL for long inputs."""
+
+    def update(self, data: bytes | memoryview, /) -> object: ...
+    def digest(self) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     index: int
     offset: int
     size: int
     sha256: bytes  # 32 raw bytes; hex on the wire
+    blake3: bytes | None = None  # format 2: 32 raw bytes, and the hash receivers check
+
+    @property
+    def hash_name(self) -> str:
+        return "blake3" if self.blake3 is not None else "sha256"
+
+    @property
+    def digest(self) -> bytes:
+        """The value a receiver checks this shard's bytes against (`hasher()`'s digest)."""
+        return self.blake3 if self.blake3 is not None else self.sha256
+
+    def hasher(self) -> Hasher:
+        """A new hash object of the kind `digest` is."""
+        return blake3.blake3() if self.blake3 is not None else hashlib.sha256()
+
+    def check(self, data: bytes | memoryview) -> bytes | None:
+        """None if `data` is this shard's bytes, else the digest it has instead."""
+        h = self.hasher()
+        h.update(data)
+        actual = h.digest()
+        return None if len(data) == self.size and actual == self.digest else actual
 
 
 @dataclass(frozen=True)
@@ -72,22 +109,33 @@ def check_name(name: str) -> None:
         raise ManifestError(f"unsafe file name {name!r}")
 
 
+def _shard_digests(view: memoryview, shard_size: int, new: Any) -> list[bytes]:
+    digests = []
+    for offset in range(0, len(view), shard_size):
+        with view[offset : offset + shard_size] as piece:
+            digests.append(new(piece).digest())
+    return digests
+
+
 def _hash_file(path: Path, name: str, shard_size: int) -> ManifestFile:
-    """The whole-file hash and each shard's hash, in two threads over one mapping of the file (hashlib lets go of
-    the GIL): the origin's publish waits for both passes, which in one thread took twice as long."""
+    """The whole-file sha256, the shards' sha256 and the shards' BLAKE3, in three threads over one mapping of the
+    file (both libraries let go of the GIL): the origin's publish waits for all three passes, and the slowest, a
+    sha256 over every byte, sets its time where there are cores for the three."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return ManifestFile(name, 0, hashlib.sha256().digest(), ())
         mapping = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        with mapping, memoryview(mapping) as view, ThreadPoolExecutor(1, thread_name_prefix="file-hash") as pool:
+        with mapping, memoryview(mapping) as view, ThreadPoolExecutor(2, thread_name_prefix="file-hash") as pool:
             whole = pool.submit(lambda: hashlib.sha256(view).digest())
-            shards = []
-            for index, offset in enumerate(range(0, size, shard_size)):
-                with view[offset : offset + shard_size] as piece:
-                    shards.append(ShardInfo(index, offset, len(piece), hashlib.sha256(piece).digest()))
-            digest = whole.result()
-    return ManifestFile(name, size, digest, tuple(shards))
+            sha256s = pool.submit(_shard_digests, view, shard_size, hashlib.sha256)
+            blake3s = _shard_digests(view, shard_size, blake3.blake3)
+            digest, shard_sha256s = whole.result(), sha256s.result()
+    shards = tuple(
+        ShardInfo(index, index * shard_size, min(shard_size, size - index * shard_size), sha, b3)
+        for index, (sha, b3) in enumerate(zip(shard_sha256s, blake3s, strict=True))
+    )
+    return ManifestFile(name, size, digest, shards)
 
 
 def build_manifest(
@@ -111,6 +159,13 @@ def build_manifest(
     return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files))
 
 
+def _shard_json(s: ShardInfo) -> dict[str, Any]:
+    obj: dict[str, Any] = {"index": s.index, "offset": s.offset, "size": s.size, "sha256": s.sha256.hex()}
+    if s.blake3 is not None:
+        obj["blake3"] = s.blake3.hex()
+    return obj
+
+
 def _to_json(m: Manifest) -> dict[str, Any]:
     return {
         "format_version": m.format_version,
@@ -118,21 +173,20 @@ def _to_json(m: Manifest) -> dict[str, Any]:
         "step": m.step,
         "shard_size": m.shard_size,
         "files": [
-            {
-                "name": f.name,
-                "size": f.size,
-                "sha256": f.sha256.hex(),
-                "shards": [
-                    {"index": s.index, "offset": s.offset, "size": s.size, "sha256": s.sha256.hex()} for s in f.shards
-                ],
-            }
+            {"name": f.name, "size": f.size, "sha256": f.sha256.hex(), "shards": [_shard_json(s) for s in f.shards]}
             for f in m.files
         ],
     }
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    """Canonical bytes: sorted keys, no whitespace, ASCII only (non-ASCII names are \\u-escaped)."""
+    """Canonical bytes: sorted keys, no whitespace, ASCII only (non-ASCII names are \\u-escaped).
+
+    Requirements: every shard has a BLAKE3 in format 2 and none in format 1 (`ManifestError`), so that what is
+    signed always parses back to the same manifest."""
+    with_blake3 = m.format_version >= 2
+    if any((s.blake3 is not None) != with_blake3 for f in m.files for s in f.shards):
+        raise ManifestError(f"format {m.format_version} needs {'a' if with_blake3 else 'no'} BLAKE3 on every shard")
     return json.dumps(_to_json(m), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
@@ -205,7 +259,9 @@ def parse_manifest(
     ) as e:  # JSONDecodeError and int-digit limits are ValueErrors
         raise ManifestError(f"not JSON: {e}") from None
     top = _check_obj("manifest", raw, {"format_version", "pool_id", "step", "shard_size", "files"})
-    _check_int("format_version", top["format_version"], FORMAT_VERSION, FORMAT_VERSION)
+    version = top["format_version"]
+    if type(version) is not int or version not in FORMATS:
+        raise ManifestError(f"format_version must be one of {list(FORMATS)}, got {version!r:.80}")
     pool_id = _check_int("pool_id", top["pool_id"], 0, 2**256 - 1)
     step = _check_int("step", top["step"], 0, 2**64 - 1)
     shard_size = _check_int("shard_size", top["shard_size"], MIN_SHARD_SIZE, MAX_SHARD_SIZE)
@@ -233,23 +289,27 @@ def parse_manifest(
                 name,
                 size,
                 _check_hex(f"{name}.sha256", obj["sha256"]),
-                _parse_shards(name, obj["shards"], size, shard_size),
+                _parse_shards(name, obj["shards"], size, shard_size, version),
             )
         )
-    return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files))
+    return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files), format_version=version)
 
 
-def _parse_shards(name: str, raw: object, size: int, shard_size: int) -> tuple[ShardInfo, ...]:
+def _parse_shards(name: str, raw: object, size: int, shard_size: int, version: int) -> tuple[ShardInfo, ...]:
     count = -(-size // shard_size)
     if not isinstance(raw, list) or len(raw) != count:
         raise ManifestError(f"{name} must have exactly {count} shards for {size} bytes")
+    keys = {"index", "offset", "size", "sha256"} | ({"blake3"} if version >= 2 else set())
     shards: list[ShardInfo] = []
     for i, rs in enumerate(raw):
-        obj = _check_obj(f"{name}.shards[{i}]", rs, {"index", "offset", "size", "sha256"})
+        what = f"{name}.shards[{i}]"
+        obj = _check_obj(what, rs, keys)
         offset = i * shard_size
         want = min(shard_size, size - offset)  # every shard full, only the last one shorter
-        _check_int(f"{name}.shards[{i}].index", obj["index"], i, i)
-        _check_int(f"{name}.shards[{i}].offset", obj["offset"], offset, offset)
-        _check_int(f"{name}.shards[{i}].size", obj["size"], want, want)
-        shards.append(ShardInfo(i, offset, want, _check_hex(f"{name}.shards[{i}].sha256", obj["sha256"])))
+        _check_int(f"{what}.index", obj["index"], i, i)
+        _check_int(f"{what}.offset", obj["offset"], offset, offset)
+        _check_int(f"{what}.size", obj["size"], want, want)
+        sha256 = _check_hex(f"{what}.sha256", obj["sha256"])
+        b3 = _check_hex(f"{what}.blake3", obj["blake3"]) if version >= 2 else None
+        shards.append(ShardInfo(i, offset, want, sha256, b3))
     return tuple(shards)

@@ -142,9 +142,9 @@ def _pread_exact(path: Path, offset: int, size: int) -> bytes:
 
 
 def _check_shard(file: str, shard: ShardInfo, data: bytes) -> None:
-    actual = hashlib.sha256(data).digest()
-    if len(data) != shard.size or actual != shard.sha256:
-        raise ShardHashMismatch(file, shard.index, shard.sha256.hex(), actual.hex())
+    actual = shard.check(data)
+    if actual is not None:
+        raise ShardHashMismatch(file, shard.index, shard.digest.hex(), actual.hex())
 
 
 def _copy_verified(src: Path, dst: Path, mf: ManifestFile) -> None:
@@ -453,7 +453,7 @@ class PartialCheckpoint:
             path = self.partial / file
             if path.is_file() and path.stat().st_size >= shard.offset + shard.size:
                 data = _pread_exact(path, shard.offset, shard.size)
-                if hashlib.sha256(data).digest() == shard.sha256:
+                if shard.check(data) is None:
                     self._done.add((file, shard.index))
 
     def _rewrite_journal(self) -> None:
@@ -534,16 +534,17 @@ class PartialCheckpoint:
                 raise RelayError(f"shard {file}[{index}] is already written (or the checkpoint finished)")
         return self.partial / file, shard.offset, shard.size
 
-    def commit(self, file: str, index: int, sha256: bytes) -> None:
-        """Mark a shard written with `write_unverified` as done, if `sha256` (of all its bytes) is the manifest's.
+    def commit(self, file: str, index: int, digest: bytes) -> None:
+        """Mark a shard written with `write_unverified` as done, if `digest` (of all its bytes, by the shard's
+        `hasher()`) is the manifest's.
 
         A wrong hash raises `ShardHashMismatch` and leaves the shard missing.
         """
         shard = self._shards.get((file, index))
         if shard is None:
             raise UnknownShard(file, index)
-        if sha256 != shard.sha256:
-            raise ShardHashMismatch(file, index, shard.sha256.hex(), sha256.hex())
+        if digest != shard.digest:
+            raise ShardHashMismatch(file, index, shard.digest.hex(), digest.hex())
         self._journal_done(file, index)
 
     def _journal_done(self, file: str, index: int) -> None:
@@ -626,7 +627,7 @@ class PartialCheckpoint:
         with self._lock:  # find the shards that went bad so missing() asks for them again
             for shard in mf.shards:
                 data = _pread_exact(self.partial / mf.name, shard.offset, shard.size)
-                if hashlib.sha256(data).digest() != shard.sha256:
+                if shard.check(data) is not None:
                     self._done.discard((mf.name, shard.index))
             self._rewrite_journal()
         raise FileHashMismatch(mf.name, mf.sha256.hex(), whole.hexdigest())

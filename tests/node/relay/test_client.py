@@ -8,6 +8,7 @@ junk listings, a manifest signed by someone else).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import random
@@ -29,7 +30,7 @@ from node.relay.client import (
     resolve_version,
     wait_for_newer,
 )
-from node.relay.manifest import Manifest, encode_manifest
+from node.relay.manifest import Manifest, build_manifest, encode_manifest
 from node.relay.server import SIGNATURE_HEADER, ServerLimits, ShardServer
 from node.relay.store import PartialCheckpoint, ShardStore
 from node.relay.trust import TrustPolicy, sign_manifest
@@ -310,9 +311,47 @@ def test_when_every_source_is_bad_the_download_fails_with_the_reasons(tmp_path: 
         finally:
             await runner.cleanup()
 
-    with pytest.raises(DownloadFailed, match="failed its sha256"):
+    with pytest.raises(DownloadFailed, match="failed its blake3"):
         asyncio.run(scenario())
     assert not (tmp_path / "out" / "step_1").exists()  # only the .partial directory, never the final path
+
+
+def test_a_format_1_manifest_is_still_downloaded_and_its_shards_checked_by_sha256(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    """Versions signed before format 2 (sha256 shards only) still move, and a wrong byte still costs its sender."""
+    built = build_manifest(checkpoint, pool_id=7, step=1, shard_size=SHARD)
+    old = dataclasses.replace(
+        built,
+        format_version=1,
+        files=tuple(
+            dataclasses.replace(f, shards=tuple(dataclasses.replace(s, blake3=None) for s in f.shards))
+            for f in built.files
+        ),
+    )
+    store = ShardStore(tmp_path / "store")
+    store.put_version(old, checkpoint, sign_manifest(old, TRAINER, DOMAIN))
+
+    async def flipped(request: web.Request, data: bytes) -> web.StreamResponse:
+        return web.Response(body=bytes([data[0] ^ 1]) + data[1:])
+
+    async def scenario() -> tuple[Source, Source]:
+        bad_url, bad_runner = await serve(hostile(store, flipped))
+        good_url, good = await honest(store)
+        sources = [Source(bad_url, throughput=1e12), Source(good_url)]
+        try:
+            async with aiohttp.ClientSession() as session:
+                downloader = await download_step_1(session, tmp_path / "out", sources, parallel=2, via=sources)
+        finally:
+            await bad_runner.cleanup()
+            await good.stop()
+        assert any("failed its sha256" in e for e in downloader.errors), downloader.errors
+        return sources[0], sources[1]
+
+    bad, good = asyncio.run(scenario())
+    assert_same(tmp_path / "out", checkpoint)
+    assert bad.banned is not None and good.banned is None
+    assert store.manifest(1).format_version == 1
 
 
 def test_latest_skips_a_newer_step_that_the_trainer_did_not_sign(tmp_path: Path, checkpoint: Path) -> None:
@@ -483,7 +522,7 @@ def test_a_relay_sending_bad_partial_ranges_is_banned_and_the_honest_origin_fini
     assert_same(tmp_path / "out", checkpoint)
     assert honest_origin.banned is None and honest_origin.offence is None
     assert relay.offence is not None and "that are not its" in relay.offence, relay
-    assert any("from 2 sources failed its sha256" in e for e in errors), errors
+    assert any("from 2 sources failed its blake3" in e for e in errors), errors
 
 
 def junk_versions(steps: range, store: ShardStore, signer: Account = MALLORY) -> web.Application:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from node.relay import ManifestError
@@ -44,7 +45,11 @@ def test_build_manifest_hashes_every_shard_and_file(ckpt: Path) -> None:
         assert len(f.shards) == -(-len(data) // SHARD)
         for i, s in enumerate(f.shards):
             assert (s.index, s.offset) == (i, i * SHARD)
-            assert s.sha256 == hashlib.sha256(data[s.offset : s.offset + s.size]).digest()
+            piece = data[s.offset : s.offset + s.size]
+            assert s.sha256 == hashlib.sha256(piece).digest() and s.blake3 == blake3.blake3(piece).digest()
+            assert s.digest == s.blake3 and s.check(piece) is None
+            assert s.check(piece[:-1] + bytes([piece[-1] ^ 1])) is not None and s.check(piece[:-1]) is not None
+    assert m.format_version == 2
     sizes = {f.name: [s.size for s in f.shards] for f in m.files}
     assert sizes["empty.bin"] == [] and sizes["exact.bin"] == [SHARD, SHARD]
     assert sizes["model.safetensors"][-1] == 123 and len(sizes["model.safetensors"]) == 49
@@ -59,17 +64,51 @@ def test_manifest_encoding_is_canonical_and_round_trips(ckpt: Path) -> None:
     assert parse_manifest(data) == m
 
 
+ABC_SHA256 = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+ABC_BLAKE3 = "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"  # the BLAKE3 test vector for b"abc"
+
+
 def test_manifest_hash_is_pinned() -> None:
     """The signed hash must not drift between releases: a change here breaks every stored signature."""
-    shard = ShardInfo(0, 0, 3, hashlib.sha256(b"abc").digest())
-    m = Manifest(pool_id=1, step=2, shard_size=1024, files=(ManifestFile("a.bin", 3, shard.sha256, (shard,)),))
-    digest = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    shard = ShardInfo(0, 0, 3, bytes.fromhex(ABC_SHA256))
+    m = Manifest(1, 2, 1024, (ManifestFile("a.bin", 3, shard.sha256, (shard,)),), format_version=1)
     assert encode_manifest(m) == (
-        b'{"files":[{"name":"a.bin","sha256":"' + digest.encode() + b'","shards":[{"index":0,"offset":0,'
-        b'"sha256":"' + digest.encode() + b'","size":3}],"size":3}],"format_version":1,"pool_id":1,'
+        b'{"files":[{"name":"a.bin","sha256":"' + ABC_SHA256.encode() + b'","shards":[{"index":0,"offset":0,'
+        b'"sha256":"' + ABC_SHA256.encode() + b'","size":3}],"size":3}],"format_version":1,"pool_id":1,'
         b'"shard_size":1024,"step":2}'
     )
     assert manifest_hash(m).hex() == hashlib.sha256(encode_manifest(m)).hexdigest()
+
+
+def test_format_2_is_pinned_and_its_shard_hash_is_blake3() -> None:
+    """Format 2 adds each shard's BLAKE3 (the standard test vector for b"abc") beside its sha256, keys sorted."""
+    shard = ShardInfo(0, 0, 3, bytes.fromhex(ABC_SHA256), bytes.fromhex(ABC_BLAKE3))
+    m = Manifest(1, 2, 1024, (ManifestFile("a.bin", 3, shard.sha256, (shard,)),), format_version=2)
+    assert encode_manifest(m) == (
+        b'{"files":[{"name":"a.bin","sha256":"'
+        + ABC_SHA256.encode()
+        + b'","shards":[{"blake3":"'
+        + ABC_BLAKE3.encode()
+        + b'","index":0,"offset":0,"sha256":"'
+        + ABC_SHA256.encode()
+        + b'","size":3}],'
+        b'"size":3}],"format_version":2,"pool_id":1,"shard_size":1024,"step":2}'
+    )
+    assert parse_manifest(encode_manifest(m)) == m
+    assert shard.hash_name == "blake3" and shard.check(b"abc") is None
+    assert shard.check(b"abd") == blake3.blake3(b"abd").digest()
+    sha_only = ShardInfo(0, 0, 3, bytes.fromhex(ABC_SHA256))
+    assert sha_only.hash_name == "sha256" and sha_only.check(b"abc") is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_encode_refuses_a_manifest_whose_shards_do_not_match_its_format(version: int) -> None:
+    """What is signed must parse back to the same manifest: format 2 needs every shard's BLAKE3, format 1 none."""
+    blake = None if version == 2 else bytes.fromhex(ABC_BLAKE3)
+    shard = ShardInfo(0, 0, 3, bytes.fromhex(ABC_SHA256), blake)
+    m = Manifest(1, 2, 1024, (ManifestFile("a.bin", 3, shard.sha256, (shard,)),), format_version=version)
+    with pytest.raises(ManifestError, match="BLAKE3"):
+        encode_manifest(m)
 
 
 def test_one_changed_byte_changes_the_manifest_hash(ckpt: Path) -> None:
@@ -102,14 +141,18 @@ def test_build_refuses_bad_shard_size(ckpt: Path) -> None:
         build_manifest(ckpt, pool_id=1, step=1, shard_size=0)
 
 
-def _small() -> dict[str, Any]:
+def _small(version: int = 2) -> dict[str, Any]:
     h = hashlib.sha256(b"x").hexdigest()
-    shards = [
+    b = blake3.blake3(b"x").hexdigest()
+    shards: list[dict[str, Any]] = [
         {"index": 0, "offset": 0, "size": 1024, "sha256": h},
         {"index": 1, "offset": 1024, "size": 6, "sha256": h},
     ]
+    if version == 2:
+        for shard in shards:
+            shard["blake3"] = b
     return {
-        "format_version": 1,
+        "format_version": version,
         "pool_id": 1,
         "step": 5,
         "shard_size": 1024,
@@ -157,7 +200,10 @@ def _swap_shards(doc: dict[str, Any]) -> None:
 BAD_DOCS = {
     "missing key": _drop("step"),
     "extra key": _set("signature", "00"),
-    "format version": _set("format_version", 2),
+    "format version 3": _set("format_version", 3),
+    "format version 0": _set("format_version", 0),
+    "format version as a string": _set("format_version", "2"),
+    "format 1 beside blake3 shards": _set("format_version", 1),
     "negative pool": _set("pool_id", -1),
     "pool over uint256": _set("pool_id", 2**256),
     "step over uint64": _set("step", 2**64),
@@ -193,12 +239,27 @@ BAD_DOCS = {
     "last shard too long": _set("files.0.shards.1.size", 7),
     "shard extra key": _set("files.0.shards.0.crc", 0),
     "shard hash not a string": _set("files.0.shards.0.sha256", None),
+    "shard blake3 missing": lambda doc: doc["files"][0]["shards"][1].pop("blake3"),
+    "shard blake3 short": _set("files.0.shards.0.blake3", "ab"),
+    "shard blake3 upper-case": _set("files.0.shards.0.blake3", blake3.blake3(b"x").hexdigest().upper()),
+    "shard blake3 not a string": _set("files.0.shards.0.blake3", 7),
 }
 
 
-def test_parse_accepts_the_valid_base_document() -> None:
-    m = parse_manifest(json.dumps(_small()).encode())
+@pytest.mark.parametrize("version", [1, 2])
+def test_parse_accepts_the_valid_base_document_of_either_format(version: int) -> None:
+    m = parse_manifest(json.dumps(_small(version)).encode())
     assert [f.name for f in m.files] == ["model.bin", "empty.json"] and m.total_size == 1030
+    assert m.format_version == version
+    assert {s.hash_name for s in m.files[0].shards} == {"blake3" if version == 2 else "sha256"}
+    assert parse_manifest(encode_manifest(m)) == m
+
+
+def test_a_format_1_document_with_blake3_shards_is_refused() -> None:
+    doc = _small(1)
+    doc["files"][0]["shards"][0]["blake3"] = blake3.blake3(b"x").hexdigest()
+    with pytest.raises(ManifestError, match="keys"):
+        parse_manifest(json.dumps(doc).encode())
 
 
 @pytest.mark.parametrize("mutate", BAD_DOCS.values(), ids=BAD_DOCS.keys())

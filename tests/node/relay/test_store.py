@@ -7,6 +7,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import blake3
 import pytest
 
 from node.relay import (
@@ -310,10 +311,11 @@ def test_streamed_shard_is_committed_only_with_the_right_hash(tmp_path: Path, so
     data = shard_bytes(source, manifest, "model.safetensors", 2)
     partial.write_unverified("model.safetensors", 2, 0, [data[:1000], data[1000:5000]])
     partial.write_unverified("model.safetensors", 2, 5000, [data[5000:]])
-    with pytest.raises(ShardHashMismatch):
-        partial.commit("model.safetensors", 2, hashlib.sha256(b"other").digest())
+    for wrong in (blake3.blake3(b"other").digest(), hashlib.sha256(data).digest()):  # format 2 checks BLAKE3
+        with pytest.raises(ShardHashMismatch):
+            partial.commit("model.safetensors", 2, wrong)
     assert not partial.has("model.safetensors", 2)
-    partial.commit("model.safetensors", 2, hashlib.sha256(data).digest())
+    partial.commit("model.safetensors", 2, blake3.blake3(data).digest())
     assert partial.has("model.safetensors", 2)
     with pytest.raises(RelayError, match="already written"):  # a done shard is never overwritten
         partial.write_unverified("model.safetensors", 2, 0, [b"x"])
