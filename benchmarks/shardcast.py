@@ -615,6 +615,7 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
         work = root / f"{system.replace(':', '-')}-{round_}"
         (work / "logs").mkdir(parents=True)
         procs = Processes(work / "logs", args.timeout)
+        os.sync()  # the last measurement's dirty pages reach the disk now, not under this one's clock
         print(f"round {round_ + 1}: measuring {name}{f' with {n} clients' if n else ''} ...", file=sys.stderr)
         try:
             if name == "raw":

@@ -466,7 +466,7 @@ class Downloader:
         try:
             with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
 
-                def hash_range(offset: int, n: int) -> None:  # in a worker thread; the hash releases the GIL
+                def absorb(offset: int, n: int) -> None:  # in the body's thread; the hash releases the GIL
                     at = shard_offset + start + offset
                     began = time.monotonic()
                     with memoryview(mapped) as view:
@@ -475,9 +475,6 @@ class Downloader:
                     if sink.writeback:
                         start_writeback(fd, at, n)
                     transfer.received += n
-
-                async def absorb(offset: int, n: int) -> None:
-                    await asyncio.to_thread(hash_range, offset, n)
 
                 try:
                     await response.splice_into(fd, shard_offset + start, absorb, CHUNK)

@@ -3,7 +3,12 @@
 Receiving through aiohttp copies every byte from the kernel into Python objects, and writing them copies them
 back; with the hash, each receiving process touches each byte three times. Here the body moves socket → pipe
 → file inside the kernel, and the hash reads the freshly written pages through a read-only mmap of the file,
-so the only pass over the bytes in user space is the sha256 itself.
+so the only pass over the bytes in user space is the shard hash itself.
+
+The body of each response is moved by one thread of the pool's own, in a loop of system calls that release the
+GIL, hashing each piece as it lands: the event loop sees one hand-off per shard instead of a wake-up per 256 KiB
+and a task and a thread hand-off per 1 MiB, which was a fifth of a receiving process's CPU. The transfers in
+flight (2 per source) overlap one another's receiving and hashing.
 
 This is a deliberately small HTTP/1.1 client for exactly one request shape: `GET` of a shard, answered with
 a `Content-Length` body (what `ShardServer` sends). Anything else (chunked bodies, TLS, another platform)
@@ -17,9 +22,11 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import select
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -33,7 +40,8 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_ERROR_BODY = 64 * 1024
 AVAILABLE = sys.platform == "linux" and hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")
 
-Absorb = Callable[[int, int], Awaitable[None]]  # (offset within the body, length): bytes now in the file
+Absorb = Callable[[int, int], None]  # (offset within the body, length): bytes now in the file; in the body's thread
+MAX_THREADS = 64  # bodies moved at once by one pool (a download has at most --parallel transfers in flight)
 
 
 class Unsupported(RelayError):
@@ -53,18 +61,23 @@ class ConnectionPool:
     def __init__(self, timeout: float = 30.0) -> None:
         self.timeout = timeout
         self._idle: dict[tuple[str, int], list[socket.socket]] = {}
-        self._pipe: tuple[int, int] | None = None
+        self._pipes: list[tuple[int, int]] = []  # empty pipes, one taken by each body in flight
+        self._threads: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
-        """Close idle connections and the pipe; the pool can be used again afterwards."""
+        """Close idle connections and pipes; the pool can be used again afterwards. Call it when no body is in
+        flight (every `splice_into` has returned)."""
         for sockets in self._idle.values():
             for sock in sockets:
                 sock.close()
         self._idle.clear()
-        if self._pipe is not None:
-            for fd in self._pipe:
+        for pipe in self._pipes:
+            for fd in pipe:
                 os.close(fd)
-            self._pipe = None
+        self._pipes.clear()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)  # idle by now: every body has ended
+            self._threads = None
 
     async def _connect(self, host: str, port: int) -> socket.socket:
         idle = self._idle.get((host, port))
@@ -82,20 +95,6 @@ class ConnectionPool:
             raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
-
-    async def _readable(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        loop.add_reader(sock.fileno(), wake)
-        try:
-            await asyncio.wait_for(ready, timeout=self.timeout)
-        finally:
-            loop.remove_reader(sock.fileno())
 
     async def _read_head(self, sock: socket.socket) -> tuple[Reply, bytes]:
         """The status line and headers, and any body bytes that arrived with them."""
@@ -126,12 +125,25 @@ class ConnectionPool:
             raise Unsupported("a response without Content-Length")
         return Reply(int(parts[1]), headers, int(length_text)), rest
 
-    def _pipe_fds(self) -> tuple[int, int]:
-        if self._pipe is None:
-            read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-            self._pipe = (read_end, write_end)
-        return self._pipe
+    def _take_pipe(self) -> tuple[int, int]:
+        if self._pipes:
+            return self._pipes.pop()
+        read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        return read_end, write_end
+
+    def _give_pipe(self, pipe: tuple[int, int], empty: bool) -> None:
+        """Keep an emptied pipe for the next body; close one a failed body may have left bytes in."""
+        if empty:
+            self._pipes.append(pipe)
+        else:
+            for fd in pipe:
+                os.close(fd)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="splice")
+        return self._threads
 
     async def get(self, url: str, headers: dict[str, str]) -> Response:
         """Send a GET and read the response head; the caller then takes the body with `Response`'s methods."""
@@ -202,34 +214,40 @@ class Response:
             self._release(reusable)
 
     async def splice_into(self, fd: int, file_offset: int, absorb: Absorb, every: int) -> None:
-        """Move the body into `fd` at `file_offset`; `absorb(offset, n)` is called in order for every `every` bytes
-        and for the remainder, each once the previous one has returned, while the next bytes are being read (the
-        hash of one piece overlaps the receipt of the next); all have returned when this does, also on an error.
-        A short or overlong body raises `ConnectionError`."""
+        """Move the body into `fd` at `file_offset` in a thread of the pool's; `absorb(offset, n)` is called in
+        that thread, in order, for every `every` bytes and for the remainder, each once its bytes are in the file.
+        A short or overlong body raises `ConnectionError`, a silent peer `TimeoutError`; the bytes that did arrive
+        are absorbed first. Cancelled, it shuts the connection down so the thread stops at once, and returns only
+        once the thread has (no absorb runs after the caller lets the file go)."""
         reusable = False
         try:
             if len(self.early) > self.length:
                 raise ConnectionError("more bytes than Content-Length")
-            await self._body(fd, file_offset, absorb, every)
+            pipe = self.pool._take_pipe()
+            emptied = False
+            loop = asyncio.get_running_loop()
+            moving = loop.run_in_executor(self.pool._executor(), self._body, fd, file_offset, absorb, every, pipe)
+            try:
+                await _finish(moving, self.sock)
+                emptied = True
+            finally:
+                self.pool._give_pipe(pipe, emptied)
             reusable = self._keep_alive() and not self._stray
         finally:
             self._release(reusable)
 
-    async def _body(self, fd: int, file_offset: int, absorb: Absorb, every: int) -> None:
+    def _body(self, fd: int, file_offset: int, absorb: Absorb, every: int, pipe: tuple[int, int]) -> None:
+        """The receiving loop, in a worker thread: splice, drain the pipe into the file, absorb every `every`
+        bytes. Waits use poll(2) with SO_RCVLOWAT, so the thread wakes once a worthwhile amount is buffered."""
         sock, length, early = self.sock, self.length, self.early
         done = absorbed = 0
         while done < len(early):  # body bytes that came with the headers: a plain write
             done += os.pwrite(fd, early[done:], file_offset + done)
-        read_end, write_end = self.pool._pipe_fds()
+        read_end, write_end = pipe
+        waiter = select.poll()
+        waiter.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        timeout_ms = int(self.pool.timeout * 1000)
         lowat = 1
-        running: asyncio.Future[None] | None = None  # the absorb of the previous piece
-
-        async def hand_over(offset: int, n: int) -> None:
-            nonlocal running
-            if running is not None:
-                await running
-            running = asyncio.ensure_future(absorb(offset, n))
-
         try:
             while done < length:
                 try:
@@ -240,38 +258,43 @@ class Response:
                         flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK,
                     )
                 except BlockingIOError:
-                    # wake only once a worthwhile amount is buffered (or the peer closed): fewer, larger splices
                     want = min(RCVLOWAT, length - done)
                     if want != lowat:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
                         lowat = want
-                    await self.pool._readable(sock)
+                    if not waiter.poll(timeout_ms):
+                        raise TimeoutError(f"no body bytes for {self.pool.timeout:g} s") from None
                     continue
                 if moved == 0:
                     raise ConnectionError(f"connection closed after {done} of {length} body bytes")
-                drained = 0  # the pipe is emptied before the next await, so concurrent transfers can share it
+                drained = 0
                 while drained < moved:
                     drained += os.splice(read_end, fd, moved - drained, offset_dst=file_offset + done + drained)
                 done += moved
                 if done - absorbed >= every:
-                    await hand_over(absorbed, done - absorbed)
+                    absorb(absorbed, done - absorbed)
                     absorbed = done
-        except (OSError, TimeoutError):
-            if done > absorbed:  # keep the prefix that arrived: the next source is asked only for the rest
-                await hand_over(absorbed, done - absorbed)
-            if running is not None:
-                await running
-            raise
-        except BaseException:  # cancelled: the piece being absorbed still ends before the file is let go
-            if running is not None:
-                with contextlib.suppress(Exception):  # the cancellation is what this answers
-                    await asyncio.shield(running)
-            raise
-        if done > absorbed:
-            await hand_over(absorbed, done - absorbed)
-        if running is not None:
-            await running
+        finally:
+            if done > absorbed:  # also on an error: the next source is asked only for the rest
+                absorb(absorbed, done - absorbed)
         try:  # a well-behaved server sends nothing more; stray bytes make the connection unusable, not the body
-            self._stray = bool(self.sock.recv(1, socket.MSG_PEEK))
+            self._stray = bool(sock.recv(1, socket.MSG_PEEK))
         except BlockingIOError:
             self._stray = False
+
+
+async def _finish(moving: asyncio.Future[None], sock: socket.socket) -> None:
+    """Wait for a body's thread; if cancelled meanwhile, shut the connection down (its splice and poll return at
+    once), wait for the thread all the same, and then raise the cancellation."""
+    try:
+        await asyncio.shield(moving)
+        return
+    except asyncio.CancelledError:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        while not moving.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({moving})  # returns when the thread has, raising nothing of its own
+        if not moving.cancelled():
+            moving.exception()  # the thread's error (the shut-down connection) is the cancellation's consequence
+        raise

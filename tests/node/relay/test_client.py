@@ -12,6 +12,8 @@ import dataclasses
 import hashlib
 import os
 import random
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -485,6 +487,51 @@ def test_a_downloader_leaves_no_file_descriptor_open(tmp_path: Path, checkpoint:
             await server.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_download_cancelled_mid_shard_stops_its_receiving_threads_and_keeps_the_bytes_it_had(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    """A source that sends half of every shard and then goes silent: cancelling the download (a worker stopping)
+    must not wait for the 30 s read timeout, must leave no receiving thread behind or any absorb running after it
+    returns, and the partial shards' bytes that did arrive are on disk for the next attempt."""
+    stalled, released = asyncio.Event(), asyncio.Event()
+
+    async def half_then_silence(request: web.Request, data: bytes) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        stalled.set()
+        await released.wait()  # silent until the test ends
+        return response
+
+    async def scenario() -> tuple[float, Downloader]:
+        store = ShardStore(tmp_path / "store")
+        publish(store, checkpoint, 1)
+        url, runner = await serve(hostile(store, half_then_silence))
+        try:
+            async with aiohttp.ClientSession() as session:
+                manifest, _, having = await resolve_version(session, [Source(url)], POLICY, 1)
+                sink = PartialCheckpoint(tmp_path / "out", manifest)
+                downloader = Downloader(session, having, parallel=2)
+                task = asyncio.create_task(downloader.download(sink))
+                await asyncio.wait_for(stalled.wait(), timeout=30)
+                await asyncio.sleep(0.3)  # the halves are in; the threads wait on silent sockets
+                began = time.monotonic()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                took = time.monotonic() - began
+                sink.close()
+        finally:
+            released.set()
+            await runner.cleanup()
+        return took, downloader
+
+    took, _ = asyncio.run(scenario())
+    assert took < 5.0, f"cancelling took {took:.1f} s: it waited for the read timeout"
+    assert not [t for t in threading.enumerate() if t.name.startswith("splice")]
+    assert not (tmp_path / "out").exists()  # nothing published; the partial directory stays for a resume
 
 
 def test_a_relay_sending_bad_partial_ranges_is_banned_and_the_honest_origin_finishes_the_download(
