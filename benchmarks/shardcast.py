@@ -3,8 +3,10 @@
 Run: `.venv/bin/python benchmarks/shardcast.py [--size-mib 512] [--clients 1,4] [--repeats 1] [--trace]`
 (`--size-mib 64` for a quick check). Goals (issue 23): ours at least 6x faster than shardcast 0.3.2 with 4 clients,
 at least 75% of the raw GET's speed with 1 client, and at least 60% through a chain of 2 relays. It first prints
-the machine's page-cache write rate, fsync time and sha256 rate, which every figure depends on; `--trace` prints
-each of our processes' timeline (node/relay/trace.py) and CPU for the median runs.
+the machine's page-cache write rate, fsync time, sha256 and BLAKE3 rates, which every figure depends on, and the time
+this disk takes to write and fsync N copies at once (N > 1 of `--clients`): no system whose clients fsync their
+copies can beat it, and the ratio table gives shardcast's time over it as the disk's bound. `--trace` prints each of
+our processes' timeline (node/relay/trace.py) and CPU for the median runs.
 
 The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast, outside the
 project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's downloader).
@@ -62,6 +64,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -572,6 +575,29 @@ def timeline(traces: dict[str, list[dict[str, Any]]], last_exit: float) -> list[
     return lines
 
 
+def durable_copies(root: Path, size: int, copies: int) -> float:
+    """Seconds to write `copies` files of `size` bytes at once, each by its own thread, and fsync each: the least
+    time in which that many clients can hold their copies durably (they fsync before their rename), whatever
+    moves the bytes to them."""
+    chunk = os.urandom(1 << 20)
+    paths = [root / f"durable-probe-{i}.bin" for i in range(copies)]
+
+    def write(path: Path) -> None:
+        with path.open("wb") as f:
+            for _ in range(size >> 20):
+                f.write(chunk)
+            os.fsync(f.fileno())
+
+    os.sync()
+    began = time.perf_counter()
+    with ThreadPoolExecutor(copies) as pool:
+        list(pool.map(write, paths))
+    took = time.perf_counter() - began
+    for path in paths:
+        path.unlink()
+    return took
+
+
 def machine_figures(root: Path, size: int) -> str:
     """This machine's page-cache write rate, fsync time, and sha256 and BLAKE3 rates for `size` bytes: a
     broadcast's figures are read against them (a machine that writes its page cache slowly slows every hop that
@@ -647,12 +673,15 @@ def medians(results: list[Result]) -> list[Result]:
     return [sorted(runs, key=lambda r: r.seconds)[len(runs) // 2] for runs in groups.values()]
 
 
-def ratios(results: list[Result]) -> list[tuple[str, str, str, bool | None]]:
-    """(what, value, goal, goal met or None) for each comparison the measured systems allow."""
+def ratios(results: list[Result], durable: dict[int, float]) -> list[tuple[str, str, str, bool | None]]:
+    """(what, value, goal, goal met or None) for each comparison the measured systems allow; `durable[n]`: seconds
+    this machine takes to write and fsync n copies at once, which bounds any system whose clients fsync theirs."""
     by_key = {(r.system, r.clients): r for r in results}
     rows: list[tuple[str, str, str, bool | None]] = []
     for n in sorted({r.clients for r in results}):
         ours, theirs = by_key.get(("ours", n)), by_key.get(("shardcast 0.3.2", n))
+        if theirs and n in durable:
+            rows.append((f"the disk's bound, N={n} (fsynced copies)", f"{theirs.seconds / durable[n]:.1f}x", "-", None))
         if ours and theirs:
             speedup = theirs.seconds / ours.seconds
             goal = f">= {GOAL_SPEEDUP:.0f}x" if n == 4 else "-"
@@ -673,10 +702,12 @@ def ratios(results: list[Result]) -> list[tuple[str, str, str, bool | None]]:
     return rows
 
 
-def print_table(all_results: list[Result], size: int, repeats: int, machine: str) -> None:
+def print_table(all_results: list[Result], size: int, repeats: int, machine: str, durable: dict[int, float]) -> None:
     results = medians(all_results)
     mib = size / (1 << 20)
     print(machine)
+    for n, seconds in durable.items():
+        print(f"{n} copies of {mib:.0f} MiB written and fsynced at once (what {n} clients must do): {seconds:.2f} s")
     if repeats > 1:
         print(f"median of {repeats} runs; all times: see the last column")
     header = f"{'system':<18}{'clients':>8}{'seconds':>9}{'MiB/s/client':>14}{'from handoff':>14}{'CPU s':>8}"
@@ -694,15 +725,15 @@ def print_table(all_results: list[Result], size: int, repeats: int, machine: str
         if r.timeline:
             print(f"\n{r.system}, {r.clients} client(s), the median run, in seconds after the origin published:")
             print("\n".join(f"  {line}" for line in r.timeline))
-    rows = ratios(results)
+    rows = ratios(results, durable)
     if not rows:
         return
     print()
-    header = f"{'ratio':<40}{'value':>8}{'goal':>10}  goal met"
+    header = f"{'ratio':<48}{'value':>8}{'goal':>10}  goal met"
     print(header)
     print("-" * len(header))
     for what, value, goal, met in rows:
-        print(f"{what:<40}{value:>8}{goal:>10}  {'-' if met is None else 'yes' if met else 'NO'}")
+        print(f"{what:<48}{value:>8}{goal:>10}  {'-' if met is None else 'yes' if met else 'NO'}")
     checked = [(what, met) for what, _, _, met in rows if met is not None]
     missed = [what.partition(" (")[0] for what, met in checked if not met]
     print()
@@ -730,6 +761,11 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="bench-shardcast-"))
     try:
         machine = machine_figures(root, args.size_mib << 20)
+        durable = {
+            n: sorted(durable_copies(root, args.size_mib << 20, n) for _ in range(args.repeats))[args.repeats // 2]
+            for n in args.clients
+            if n > 1
+        }
         results = measure(args, root)
     except BenchmarkError as exc:
         print(f"shardcast benchmark could not run: {exc}", file=sys.stderr)
@@ -739,7 +775,7 @@ def main() -> int:
             print(f"data and logs kept in {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
-    print_table(results, args.size_mib << 20, args.repeats, machine)
+    print_table(results, args.size_mib << 20, args.repeats, machine, durable)
     return 0
 
 
