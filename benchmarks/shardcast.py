@@ -67,7 +67,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import blake3
 
@@ -575,6 +575,12 @@ def timeline(traces: dict[str, list[dict[str, Any]]], last_exit: float) -> list[
     return lines
 
 
+def _fill(f: BinaryIO, size: int, chunk: bytes) -> None:
+    """Write `size` bytes (whole MiB) to `f` as repeats of the 1 MiB `chunk`."""
+    for _ in range(size >> 20):
+        f.write(chunk)
+
+
 def durable_copies(root: Path, size: int, copies: int) -> float:
     """Seconds to write `copies` files of `size` bytes at once, each by its own thread, and fsync each: the least
     time in which that many clients can hold their copies durably (they fsync before their rename), whatever
@@ -584,8 +590,7 @@ def durable_copies(root: Path, size: int, copies: int) -> float:
 
     def write(path: Path) -> None:
         with path.open("wb") as f:
-            for _ in range(size >> 20):
-                f.write(chunk)
+            _fill(f, size, chunk)
             os.fsync(f.fileno())
 
     os.sync()
@@ -606,8 +611,7 @@ def machine_figures(root: Path, size: int) -> str:
     path = root / "write-probe.bin"
     began = time.perf_counter()
     with path.open("wb") as f:
-        for _ in range(size >> 20):
-            f.write(chunk)
+        _fill(f, size, chunk)
         written = time.perf_counter()
         os.fsync(f.fileno())
     synced = time.perf_counter()

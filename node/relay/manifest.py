@@ -19,6 +19,7 @@ import hashlib
 import json
 import mmap
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,7 @@ def check_name(name: str) -> None:
         raise ManifestError(f"unsafe file name {name!r}")
 
 
-def _shard_digests(view: memoryview, shard_size: int, new: Any) -> list[bytes]:
+def _shard_digests(view: memoryview, shard_size: int, new: Callable[[memoryview], Hasher]) -> list[bytes]:
     digests = []
     for offset in range(0, len(view), shard_size):
         with view[offset : offset + shard_size] as piece:
