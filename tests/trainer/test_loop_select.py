@@ -153,13 +153,16 @@ def test_a_waiting_file_is_read_whole_only_when_chosen_and_only_as_the_bytes_it_
     loaded, spec, source = loop.loaded, loop.spec, loop.source
     made = tmp_path / "made"
     made.mkdir()
-    waiting = sorted(make_file(made / f"{c}.parquet", loaded, spec, source, step=0, counter=c) for c in range(3))
-    first = loop.select(waiting)  # 16 rows a file: one file a step, the other two wait
-    assert [f.work_key for f in first.files] == [hashlib.sha256(waiting[0].read_bytes()).digest()]
+    waiting = [make_file(made / f"{c}.parquet", loaded, spec, source, step=0, counter=c) for c in range(3)]
+    # 16 rows a file: one file a step, the other two wait; within a step the loop takes the lowest work key first
+    by_key = sorted(waiting, key=lambda p: hashlib.sha256(p.read_bytes()).digest())
+    first = loop.select(waiting)
+    assert first.paths == [by_key[0]]
+    assert [f.work_key for f in first.files] == [hashlib.sha256(by_key[0].read_bytes()).digest()]
     loop.train(first.files, idle_seconds=0.0)
     other = make_file(made / "other.parquet", loaded, spec, source, step=0, counter=9)
-    waiting[1].write_bytes(other.read_bytes())  # a valid file, but not the bytes inspected
-    waiting[2].write_bytes(b"not parquet")
+    by_key[1].write_bytes(other.read_bytes())  # a valid file, but not the bytes inspected
+    by_key[2].write_bytes(b"not parquet")
     caplog.set_level(logging.ERROR, logger="trainer.loop")
     assert loop.select(waiting).files == []
     assert "its bytes changed after it was inspected" in caplog.text
