@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from node.relay.manifest import FORMAT_VERSION, FORMATS
 from node.tasks.errors import TaskSpecError
 from node.tasks.fields import Fields
 from node.tasks.spec import load_task_spec, spec_hash
@@ -74,6 +75,7 @@ class RunConfig:
     api_port: int = 8600
     shardcast_port: int = 8700
     keep_versions: int = 4  # checkpoint versions the origin serves (at least async_level + 2)
+    manifest_format: int = FORMAT_VERSION  # SHARDCAST manifest format the origin signs (1 for a pool of old nodes)
     eval_every: int = 0  # steps between held-out evaluations; 0 = never
     eval_problems: int = 128
     eval_task: Path | None = None  # the spec whose last eval_problems problems are measured; None: the run's task
@@ -270,6 +272,9 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
         api_port=coord.integer("port", 8600, minimum=0, maximum=65535),
         shardcast_port=shardcast.integer("port", 8700, minimum=0, maximum=65535),
         keep_versions=shardcast.integer("keep", max(4, learner.async_level + 2), minimum=1, maximum=1000),
+        manifest_format=shardcast.integer(
+            "manifest_format", FORMAT_VERSION, minimum=min(FORMATS), maximum=max(FORMATS)
+        ),
         eval_every=evaluation.integer("every", 0, minimum=0),
         eval_problems=evaluation.integer("problems", 128, minimum=1, maximum=100_000),
         eval_task=_path(base, eval_task) if (eval_task := evaluation.text("task", "")) else None,

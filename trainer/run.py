@@ -435,7 +435,12 @@ async def _serve_and_train(
     server = ShardServer(ShardStore(config.run_dir / "origin"), role="origin")
     origin_url = f"http://{config.host}:{await server.start(config.host, config.shardcast_port)}"
     origin = Origin(
-        server, account=network.account, domain=network.domain, pool_id=network.pool_id, keep=config.keep_versions
+        server,
+        account=network.account,
+        domain=network.domain,
+        pool_id=network.pool_id,
+        keep=config.keep_versions,
+        manifest_format=config.manifest_format,
     )
     workers: LocalWorkers | None = None
     gossip: TrainerGossip | None = None

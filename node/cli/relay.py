@@ -34,7 +34,7 @@ from ledger.cli.common import (
 )
 from node.cli.errors import node_cli_errors
 from node.relay import trace
-from node.relay.manifest import DEFAULT_SHARD_SIZE
+from node.relay.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS
 
 if TYPE_CHECKING:
     from node.relay.server import ServerLimits
@@ -109,6 +109,16 @@ def origin(
     shard_size: Annotated[
         int, typer.Option("--shard-size", min=1024, max=1024**3, metavar="BYTES", help="Shard size.")
     ] = DEFAULT_SHARD_SIZE,
+    manifest_format: Annotated[
+        int,
+        typer.Option(
+            "--manifest-format",
+            min=min(FORMATS),
+            max=max(FORMATS),
+            metavar="N",
+            help="Manifest format to sign: 2 adds BLAKE3 shard hashes; 1 while nodes older than format 2 remain.",
+        ),
+    ] = FORMAT_VERSION,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,
@@ -133,7 +143,15 @@ def origin(
             server = ShardServer(ShardStore(data), role="origin", limits=limits)
             bound = await server.start(host, port)
             stderr_console().print(f"origin of pool {pool} on http://{host}:{bound}, trainer {account.address}")
-            source = Origin(server, account=account, domain=domain, pool_id=pool, keep=keep, shard_size=shard_size)
+            source = Origin(
+                server,
+                account=account,
+                domain=domain,
+                pool_id=pool,
+                keep=keep,
+                shard_size=shard_size,
+                manifest_format=manifest_format,
+            )
             try:
                 await source.watch(watch)
             finally:

@@ -118,9 +118,9 @@ def _shard_digests(view: memoryview, shard_size: int, new: Callable[[memoryview]
     return digests
 
 
-def _hash_file(path: Path, name: str, shard_size: int) -> ManifestFile:
-    """The whole-file sha256, the shards' sha256 and the shards' BLAKE3, in three threads over one mapping of the
-    file (both libraries let go of the GIL): the origin's publish waits for all three passes, and the slowest, a
+def _hash_file(path: Path, name: str, shard_size: int, *, with_blake3: bool) -> ManifestFile:
+    """The whole-file sha256, the shards' sha256 and (`with_blake3`) the shards' BLAKE3, in threads over one mapping
+    of the file (both libraries let go of the GIL): the origin's publish waits for every pass, and the slowest, a
     sha256 over every byte, sets its time where there are cores for the three."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -130,22 +130,36 @@ def _hash_file(path: Path, name: str, shard_size: int) -> ManifestFile:
         with mapping, memoryview(mapping) as view, ThreadPoolExecutor(2, thread_name_prefix="file-hash") as pool:
             whole = pool.submit(lambda: hashlib.sha256(view).digest())
             sha256s = pool.submit(_shard_digests, view, shard_size, hashlib.sha256)
-            blake3s = _shard_digests(view, shard_size, blake3.blake3)
+            blake3s = _shard_digests(view, shard_size, blake3.blake3) if with_blake3 else None
             digest, shard_sha256s = whole.result(), sha256s.result()
     shards = tuple(
-        ShardInfo(index, index * shard_size, min(shard_size, size - index * shard_size), sha, b3)
-        for index, (sha, b3) in enumerate(zip(shard_sha256s, blake3s, strict=True))
+        ShardInfo(
+            index,
+            index * shard_size,
+            min(shard_size, size - index * shard_size),
+            sha,
+            None if blake3s is None else blake3s[index],  # None: format 1
+        )
+        for index, sha in enumerate(shard_sha256s)
     )
     return ManifestFile(name, size, digest, shards)
 
 
 def build_manifest(
-    checkpoint_dir: str | os.PathLike[str], *, pool_id: int, step: int, shard_size: int = DEFAULT_SHARD_SIZE
+    checkpoint_dir: str | os.PathLike[str],
+    *,
+    pool_id: int,
+    step: int,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    format_version: int = FORMAT_VERSION,
 ) -> Manifest:
-    """Manifest of every regular file directly in `checkpoint_dir`, sorted by name.
+    """Manifest of every regular file directly in `checkpoint_dir`, sorted by name, in `format_version` (1: sha256
+    shards only, for a pool whose nodes are not all on format 2 yet; 2: sha256 and BLAKE3 shards).
 
     Requirements: no subdirectories, symlinks or other non-regular entries, and only safe names (`check_name`).
     """
+    if format_version not in FORMATS:
+        raise ManifestError(f"format_version must be one of {list(FORMATS)}, got {format_version!r:.80}")
     _check_int("pool_id", pool_id, 0, 2**256 - 1)
     _check_int("step", step, 0, 2**64 - 1)
     _check_int("shard_size", shard_size, MIN_SHARD_SIZE, MAX_SHARD_SIZE)
@@ -156,8 +170,10 @@ def build_manifest(
             check_name(entry.name)
             if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
                 raise ManifestError(f"{entry.name!r} in {root} is not a regular file (symlink or directory?)")
-            files.append(_hash_file(Path(entry.path), entry.name, shard_size))
-    return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files))
+            files.append(_hash_file(Path(entry.path), entry.name, shard_size, with_blake3=format_version >= 2))
+    return Manifest(
+        pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files), format_version=format_version
+    )
 
 
 def _shard_json(s: ShardInfo) -> dict[str, Any]:

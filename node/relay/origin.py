@@ -16,7 +16,7 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 
 from node.relay import RelayError
-from node.relay.manifest import DEFAULT_SHARD_SIZE, Manifest
+from node.relay.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS, Manifest
 from node.relay.server import ShardServer
 from node.relay.trust import sign_manifest
 from node.signing import SigningDomain
@@ -36,9 +36,14 @@ class Origin:
         pool_id: int,
         keep: int = 3,
         shard_size: int = DEFAULT_SHARD_SIZE,
+        manifest_format: int = FORMAT_VERSION,
     ) -> None:
+        """`manifest_format` 1 while a pool still has nodes that read only format 1 (docs/shardcast.md)."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        if manifest_format not in FORMATS:
+            raise ValueError(f"manifest_format must be one of {list(FORMATS)}, got {manifest_format}")
+        self.manifest_format = manifest_format
         self.server = server
         self.store = server.store
         self.account, self.domain, self.pool_id = account, domain, pool_id
@@ -52,6 +57,7 @@ class Origin:
             pool_id=self.pool_id,
             step=step,
             shard_size=self.shard_size,
+            manifest_format=self.manifest_format,
             sign=lambda m: sign_manifest(m, self.account, self.domain),
         )
         pruned = await asyncio.to_thread(self.store.prune, self.keep)

@@ -42,6 +42,7 @@ from node.relay import (
     trace,
 )
 from node.relay.manifest import (
+    FORMAT_VERSION,
     Manifest,
     ManifestFile,
     ShardInfo,
@@ -205,9 +206,17 @@ class ShardStore:
             raise
 
     def publish_dir(
-        self, checkpoint_dir: str | os.PathLike[str], *, pool_id: int, step: int, shard_size: int, sign: Signer
+        self,
+        checkpoint_dir: str | os.PathLike[str],
+        *,
+        pool_id: int,
+        step: int,
+        shard_size: int,
+        sign: Signer,
+        manifest_format: int = FORMAT_VERSION,
     ) -> Manifest:
-        """Copy a trusted checkpoint directory in, build its manifest from the copy, sign it, and store it.
+        """Copy a trusted checkpoint directory in, build its manifest (`manifest_format`) from the copy, sign it, and
+        store it.
 
         One read of the source (a kernel copy) and one hashing pass over the copy: the origin's path. The copy is
         fsynced while it is hashed (both only read it), so publishing waits for the longer of the two, not both.
@@ -226,7 +235,9 @@ class ShardStore:
             trace.event("publish_copied", step=step)
             with ThreadPoolExecutor(1, thread_name_prefix="publish-fsync") as pool:
                 synced = [pool.submit(_fsync_path, tmp / name) for name in names]
-                manifest = build_manifest(tmp, pool_id=pool_id, step=step, shard_size=shard_size)
+                manifest = build_manifest(
+                    tmp, pool_id=pool_id, step=step, shard_size=shard_size, format_version=manifest_format
+                )
                 for done in synced:
                     done.result()
             trace.event("publish_hashed", step=step)

@@ -18,6 +18,13 @@ def test_the_shipped_config_loads_and_flags_override_it() -> None:
     assert (config.local_workers, config.steps, config.run_dir) == (3, 7, Path("/tmp/x"))
     assert config.model == (EXAMPLE.parent / ".." / "tiny-sft").resolve()  # relative to the TOML file
     assert config.learner.async_level == 1 and config.max_minutes is None
+    assert config.manifest_format == 2
+
+
+def test_the_origin_can_be_kept_on_manifest_format_1(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.toml"
+    path.write_text("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nmanifest_format=1\n[local]\nworkers=1\n")
+    assert load_run_config(path).manifest_format == 1
 
 
 NETWORK = "[run]\ndir='r'\nmodel='m'\ntask='t'\n[pool]\nid=1\ndeployment='d.json'\n"
@@ -91,6 +98,7 @@ def test_local_mode_takes_the_oldest_files_first_and_the_network_the_freshest(tm
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlr=true\n[local]\nworkers=1\n", "optim.lr"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlearning_rate=1\n[local]\nworkers=1\n", "unknown key"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "keep_versions"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nmanifest_format=3\n[local]\nworkers=1", "manifest_format"),
         ("[run]\nmodel='m'\ntask='t'\n[local]\nworkers=1\n", "run.dir"),
         ("[run\n", "not readable TOML"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[p2p]\nport=70000\n[local]\nworkers=1\n", "p2p.port"),

@@ -141,6 +141,20 @@ def test_build_refuses_bad_shard_size(ckpt: Path) -> None:
         build_manifest(ckpt, pool_id=1, step=1, shard_size=0)
 
 
+def test_build_writes_format_1_on_request_with_the_same_sha256s_and_no_blake3(ckpt: Path) -> None:
+    """A pool with nodes that read only format 1 keeps its origin on format 1 until they have upgraded."""
+    new = build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD)
+    old = build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, format_version=1)
+    assert old.format_version == 1
+    assert all(s.blake3 is None and s.digest == s.sha256 for f in old.files for s in f.shards)
+    assert [(f.sha256, [s.sha256 for s in f.shards]) for f in old.files] == [
+        (f.sha256, [s.sha256 for s in f.shards]) for f in new.files
+    ]
+    assert b"blake3" not in encode_manifest(old) and parse_manifest(encode_manifest(old)) == old
+    with pytest.raises(ManifestError, match="format_version must be one of"):
+        build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, format_version=3)
+
+
 def _small(version: int = 2) -> dict[str, Any]:
     h = hashlib.sha256(b"x").hexdigest()
     b = blake3.blake3(b"x").hexdigest()

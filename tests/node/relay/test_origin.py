@@ -57,3 +57,23 @@ def test_watch_publishes_new_steps_signed_skips_a_bad_one_and_prunes(
     for step in (3, 4):
         policy.check(store.manifest(step), store.signature(step), step=step)
     assert store.read_shard(4, "model.safetensors", 0) == (b"four" * 1000)[:1024]
+
+
+def test_an_origin_signs_the_manifest_format_it_is_given(tmp_path: Path) -> None:
+    """`--manifest-format 1`: every version it publishes is format 1 (sha256 shards only), signed and served."""
+    store = ShardStore(tmp_path / "store")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(os.urandom(5000))
+
+    async def scenario() -> None:
+        server = ShardServer(store, role="origin")
+        origin = Origin(server, account=TRAINER, domain=DOMAIN, pool_id=3, shard_size=1024, manifest_format=1)
+        await origin.publish(checkpoint, 1)
+
+    asyncio.run(scenario())
+    manifest = store.manifest(1)
+    assert manifest.format_version == 1 and all(s.blake3 is None for f in manifest.files for s in f.shards)
+    TrustPolicy(DOMAIN, TRAINER.address, pool_id=3).check(manifest, store.signature(1), step=1)
+    with pytest.raises(ValueError, match="manifest_format must be one of"):
+        Origin(ShardServer(store, role="origin"), account=TRAINER, domain=DOMAIN, pool_id=3, manifest_format=3)

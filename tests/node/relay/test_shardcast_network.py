@@ -196,8 +196,13 @@ def net(tmp_path: Path) -> Iterator[Network]:
         network.close()
 
 
-def test_a_corrupting_relay_is_caught_and_the_checkpoint_is_byte_identical(net: Network) -> None:
-    origin = net.origin()
+@pytest.mark.parametrize(("manifest_format", "shard_hash"), [("2", "blake3"), ("1", "sha256")])
+def test_a_corrupting_relay_is_caught_and_the_checkpoint_is_byte_identical(
+    net: Network, manifest_format: str, shard_hash: str
+) -> None:
+    """In either manifest format the origin signs (`--manifest-format 1` for a pool of nodes older than format 2),
+    a relay mirrors it and a client catches the relay's bad bytes by that format's shard hash."""
+    origin = net.origin("--manifest-format", manifest_format)
     source = net.publish(1, 12 * MIB, seed=1)
     relay, _ = net.relay("relay", origin)
     wait_complete(relay, 1)
@@ -208,7 +213,7 @@ def test_a_corrupting_relay_is_caught_and_the_checkpoint_is_byte_identical(net: 
     assert proc.wait(timeout=120) == 0, net.log("client")
     assert_same_checkpoint(out / "step_1", source)
     log = net.log("client")
-    assert f"dropping source {relay}" in log and "failed its blake3" in log
+    assert f"dropping source {relay}" in log and f"failed its {shard_hash}" in log
     assert metric(origin, "shardcast_bytes_sent_total") >= 12 * MIB - SHARD  # the origin carried nearly all
 
 
