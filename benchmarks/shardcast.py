@@ -7,8 +7,9 @@ the machine's page-cache write rate, fsync time, sha256 and BLAKE3 rates, which 
 this disk takes to write and fsync N copies at once (each N of `--clients`): no system whose clients fsync their
 copies can beat it, and the ratio table gives shardcast's time over it (N > 1), and the raw GET's (N = 1, the raw
 client never fsyncs), as the disk's bound. `--trace` prints each of our processes' timeline (node/relay/trace.py)
-and CPU for the median runs. `--disk-mbps 400` (root, cgroup v1) paces the disk's writes at 400 MB/s for the run:
-the slow-writing machine of issue 23 on a fast one.
+and CPU for the median runs. `--disk-mbps 400` (root, cgroup v1) paces the disk's writes at 400 MB/s for the run,
+and `--dirty-mib 256` lets at most 256 MiB of the page cache wait for the disk (a machine with little memory): the
+slow-writing machine of issue 23 on a fast one.
 
 The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast, outside the
 project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's downloader).
@@ -607,6 +608,8 @@ def durable_copies(root: Path, size: int, copies: int) -> float:
 
 
 BLKIO_WRITE_BPS = Path("/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device")
+DIRTY = Path("/proc/sys/vm")
+PAIRS = (("dirty_ratio", "dirty_bytes"), ("dirty_background_ratio", "dirty_background_bytes"))  # one of each is set
 
 
 def whole_disk(path: Path) -> str:
@@ -621,24 +624,41 @@ def whole_disk(path: Path) -> str:
 
 
 @contextmanager
-def slow_disk(root: Path, mb_per_s: float | None) -> Iterator[str]:
-    """With `mb_per_s`, the disk holding `root` takes writes at that many MB/s (10^6 bytes) until the block ends:
-    the root cgroup's `blkio.throttle.write_bps_device` (cgroup v1; needs root), which paces every writer, the
-    kernel's writeback included, as a slower disk would. Yields how the disk was set; the rule it replaced is put
-    back on the way out, whatever happened."""
-    if mb_per_s is None:
-        yield ""
-        return
-    if not os.access(BLKIO_WRITE_BPS, os.W_OK):
-        raise BenchmarkError(f"--disk-mbps needs a writable {BLKIO_WRITE_BPS} (cgroup v1 blkio, run as root)")
-    device = whole_disk(root)
-    before = {line.split()[0]: line.split()[1] for line in BLKIO_WRITE_BPS.read_text().splitlines() if line.strip()}
-    os.sync()  # what earlier work left dirty is not written under the limit
-    BLKIO_WRITE_BPS.write_text(f"{device} {int(mb_per_s * 1e6)}")
+def slow_disk(root: Path, mb_per_s: float | None, dirty_mib: int | None) -> Iterator[str]:
+    """Until the block ends, the machine writes like a slower one; yields how it was set ("" when it was not). The
+    settings it replaced are put back on the way out, whatever happened. Both need root.
+
+    - `mb_per_s`: the disk holding `root` takes writes at that many MB/s (10^6 bytes), through the root cgroup's
+      `blkio.throttle.write_bps_device` (cgroup v1), which paces every writer, the kernel's writeback included.
+    - `dirty_mib`: the page cache holds at most that many MiB of unwritten data (`vm.dirty_bytes`; writeback starts
+      at half), as on a machine with little memory; past it, every writer waits for the disk."""
+    described = []
+    restore: list[tuple[Path, str]] = []
     try:
-        yield f"disk {device} throttled to {mb_per_s:,.0f} MB/s of writes (blkio, for this run)"
+        if mb_per_s is not None or dirty_mib is not None:
+            os.sync()  # what earlier work left dirty is not written under the new settings
+        if mb_per_s is not None:
+            if not os.access(BLKIO_WRITE_BPS, os.W_OK):
+                raise BenchmarkError(f"--disk-mbps needs a writable {BLKIO_WRITE_BPS} (cgroup v1 blkio, run as root)")
+            device = whole_disk(root)
+            rules = dict(line.split() for line in BLKIO_WRITE_BPS.read_text().splitlines() if line.strip())
+            restore.append((BLKIO_WRITE_BPS, f"{device} {rules.get(device, '0')}"))  # 0 removes the rule
+            BLKIO_WRITE_BPS.write_text(f"{device} {int(mb_per_s * 1e6)}")
+            described.append(f"disk {device} throttled to {mb_per_s:,.0f} MB/s of writes (blkio)")
+        if dirty_mib is not None:
+            if not os.access(DIRTY / "dirty_bytes", os.W_OK):
+                raise BenchmarkError(f"--dirty-mib needs a writable {DIRTY / 'dirty_bytes'} (run as root)")
+            # each limit is set as a ratio or in bytes, and writing one zeroes the other: put back the one in use
+            for ratio, in_bytes in PAIRS:
+                used = in_bytes if (DIRTY / in_bytes).read_text().strip() != "0" else ratio
+                restore.append((DIRTY / used, (DIRTY / used).read_text().strip()))
+            (DIRTY / "dirty_bytes").write_text(str(dirty_mib << 20))
+            (DIRTY / "dirty_background_bytes").write_text(str(dirty_mib << 19))
+            described.append(f"at most {dirty_mib} MiB of the page cache dirty (vm.dirty_bytes)")
+        yield "; ".join(f"{d}, for this run" for d in described)
     finally:
-        BLKIO_WRITE_BPS.write_text(f"{device} {before.get(device, '0')}")  # 0 removes the rule
+        for path, value in reversed(restore):
+            path.write_text(value)
 
 
 def machine_figures(root: Path, size: int) -> str:
@@ -807,12 +827,17 @@ def main() -> int:
         type=float,
         help="emulate a slower disk: writes to the temp folder's disk paced at this many MB/s during the run (root)",
     )
+    parser.add_argument(
+        "--dirty-mib",
+        type=int,
+        help="emulate a machine with little memory: at most this many MiB of unwritten page cache (root)",
+    )
     args = parser.parse_args()
     args.clients = [int(n) for n in args.clients.split(",")]
     args.systems = args.systems.split(",")
     root = Path(tempfile.mkdtemp(prefix="bench-shardcast-"))
     try:
-        with slow_disk(root, args.disk_mbps) as disk:
+        with slow_disk(root, args.disk_mbps, args.dirty_mib) as disk:
             machine = machine_figures(root, args.size_mib << 20) + (f"\n{disk}" if disk else "")
             durable = {
                 n: sorted(durable_copies(root, args.size_mib << 20, n) for _ in range(args.repeats))[args.repeats // 2]
