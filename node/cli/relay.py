@@ -35,6 +35,7 @@ from ledger.cli.common import (
 from node.cli.errors import node_cli_errors
 from node.relay import trace
 from node.relay.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS
+from node.relay.store import RELAY_MEMORY_MIB
 
 if TYPE_CHECKING:
     from node.relay.server import ServerLimits
@@ -178,6 +179,16 @@ def relay(
     max_connections: MaxConnectionsOption = 256,
     max_per_client: MaxPerClientOption = 32,
     client_rate: ClientRateOption = 0.0,
+    memory_mib: Annotated[
+        int,
+        typer.Option(
+            "--memory-mib",
+            min=0,
+            metavar="MIB",
+            help="Verified shards held in memory and served from there until the version is written to disk "
+            "(0: write each shard as it arrives).",
+        ),
+    ] = RELAY_MEMORY_MIB,
 ) -> None:
     """Mirror checkpoints from upstream servers and serve them, each shard verified before it is served."""
     with node_cli_errors():
@@ -194,7 +205,7 @@ def relay(
         from node.relay.store import ShardStore
 
         async def main() -> None:
-            server = ShardServer(ShardStore(data), role="relay", limits=limits)
+            server = ShardServer(ShardStore(data, memory_bytes=memory_mib << 20), role="relay", limits=limits)
             mirror = Mirror(server, upstream, policy=policy, keep=keep, parallel=parallel)
             bound = await server.start(host, port)
             trust = f"trainer {policy.trainer}" if policy else "no --trainer: clients check signatures"

@@ -578,9 +578,10 @@ class WorkerDaemon:
             return None
         from node.relay.mirror import Mirror
         from node.relay.server import ShardServer
-        from node.relay.store import ShardStore
+        from node.relay.store import RELAY_MEMORY_MIB, ShardStore
 
-        server = ShardServer(ShardStore(self.settings.state_dir / "relay"), role="relay")
+        store = ShardStore(self.settings.state_dir / "relay", memory_bytes=RELAY_MEMORY_MIB << 20)
+        server = ShardServer(store, role="relay")
         mirror = Mirror(server, list(self.settings.checkpoints), policy=policy, keep=self.settings.async_level + 2)
         port = await server.start(self.settings.relay_host, self.settings.relay_port)
         url = f"http://{self.settings.relay_host}:{port}"

@@ -199,14 +199,18 @@ class _Transfer:
         return [(start, end, url) for (start, url), end in zip(self.pieces, ends, strict=True) if end > start]
 
 
-def _hash_ranges(path: Path, offset: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-    """BLAKE3 of each (start, end) range of a shard at `offset` in the file, as it is on disk now (only compared
-    with another call's result, so any collision-resistant hash does; this is the fastest here)."""
+def _hash_ranges(sink: PartialCheckpoint, file: str, index: int, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """BLAKE3 of each (start, end) range of a shard as its bytes are now, in memory or on disk (only compared with
+    another call's result, so any collision-resistant hash does; this is the fastest here)."""
+    fd, offset = sink.open_placed(file, index)
     digests = []
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
-        for start, end in ranges:
-            with memoryview(mapped) as view:
-                digests.append(blake3.blake3(view[offset + start : offset + end]).digest())
+    try:
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
+            for start, end in ranges:
+                with memoryview(mapped) as view:
+                    digests.append(blake3.blake3(view[offset + start : offset + end]).digest())
+    finally:
+        os.close(fd)
     return digests
 
 
@@ -363,11 +367,6 @@ class Downloader:
             return
         raise DownloadFailed(step, self.errors)
 
-    def _shard_path(self, sink: PartialCheckpoint, transfer: _Transfer) -> tuple[Path, int]:
-        manifest_file = sink.manifest.file(transfer.file)
-        assert manifest_file is not None  # the queue holds only shards of the manifest
-        return sink.partial / transfer.file, manifest_file.shards[transfer.index].offset
-
     async def _mismatch(self, sink: PartialCheckpoint, transfer: _Transfer, exc: ShardHashMismatch) -> None:
         """Ban the one source of a bad shard; for a shard of several, note who sent what, and refetch it whole."""
         what, hash_name = f"shard {transfer.file}[{transfer.index}]", transfer.shard.hash_name
@@ -375,9 +374,9 @@ class Downloader:
         senders = {url for _, _, url in ranges}
         if len(senders) == 1:
             self._ban(self._source(senders.pop()), f"sent {what} that failed its {hash_name} ({exc})", offence=True)
-        elif not transfer.suspects:  # the first mixed failure: the bytes each source sent, while still on disk
-            path, offset = self._shard_path(sink, transfer)
-            digests = await asyncio.to_thread(_hash_ranges, path, offset, [(a, b) for a, b, _ in ranges])
+        elif not transfer.suspects:  # the first mixed failure: the bytes each source sent, while still held
+            pieces = [(a, b) for a, b, _ in ranges]
+            digests = await asyncio.to_thread(_hash_ranges, sink, transfer.file, transfer.index, pieces)
             transfer.suspects = [(a, b, url, d) for (a, b, url), d in zip(ranges, digests, strict=True)]
             self.errors.append(f"{what} from {len(senders)} sources failed its {hash_name}; fetching it from one")
         transfer.single = True
@@ -385,8 +384,8 @@ class Downloader:
 
     async def _convict_suspects(self, sink: PartialCheckpoint, transfer: _Transfer) -> None:
         """The shard is verified now: ban each source whose piece of the failed attempt differs from it."""
-        path, offset = self._shard_path(sink, transfer)
-        right = await asyncio.to_thread(_hash_ranges, path, offset, [(a, b) for a, b, _, _ in transfer.suspects])
+        pieces = [(a, b) for a, b, _, _ in transfer.suspects]
+        right = await asyncio.to_thread(_hash_ranges, sink, transfer.file, transfer.index, pieces)
         what = f"shard {transfer.file}[{transfer.index}]"
         for (start, end, url, sent), digest in zip(transfer.suspects, right, strict=True):
             if sent != digest:
@@ -460,9 +459,8 @@ class Downloader:
             self._ban(source, f"sent more than {transfer.size} bytes for {what}", offence=True)
             raise SourceError(source.url, "oversized shard")
         transfer.begin_piece(source.url)
-        path, shard_offset, _ = sink.shard_target(transfer.file, transfer.index)
+        fd, shard_offset, _ = sink.open_target(transfer.file, transfer.index)
         start = transfer.received
-        fd = os.open(path, os.O_RDWR)
         try:
             with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -329,13 +328,27 @@ class ShardServer:
             return _error(404, "no such shard")
         asked = time.monotonic()
         try:
-            paths, offset, size = await self._locate(step, file, int(index_text))
+            file_object, offset, size = await self._locate(step, file, int(index_text))
         except VersionNotFound:
             return _error(404, f"no version {step} here")
         except UnknownShard:
             return _error(404, f"no shard {file}[{index_text}] in version {step}")
         except ShardPending:
             return _error(503, "shard not mirrored yet", **{"Retry-After": "1"})
+        with file_object:
+            return await self._send_shard(request, step, file, int(index_text), file_object, offset, size, asked)
+
+    async def _send_shard(
+        self,
+        request: web.Request,
+        step: int,
+        file: str,
+        index: int,
+        file_object: BinaryIO,
+        offset: int,
+        size: int,
+        asked: float,
+    ) -> web.StreamResponse:
         start, end = 0, size  # [start, end) within the shard
         status, headers = 200, {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
         if "Range" in request.headers:
@@ -350,7 +363,6 @@ class ShardServer:
                 return _error(416, "empty range", **{"Content-Range": f"bytes */{size}"})
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        file_object = self._open(paths)
         self._serving[step] = self._serving.get(step, 0) + 1
         try:
             response = web.StreamResponse(status=status, headers=headers)
@@ -359,10 +371,9 @@ class ShardServer:
             waited = time.monotonic() - asked
             await self._send_file(request, file_object, offset + start, end - start)
             await response.write_eof()
-            trace.event("served", file=file, index=int(index_text), bytes=end - start, waited_s=round(waited, 4))
+            trace.event("served", file=file, index=index, bytes=end - start, waited_s=round(waited, 4))
             return response
         finally:
-            file_object.close()
             left = self._serving[step] - 1
             if left:
                 self._serving[step] = left
@@ -372,13 +383,13 @@ class ShardServer:
             while len(self._served_at) > 64:  # the steps a server still holds are few; forget the oldest
                 del self._served_at[min(self._served_at)]
 
-    async def _locate(self, step: int, file: str, index: int) -> tuple[list[os.PathLike[str]], int, int]:
-        """The shard's location, waiting up to `pending_wait` while it is still being mirrored."""
+    async def _locate(self, step: int, file: str, index: int) -> tuple[BinaryIO, int, int]:
+        """The shard opened where it is (`ShardStore.open_shard`), waiting up to `pending_wait` while it is still
+        being mirrored."""
         deadline = time.monotonic() + self.limits.pending_wait
         while True:
             try:
-                paths, offset, size = self.store.shard_location(step, file, index)
-                return list(paths), offset, size
+                return self.store.open_shard(step, file, index)
             except ShardPending:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -386,15 +397,6 @@ class ShardServer:
                 async with self._changed:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), timeout=left)
-
-    @staticmethod
-    def _open(paths: list[os.PathLike[str]]) -> BinaryIO:
-        for path in paths[:-1]:
-            try:
-                return open(path, "rb")
-            except FileNotFoundError:  # the version was renamed into place meanwhile
-                continue
-        return open(paths[-1], "rb")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -15,9 +15,11 @@ which no manifest file can have; they are removed just before the rename.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
+import mmap
 import os
 import shutil
 import sys
@@ -26,7 +28,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from node.relay import (
     FileHashMismatch,
@@ -57,6 +59,7 @@ PARTIAL_MANIFEST_NAME = ".shardcast-manifest.json"
 SIGNATURE_NAME = ".shardcast-signature"
 
 Signer = Callable[[Manifest], bytes]
+RELAY_MEMORY_MIB = 1024  # a relay's default memory window (`ShardStore(memory_bytes=...)`, `prime-node relay`)
 
 
 def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
@@ -142,6 +145,21 @@ def _pread_exact(path: Path, offset: int, size: int) -> bytes:
     return data
 
 
+def _copy_range(source: int, path: Path, offset: int, size: int) -> None:
+    """Copy `size` bytes at `offset` of the open file `source` to the same offset of the file at `path`."""
+    piece = 8 * 1024 * 1024
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        with mmap.mmap(source, 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+            done = 0
+            while done < size:
+                n = min(piece, size - done)
+                at = offset + done
+                done += os.pwrite(fd, view[at : at + n], at)
+    finally:
+        os.close(fd)
+
+
 def _check_shard(file: str, shard: ShardInfo, data: bytes) -> None:
     actual = shard.check(data)
     if actual is not None:
@@ -165,6 +183,34 @@ def _copy_verified(src: Path, dst: Path, mf: ManifestFile) -> None:
         raise FileHashMismatch(mf.name, mf.sha256.hex(), whole.hexdigest())
 
 
+class MemoryBudget:
+    """Bytes of verified shards a relay may hold in memory at once, across the versions it is mirroring."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"a memory budget cannot be negative, got {limit}")
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        with self._lock:
+            return self._used
+
+    def take(self, size: int) -> bool:
+        """Reserve `size` bytes if they fit under the limit."""
+        with self._lock:
+            if self._used + size > self.limit:
+                return False
+            self._used += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self._used -= size
+
+
 class ShardStore:
     """The versions an origin or relay serves, each verified against its manifest before it is served.
 
@@ -175,8 +221,10 @@ class ShardStore:
     loop; the copies, hashes and renames run in worker threads.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, memory_bytes: int = 0) -> None:
+        """`memory_bytes`: how much of the versions being mirrored a relay holds in memory (see `PartialCheckpoint`)."""
         self.root = Path(root)
+        self.memory = MemoryBudget(memory_bytes)
         self._versions = self.root / "v"
         self._tmp = self.root / "tmp"
         self._versions.mkdir(parents=True, exist_ok=True)
@@ -281,7 +329,11 @@ class ShardStore:
             if not current.closed:
                 return current
         partial = PartialCheckpoint(
-            self._versions / str(manifest.step), manifest, metadata={SIGNATURE_NAME: signature}, writeback=False
+            self._versions / str(manifest.step),
+            manifest,
+            metadata={SIGNATURE_NAME: signature},
+            writeback=False,
+            memory=self.memory if self.memory.limit else None,
         )
         self._incoming[manifest.step] = partial
         return partial
@@ -340,33 +392,36 @@ class ShardStore:
         except FileNotFoundError:
             raise VersionNotFound(step) from None
 
-    def shard_location(self, step: int, file: str, index: int) -> tuple[list[Path], int, int]:
-        """(paths to try in order, offset, size) of a stored shard, for a server that reads it from the file.
+    def open_shard(self, step: int, file: str, index: int) -> tuple[BinaryIO, int, int]:
+        """(an open file, offset, size) holding a stored shard's verified bytes, for a server to send; the caller
+        closes the file.
 
-        A shard of a version being mirrored raises `ShardPending` until it is written. Its version may be
-        renamed into place between this call and the read, hence two paths: the partial one, then the final.
+        A shard of a version being mirrored raises `ShardPending` until it is verified, and is read from memory
+        or from the partial folder, wherever it is (`PartialCheckpoint.open_verified`). The version may be renamed
+        into place meanwhile; the final path is tried then.
         """
         mf = self.manifest(step).file(file)
         if mf is None or not 0 <= index < len(mf.shards):
             raise UnknownShard(file, index)
         shard = mf.shards[index]
-        final = self._versions / str(step) / file
         partial = self._incoming.get(step)
-        if partial is None:
-            return [final], shard.offset, shard.size
-        if not partial.has(file, index):
-            raise ShardPending(step, file, index)
-        return [partial.partial / file, final], shard.offset, shard.size
+        if partial is not None:
+            if not partial.has(file, index):
+                raise ShardPending(step, file, index)
+            with contextlib.suppress(FileNotFoundError):  # renamed into place since `has`: read the final path
+                opened = partial.open_verified(file, index)
+                if opened is not None:
+                    return opened, shard.offset, shard.size
+        return open(self._versions / str(step) / file, "rb"), shard.offset, shard.size
 
     def read_shard(self, step: int, file: str, index: int) -> bytes:
         """A shard's bytes, trusted without re-hashing (they were verified when they were written)."""
-        paths, offset, size = self.shard_location(step, file, index)
-        for path in paths[:-1]:
-            try:
-                return _pread_exact(path, offset, size)
-            except FileNotFoundError:
-                continue
-        return _pread_exact(paths[-1], offset, size)
+        opened, offset, size = self.open_shard(step, file, index)
+        with opened:
+            data = os.pread(opened.fileno(), size, offset)
+        if len(data) != size:
+            raise RelayError(f"shard {file}[{index}] of step {step}: short read ({len(data)} of {size} bytes)")
+        return data
 
     # --- pruning -------------------------------------------------------------------------------------
 
@@ -399,6 +454,14 @@ class PartialCheckpoint:
     `write_shard` may be called from several threads. Opening a partial directory left by another
     manifest (another step) discards it and starts over. With `metadata` (dot-name -> bytes), those files
     and the manifest copy stay in the published directory: that is how a relay's store keeps a version.
+
+    With a `memory` budget (a relay's), shards are received into memory (one `memfd` per file) while the budget
+    allows, served from there once verified, and written to the partial folder only by `write_behind`, which
+    `finish` calls: a relay's clients are never held up by its disk, which on a machine that writes slowly would
+    pace its receiving and serving, and on a disk shared with them would take their writes' turn. Each shard stays
+    where its first byte went (a resumed range lands beside the bytes before it); the rest go to the folder. A
+    shard in memory is journalled once written behind, so a crash before that loses it and a restart fetches it
+    again: it is never served unverified.
     """
 
     def __init__(
@@ -408,8 +471,13 @@ class PartialCheckpoint:
         *,
         metadata: Mapping[str, bytes] | None = None,
         writeback: bool = True,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self.target = Path(target_dir)
+        self.memory = memory if memory is not None and hasattr(os, "memfd_create") else None
+        self._placed: dict[tuple[str, int], bool] = {}  # shards whose bytes went somewhere: True = in memory
+        self._memfds: dict[str, int] = {}  # file name -> the memfd holding its shards placed in memory
+        self._held = 0  # bytes placed in memory, taken from `memory`
         # start writing each range to disk as it lands, so `finish` has little left to fsync: a client's rename
         # waits for that fsync; a relay's does not (it serves each shard as soon as it is verified), and its disk
         # writes only take the CPU and the disk from its own transfers and its clients'
@@ -424,6 +492,7 @@ class PartialCheckpoint:
         if self.target.exists():
             raise TargetExists(str(self.target))
         self._shards = {(f.name, s.index): s for f in manifest.files for s in f.shards}
+        self._sizes = {f.name: f.size for f in manifest.files}
         self._done: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._finished = False
@@ -471,7 +540,7 @@ class PartialCheckpoint:
         """Replace the journal with exactly the verified shards, and reopen it for appending."""
         if self._journal is not None:
             self._journal.close()
-        text = "".join(f"{i}\t{f}\n" for f, i in sorted(self._done))
+        text = "".join(f"{i}\t{f}\n" for f, i in sorted(self._done) if not self._placed.get((f, i)))
         tmp = self.partial / (JOURNAL_NAME + ".tmp")
         _write_durably(tmp, text.encode("utf-8"))
         os.replace(tmp, self.partial / JOURNAL_NAME)
@@ -491,11 +560,11 @@ class PartialCheckpoint:
                 raise RelayError(f"{self.target} is already finished")
             if (file, index) in self._done:
                 return False
-        fd = os.open(self.partial / file, os.O_WRONLY)
+        fd, offset, _ = self.open_target(file, index)
         try:
             written = 0
             while written < len(data):
-                written += os.pwrite(fd, data[written:], shard.offset + written)
+                written += os.pwrite(fd, data[written:], offset + written)
         finally:
             os.close(fd)
         self._journal_done(file, index)
@@ -518,10 +587,7 @@ class PartialCheckpoint:
         size = sum(len(c) for c in chunks)
         if at < 0 or at + size > shard.size:
             raise RelayError(f"{size} bytes at {at} do not fit shard {file}[{index}] of {shard.size} bytes")
-        with self._lock:
-            if self._finished or (file, index) in self._done:
-                raise RelayError(f"shard {file}[{index}] is already written (or the checkpoint finished)")
-        fd = os.open(self.partial / file, os.O_WRONLY)
+        fd, _, _ = self.open_target(file, index)
         try:
             written = os.pwritev(fd, chunks, shard.offset + at)
             if written < size:  # a short write (rare): finish it piece by piece
@@ -534,16 +600,105 @@ class PartialCheckpoint:
         finally:
             os.close(fd)
 
-    def shard_target(self, file: str, index: int) -> tuple[Path, int, int]:
-        """(path, offset, size) where a shard not yet done is to be written by a caller that writes it itself
-        (the splice path); it then calls `commit` like a `write_unverified` caller."""
+    def open_target(self, file: str, index: int) -> tuple[int, int, int]:
+        """(a new file descriptor, offset, size) where a shard not yet done is to be written, for a caller that
+        writes it itself (the splice path), which then calls `commit` like a `write_unverified` caller, and closes
+        the descriptor. It is the partial file, or the memory holding the version's shards (`memory`)."""
         shard = self._shards.get((file, index))
         if shard is None:
             raise UnknownShard(file, index)
         with self._lock:
             if self._finished or (file, index) in self._done:
                 raise RelayError(f"shard {file}[{index}] is already written (or the checkpoint finished)")
-        return self.partial / file, shard.offset, shard.size
+            if self._in_memory(file, index, shard):
+                return os.dup(self._memfds[file]), shard.offset, shard.size
+        return os.open(self.partial / file, os.O_RDWR), shard.offset, shard.size
+
+    def open_placed(self, file: str, index: int) -> tuple[int, int]:
+        """(a new read-only file descriptor, offset) onto a shard's bytes as they are now, verified or not, for a
+        caller that compares pieces of them (`Downloader`'s suspects); the caller closes it."""
+        shard = self._shards.get((file, index))
+        if shard is None:
+            raise UnknownShard(file, index)
+        with self._lock:
+            if self._placed.get((file, index)):
+                return os.dup(self._memfds[file]), shard.offset
+        return os.open(self.partial / file, os.O_RDONLY), shard.offset
+
+    def open_verified(self, file: str, index: int) -> BinaryIO | None:
+        """An open file holding the verified shard at its manifest offset, None if it is not done yet; the caller
+        closes it. `FileNotFoundError` once the version was renamed into place (then read the final path)."""
+        with self._lock:
+            if (file, index) not in self._done:
+                return None
+            if self._placed.get((file, index)):
+                return os.fdopen(os.dup(self._memfds[file]), "rb")
+        return open(self.partial / file, "rb")
+
+    def _in_memory(self, file: str, index: int, shard: ShardInfo) -> bool:
+        """Whether the shard's bytes go to memory: decided at its first write, while the budget allows, and kept.
+        The caller holds the lock."""
+        placed = self._placed.get((file, index))
+        if placed is None:
+            placed = self.memory is not None and self.memory.take(shard.size)
+            if placed:
+                self._held += shard.size
+                if file not in self._memfds:
+                    fd = os.memfd_create(f"shardcast-{file}", os.MFD_CLOEXEC)
+                    os.ftruncate(fd, self._sizes[file])  # sparse: memory is taken only where shards land
+                    self._memfds[file] = fd
+            self._placed[(file, index)] = placed
+        return placed
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of shards placed in memory and not written behind yet."""
+        with self._lock:
+            return self._held
+
+    def write_behind(self) -> int:
+        """Write every verified shard held in memory into the partial file and journal it, then free its memory;
+        returns the bytes written. Shards still arriving in memory stay there. Readers that opened a shard in
+        memory keep reading it; new ones read the file."""
+        with self._lock:
+            moving = sorted(key for key, placed in self._placed.items() if placed and key in self._done)
+            sources = {file: os.dup(self._memfds[file]) for file in {file for file, _ in moving}}
+        written = 0
+        try:
+            for file, index in moving:
+                shard = self._shards[(file, index)]
+                _copy_range(sources[file], self.partial / file, shard.offset, shard.size)
+                with self._lock:
+                    if self._finished:
+                        raise RelayError(f"{self.target} was closed while its shards were being written")
+                    self._placed[(file, index)] = False
+                    self._held -= shard.size
+                    assert self.memory is not None and self._journal is not None
+                    self.memory.give(shard.size)
+                    self._journal.write(f"{index}\t{file}\n")
+                    self._journal.flush()
+                written += shard.size
+        finally:
+            for fd in sources.values():
+                os.close(fd)
+        with self._lock:
+            if not self._held:
+                self._release_memory()
+        return written
+
+    def _release_memory(self) -> None:
+        """Close the memfds and give their budget back; shards held in memory are no longer done. The caller holds
+        the lock."""
+        for fd in self._memfds.values():
+            os.close(fd)
+        self._memfds.clear()
+        if self.memory is not None:
+            self.memory.give(self._held)
+        self._held = 0
+        for key, placed in self._placed.items():
+            if placed:
+                self._done.discard(key)
+        self._placed = {key: False for key, placed in self._placed.items() if not placed}
 
     def commit(self, file: str, index: int, digest: bytes) -> None:
         """Mark a shard written with `write_unverified` as done, if `digest` (of all its bytes, by the shard's
@@ -564,8 +719,9 @@ class PartialCheckpoint:
                 raise RelayError(f"{self.target} is already finished")
             # no fsync here: a power cut can tear the data under a journal line, and resume re-hashes it
             assert self._journal is not None
-            self._journal.write(f"{index}\t{file}\n")
-            self._journal.flush()
+            if not self._placed.get((file, index)):  # a shard in memory is journalled once written behind
+                self._journal.write(f"{index}\t{file}\n")
+                self._journal.flush()
             self._done.add((file, index))
 
     def has(self, file: str, index: int) -> bool:
@@ -579,6 +735,7 @@ class PartialCheckpoint:
             self._finished = True
             if self._journal is not None:
                 self._journal.close()
+            self._release_memory()
 
     def missing(self) -> list[tuple[str, int]]:
         """Shards not yet written, in manifest order."""
@@ -608,6 +765,9 @@ class PartialCheckpoint:
         if self.target.exists():
             raise TargetExists(str(self.target))
         trace.event("finish_start", step=self.manifest.step)
+        if self.held_bytes:
+            self.write_behind()
+            trace.event("finish_written_behind", step=self.manifest.step)
         for mf in self.manifest.files:
             if verify_files:
                 self._verify_file(mf)

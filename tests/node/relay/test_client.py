@@ -33,7 +33,7 @@ from node.relay.client import (
 )
 from node.relay.manifest import Manifest, build_manifest, encode_manifest
 from node.relay.server import SIGNATURE_HEADER, ServerLimits, ShardServer
-from node.relay.store import PartialCheckpoint, ShardStore
+from node.relay.store import MemoryBudget, PartialCheckpoint, ShardStore
 from node.relay.trust import TrustPolicy, sign_manifest
 from node.signing import SigningDomain
 
@@ -117,12 +117,17 @@ async def download_step_1(
     session: aiohttp.ClientSession, out: Path, sources: list[Source], *, parallel: int, via: list[Source] | None = None
 ) -> Downloader:
     """Resolves step 1 from `sources`, then downloads it whole into `out` from `via` (by default the sources that
-    have it); returns the downloader, with its errors."""
+    have it); returns the downloader, with its errors.
+
+    The sink holds up to half of the checkpoint in memory, as a relay's does (`ShardStore(memory_bytes=...)`), so
+    every download here lands partly in memory and partly on disk, and `finish` writes the memory behind."""
     manifest, _, having = await resolve_version(session, sources, POLICY, 1)
-    sink = PartialCheckpoint(out, manifest)
+    sink = PartialCheckpoint(out, manifest, memory=MemoryBudget(manifest.total_size // 2))
     downloader = Downloader(session, having if via is None else via, parallel=parallel)
     await downloader.download(sink)
+    assert sink.held_bytes > 0  # a test here that finishes with nothing in memory tests one placement only
     sink.finish()
+    assert sink.memory is not None and sink.memory.used == 0
     return downloader
 
 

@@ -75,8 +75,10 @@ def test_store_round_trip_serves_every_shard(tmp_path: Path, source: Path, manif
     reopened = ShardStore(tmp_path / "store")  # manifest read back from disk
     assert reopened.manifest(10) == manifest
     assert reopened.manifest_bytes(10) == encode_manifest(manifest)
-    paths, offset, size = reopened.shard_location(10, "model.safetensors", 3)
-    assert (offset, size) == (3 * SHARD, SHARD) and paths[0].is_file()
+    opened, offset, size = reopened.open_shard(10, "model.safetensors", 3)
+    with opened:
+        assert (offset, size) == (3 * SHARD, SHARD)
+        assert opened.name == str(tmp_path / "store" / "v" / "10" / "model.safetensors")
 
 
 def test_store_refuses_a_corrupt_source_and_stores_nothing(tmp_path: Path, source: Path, manifest: Manifest) -> None:

@@ -149,18 +149,16 @@ def test_an_incoming_version_raises_shard_pending_until_each_shard_is_written(
     assert store.incoming() == [10] and store.versions() == [] and store.incoming_version(10) is partial
     assert store.manifest(10) == manifest and store.signature(10) == sign(manifest)
     with pytest.raises(ShardPending) as e:
-        store.shard_location(10, "model.safetensors", 2)
+        store.open_shard(10, "model.safetensors", 2)
     assert (e.value.step, e.value.file, e.value.index) == (10, "model.safetensors", 2)
     assert not partial.has("model.safetensors", 2)
 
     data = shard_bytes(source, manifest, "model.safetensors", 2)
     assert partial.write_shard("model.safetensors", 2, data)
     assert partial.has("model.safetensors", 2)
-    paths, offset, size = store.shard_location(10, "model.safetensors", 2)
-    assert paths == [
-        tmp_path / "store" / "v" / "10.partial" / "model.safetensors",
-        tmp_path / "store" / "v" / "10" / "model.safetensors",
-    ]
+    opened, offset, size = store.open_shard(10, "model.safetensors", 2)
+    with opened:  # served from the partial folder (no memory budget)
+        assert opened.name == str(tmp_path / "store" / "v" / "10.partial" / "model.safetensors")
     assert (offset, size) == (2 * SHARD, SHARD)
     assert store.read_shard(10, "model.safetensors", 2) == data
     with pytest.raises(ShardPending):
@@ -198,7 +196,9 @@ def test_finish_version_lists_it_and_keeps_the_manifest_and_signature(
     assert JOURNAL_NAME not in names(version)
     assert (version / PARTIAL_MANIFEST_NAME).read_bytes() == encode_manifest(manifest)
     assert (version / SIGNATURE_NAME).read_bytes() == sign(manifest)
-    assert store.shard_location(10, "config.json", 0)[0] == [version / "config.json"]
+    opened, _, _ = store.open_shard(10, "config.json", 0)
+    with opened:
+        assert opened.name == str(version / "config.json")
     for file, index in all_shards(manifest):
         assert store.read_shard(10, file, index) == shard_bytes(source, manifest, file, index)
     with pytest.raises(VersionExists):
@@ -257,6 +257,82 @@ def test_begin_version_after_a_restart_resumes_the_partial_dir(
     assert store.versions() == [] and store.incoming() == []  # the leftover is neither served nor listed
     resumed = store.begin_version(manifest, sign(manifest))
     assert resumed.missing() == shards[2:]
+
+
+# ---- a relay's memory window ----
+
+
+def on_disk(tmp_path: Path, manifest: Manifest, file: str, index: int) -> bytes:
+    """The bytes of a shard in the partial folder of step 10, as the disk has them now."""
+    s = manifest.file(file).shards[index]  # type: ignore[union-attr]
+    return (tmp_path / "store" / "v" / "10.partial" / file).read_bytes()[s.offset : s.offset + s.size]
+
+
+def test_a_relay_serves_shards_from_memory_and_writes_them_to_disk_only_at_finish(
+    tmp_path: Path, source: Path, manifest: Manifest
+) -> None:
+    """Issue 23: on a machine whose page cache is written slowly (or a disk its clients share), a relay's own
+    writes paced its receiving and serving. Shards within the budget are held in memory, served from there once
+    verified, and reach the disk when the version is finished; the rest go to disk as before."""
+    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)
+    partial = store.begin_version(manifest, sign(manifest))
+    shards = all_shards(manifest)  # config.json, then 6 of model.safetensors (empty.txt has none)
+    for file, index in shards:
+        partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
+    # config.json (19 bytes), model.safetensors[0] (64 KiB) and [5] (its 321-byte tail) fit; [1] to [4] do not
+    in_memory, to_disk = [shards[0], shards[1], shards[6]], shards[2:6]
+    assert partial.held_bytes == store.memory.used == 19 + SHARD + 321
+    for file, index in shards:
+        assert store.read_shard(10, file, index) == shard_bytes(source, manifest, file, index)  # served, verified
+    for file, index in in_memory:
+        assert set(on_disk(tmp_path, manifest, file, index)) == {0}  # never written: served from memory
+    for file, index in to_disk:
+        assert on_disk(tmp_path, manifest, file, index) == shard_bytes(source, manifest, file, index)
+    journal = (tmp_path / "store" / "v" / "10.partial" / JOURNAL_NAME).read_text()
+    assert journal == "".join(f"{index}\t{file}\n" for file, index in to_disk)  # memory is not durable: not in it
+
+    opened, offset, size = store.open_shard(10, *in_memory[1])  # a reader in flight across the finish
+    store.finish_version(partial)
+    with opened:
+        assert os.pread(opened.fileno(), size, offset) == shard_bytes(source, manifest, *in_memory[1])
+    assert store.memory.used == 0 and store.versions() == [10]
+    for name in names(source):
+        assert (tmp_path / "store" / "v" / "10" / name).read_bytes() == (source / name).read_bytes()
+
+
+def test_shards_held_in_memory_are_fetched_again_after_a_crash_and_freed_when_abandoned(
+    tmp_path: Path, source: Path, manifest: Manifest
+) -> None:
+    shards = all_shards(manifest)
+    relay = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)
+    partial = relay.begin_version(manifest, sign(manifest))
+    for file, index in shards[:4]:
+        partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
+    assert partial.held_bytes == 19 + SHARD  # config.json and model.safetensors[0]; [1] and [2] went to disk
+
+    restarted = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)  # the relay was killed: memory is gone
+    assert restarted.begin_version(manifest, sign(manifest)).missing() == shards[:2] + shards[4:]
+
+    relay.abandon_version(10)
+    assert relay.memory.used == 0 and partial.closed and not partial.has(*shards[0])
+
+
+def test_write_behind_frees_memory_for_later_shards_while_a_version_arrives(
+    tmp_path: Path, source: Path, manifest: Manifest
+) -> None:
+    shards = all_shards(manifest)[1:]  # model.safetensors only: 6 shards
+    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)
+    partial = store.begin_version(manifest, sign(manifest))
+    for file, index in shards[:2]:
+        partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
+    assert partial.write_behind() == 2 * SHARD and store.memory.used == 0
+    for file, index in shards[:2]:
+        assert on_disk(tmp_path, manifest, file, index) == shard_bytes(source, manifest, file, index)
+    journal = (tmp_path / "store" / "v" / "10.partial" / JOURNAL_NAME).read_text()
+    assert journal == "".join(f"{index}\t{file}\n" for file, index in shards[:2])
+    partial.write_shard(*shards[2], shard_bytes(source, manifest, *shards[2]))  # memory again
+    assert partial.held_bytes == SHARD and set(on_disk(tmp_path, manifest, *shards[2])) == {0}
+    assert store.read_shard(10, *shards[0]) == shard_bytes(source, manifest, *shards[0])  # now from disk
 
 
 # ---- prune and reopening ----
