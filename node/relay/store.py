@@ -410,8 +410,9 @@ class ShardStore:
                 raise ShardPending(step, file, index)
             with contextlib.suppress(FileNotFoundError):  # renamed into place since `has`: read the final path
                 opened = partial.open_verified(file, index)
-                if opened is not None:
-                    return opened, shard.offset, shard.size
+                if opened is None:  # its memory was let go since `has` (the version was abandoned)
+                    raise ShardPending(step, file, index)
+                return opened, shard.offset, shard.size
         return open(self._versions / str(step) / file, "rb"), shard.offset, shard.size
 
     def read_shard(self, step: int, file: str, index: int) -> bytes:
