@@ -481,6 +481,7 @@ def measure_ours(
     relays: int = 1,
     traced: bool = False,
     parallel: int | None = None,
+    memory_mib: int | None = None,
 ) -> Result:
     deployment = write_anvil_deployment(work / "deployment.json")  # no chain runs: see tests/anvil_deployment.py
     staging, watch = work / "staging" / "step_1", work / "checkpoints"
@@ -504,6 +505,7 @@ def measure_ours(
         relay = [*prime_node, "relay", "--data", str(work / f"relay-{hop}"), "--port", str(port)]
         relay += ["--host", "127.0.0.1", "--upstream", upstream, "--trainer", TRAINER, "--deployment", str(deployment)]
         relay += ["--parallel", str(parallel)] if parallel else []
+        relay += ["--memory-mib", str(memory_mib)] if memory_mib is not None else []
         procs.start(f"relay-{hop}", relay, REPO, env)
         upstream = f"http://127.0.0.1:{port}"
         procs.wait_until(f"our relay-{hop}'s /health", lambda url=upstream: answers(f"{url}/health"))  # type: ignore[misc]
@@ -717,7 +719,7 @@ def measure(args: argparse.Namespace, root: Path) -> list[Result]:
                 results.append(
                     measure_ours(
                         work, source, expected, int(n), args.shard_size, args.settle, procs, relays=relays,
-                        traced=args.trace, parallel=args.parallel,
+                        traced=args.trace, parallel=args.parallel, memory_mib=args.relay_memory_mib,
                     )
                 )  # fmt: skip
         finally:
@@ -820,6 +822,9 @@ def main() -> int:
         "--systems", default="raw,shardcast,ours,chain", help="which to measure (chain: ours through 2 relays)"
     )
     parser.add_argument("--parallel", type=int, help="our relays' and clients' --parallel (default: their own)")
+    parser.add_argument(
+        "--relay-memory-mib", type=int, help="our relays' --memory-mib (default: theirs; 0 writes shards as they land)"
+    )
     parser.add_argument("--trace", action="store_true", help="print where our time went, hop by hop (node.relay.trace)")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs (printed path)")
     parser.add_argument(
