@@ -189,6 +189,15 @@ def relay(
             "(0: write each shard as it arrives).",
         ),
     ] = RELAY_MEMORY_MIB,
+    memory_when: Annotated[
+        str,
+        typer.Option(
+            "--memory-when",
+            metavar="pressed|always",
+            help="Hold shards in memory only while the page cache is near the kernel's writeback threshold "
+            "(pressed), or always (a relay that knows its disk is slow).",
+        ),
+    ] = "pressed",
 ) -> None:
     """Mirror checkpoints from upstream servers and serve them, each shard verified before it is served."""
     with node_cli_errors():
@@ -200,12 +209,17 @@ def relay(
 
             policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"))
         limits = _limits(max_connections, max_per_client, client_rate)
+        if memory_when not in ("pressed", "always"):
+            raise CommandError(f"--memory-when must be pressed or always, got {memory_when!r}")
         from node.relay.mirror import Mirror
         from node.relay.server import ShardServer
-        from node.relay.store import ShardStore
+        from node.relay.store import ShardStore, page_cache_pressed
+
+        hold = page_cache_pressed if memory_when == "pressed" else (lambda size: True)
 
         async def main() -> None:
-            server = ShardServer(ShardStore(data, memory_bytes=memory_mib << 20), role="relay", limits=limits)
+            store = ShardStore(data, memory_bytes=memory_mib << 20, hold=hold)
+            server = ShardServer(store, role="relay", limits=limits)
             mirror = Mirror(server, upstream, policy=policy, keep=keep, parallel=parallel)
             bound = await server.start(host, port)
             trust = f"trainer {policy.trainer}" if policy else "no --trainer: clients check signatures"

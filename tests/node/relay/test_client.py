@@ -122,7 +122,7 @@ async def download_step_1(
     The sink holds up to half of the checkpoint in memory, as a relay's does (`ShardStore(memory_bytes=...)`), so
     every download here lands partly in memory and partly on disk, and `finish` writes the memory behind."""
     manifest, _, having = await resolve_version(session, sources, POLICY, 1)
-    sink = PartialCheckpoint(out, manifest, memory=MemoryBudget(manifest.total_size // 2))
+    sink = PartialCheckpoint(out, manifest, memory=MemoryBudget(manifest.total_size // 2, hold=lambda size: True))
     downloader = Downloader(session, having if via is None else via, parallel=parallel)
     await downloader.download(sink)
     assert sink.held_bytes > 0  # a test here that finishes with nothing in memory tests one placement only

@@ -321,12 +321,16 @@ def test_a_new_version_crosses_a_relay_tree_to_leaf_clients_without_polling_dela
     assert metric(leaf, "shardcast_mirror_failures_total") == 0
 
 
-def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byte(net: Network) -> None:
+@pytest.mark.parametrize("memory_when", ["pressed", "always"])
+def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byte(
+    net: Network, memory_when: str
+) -> None:
     """Issue 23: a relay serves each shard once it verified it, while later shards still arrive. Here its upstream
-    sends a wrong byte in shards 9, 11, 13 and 15: those bytes land in the relay's partial file, unverified, and
-    must never leave it. Readers ask the relay for every shard as soon as it lists the version and compare each
-    byte (a shard not yet written would read as zeros); then the relay is SIGKILLed while readers and a client
-    wait on it, and the client finishes from the origin."""
+    sends a wrong byte in shards 9, 11, 13 and 15: those bytes land where the relay receives (its partial file, or
+    with `--memory-when always` its memory window), unverified, and must never leave it. Readers ask the relay for
+    every shard as soon as it lists the version and compare each byte (a shard not yet written would read as
+    zeros); then the relay is SIGKILLed while readers and a client wait on it, and the client finishes from the
+    origin."""
     origin = net.origin()
     source = net.publish(1, 16 * MIB, seed=6)
     corrupt, _ = net.relay("corrupt", origin, extra=("--client-rate", "4"))  # MB/s: the relay mirrors for seconds
@@ -356,7 +360,7 @@ def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byt
                 served.append(index)
             return
 
-    relay, proc = net.relay("relay", corrupt)
+    relay, proc = net.relay("relay", corrupt, extra=("--memory-when", memory_when))
     readers = [threading.Thread(target=read_shard, args=(i,)) for i in range(16)]
     for reader in readers:
         reader.start()
@@ -374,3 +378,5 @@ def test_a_relay_killed_while_serving_cut_through_never_serves_an_unverified_byt
     assert wrong == []
     assert client.wait(timeout=120) == 0, net.log("client")
     assert_same_checkpoint(out / "step_1", source)
+    if memory_when == "always":  # every shard it served came from memory: none was written behind, or journalled
+        assert journal_lines(net.root / "relay" / "v" / "1.partial") == 0

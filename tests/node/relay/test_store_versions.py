@@ -12,7 +12,14 @@ from eth_account.signers.local import LocalAccount
 
 from node.relay import ManifestError, RelayError, ShardPending, VersionExists, VersionNotFound
 from node.relay.manifest import Manifest, build_manifest, encode_manifest
-from node.relay.store import JOURNAL_NAME, PARTIAL_MANIFEST_NAME, SIGNATURE_NAME, PartialCheckpoint, ShardStore
+from node.relay.store import (
+    JOURNAL_NAME,
+    PARTIAL_MANIFEST_NAME,
+    SIGNATURE_NAME,
+    PartialCheckpoint,
+    ShardStore,
+    page_cache_pressed,
+)
 from node.relay.trust import TrustPolicy, sign_manifest
 from node.signing import SigningDomain
 
@@ -261,6 +268,8 @@ def test_begin_version_after_a_restart_resumes_the_partial_dir(
 
 # ---- a relay's memory window ----
 
+ALWAYS = lambda size: True  # noqa: E731 (hold every shard the budget allows, whatever the page cache's state)
+
 
 def on_disk(tmp_path: Path, manifest: Manifest, file: str, index: int) -> bytes:
     """The bytes of a shard in the partial folder of step 10, as the disk has them now."""
@@ -274,7 +283,7 @@ def test_a_relay_serves_shards_from_memory_and_writes_them_to_disk_only_at_finis
     """Issue 23: on a machine whose page cache is written slowly (or a disk its clients share), a relay's own
     writes paced its receiving and serving. Shards within the budget are held in memory, served from there once
     verified, and reach the disk when the version is finished; the rest go to disk as before."""
-    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)
+    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD, hold=ALWAYS)
     partial = store.begin_version(manifest, sign(manifest))
     shards = all_shards(manifest)  # config.json, then 6 of model.safetensors (empty.txt has none)
     for file, index in shards:
@@ -304,13 +313,14 @@ def test_shards_held_in_memory_are_fetched_again_after_a_crash_and_freed_when_ab
     tmp_path: Path, source: Path, manifest: Manifest
 ) -> None:
     shards = all_shards(manifest)
-    relay = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)
+    relay = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD, hold=ALWAYS)
     partial = relay.begin_version(manifest, sign(manifest))
     for file, index in shards[:4]:
         partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
     assert partial.held_bytes == 19 + SHARD  # config.json and model.safetensors[0]; [1] and [2] went to disk
 
-    restarted = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)  # the relay was killed: memory is gone
+    # the relay was killed: its memory is gone
+    restarted = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD, hold=ALWAYS)
     assert restarted.begin_version(manifest, sign(manifest)).missing() == shards[:2] + shards[4:]
 
     relay.abandon_version(10)
@@ -321,7 +331,7 @@ def test_write_behind_frees_memory_for_later_shards_while_a_version_arrives(
     tmp_path: Path, source: Path, manifest: Manifest
 ) -> None:
     shards = all_shards(manifest)[1:]  # model.safetensors only: 6 shards
-    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD)
+    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD, hold=ALWAYS)
     partial = store.begin_version(manifest, sign(manifest))
     for file, index in shards[:2]:
         partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
@@ -333,6 +343,53 @@ def test_write_behind_frees_memory_for_later_shards_while_a_version_arrives(
     partial.write_shard(*shards[2], shard_bytes(source, manifest, *shards[2]))  # memory again
     assert partial.held_bytes == SHARD and set(on_disk(tmp_path, manifest, *shards[2])) == {0}
     assert store.read_shard(10, *shards[0]) == shard_bytes(source, manifest, *shards[0])  # now from disk
+
+
+def test_a_relay_holds_nothing_in_memory_while_its_page_cache_takes_writes_freely(
+    tmp_path: Path, source: Path, manifest: Manifest
+) -> None:
+    asked: list[int] = []
+    store = ShardStore(tmp_path / "store", memory_bytes=2 * SHARD, hold=lambda size: asked.append(size) is not None)
+    partial = store.begin_version(manifest, sign(manifest))
+    for file, index in all_shards(manifest):
+        partial.write_shard(file, index, shard_bytes(source, manifest, file, index))
+        assert on_disk(tmp_path, manifest, file, index) == shard_bytes(source, manifest, file, index)
+    assert partial.held_bytes == 0 and asked == [19, *[SHARD] * 5, 321]  # asked once per shard, at its first write
+
+
+def write_proc(root: Path, dirty_kib: int, writeback_kib: int, background_bytes: int, ratio: int = 10) -> Path:
+    """A /proc/meminfo and /proc/sys/vm as `page_cache_pressed` reads them, under `root`."""
+    (root / "vm").mkdir(parents=True)
+    (root / "meminfo").write_text(
+        "MemTotal:        8000000 kB\nMemFree:          500000 kB\nActive(file):     300000 kB\n"
+        f"Inactive(file):   200000 kB\nDirty:            {dirty_kib} kB\nWriteback:        {writeback_kib} kB\n"
+    )
+    (root / "vm" / "dirty_background_bytes").write_text(f"{background_bytes}\n")
+    (root / "vm" / "dirty_background_ratio").write_text(f"{ratio}\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("dirty_kib", "writeback_kib", "background", "size", "pressed"),
+    [
+        (60 * 1024, 0, 100 << 20, 16 << 20, False),  # 76 MiB of 100: the page cache takes it at memory speed
+        (60 * 1024, 0, 100 << 20, 50 << 20, True),  # 110 MiB: past the background threshold
+        (40 * 1024, 40 * 1024, 100 << 20, 32 << 20, True),  # pages being written back count too
+        (50 * 1024, 0, 0, 16 << 20, False),  # ratio 10% of 1,000,000 kB free and file pages: 97.7 MiB
+        (90 * 1024, 0, 0, 16 << 20, True),
+    ],
+)
+def test_the_page_cache_is_pressed_past_the_kernels_background_threshold(
+    tmp_path: Path, dirty_kib: int, writeback_kib: int, background: int, size: int, pressed: bool
+) -> None:
+    root = write_proc(tmp_path, dirty_kib, writeback_kib, background)
+    assert page_cache_pressed(size, root / "meminfo", root / "vm") is pressed
+
+
+def test_the_page_cache_counts_as_pressed_where_its_figures_cannot_be_read(tmp_path: Path) -> None:
+    assert page_cache_pressed(1, tmp_path / "no-meminfo", tmp_path / "no-vm")
+    (tmp_path / "meminfo").write_text("MemFree: lots\n")
+    assert page_cache_pressed(1, tmp_path / "meminfo", tmp_path)
 
 
 # ---- prune and reopening ----
