@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -145,17 +145,23 @@ def _pread_exact(path: Path, offset: int, size: int) -> bytes:
     return data
 
 
-def _copy_range(source: int, path: Path, offset: int, size: int) -> None:
-    """Copy `size` bytes at `offset` of the open file `source` to the same offset of the file at `path`."""
+@contextlib.contextmanager
+def _range_copier(source: int, path: Path) -> Iterator[Callable[[int, int], None]]:
+    """A function copying (offset, size) of the open file `source` to the same offset of the file at `path`, for as
+    long as the context lasts: the source is mapped once and the destination opened once, however many ranges."""
     piece = 8 * 1024 * 1024
     fd = os.open(path, os.O_WRONLY)
     try:
         with mmap.mmap(source, 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
-            done = 0
-            while done < size:
-                n = min(piece, size - done)
-                at = offset + done
-                done += os.pwrite(fd, view[at : at + n], at)
+
+            def copy(offset: int, size: int) -> None:
+                done = 0
+                while done < size:
+                    n = min(piece, size - done)
+                    at = offset + done
+                    done += os.pwrite(fd, view[at : at + n], at)
+
+            yield copy
     finally:
         os.close(fd)
 
@@ -509,7 +515,6 @@ class PartialCheckpoint:
         self.memory = memory if memory is not None and hasattr(os, "memfd_create") else None
         self._placed: dict[tuple[str, int], bool] = {}  # shards whose bytes went somewhere: True = in memory
         self._memfds: dict[str, int] = {}  # file name -> the memfd holding its shards placed in memory
-        self._held = 0  # bytes placed in memory, taken from `memory`
         # start writing each range to disk as it lands, so `finish` has little left to fsync: a client's rename
         # waits for that fsync; a relay's does not (it serves each shard as soon as it is verified), and its disk
         # writes only take the CPU and the disk from its own transfers and its clients'
@@ -653,9 +658,8 @@ class PartialCheckpoint:
         if shard is None:
             raise UnknownShard(file, index)
         with self._lock:
-            if self._placed.get((file, index)):
-                return os.dup(self._memfds[file]), shard.offset
-        return os.open(self.partial / file, os.O_RDONLY), shard.offset
+            fd = self._memory_fd(file, index)
+        return (os.open(self.partial / file, os.O_RDONLY) if fd is None else fd), shard.offset
 
     def open_verified(self, file: str, index: int) -> BinaryIO | None:
         """An open file holding the verified shard at its manifest offset, None if it is not done yet; the caller
@@ -663,9 +667,13 @@ class PartialCheckpoint:
         with self._lock:
             if (file, index) not in self._done:
                 return None
-            if self._placed.get((file, index)):
-                return os.fdopen(os.dup(self._memfds[file]), "rb")
-        return open(self.partial / file, "rb")
+            fd = self._memory_fd(file, index)
+        return open(self.partial / file, "rb") if fd is None else os.fdopen(fd, "rb")
+
+    def _memory_fd(self, file: str, index: int) -> int | None:
+        """A new file descriptor onto the memory holding the shard, None if its bytes went to the partial file. The
+        caller holds the lock."""
+        return os.dup(self._memfds[file]) if self._placed.get((file, index)) else None
 
     def _in_memory(self, file: str, index: int, shard: ShardInfo) -> bool:
         """Whether the shard's bytes go to memory: decided at its first write, while the budget allows, and kept.
@@ -673,12 +681,10 @@ class PartialCheckpoint:
         placed = self._placed.get((file, index))
         if placed is None:
             placed = self.memory is not None and self.memory.take(shard.size)
-            if placed:
-                self._held += shard.size
-                if file not in self._memfds:
-                    fd = os.memfd_create(f"shardcast-{file}", os.MFD_CLOEXEC)
-                    os.ftruncate(fd, self._sizes[file])  # sparse: memory is taken only where shards land
-                    self._memfds[file] = fd
+            if placed and file not in self._memfds:
+                fd = os.memfd_create(f"shardcast-{file}", os.MFD_CLOEXEC)
+                os.ftruncate(fd, self._sizes[file])  # sparse: memory is taken only where shards land
+                self._memfds[file] = fd
             self._placed[(file, index)] = placed
         return placed
 
@@ -686,7 +692,11 @@ class PartialCheckpoint:
     def held_bytes(self) -> int:
         """Bytes of shards placed in memory and not written behind yet."""
         with self._lock:
-            return self._held
+            return self._held()
+
+    def _held(self) -> int:
+        """Bytes of shards placed in memory, taken from `memory`. The caller holds the lock."""
+        return sum(self._shards[key].size for key, placed in self._placed.items() if placed)
 
     def write_behind(self) -> int:
         """Write every verified shard held in memory into the partial file and journal it, then free its memory;
@@ -694,27 +704,28 @@ class PartialCheckpoint:
         memory keep reading it; new ones read the file."""
         with self._lock:
             moving = sorted(key for key, placed in self._placed.items() if placed and key in self._done)
-            sources = {file: os.dup(self._memfds[file]) for file in {file for file, _ in moving}}
+            sources = {file: os.dup(self._memfds[file]) for file, _ in moving}
         written = 0
         try:
-            for file, index in moving:
-                shard = self._shards[(file, index)]
-                _copy_range(sources[file], self.partial / file, shard.offset, shard.size)
-                with self._lock:
-                    if self._finished:
-                        raise RelayError(f"{self.target} was closed while its shards were being written")
-                    self._placed[(file, index)] = False
-                    self._held -= shard.size
-                    assert self.memory is not None and self._journal is not None
-                    self.memory.give(shard.size)
-                    self._journal.write(f"{index}\t{file}\n")
-                    self._journal.flush()
-                written += shard.size
+            for file, source in sources.items():
+                with _range_copier(source, self.partial / file) as copy:
+                    for index in (index for name, index in moving if name == file):
+                        shard = self._shards[(file, index)]
+                        copy(shard.offset, shard.size)
+                        with self._lock:
+                            if self._finished:
+                                raise RelayError(f"{self.target} was closed while its shards were being written")
+                            self._placed[(file, index)] = False
+                            assert self.memory is not None and self._journal is not None
+                            self.memory.give(shard.size)
+                            self._journal.write(f"{index}\t{file}\n")
+                            self._journal.flush()
+                        written += shard.size
         finally:
             for fd in sources.values():
                 os.close(fd)
         with self._lock:
-            if not self._held:
+            if not self._held():
                 self._release_memory()
         return written
 
@@ -725,8 +736,7 @@ class PartialCheckpoint:
             os.close(fd)
         self._memfds.clear()
         if self.memory is not None:
-            self.memory.give(self._held)
-        self._held = 0
+            self.memory.give(self._held())
         for key, placed in self._placed.items():
             if placed:
                 self._done.discard(key)
