@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import multiaddr
 import pytest
@@ -45,35 +44,17 @@ from tests.node.p2p.helpers import (
     subscribe_all,
     until,
 )
+from tests.node_js import node_script
 
 pytestmark = pytest.mark.timeout(120)  # the first js test may run `npm ci` (about 10 s)
 
 JS_DIR = Path(__file__).parent / "js"
-FIX_LINE = "put Node.js 20 or later (node and npm) on PATH; the test runs `npm ci` in tests/node/p2p/js itself"
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true requires the js-libp2p dialer: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
 def js_dialer() -> list[str]:
-    """The command that runs dial.mjs, after `npm ci` if node_modules is missing or older than the lock file."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        _unavailable(f"no node or npm on PATH: {FIX_LINE}")
-    installed = JS_DIR / "node_modules" / ".package-lock.json"  # npm writes it last
-    if not installed.exists() or installed.stat().st_mtime < (JS_DIR / "package-lock.json").stat().st_mtime:
-        command = [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"]
-        try:
-            result = subprocess.run(command, cwd=JS_DIR, capture_output=True, text=True, timeout=90)
-        except subprocess.TimeoutExpired:
-            _unavailable(f"`npm ci` in {JS_DIR} took over 90 s (no registry?)")
-        if result.returncode != 0:
-            _unavailable(f"`npm ci` in {JS_DIR} exited {result.returncode} (no registry?): {result.stderr[-500:]}")
-    return [node, str(JS_DIR / "dial.mjs")]
+    """The command that runs dial.mjs (js-libp2p)."""
+    return node_script(JS_DIR, "dial.mjs")
 
 
 async def js_dial(command: list[str], addr: str, encrypter: str, claimed_key: str = "") -> dict[str, Any]:
