@@ -37,11 +37,12 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# Docker runs the code-task sandbox and Chromium loads the dashboards; without them (a laptop) those tests skip,
-# under CI=true they fail.
+# Docker runs the code-task sandbox, Chromium loads the dashboards and promtool checks the /metrics pages; without
+# them (a laptop) those tests skip, under CI=true they fail.
 test: lint typecheck
 	-scripts/ensure-docker.sh
-	-scripts/ensure-chromium.sh
+	-scripts/ensure-tool.sh chromium chromium chromium-browser google-chrome
+	-scripts/ensure-tool.sh prometheus promtool
 	$(VENV)/bin/pytest
 
 # The whole network on this machine, one worker cheating; about 7 minutes here (3 more the first time, for SFT).

@@ -7,16 +7,24 @@ under the GIL from threads: each update is a single dict operation), rendered on
 from __future__ import annotations
 
 import math
+import re
 import urllib.request
 from collections.abc import Callable
 
 from aiohttp import web
 
 LabelKey = tuple[tuple[str, str], ...]
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
 def _escape(value: str) -> str:
+    """A label value as the text format writes it: backslash, double quote and line feed escaped."""
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    """A HELP text as the text format writes it: backslash and line feed escaped (quotes stay)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def _format_labels(labels: LabelKey) -> str:
@@ -26,9 +34,14 @@ def _format_labels(labels: LabelKey) -> str:
 
 
 def _format_value(value: float) -> str:
+    """A sample value: `NaN`, `+Inf` and `-Inf` as the format spells them, whole numbers without a fraction while
+    they are exact (below 2**53), anything else as Python's shortest round-tripping repr."""
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
 
 
 class Metric:
@@ -58,7 +71,7 @@ class Metric:
         return self._values.get(tuple(sorted(labels.items())), 0.0)
 
     def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        lines = [f"# HELP {self.name} {_escape_help(self.help)}", f"# TYPE {self.name} {self.kind}"]
         if self._read is not None:
             lines.append(f"{self.name} {_format_value(self._read())}")
         else:
@@ -78,6 +91,8 @@ class Registry:
         return self._add(Metric(name, "gauge", help_text, read))
 
     def _add(self, metric: Metric) -> Metric:
+        if not METRIC_NAME.fullmatch(metric.name):
+            raise ValueError(f"{metric.name!r} is not a Prometheus metric name")
         if metric.name in self._metrics:
             raise ValueError(f"metric {metric.name} is already registered")
         self._metrics[metric.name] = metric
@@ -87,6 +102,14 @@ class Registry:
         return "\n".join(line for m in self._metrics.values() for line in m.render()) + "\n"
 
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the Prometheus text format, as scrapers ask for it
+
+
+def metrics_response(registry: Registry) -> web.Response:
+    """The answer to `GET /metrics`: the registry rendered now."""
+    return web.Response(body=registry.render().encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
+
+
 async def serve_metrics(registry: Registry, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Serves `GET /metrics` for a daemon that has no HTTP server of its own, on `port` (0: any free one).
 
@@ -94,7 +117,7 @@ async def serve_metrics(registry: Registry, host: str, port: int) -> tuple[web.A
     """
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=registry.render(), content_type="text/plain", charset="utf-8")
+        return metrics_response(registry)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

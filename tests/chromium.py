@@ -1,8 +1,8 @@
 """Headless Chromium for the dashboard tests, driven by its command line: the DOM after the page's scripts ran, and
 screenshots.
 
-Debian's `chromium` (scripts/ensure-chromium.sh installs it). Without it the tests that need it skip, except under
-CI=true, where they fail instead so that CI cannot pass without running them.
+Debian's `chromium` (`scripts/ensure-tool.sh --install chromium chromium` installs it). Without it the tests that need
+it skip, except under CI=true, where they fail instead so that CI cannot pass without running them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 NAMES = ("chromium", "chromium-browser", "google-chrome")
-FIX_LINE = "install Chromium: scripts/ensure-chromium.sh --install (Debian's chromium package)"
+FIX_LINE = "install Chromium: scripts/ensure-tool.sh --install chromium chromium (Debian's chromium package)"
 # --virtual-time-budget: virtual milliseconds the page runs before the DOM is taken; virtual time stands still while
 # a fetch is in flight, so the page's first /api/state answer is always rendered within it
 BUDGET_MS = 5000

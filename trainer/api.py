@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from node.bodies import read_body
-from node.metrics import Registry
+from node.metrics import Registry, metrics_response
 from node.protocol import routes
 from node.protocol.errors import STATUS, ErrorBody, ErrorCode, ProtocolError
 from node.protocol.rollouts import AttestationBody, Recorded
@@ -193,4 +193,4 @@ class CoordinatorApi:
         return _answer(self.service.attestations(work_key))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(), content_type="text/plain")
+        return metrics_response(self.metrics)

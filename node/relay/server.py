@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from aiohttp import web
 
-from node.metrics import Registry
+from node.metrics import Registry, metrics_response
 from node.relay import LongPollRefused, ManifestError, ShardPending, UnknownShard, VersionNotFound, trace
 from node.relay.manifest import check_name
 from node.relay.polls import LongPolls
@@ -409,4 +409,4 @@ class ShardServer:
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        return metrics_response(self.metrics)

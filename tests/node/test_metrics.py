@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import aiohttp
 import pytest
 
-from node.metrics import Metric, Registry, serve_metrics
+from node.metrics import CONTENT_TYPE, Metric, Registry, scrape, serve_metrics
+from tests.promtool import check_metrics
 
 
 def test_render_writes_help_and_type_before_each_family_in_registration_order() -> None:
@@ -70,6 +72,39 @@ def test_values_render_as_integers_when_whole_and_as_floats_or_infinities_otherw
     }
 
 
+def test_promtool_parses_and_passes_a_page_of_every_odd_value_and_text_and_scrape_reads_it_back() -> None:
+    registry = Registry()
+    registry.counter("odd_total", 'Help with a \\ backslash, a "quote"\nand a second line.').inc(2, path='/v1/"x"\n\\ü')
+    gauge = registry.gauge("odd_value", "Values at the edges of float64.")
+    for kind, value in [("nan", float("nan")), ("up", float("inf")), ("down", float("-inf")), ("huge", 1e300)]:
+        gauge.set(value, kind=kind)
+    gauge.set(2.0**53, kind="inexact")
+    gauge.set(5e-324, kind="tiny")
+    gauge.set(-(2.0**52), kind="exact")
+    registry.gauge("no_samples", "A family nothing was set in.")
+    page = registry.render()
+    check_metrics(page)
+    assert 'odd_value{kind="nan"} NaN' in page and 'odd_value{kind="exact"} -4503599627370496' in page
+    assert 'odd_value{kind="inexact"} 9007199254740992.0' in page and 'odd_value{kind="huge"} 1e+300' in page
+
+    async def served() -> dict[str, float]:
+        runner, url = await serve_metrics(registry, "127.0.0.1", 0)
+        try:
+            return await asyncio.to_thread(scrape, url)
+        finally:
+            await runner.cleanup()
+
+    samples = asyncio.run(served())
+    assert math.isnan(samples['odd_value{kind="nan"}']) and samples['odd_value{kind="tiny"}'] == 5e-324
+    assert samples['odd_value{kind="down"}'] == float("-inf") and samples["no_samples"] == 0
+
+
+@pytest.mark.parametrize("name", ["", "9lives", "has-dash", "has space", "ü_total"])
+def test_a_name_prometheus_cannot_read_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="not a Prometheus metric name"):
+        Registry().gauge(name, "Bad name.")
+
+
 def test_callback_gauge_is_read_at_render_time() -> None:
     registry = Registry()
     queue: list[int] = []
@@ -120,7 +155,7 @@ def test_serve_metrics_answers_the_registry_on_a_free_port() -> None:
         runner, url = await serve_metrics(registry, "127.0.0.1", 0)
         try:
             async with aiohttp.ClientSession() as session, session.get(url) as response:
-                assert response.status == 200 and response.content_type == "text/plain"
+                assert response.status == 200 and response.headers["Content-Type"] == CONTENT_TYPE
                 return await response.text()
         finally:
             await runner.cleanup()

@@ -19,9 +19,11 @@ import pytest
 from eth_account import Account
 
 from node.coordinator import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
+from node.metrics import CONTENT_TYPE
 from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
 from node.signing import Assignment, Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
 from tests.loopback_coordinator import coordinator_service, serving
+from tests.promtool import check_metrics
 from trainer.api import CoordinatorApi
 from trainer.coordinator import STEP_HISTORY, ApiConfig, PoolState
 from trainer.inbox import RolloutInbox
@@ -140,6 +142,24 @@ def test_a_member_uploads_once_and_the_same_bytes_again_change_nothing(tmp_path:
 
     run(tmp_path, scenario)
     assert RolloutInbox(tmp_path / "inbox").uploads() == [hashlib.sha256(data).digest()]
+
+
+def test_metrics_count_requests_by_route_and_status_in_a_page_promtool_passes(tmp_path: Path) -> None:
+    data = rollout_bytes()
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        assert (await client.send("PUT", upload_path(data), data)).status == 201
+        assert (await client.send("POST", "/v1/tasks", b"{}", signer=STRANGER)).status == 403
+        async with client.session.get(client.url + "/metrics") as response:
+            assert response.status == 200 and response.headers["Content-Type"] == CONTENT_TYPE
+            page = await response.text()
+        check_metrics(page)
+        samples = dict(line.rsplit(" ", 1) for line in page.splitlines() if not line.startswith("#"))
+        assert samples["coordinator_uploads_total"] == "1" and samples["coordinator_step"] == "0"
+        routes = {key for key in samples if key.startswith("coordinator_requests_total{")}
+        assert any('status="201"' in key for key in routes) and any('status="403"' in key for key in routes)
+
+    run(tmp_path, scenario)
 
 
 @pytest.mark.parametrize("megabytes", [1, 10, 50])

@@ -40,6 +40,7 @@ from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, load_task_spec
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
+from tests.promtool import check_metrics, fetch_page
 from tests.trainer.rollout_factory import make_file
 from validator.cli import app
 from validator.store import ATTESTED, INVALIDATED, SEEN, UNVERIFIABLE, ValidatorStore
@@ -129,7 +130,10 @@ def stage_of(state: Path, work_key: bytes, node: LocalAccount) -> str | None:
 
 
 def metrics(state: Path) -> dict[str, float]:
-    return scrape(json.loads((state / "endpoints.json").read_text())["metrics"])
+    """The running validator's samples, read after promtool passed its page."""
+    url = json.loads((state / "endpoints.json").read_text())["metrics"]
+    check_metrics(fetch_page(url))
+    return scrape(url)
 
 
 def align_chain_time(chain: LocalChain) -> None:

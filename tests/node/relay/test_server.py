@@ -23,12 +23,14 @@ from eth_account.signers.local import LocalAccount
 from multidict import CIMultiDictProxy
 from yarl import URL
 
+from node.metrics import CONTENT_TYPE
 from node.relay import UntrustedManifest
 from node.relay.manifest import Manifest, build_manifest, encode_manifest, parse_manifest
 from node.relay.server import SIGNATURE_HEADER, ServerLimits, ShardServer
 from node.relay.store import ShardStore
 from node.relay.trust import TrustPolicy, checkpoint_message, sign_manifest
 from node.signing import SigningDomain, recover
+from tests.promtool import check_metrics
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -651,8 +653,9 @@ def test_metrics_count_requests_bytes_and_versions(store: ShardStore, source: Pa
         assert (await s.get(f"/v/{STEP}/manifest.json")).status == 200
 
         reply = await s.get("/metrics")
-        assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
+        assert reply.status == 200 and reply.headers["Content-Type"] == CONTENT_TYPE
         text = reply.body.decode()
+        check_metrics(text)
         for name, kind in [
             ("shardcast_requests_total", "counter"),
             ("shardcast_bytes_sent_total", "counter"),
