@@ -6,10 +6,11 @@ at least 75% of the raw GET's speed with 1 client, and at least 60% through a ch
 the machine's page-cache write rate, fsync time, sha256 and BLAKE3 rates, which every figure depends on, and the time
 this disk takes to write and fsync N copies at once (each N of `--clients`): no system whose clients fsync their
 copies can beat it, and the ratio table gives shardcast's time over it (N > 1), and the raw GET's (N = 1, the raw
-client never fsyncs), as the disk's bound. `--trace` prints each of our processes' timeline (node/relay/trace.py)
-and CPU for the median runs. `--disk-mbps 400` (root, cgroup v1) paces the disk's writes at 400 MB/s for the run,
-and `--dirty-mib 256` lets at most 256 MiB of the page cache wait for the disk (a machine with little memory): the
-slow-writing machine of issue 23 on a fast one.
+client never fsyncs), as the disk's bound. The CPU's bound is the same comparison against our processes' CPU seconds
+spread over all cores with no wait: a goal above it needs less CPU per byte, not better overlap. `--trace` prints each
+of our processes' timeline (node/relay/trace.py) and CPU for the median runs. `--disk-mbps 400` (root, cgroup v1)
+paces the disk's writes at 400 MB/s for the run, and `--dirty-mib 256` lets at most 256 MiB of the page cache wait
+for the disk (a machine with little memory): the slow-writing machine of issue 23 on a fast one.
 
 The first run installs shardcast 0.3.2 and blake3 with pip into ~/.cache/prime-node/bench-shardcast, outside the
 project's environment; its processes see them through PYTHONPATH only. It needs `wget` (shardcast's downloader).
@@ -737,15 +738,22 @@ def medians(results: list[Result]) -> list[Result]:
     return [sorted(runs, key=lambda r: r.seconds)[len(runs) // 2] for runs in groups.values()]
 
 
-def ratios(results: list[Result], durable: dict[int, float]) -> list[tuple[str, str, str, bool | None]]:
+def ratios(results: list[Result], durable: dict[int, float], cores: int) -> list[tuple[str, str, str, bool | None]]:
     """(what, value, goal, goal met or None) for each comparison the measured systems allow; `durable[n]`: seconds
-    this machine takes to write and fsync n copies at once, which bounds any system whose clients fsync theirs."""
+    this machine takes to write and fsync n copies at once, which bounds any system whose clients fsync theirs.
+
+    The CPU's bound is what ours would reach if its processes' CPU seconds were spread over all `cores` with no
+    wait: where it is under a goal, the goal needs less CPU per byte, not better overlap."""
     by_key = {(r.system, r.clients): r for r in results}
     rows: list[tuple[str, str, str, bool | None]] = []
     for n in sorted({r.clients for r in results}):
         ours, theirs = by_key.get(("ours", n)), by_key.get(("shardcast 0.3.2", n))
         if theirs and n in durable and n > 1:
             rows.append((f"the disk's bound, N={n} (fsynced copies)", f"{theirs.seconds / durable[n]:.1f}x", "-", None))
+        if ours and theirs and n > 1:
+            rows.append(
+                (f"the CPU's bound, N={n} (CPU s / cores)", f"{theirs.seconds * cores / ours.cpu:.1f}x", "-", None)
+            )
         if ours and theirs:
             speedup = theirs.seconds / ours.seconds
             goal = f">= {GOAL_SPEEDUP:.0f}x" if n == 4 else "-"
@@ -763,6 +771,8 @@ def ratios(results: list[Result], durable: dict[int, float]) -> list[tuple[str, 
     for system, what, target in (("ours", "ours", GOAL_RAW_SHARE), (CHAIN, "ours, 2 relays", GOAL_CHAIN_SHARE)):
         ours_1 = by_key.get((system, 1))
         if raw and ours_1:
+            bound = raw.seconds * cores / ours_1.cpu
+            rows.append((f"the CPU's bound, {what} (CPU s / cores)", f"{bound:.0%}", "-", None))
             share = raw.seconds / ours_1.seconds
             rows.append(
                 (f"{what} vs raw GET, N=1 (share of speed)", f"{share:.0%}", f">= {target:.0%}", share >= target)
@@ -794,7 +804,7 @@ def print_table(all_results: list[Result], size: int, repeats: int, machine: str
         if r.timeline:
             print(f"\n{r.system}, {r.clients} client(s), the median run, in seconds after the origin published:")
             print("\n".join(f"  {line}" for line in r.timeline))
-    rows = ratios(results, durable)
+    rows = ratios(results, durable, os.cpu_count() or 1)
     if not rows:
         return
     print()
