@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -36,6 +37,7 @@ from node.signing import Assignment, SigningDomain, UploadReceipt, recover, sign
 from node.tasks.spec import load_task_spec, spec_hash
 from tests.ledger.helpers import fund_provider, make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
+from tests.promtool import check_metrics, fetch_page
 
 VALIDATOR = 6
 TOKEN = 10**18
@@ -155,8 +157,19 @@ def test_a_worker_generates_uploads_and_submits_each_file_once(pool: Pool) -> No
 
 
 def test_a_killed_worker_resumes_without_losing_or_resubmitting_a_file(pool: Pool) -> None:
-    process = start(pool, "--submit-batch", "50")  # uploads right away, submits only at the end
+    process = start(pool, "--submit-batch", "50", "--metrics-port", "0")  # uploads right away, submits at the end
     wait_for(lambda: sum(s == "uploaded" for s, _ in journal(pool).values()) >= 2, "two uploaded files")
+    served = re.search(r"metrics at (http://\S+/metrics)", (pool.root / "worker.log").read_text())
+    assert served is not None
+    pages: list[str] = []  # the running worker's page, as Prometheus would scrape it
+
+    def page_counts_the_uploads() -> bool:  # the journal's gauge is refreshed once per iteration of the loop
+        assert served is not None
+        pages.append(fetch_page(served.group(1)))
+        return re.search(r'^worker_files\{stage="uploaded"\} [2-9]', pages[-1], re.MULTILINE) is not None
+
+    wait_for(page_counts_the_uploads, "the uploads on the metrics page")
+    check_metrics(pages[-1])
     process.send_signal(signal.SIGKILL)
     process.wait()
     before = journal(pool)
