@@ -19,6 +19,22 @@ TOKEN = 10**18  # one whole StakeToken in base units
 UNBONDING_PERIOD = 2 * 24 * 3600
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test, for bit-exact comparisons. With two, how the CPU kernels split a product
+    between threads varies now and then (copies at other addresses, another process running OpenMP work), and the
+    results differ in their last bits: about 5e-7 in every weight after a learner step; log-probs that changed a
+    regenerated rollout file's work key in 1 run in 5 beside a competing torch process."""
+    import torch  # here, so that tests without torch collect without it
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def session_chain() -> Iterator[tuple[LocalChain, Deployment]]:
     chain = LocalChain().start()

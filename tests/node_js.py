@@ -5,11 +5,13 @@ them there the first time a test needs them. Without Node.js a test skips, and f
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -39,3 +41,14 @@ def node_script(folder: Path, script: str) -> list[str]:
         if result.returncode != 0:
             unavailable(f"`npm ci` in {folder} exited {result.returncode} (no registry?): {result.stderr[-500:]}")
     return [node, str(folder / script)]
+
+
+async def node_json(command: list[str], stdin: bytes = b"", timeout: float = 60.0) -> Any:
+    """Run a node script without blocking the event loop (the test's servers may be answering it) and return the
+    JSON of its last output line; a non-zero exit fails the test with the script's stderr."""
+    process = await asyncio.create_subprocess_exec(
+        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin), timeout)
+    assert process.returncode == 0, f"{command[1:]} exited {process.returncode}:\n{err.decode()[-3000:]}"
+    return json.loads(out.decode().strip().splitlines()[-1])

@@ -33,7 +33,7 @@ from node.signing import (
     sign,
 )
 from tests.loopback_coordinator import coordinator_service, serving
-from tests.node_js import node_script
+from tests.node_js import node_json, node_script
 
 pytestmark = pytest.mark.timeout(180)  # the first test may run `npm ci` (about 5 s)
 
@@ -95,19 +95,9 @@ def _case(message: TypedMessage, account: LocalAccount) -> dict[str, Any]:
     }
 
 
-async def _node(command: list[str], stdin: bytes = b"") -> Any:
-    """Run a node command without blocking the event loop (a test's server may be serving it); its JSON output."""
-    process = await asyncio.create_subprocess_exec(
-        *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(process.communicate(stdin), timeout=60)
-    assert process.returncode == 0, f"{command[1:]} exited {process.returncode}:\n{err.decode()[-3000:]}"
-    return json.loads(out.decode().strip().splitlines()[-1])
-
-
 def test_ethers_computes_our_digests_recovers_our_signers_and_signs_the_same_bytes(typed_js: list[str]) -> None:
     cases = [_case(message, SIGNER) for message in MESSAGES.values()]
-    answers = asyncio.run(_node([*typed_js, "check"], json.dumps(cases).encode()))
+    answers = asyncio.run(node_json([*typed_js, "check"], json.dumps(cases).encode()))
     assert len(answers) == len(MESSAGES)
     for (name, message), answer in zip(MESSAGES.items(), answers, strict=True):
         assert "error" not in answer, f"{name}: ethers refused it: {answer['error']}"
@@ -123,7 +113,7 @@ def test_a_field_ethers_reads_differently_gives_another_digest(typed_js: list[st
     digest on the ethers side, and its signature recovers another address there."""
     case = _case(MESSAGES["checkpoint"], SIGNER)
     case["message"]["step"] = str(U64 - 1)
-    (answer,) = asyncio.run(_node([*typed_js, "check"], json.dumps([case]).encode()))
+    (answer,) = asyncio.run(node_json([*typed_js, "check"], json.dumps([case]).encode()))
     assert answer["hash"] != "0x" + digest(MESSAGES["checkpoint"], DOMAIN).hex()
     assert answer["recovered"] != SIGNER.address
 
@@ -145,7 +135,7 @@ def test_requests_signed_by_ethers_are_served_by_the_coordinator_and_refused_whe
     async def ethers_request(url: str, account: LocalAccount, *, pool_id: int = pool, chain_id: int = 31337) -> Any:
         key = "0x" + account.key.hex()
         args = [url, str(pool_id), str(chain_id), DOMAIN.verifying_contract, key, "POST", "{}"]
-        return await _node([*typed_js, "request", *args])
+        return await node_json([*typed_js, "request", *args])
 
     async def main() -> None:
         async with serving(service) as (_, url):

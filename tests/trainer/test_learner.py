@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -115,18 +114,6 @@ def test_micro_batching_does_not_change_the_update(model_dir: Path, files: dict[
     assert small.grad_norm == pytest.approx(big.grad_norm, rel=1e-4)
     for a, b in zip(weights(whole), weights(split), strict=True):  # Adam magnifies rounding of tiny gradients
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)  # 2% of the 1e-3 step size
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """Bit-exact comparisons across model copies need one thread: with two, this machine's CPU kernels round the
-    same step differently now and then (about 5e-7 in every weight, for copies at different addresses)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_a_restored_state_continues_exactly_like_an_uninterrupted_run(

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from node.cli.main import app
@@ -40,19 +38,6 @@ def loaded(model_dir: Path) -> LoadedModel:
 def task() -> tuple[TaskSpec, TaskSource]:
     spec = load_task_spec(DEFAULT_TASK)
     return spec, open_source(spec)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """torch on one thread for the test. With two, MKL may split a product between its threads differently while
-    another process also runs OpenMP work, and the log-probs then differ in their last bits: 1 run in 5 here with a
-    competing torch process (and once in a CI run), never without one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.usefixtures("one_thread")

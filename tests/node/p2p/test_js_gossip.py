@@ -11,7 +11,6 @@ that sent it. Without Node.js these skip, and fail instead under CI=true.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from eth_account.signers.local import LocalAccount
 
 from node.p2p import P2PNode, peer_id_of, sign_message
 from tests.node.p2p.helpers import DOMAIN, TOPIC, WAIT, checkpoint, dropped, next_message, run, started, until
-from tests.node_js import node_script
+from tests.node_js import node_json, node_script
 
 pytestmark = pytest.mark.timeout(120)  # the first js test may run `npm ci` (about 10 s)
 
@@ -39,13 +38,8 @@ async def js_peer(command: list[str], node: P2PNode, payload: bytes, *args: str)
 
     async def gossip() -> dict[str, Any]:
         key = bytes(JS_ACCOUNT.key).hex()
-        process = await asyncio.create_subprocess_exec(
-            *command, node.listen_addrs[0], TOPIC, key, payload.hex(), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(), 6 * WAIT)
-        assert process.returncode == 0, f"gossip.mjs exited {process.returncode}:\n{err.decode()[-3000:]}"
-        result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+        argv = [*command, node.listen_addrs[0], TOPIC, key, payload.hex(), *args]
+        result: dict[str, Any] = await node_json(argv, timeout=6 * WAIT)
         return result
 
     return asyncio.create_task(gossip())

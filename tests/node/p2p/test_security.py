@@ -12,9 +12,7 @@ Messages: one whose libp2p signature fails costs the peer that sent it, never th
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +42,7 @@ from tests.node.p2p.helpers import (
     subscribe_all,
     until,
 )
-from tests.node_js import node_script
+from tests.node_js import node_json, node_script
 
 pytestmark = pytest.mark.timeout(120)  # the first js test may run `npm ci` (about 10 s)
 
@@ -60,9 +58,7 @@ def js_dialer() -> list[str]:
 async def js_dial(command: list[str], addr: str, encrypter: str, claimed_key: str = "") -> dict[str, Any]:
     """`{"connected": bool, "remotePeer" or "error": str}` from one js-libp2p dial."""
     args = [*command, addr, encrypter, *([claimed_key] if claimed_key else [])]
-    result = await asyncio.to_thread(subprocess.run, args, capture_output=True, text=True, timeout=3 * WAIT)
-    assert result.returncode == 0, f"dial.mjs exited {result.returncode}:\n{result.stderr[-3000:]}"
-    outcome: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome: dict[str, Any] = await node_json(args, timeout=3 * WAIT)
     return outcome
 
 
