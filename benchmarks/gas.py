@@ -39,7 +39,16 @@ SUBMIT_SAMPLES = 5  # single submissions measured; their median is reported
 
 # Prime Intellect's protocol contracts measured on anvil, for the same operations.
 ANCHOR = {"onboarding": 1_055_839, "submitWork": 239_442, "invalidateWork": 406_000, "claimRewards(1)": 140_709}
-GOAL = {"onboarding": 400_000, "submitWork": 60_000, "submitWorkBatch(32) per key": 25_000, "invalidateWork": 150_000}
+# refuseWork (issue 32): refusing a file costs a validator no more than submitting it cost the worker; an
+# invalidation that overrides a refusal is held to invalidateWork's goal.
+GOAL = {
+    "onboarding": 400_000,
+    "submitWork": 60_000,
+    "submitWorkBatch(32) per key": 25_000,
+    "invalidateWork": 150_000,
+    "refuseWork": 60_000,
+    "invalidateWork of refused work": 150_000,
+}
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,22 @@ def measure(chain: LocalChain) -> list[Row]:
     )
     rows.append(row("invalidateWork", gas(invalidated)))
 
+    # Refusing one work (a borderline file): no slash, no ejection; then a clear verdict overriding a refusal.
+    refused_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(5)), pool_id)
+    refused, overridden = random_key(), random_key()
+    refused_node.submit_work_batch(pool_id, [refused, overridden], [random_units(), random_units()])
+    judge = owner.as_account(validator)
+    rows.append(row("refuseWork", gas(judge.refuse_work(pool_id, refused_node.address, refused, Reason.PROOF_INVALID))))
+    judge.refuse_work(pool_id, refused_node.address, overridden, Reason.PROOF_INVALID)
+    override = judge.invalidate_work(pool_id, refused_node.address, overridden, Reason.PROOF_INVALID)
+    rows.append(row("invalidateWork of refused work", gas(override)))
+
+    # The owner's ejection: no new work, the earlier work stays claimable after its window.
+    dismissed, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(6)), pool_id)
+    dismissed_key = random_key()
+    dismissed.submit_work(pool_id, dismissed_key, random_units())
+    rows.append(row("eject (owner)", gas(owner.eject(pool_id, dismissed.address))))
+
     # Leaving: the lock is held one challenge window, then anyone releases it.
     leaver, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(4)), pool_id)
     leaver.submit_work(pool_id, random_key(), random_units())
@@ -154,6 +179,9 @@ def measure(chain: LocalChain) -> list[Row]:
     used = gas(claimer.claim_rewards(pool_id, node.address, batch_keys))
     many = len(batch_keys)
     rows += [row(f"claimRewards({many})", used), row(f"claimRewards({many}) per work", used // many)]
+    rows.append(
+        row("claimRewards(1), owner-ejected", gas(claimer.claim_rewards(pool_id, dismissed.address, [dismissed_key])))
+    )
     return rows
 
 

@@ -18,7 +18,7 @@ from ledger.artifacts import load_artifact
 from ledger.deployment import Deployment
 from ledger.errors import DeploymentError, LedgerError
 from ledger.tx import Transactor, revert_from_exception, with_retries
-from ledger.types import PoolConfig, PoolInfo, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
+from ledger.types import Ejection, PoolConfig, PoolInfo, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 
 
 def connect(rpc_url: str, timeout: float = 30.0) -> Web3:
@@ -208,6 +208,7 @@ class Ledger:
         return self._send(self.pools.functions.leave(pool_id), "leave")
 
     def eject(self, pool_id: int, node: str) -> TxReceipt:
+        """The owner's ejection: `node` submits no more, but its earlier work is still paid unless invalidated."""
         return self._send(self.pools.functions.eject(pool_id, node), "eject")
 
     def pool_count(self) -> int:
@@ -244,7 +245,15 @@ class Ledger:
         return bool(self._call(self.pools.functions.isMember(pool_id, node), "isMember"))
 
     def is_ejected(self, pool_id: int, node: str) -> bool:
+        """Whether `node` was ejected from `pool_id` (by its owner or by an invalidation): it submits no more."""
         return bool(self._call(self.pools.functions.isEjected(pool_id, node), "isEjected"))
+
+    def ejection_of(self, pool_id: int, node: str) -> Ejection:
+        return Ejection(int(self._call(self.pools.functions.ejectionOf(pool_id, node), "ejectionOf")))
+
+    def is_voided(self, pool_id: int, node: str) -> bool:
+        """Whether an invalidation ejected `node` from `pool_id`: none of its pending work there is ever paid."""
+        return self.ejection_of(pool_id, node) == Ejection.BY_INVALIDATION
 
     def is_validator(self, pool_id: int, validator: str) -> bool:
         return bool(self._call(self.pools.functions.isValidator(pool_id, validator), "isValidator"))
@@ -263,6 +272,10 @@ class Ledger:
 
     def invalidate_work(self, pool_id: int, node: str, work_key: bytes, reason: Reason | int) -> TxReceipt:
         return self._send(self.work.functions.invalidateWork(pool_id, node, work_key, int(reason)), "invalidateWork")
+
+    def refuse_work(self, pool_id: int, node: str, work_key: bytes, reason: Reason | int) -> TxReceipt:
+        """Voids `node`'s pending work without a slash (a borderline file): never paid, the node stays a member."""
+        return self._send(self.work.functions.refuseWork(pool_id, node, work_key, int(reason)), "refuseWork")
 
     def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> TxReceipt:
         """Pays `node`'s provider for `node`'s work `work_keys` (anyone may send this)."""

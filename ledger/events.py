@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eth_utils import to_checksum_address
 from hexbytes import HexBytes
@@ -21,7 +21,7 @@ from ledger.tx import with_retries
 
 log = logging.getLogger(__name__)
 
-FOLLOWED = ("WorkSubmitted", "WorkInvalidated", "RewardsClaimed")
+FOLLOWED = ("WorkSubmitted", "WorkInvalidated", "WorkRefused", "RewardsClaimed")
 # How JSON-RPC nodes word "this log query spans too much"; only those errors shrink the page.
 # anvil's and Hardhat's default chain id, and ganache's: chains that only ever run on one machine.
 LOCAL_CHAIN_IDS = frozenset({31337, 1337})
@@ -63,6 +63,18 @@ class WorkInvalidated:
 
 
 @dataclass(frozen=True)
+class WorkRefused:
+    """A validator voided `node`'s work without a slash: it is never paid (unless later invalidated, still unpaid)."""
+
+    pool_id: int
+    work_key: bytes
+    node: str
+    validator: str
+    reason: int
+    at: EventPosition
+
+
+@dataclass(frozen=True)
 class RewardsClaimed:
     pool_id: int
     provider: str
@@ -72,7 +84,7 @@ class RewardsClaimed:
     at: EventPosition
 
 
-LedgerEvent = WorkSubmitted | WorkInvalidated | RewardsClaimed
+LedgerEvent = WorkSubmitted | WorkInvalidated | WorkRefused | RewardsClaimed
 
 
 class CursorFile:
@@ -288,6 +300,11 @@ class EventFollower:
                 args["poolId"], bytes(args["workKey"]), to_checksum_address(args["node"]),
                 to_checksum_address(args["validator"]), args["reason"], args["slashed"], at,
             )  # fmt: skip
+        elif name == "WorkRefused":
+            yield WorkRefused(
+                args["poolId"], bytes(args["workKey"]), to_checksum_address(args["node"]),
+                to_checksum_address(args["validator"]), args["reason"], at,
+            )  # fmt: skip
         elif name == "RewardsClaimed":
             yield RewardsClaimed(
                 args["poolId"], to_checksum_address(args["provider"]), to_checksum_address(args["node"]),
@@ -295,12 +312,24 @@ class EventFollower:
             )  # fmt: skip
 
 
+def refusals(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkRefused]:
+    """Every refusal in the pool since the deployment (of `node`'s work only, when given), by (node, work key)."""
+    return _by_record(ledger, pool_id, WorkRefused, node)
+
+
 def invalidations(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkInvalidated]:
     """Every invalidation in the pool since the deployment (of `node`'s work only, when given), by (node, work key):
     records are per node, so two nodes' records of one key are two entries."""
-    follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
+    return _by_record(ledger, pool_id, WorkInvalidated, node)
+
+
+_Judged = TypeVar("_Judged", WorkInvalidated, WorkRefused)
+
+
+def _by_record(ledger: Ledger, pool_id: int, kind: type[_Judged], node: str | None) -> dict[tuple[str, bytes], _Judged]:
+    follower = EventFollower(ledger, pool_id=pool_id, events=(kind.__name__,))
     return {
         (e.node, e.work_key): e
         for e in follower.poll()
-        if isinstance(e, WorkInvalidated) and (node is None or e.node == to_checksum_address(node))
+        if isinstance(e, kind) and (node is None or e.node == to_checksum_address(node))
     }

@@ -11,8 +11,19 @@ class WorkStatus(IntEnum):
 
     NONE = 0
     PENDING = 1
-    INVALIDATED = 2
+    INVALIDATED = 2  # slashed, and the node ejected by invalidation
     CLAIMED = 3
+    REFUSED = (
+        4  # voided by a validator without a slash (a borderline file): never paid; still invalidatable in its window
+    )
+
+
+class Ejection(IntEnum):
+    """Mirrors `IComputePool.Ejection`: how a node left a pool for good."""
+
+    NONE = 0
+    BY_OWNER = 1  # no new work; what it submitted before is still paid after its window unless invalidated
+    BY_INVALIDATION = 2  # all of its pending work in the pool is void
 
 
 class Reason(IntEnum):

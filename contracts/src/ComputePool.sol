@@ -13,7 +13,7 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 contract ComputePool is IComputePool, AccessControl {
     using EnumerableSet for EnumerableSet.AddressSet;
 
-    /// @notice May eject members: the WorkLedger, when it invalidates their work.
+    /// @notice May eject members by invalidation (`ejectForInvalidation`): the WorkLedger, when it invalidates work.
     bytes32 public constant LEDGER_ROLE = keccak256("LEDGER_ROLE");
     /// @notice The largest `maxUnitsPerKey`: a work record stores units in 48 bits.
     uint64 public constant MAX_UNITS = type(uint48).max;
@@ -25,7 +25,7 @@ contract ComputePool is IComputePool, AccessControl {
 
     struct Membership {
         address provider; // zero when not a member
-        bool ejected; // an ejected node cannot rejoin the pool
+        Ejection ejection; // an ejected node (either kind) cannot rejoin the pool
     }
 
     INodeRegistry public immutable registry;
@@ -97,7 +97,7 @@ contract ComputePool is IComputePool, AccessControl {
     function join(uint256 poolId) external {
         Pool storage pool = _existing(poolId);
         Membership storage m = _memberships[poolId][msg.sender];
-        if (m.ejected) revert EjectedFromPool(poolId, msg.sender);
+        if (m.ejection != Ejection.None) revert EjectedFromPool(poolId, msg.sender);
         if (m.provider != address(0)) revert AlreadyMember(poolId, msg.sender);
         uint32 maxNodes = pool.config.maxNodes;
         if (maxNodes != 0 && _members[poolId].length() >= maxNodes) revert PoolFull(poolId, maxNodes);
@@ -121,18 +121,21 @@ contract ComputePool is IComputePool, AccessControl {
     }
 
     /// @inheritdoc IComputePool
-    /// @dev Requirements: caller owns the pool or has LEDGER_ROLE. A non-member is banned from joining. An
-    /// ejected node's pending work is never paid (WorkLedger), and its lock is held one challenge window longer.
+    /// @dev Requirements: caller owns the pool. A non-member is banned from joining. The node's pending work is not
+    /// voided: it is paid after its window unless invalidated, and its lock is held one challenge window longer so
+    /// that the work stays slashable until then. An ejection by invalidation is never turned back into this one.
     /// Emits {NodeEjected}.
     function eject(uint256 poolId, address node) external {
         Pool storage pool = _existing(poolId);
-        if (msg.sender != pool.owner && !hasRole(LEDGER_ROLE, msg.sender)) revert NotAllowedToEject(poolId, msg.sender);
-        Membership storage m = _memberships[poolId][node];
-        bool wasMember = m.provider != address(0);
-        if (wasMember) _removeMember(poolId, node);
-        m.ejected = true;
-        emit NodeEjected(poolId, node, msg.sender);
-        if (wasMember) registry.unlockStake(poolId, node, _lockEnd(pool));
+        if (msg.sender != pool.owner) revert NotAllowedToEject(poolId, msg.sender);
+        _eject(pool, poolId, node, Ejection.ByOwner);
+    }
+
+    /// @inheritdoc IComputePool
+    /// @dev Requirements: caller has LEDGER_ROLE. As {eject}, but the node's pending work is void (WorkLedger
+    /// refuses its claims), also when its owner ejected it before. Emits {NodeEjected}.
+    function ejectForInvalidation(uint256 poolId, address node) external onlyRole(LEDGER_ROLE) {
+        _eject(_existing(poolId), poolId, node, Ejection.ByInvalidation);
     }
 
     /// @inheritdoc IComputePool
@@ -172,7 +175,12 @@ contract ComputePool is IComputePool, AccessControl {
 
     /// @inheritdoc IComputePool
     function isEjected(uint256 poolId, address node) external view returns (bool) {
-        return _memberships[poolId][node].ejected;
+        return _memberships[poolId][node].ejection != Ejection.None;
+    }
+
+    /// @inheritdoc IComputePool
+    function ejectionOf(uint256 poolId, address node) external view returns (Ejection) {
+        return _memberships[poolId][node].ejection;
     }
 
     /// @inheritdoc IComputePool
@@ -183,6 +191,18 @@ contract ComputePool is IComputePool, AccessControl {
     /// @inheritdoc IComputePool
     function members(uint256 poolId) external view returns (address[] memory) {
         return _members[poolId].values();
+    }
+
+    /// @dev Records the stronger of the node's ejections (`ByInvalidation` > `ByOwner`), then releases its lock one
+    /// challenge window from now if it was a member: its last submission's window closes no later than that.
+    function _eject(Pool storage pool, uint256 poolId, address node, Ejection kind) private {
+        Membership storage m = _memberships[poolId][node];
+        bool wasMember = m.provider != address(0);
+        if (wasMember) _removeMember(poolId, node);
+        if (uint8(kind) > uint8(m.ejection)) m.ejection = kind;
+        emit NodeEjected(poolId, node, msg.sender, m.ejection);
+        // the registry is trusted code fixed at construction and makes no calls back
+        if (wasMember) registry.unlockStake(poolId, node, _lockEnd(pool));
     }
 
     function _removeMember(uint256 poolId, address node) private {

@@ -9,8 +9,8 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 import {IWorkLedger} from "./interfaces/IWorkLedger.sol";
 
 /// @title WorkLedger
-/// @notice Holds each pool's reward escrow, records submitted work, lets validators invalidate it inside the
-/// challenge window, and pays providers for work that outlived the window.
+/// @notice Holds each pool's reward escrow, records submitted work, lets validators invalidate (slash) or refuse (void,
+/// no slash) it inside the challenge window, and pays providers for work that outlived the window.
 /// @dev A work record is one storage slot (units, submittedAt, status) under (pool, node, key): submitting costs
 /// one fresh slot, and a record belongs to the node that made it. The provider is not stored: a node's binding in
 /// the registry is permanent, so it is looked up. Slashed stake is burned in the registry, never credited here: a
@@ -78,31 +78,37 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: the caller validates the pool, the work is pending, `1 <= reason <= MAX_REASON`, and
-    /// `block.timestamp < submittedAt + challengeWindow`. Emits {WorkInvalidated}.
+    /// @dev Requirements: the caller validates the pool, the work is pending or refused, `1 <= reason <= MAX_REASON`,
+    /// and `block.timestamp < submittedAt + challengeWindow`. Emits {WorkInvalidated}.
     function invalidateWork(uint256 poolId, address node, bytes32 workKey, uint8 reason) external nonReentrant {
-        if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
-        Work storage work = _pending(poolId, node, workKey);
-        if (!pools.isValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
-        (uint64 window,, uint256 slashAmount,) = pools.terms(poolId);
-        uint64 closesAt = uint64(work.submittedAt) + window;
-        if (block.timestamp >= closesAt) revert ChallengeWindowClosed(poolId, node, workKey, closesAt);
+        (Work storage work, uint256 slashAmount) = _challengeable(poolId, node, workKey, reason, true);
         work.status = WorkStatus.Invalidated;
         // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant).
         // The registry burns what it takes from the lock; the ejection voids the node's other pending work.
         uint256 slashed = registry.slash(poolId, node, slashAmount);
-        pools.eject(poolId, node);
+        pools.ejectForInvalidation(poolId, node);
         emit WorkInvalidated(poolId, workKey, node, msg.sender, reason, slashed);
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: `node` is not ejected from the pool, every key is its pending work past its window, and
-    /// the escrow covers the payout. Anyone may call: the tokens always go to the node's provider.
-    /// Emits {RewardsClaimed}.
+    /// @dev Requirements: the caller validates the pool, the work is pending, `1 <= reason <= MAX_REASON`, and
+    /// `block.timestamp < submittedAt + challengeWindow`: a refusal, like an invalidation, is only possible while the
+    /// work is not yet claimable, and only once. No interaction: no stake moves and the node stays a member.
+    /// Emits {WorkRefused}.
+    function refuseWork(uint256 poolId, address node, bytes32 workKey, uint8 reason) external {
+        (Work storage work,) = _challengeable(poolId, node, workKey, reason, false);
+        work.status = WorkStatus.Refused;
+        emit WorkRefused(poolId, workKey, node, msg.sender, reason);
+    }
+
+    /// @inheritdoc IWorkLedger
+    /// @dev Requirements: `node` was not ejected from the pool by an invalidation (its owner's ejection voids
+    /// nothing), every key is its pending work past its window, and the escrow covers the payout. Anyone may call:
+    /// the tokens always go to the node's provider. Emits {RewardsClaimed}.
     function claimRewards(uint256 poolId, address node, bytes32[] calldata workKeys) external nonReentrant {
         uint256 n = workKeys.length;
         if (n == 0) revert EmptyBatch();
-        if (pools.isEjected(poolId, node)) revert NodeEjected(poolId, node);
+        if (pools.ejectionOf(poolId, node) == IComputePool.Ejection.ByInvalidation) revert NodeEjected(poolId, node);
         (uint64 window, uint256 rewardPerUnit,,) = pools.terms(poolId);
         address provider = registry.providerOf(node);
         uint256 units;
@@ -159,6 +165,27 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         assembly ("memory-safe") {
             sstore(work.slot, packed)
         }
+    }
+
+    /// @dev The work a validator of `poolId` may still judge, and the pool's slash: checks the reason, the status
+    /// (pending, or refused when `refusedToo`), the caller's role and the open challenge window, in that order.
+    function _challengeable(uint256 poolId, address node, bytes32 workKey, uint8 reason, bool refusedToo)
+        private
+        view
+        returns (Work storage work, uint256 slashAmount)
+    {
+        if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
+        work = _works[poolId][node][workKey];
+        WorkStatus status = work.status;
+        if (status == WorkStatus.None) revert WorkNotFound(poolId, node, workKey);
+        if (status != WorkStatus.Pending && !(refusedToo && status == WorkStatus.Refused)) {
+            revert WorkNotPending(poolId, node, workKey, status);
+        }
+        if (!pools.isValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
+        uint64 window;
+        (window,, slashAmount,) = pools.terms(poolId);
+        uint64 closesAt = uint64(work.submittedAt) + window;
+        if (block.timestamp >= closesAt) revert ChallengeWindowClosed(poolId, node, workKey, closesAt);
     }
 
     function _pending(uint256 poolId, address node, bytes32 workKey) private view returns (Work storage work) {

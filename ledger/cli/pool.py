@@ -212,12 +212,18 @@ def eject(
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,
 ) -> None:
-    """Remove NODE from POOL and ban it from joining again (pool owner only)."""
+    """Remove NODE from POOL and ban it from joining again (pool owner only).
+
+    Its work submitted before stays payable after its challenge window unless a validator invalidates it.
+    """
     with cli_errors():
         address = parse_address(node, what="NODE")
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         ledger.eject(pool, address)
-        stdout_console().print(f"ejected {address} from pool {pool}")
+        stdout_console().print(
+            f"ejected {address} from pool {pool}: it submits no more; its earlier work is still paid after its "
+            "challenge window unless a validator invalidates it"
+        )
 
 
 @app.command()

@@ -44,6 +44,8 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "join(uint256)": (),
         "leave(uint256)": (),
         "eject(uint256,address)": (),
+        "ejectForInvalidation(uint256,address)": (),
+        "ejectionOf(uint256,address)": ("uint8",),
         "getPool(uint256)": (POOL_CONFIG, "address"),
         "terms(uint256)": ("uint64", "uint256", "uint256", "uint64"),
         "memberTerms(uint256,address)": ("address", "uint64"),
@@ -57,6 +59,7 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "submitWork(uint256,bytes32,uint256)": (),
         "submitWorkBatch(uint256,bytes32[],uint256[])": (),
         "invalidateWork(uint256,address,bytes32,uint8)": (),
+        "refuseWork(uint256,address,bytes32,uint8)": (),
         "claimRewards(uint256,address,bytes32[])": (),
         "getWork(uint256,address,bytes32)": ("address", "uint256", "uint64", "uint8"),
     },
@@ -75,6 +78,7 @@ VIEWS = {
     "minChallengeWindow",
     "isMember",
     "isValidator",
+    "ejectionOf",
     "members",
     "getWork",
 }
@@ -114,11 +118,12 @@ EVENTS: dict[str, set[str]] = {
         "ValidatorSet(uint256,address,bool)",
         "NodeJoined(uint256,address,address)",
         "NodeLeft(uint256,address)",
-        "NodeEjected(uint256,address,address)",
+        "NodeEjected(uint256,address,address,uint8)",
     },
     "WorkLedger": {
         "WorkSubmitted(uint256,bytes32,address,address,uint256)",
         "WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)",
+        "WorkRefused(uint256,bytes32,address,address,uint8)",
         "RewardsClaimed(uint256,address,address,uint256,uint256)",
     },
 }

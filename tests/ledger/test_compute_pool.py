@@ -10,8 +10,9 @@ import pytest
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
+from ledger.deployment import role_id
 from ledger.errors import ContractRevert
-from ledger.types import PoolConfig, StakeLock
+from ledger.types import Ejection, PoolConfig, StakeLock
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, pool_config
 from tests.ledger.stake_locks import assert_unbonds_once_released, stake_unlocked
@@ -416,6 +417,23 @@ def test_eject_by_non_owner_reverts_not_allowed_to_eject(ledger_for: LedgerFor) 
     assert not owner.is_ejected(pool_id, node.address)
 
 
+def test_only_the_work_ledger_may_eject_for_invalidation(ledger_for: LedgerFor) -> None:
+    owner, provider = ledger_for(OWNER), ledger_for(PROVIDER_A)
+    pool_id = make_pool(owner)
+    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+
+    for caller in (owner, ledger_for(VALIDATOR), provider):  # the pool's owner cannot void a member's rewards
+        with pytest.raises(ContractRevert) as info:
+            caller._send(caller.pools.functions.ejectForInvalidation(pool_id, node.address), "ejectForInvalidation")
+        assert_revert(
+            info.value, "AccessControlUnauthorizedAccount", account=caller.address, neededRole=role_id("LEDGER_ROLE")
+        )
+
+    assert owner.is_member(pool_id, node.address)
+    assert owner.ejection_of(pool_id, node.address) == Ejection.NONE
+
+
 def test_owner_eject_removes_member_holds_lock_one_window_and_bans_rejoin(
     chain: LocalChain, ledger_for: LedgerFor
 ) -> None:
@@ -426,8 +444,10 @@ def test_owner_eject_removes_member_holds_lock_one_window_and_bans_rejoin(
     receipt = owner.eject(pool_id, node.address)
 
     assert events(owner.pools.events.NodeEjected(), receipt) == [
-        {"poolId": pool_id, "node": node.address, "by": owner.address}
+        {"poolId": pool_id, "node": node.address, "by": owner.address, "kind": Ejection.BY_OWNER}
     ]
+    assert owner.ejection_of(pool_id, node.address) == Ejection.BY_OWNER
+    assert not owner.is_voided(pool_id, node.address)  # an owner's ejection voids none of its work
     release_at = owner.timestamp() + WINDOW
     assert events(owner.registry.events.StakeUnlocked(), receipt) == stake_unlocked(provider, node, pool_id, release_at)
     assert not owner.is_member(pool_id, node.address)

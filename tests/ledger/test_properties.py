@@ -5,7 +5,8 @@ locked per node, 60 slashed per invalidated work), pool 1 (2 h, 40 locked, 40 sl
 key) and pool 2, which provider 0 created with the smallest terms allowed (1 token locked and slashed) and
 validates itself: its node can be "invalidated" by its own provider. Every bound node starts as a member of
 pools 0 and 2 and may join pool 1. Unbonding takes 2 days. A funder tops up the escrows; a validator
-invalidates work in pools 0 and 1; owners eject nodes; anyone releases held locks. Each operation is first
+invalidates (slashes) or refuses (voids, no slash) work in pools 0 and 1, refused work included; owners eject
+nodes; anyone releases held locks. Each operation is first
 applied to `Model`, which says whether it must revert and with which custom error; the chain must agree.
 
 After every step the invariants are read back from the chain:
@@ -15,10 +16,15 @@ After every step the invariants are read back from the chain:
   registry's `burned` equals everything slashed;
 - the slashes of a node in a pool never total more than the lock it took there (`minStakePerNode`), and a
   provider's slashes in a pool never more than its nodes' locks there;
-- an ejected node is never paid again;
+- a node ejected by an invalidation is never paid again; a node ejected by its owner is: its earlier work is
+  paid after its window unless invalidated (after `settle`, only a voided node's work or work the escrow could
+  not cover is left unpaid), and an owner's ejection never turns one by invalidation back;
+- refused work is never paid (each work a `WorkRefused` names ends refused or invalidated, never claimed), and
+  no refusal slashes or ejects;
 - stake backing an open window stays put: a provider's locked stake equals what its open locks hold and is
-  covered by its active stake, every pending work whose window is open is backed by an open lock holding the
-  pool's `minStakePerNode` less what was slashed from it, and a withdrawal never takes active or locked stake;
+  covered by its active stake, every pending or refused work whose window is open (it may still be invalidated)
+  is backed by an open lock holding the pool's `minStakePerNode` less what was slashed from it (an owner's
+  ejection included), and a withdrawal never takes active or locked stake;
 - and the model's view of every balance, stake, lock and membership matches.
 
 Time is exact: every transaction of a step is mined at the model's clock (`evm_setNextBlockTimestamp`), and
@@ -44,7 +50,7 @@ from web3.types import TxReceipt
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.types import WorkStatus
+from ledger.types import Ejection, WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import events, make_pool, onboard, work_key
 
@@ -121,7 +127,8 @@ class Model:
     funder_wallet: int
     escrow: list[int] = field(default_factory=lambda: [0] * len(POOLS))
     members: set[Pair] = field(default_factory=set)
-    ejected: set[Pair] = field(default_factory=set)
+    ejected: set[Pair] = field(default_factory=set)  # by the owner or by an invalidation
+    voided: set[Pair] = field(default_factory=set)  # ejected by an invalidation: pending work never paid
     locks: dict[Pair, LockState] = field(default_factory=dict)  # open locks only
     works: dict[WorkId, WorkState] = field(default_factory=dict)
     slashed: dict[Pair, int] = field(default_factory=dict)
@@ -196,7 +203,7 @@ class Model:
             return "NotAllowedToEject"
         if pair in self.members:
             self._end_membership(pair)
-        self.ejected.add(pair)
+        self.ejected.add(pair)  # voids nothing, and never undoes an ejection by invalidation
         return None
 
     def release(self, pair: Pair) -> str | None:
@@ -236,7 +243,7 @@ class Model:
         work = self.works.get(work_id)
         if work is None:
             return "WorkNotFound", 0
-        if work.status != WorkStatus.PENDING:
+        if work.status not in (WorkStatus.PENDING, WorkStatus.REFUSED):  # a refusal may still be overridden
             return "WorkNotPending", 0
         if not by_validator:
             return "NotValidator", 0
@@ -258,13 +265,30 @@ class Model:
         if pair in self.members:
             self._end_membership(pair)
         self.ejected.add(pair)
+        self.voided.add(pair)
         return None, slashed
+
+    def refuse(self, work_id: WorkId, by_validator: bool, reason: int) -> str | None:
+        """The expected error; on success the work is refused: no slash, no ejection, never paid."""
+        if not 0 < reason <= MAX_REASON:
+            return "InvalidReason"
+        work = self.works.get(work_id)
+        if work is None:
+            return "WorkNotFound"
+        if work.status != WorkStatus.PENDING:
+            return "WorkNotPending"
+        if not by_validator:
+            return "NotValidator"
+        if self.now >= work.submitted_at + POOLS[work_id[0]].window:
+            return "ChallengeWindowClosed"
+        work.status = WorkStatus.REFUSED
+        return None
 
     def claim(self, pair: Pair, keys: Sequence[int]) -> tuple[str | None, int]:
         """The expected error, and on success the amount paid to the node's provider."""
         if not keys:
             return "EmptyBatch", 0
-        if pair in self.ejected:
+        if pair in self.voided:
             return "NodeEjected", 0
         terms, units, seen = POOLS[pair[0]], 0, set()
         for key in keys:  # the contract's loop, in its order of checks
@@ -302,6 +326,20 @@ class Model:
         found = [i for i, w in self.works.items() if w.status == WorkStatus.PENDING and where(i, w)]
         return sorted(found, key=lambda i: (self.works[i].submitted_at, i))
 
+    def challengeable(self) -> list[WorkId]:
+        """Pending or refused works still inside their window: a validator may still invalidate them."""
+        found = [
+            i
+            for i, w in self.works.items()
+            if w.status in (WorkStatus.PENDING, WorkStatus.REFUSED) and self.window_open(i)
+        ]
+        return sorted(found, key=lambda i: (self.works[i].submitted_at, i))
+
+    def ejection(self, pair: Pair) -> Ejection:
+        if pair in self.voided:
+            return Ejection.BY_INVALIDATION
+        return Ejection.BY_OWNER if pair in self.ejected else Ejection.NONE
+
     def window_open(self, work_id: WorkId) -> bool:
         return self.now < self.works[work_id].submitted_at + POOLS[work_id[0]].window
 
@@ -311,8 +349,9 @@ class Model:
 # when the step runs (deterministically, so shrinking still works), so that most of them reach the interesting
 # checks: ("member", pool, i) is the i-th current membership of any pool, ("ejected", ...) the i-th ejection,
 # ("held", ...) the i-th lock held past its membership, ("left", ...) such a lock of a node not ejected, and
-# ("slot", pool, i) node slot i in that pool. An invalidation targets the newest pending work, the newest one
-# still inside its window, or one of an already ejected node (a second slash in the same pool); claim_ready
+# ("slot", pool, i) node slot i in that pool. An invalidation or a refusal targets the newest pending work, the
+# newest one still inside its window, one of an already ejected node (a second slash in the same pool), or a
+# refused one still inside its window (an invalidation overriding a refusal, or a second refusal); claim_ready
 # claims a node's oldest claimable works, optionally spoiled by another node's key, a settled or an unripe
 # work, a repeated key, or aimed at an ejected node.
 provider_choice = st.tuples(st.sampled_from(["index", "index", "unbonding"]), st.integers(0, len(PROVIDERS) - 1))
@@ -328,10 +367,15 @@ def pick(*hows: str, pools: st.SearchStrategy[int] = pool_index) -> st.SearchStr
 submitter = pick("member", "member", "member", "member", "member", "slot", "ejected")
 joiner = pick("slot", "slot", "slot", "left", "ejected", pools=st.sampled_from([0, 1, 1, 1, 2]))  # all start in 0, 2
 target = st.tuples(
-    st.sampled_from(["newest", "open", "open", "ejected", "ejected", "ejected", "given"]),
+    st.sampled_from(
+        ["newest", "open", "open", "ejected", "ejected", "ejected", "refused", "refused", "refused", "given"]
+    ),
     pool_index,
     slot_index,
     key_index,
+)
+refusal_target = st.tuples(  # mostly work still in its window: a refusal, or a second one, that can succeed
+    st.sampled_from(["open", "open", "open", "open", "refused", "newest", "given"]), pool_index, slot_index, key_index
 )
 reason = st.sampled_from([*range(1, MAX_REASON + 1)] * 2 + [0, MAX_REASON + 1])
 spoiler = st.sampled_from([None, None, None, "other_node", "settled", "unripe", "repeat", "ejected"])
@@ -365,6 +409,7 @@ operation = weighted(
         ),
     ),
     (5, st.tuples(st.just("invalidate"), target, st.sampled_from([True] * 7 + [False]), reason)),
+    (6, st.tuples(st.just("refuse"), refusal_target, st.sampled_from([True] * 7 + [False]), reason)),
     (3, st.tuples(st.just("claim_ready"), st.integers(0, 5), st.integers(1, 3), spoiler)),
     (1, st.tuples(st.just("claim"), pool_index, slot_index, st.lists(key_index, max_size=3))),
     (1, st.tuples(st.just("fund"), pool_index, st.sampled_from([0, 1, 5, 20]))),
@@ -414,6 +459,8 @@ class Totals:
     paid: int = 0
     slashed_by: dict[Pair, int] = field(default_factory=dict)  # registry Slashed events, per (pool, node)
     ejected: set[Pair] = field(default_factory=set)  # NodeEjected events
+    voided: set[Pair] = field(default_factory=set)  # NodeEjected events of kind ByInvalidation
+    refused: set[WorkId] = field(default_factory=set)  # WorkRefused events
 
 
 ACCOUNTS = (OWNER, *PROVIDERS, FUNDER, VALIDATOR)
@@ -531,7 +578,8 @@ class Harness:
         return receipt
 
     def _account(self, receipt: TxReceipt) -> None:
-        """Adds the receipt's flows to the totals and checks no ejected node is paid."""
+        """Adds the receipt's flows to the totals and checks no node ejected by an invalidation is paid, and that a
+        refusal moves no token."""
         work, registry, pools, t = (
             self.owner.work.events,
             self.owner.registry.events,
@@ -547,11 +595,20 @@ class Harness:
             t.slashed_by[pair] = t.slashed_by.get(pair, 0) + e["amount"]
         for e in events(work.RewardsClaimed(), receipt):
             pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
-            assert pair not in t.ejected, f"node {pair[1]} was paid in pool {pair[0]} after its ejection"
+            assert pair not in t.voided, f"node {pair[1]} was paid in pool {pair[0]} after an invalidation ejected it"
             t.paid += e["amount"]
-        t.ejected |= {
-            (self.pool_of[e["poolId"]], self.slot_of[e["node"]]) for e in events(pools.NodeEjected(), receipt)
-        }
+        for e in events(pools.NodeEjected(), receipt):
+            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            t.ejected.add(pair)
+            if e["kind"] == Ejection.BY_INVALIDATION:
+                t.voided.add(pair)
+            else:
+                assert pair not in t.voided, f"an owner's ejection undid the invalidation's of {pair}"
+        refused = events(work.WorkRefused(), receipt)
+        for e in refused:
+            t.refused.add((self.pool_of[e["poolId"]], self.slot_of[e["node"]], WORK_KEYS.index(e["workKey"])))
+        if refused:  # no stake, escrow or membership moves
+            assert not any(events(c, receipt) for c in (registry.Slashed(), pools.NodeEjected(), work.RewardsClaimed()))
 
     # selectors
     def provider(self, choice: tuple[str, int]) -> int:
@@ -643,23 +700,28 @@ class Harness:
         self.send(expected, action, f"submitBatch({pool}, node {n}, {keys}, {amounts})")
         self.check_works([(pool, n, k) for k in keys])
 
-    def do_invalidate(self, target: tuple[str, int, int, int], by_validator: bool, reason: int) -> None:
+    def target(self, target: tuple[str, int, int, int]) -> WorkId | None:
         m = self.model
         how, *given = target
-        work_id: WorkId = (given[0], given[1], given[2])
-        if how != "given":
-            candidates = (
-                {
-                    "newest": m.pending(),
-                    "open": m.pending(lambda i, w: m.window_open(i)),
-                    "ejected": m.pending(lambda i, w: (i[0], i[1]) in m.ejected and m.window_open(i)),  # a 2nd slash
-                }[how]
-                or m.pending(lambda i, w: m.window_open(i))
-                or m.pending()
-            )
-            if not candidates:
-                return
-            work_id = candidates[-1]
+        if how == "given":
+            return (given[0], given[1], given[2])
+        candidates = (
+            {
+                "newest": m.pending(),
+                "open": m.pending(lambda i, w: m.window_open(i)),
+                "ejected": m.pending(lambda i, w: (i[0], i[1]) in m.ejected and m.window_open(i)),  # a 2nd slash
+                "refused": [i for i in m.challengeable() if m.works[i].status == WorkStatus.REFUSED],
+            }[how]
+            or m.pending(lambda i, w: m.window_open(i))
+            or m.pending()
+        )
+        return candidates[-1] if candidates else None
+
+    def do_invalidate(self, target: tuple[str, int, int, int], by_validator: bool, reason: int) -> None:
+        m = self.model
+        work_id = self.target(target)
+        if work_id is None:
+            return
         pool, n, key = work_id
         before = self.statuses([work_id])
         expected, slashed = m.invalidate(work_id, by_validator, reason)
@@ -670,10 +732,25 @@ class Harness:
             f"invalidate({pool}, node {n}, {key}, validator={by_validator}, reason={reason})",
         )
         if receipt is not None:
-            assert before == [WorkStatus.PENDING], f"invalidated work {work_id} that was {before[0].name}"
+            assert before[0] in (WorkStatus.PENDING, WorkStatus.REFUSED), f"invalidated {work_id}: {before[0].name}"
             (invalidated,) = events(self.owner.work.events.WorkInvalidated(), receipt)
             assert invalidated["slashed"] == slashed
             event(f"slash in pool {pool}: {'full' if slashed == POOLS[pool].slash else 'capped by the lock'}")
+            event(f"invalidated {before[0].name.lower()} work")
+        self.check_works([work_id])
+
+    def do_refuse(self, target: tuple[str, int, int, int], by_validator: bool, reason: int) -> None:
+        work_id = self.target(target)
+        if work_id is None:
+            return
+        pool, n, key = work_id
+        expected = self.model.refuse(work_id, by_validator, reason)
+        sender = self.accounts[POOLS[pool].validator] if by_validator else self.funder
+        self.send(
+            expected,
+            lambda: sender.refuse_work(self.pid(pool), self.nodes[n].address, WORK_KEYS[key], reason),
+            f"refuse({pool}, node {n}, {key}, validator={by_validator}, reason={reason})",
+        )
         self.check_works([work_id])
 
     def do_claim_ready(self, index: int, count: int, spoiler: str | None) -> None:
@@ -713,6 +790,7 @@ class Harness:
         receipt = self.send(expected, action, f"claim({pool}, node {n}, {keys})")  # anyone may claim
         if receipt is not None:
             assert all(s == WorkStatus.PENDING for s in before), f"claimed {keys} that were {before}"
+            assert not {(pool, n, k) for k in keys} & self.totals.refused, f"paid refused work {keys}"
             (claimed,) = events(self.owner.work.events.RewardsClaimed(), receipt)
             p = self.model.node_provider[n]
             assert p is not None
@@ -747,7 +825,7 @@ class Harness:
         self.chain.mine()
 
     def settle(self, unlock: bool) -> None:
-        """Past every window, claims each pending work on its own (an ejected node's fail); with `unlock`, every
+        """Past every window, claims each pending work on its own (a voided node's fail); with `unlock`, every
         node leaves, every lock is released after its window and all stake is unstaked, so that only the burned
         tokens remain in the registry; then each provider withdraws what unbonds."""
         m = self.model
@@ -756,6 +834,9 @@ class Harness:
         for pool, n, key in m.pending():
             self._claim((pool, n), [key])
             self.check_invariants()
+        for pool, n, key in m.pending():  # no earned reward is lost to an owner's ejection
+            short = m.works[(pool, n, key)].units * POOLS[pool].reward > m.escrow[pool]
+            assert (pool, n) in m.voided or short, f"work {(pool, n, key)} left unpaid; {' | '.join(self.log)}"
         if unlock:
             for pair in sorted(m.members):
                 self._leave(pair)
@@ -797,7 +878,7 @@ class Harness:
             calls.append((work.address, work.encode_abi("escrowOf", [pool_id])))
             for n in self.nodes:
                 calls.append((pools.address, pools.encode_abi("isMember", [pool_id, n.address])))
-                calls.append((pools.address, pools.encode_abi("isEjected", [pool_id, n.address])))
+                calls.append((pools.address, pools.encode_abi("ejectionOf", [pool_id, n.address])))
                 calls.append((registry.address, registry.encode_abi("lockOf", [pool_id, n.address])))
         self.invariant_calls = calls
 
@@ -808,12 +889,12 @@ class Harness:
         (burned,) = next(words)
         stakes = [(next(words), next(words)[0], next(words)[0]) for _ in self.providers]
         escrows: list[int] = []
-        memberships: dict[Pair, tuple[bool, bool]] = {}
+        memberships: dict[Pair, tuple[bool, Ejection]] = {}
         locks: dict[Pair, tuple[int, int, bool, bool]] = {}
         for pool in range(len(POOLS)):
             escrows.append(next(words)[0])
             for n in range(len(self.nodes)):
-                memberships[(pool, n)] = (bool(next(words)[0]), bool(next(words)[0]))
+                memberships[(pool, n)] = (bool(next(words)[0]), Ejection(next(words)[0]))
                 amount, release_at, member, is_open = next(words)
                 locks[(pool, n)] = (amount, release_at, bool(member), bool(is_open))
         registry, work = self.owner.registry.address, self.owner.work.address
@@ -844,7 +925,7 @@ class Harness:
             held = sum(locks[(pool, n)][0] for (pool, n) in locks if m.node_provider[n] == p and locks[(pool, n)][3])
             assert locked == held, f"provider {p} locked {locked}, its open locks hold {held}; {history}"
             assert active >= locked, f"provider {p} active {active} < locked {locked}; {history}"
-        for work_id in m.pending(lambda i, w: m.window_open(i)):
+        for work_id in m.challengeable():
             pair = (work_id[0], work_id[1])
             amount, _, _, is_open = locks[pair]
             expected = POOLS[pair[0]].min_stake - t.slashed_by.get(pair, 0)
@@ -858,12 +939,13 @@ class Harness:
             chain_view = (balances[self.providers[p].address], active, unbonding, locked, release_at)
             model_view = (s.wallet, s.active, s.unbonding, s.locked, s.release_at)
             assert chain_view == model_view, f"provider {p}: chain {chain_view}, model {model_view}; {history}"
-        for pair, (member, ejected) in memberships.items():
-            assert (member, ejected) == (pair in m.members, pair in m.ejected), f"membership {pair}; {history}"
+        for pair, (member, ejection) in memberships.items():
+            assert (member, ejection) == (pair in m.members, m.ejection(pair)), f"membership {pair}; {history}"
             lock = m.locks.get(pair)
             model_lock = (lock.amount, lock.release_at, lock.member, True) if lock else (0, 0, False, False)
             assert locks[pair] == model_lock, f"lock {pair}: chain {locks[pair]}, model {model_lock}; {history}"
         assert t.ejected == m.ejected, f"ejections {sorted(t.ejected)}, model {sorted(m.ejected)}; {history}"
+        assert t.voided == m.voided, f"voided {sorted(t.voided)}, model {sorted(m.voided)}; {history}"
 
     def statuses(self, work_ids: Sequence[WorkId]) -> list[WorkStatus]:
         if not work_ids:
@@ -894,6 +976,8 @@ class Harness:
             if w is None:
                 assert (provider, amount, submitted_at, status) == (0, 0, 0, WorkStatus.NONE), work_id
                 continue
+            if work_id in self.totals.refused:  # refused, then never paid: still refused, or invalidated after
+                assert status in (WorkStatus.REFUSED, WorkStatus.INVALIDATED), work_id
             p = self.model.node_provider[work_id[1]]
             assert p is not None
             assert (provider, amount, submitted_at, status) == (

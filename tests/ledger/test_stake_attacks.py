@@ -3,7 +3,8 @@
 Every test here is an attack the contracts before 274614e let through: a slash took any stake the provider had
 (active, then unbonding) and paid it into the invalidating pool's escrow, a lock ended with the membership,
 pool terms were unchecked, a work key belonged to whichever node submitted it first, and an ejected node's
-pending work was still paid. Each docstring names the attack and the invariant that now stops it.
+pending work was still paid. Issue 32 added two: a borderline file was paid, and an owner's ejection voided an
+honest member's rewards. Each docstring names the attack and the invariant that now stops it.
 """
 
 from __future__ import annotations
@@ -233,43 +234,92 @@ def test_unbonding_and_leaving_before_the_slash_keeps_the_lock_slashable(
     provider.remove_node(node.address)  # no open lock is left behind it
 
 
-def test_claims_after_an_ejection_are_void(chain: LocalChain, ledger_for: LedgerFor) -> None:
+def test_claims_after_an_ejection_by_invalidation_are_void(chain: LocalChain, ledger_for: LedgerFor) -> None:
     """Attack: a node submits 32 keys in one batch, one of them bad. It is caught and ejected for that key, but its
-    provider waits out the window and claims the other 31, which nobody had time to check. Likewise a node the
-    pool's owner ejected claims its pending work afterwards.
+    provider waits out the window and claims the other 31, which nobody had time to check.
 
-    Invariant: an ejected node is never paid again: claiming any of its keys after the window reverts
-    NodeEjected, whether it was ejected by an invalidation or by the owner, and the escrow is unchanged. A node
-    that was not ejected is paid as usual.
+    Invariant: a node ejected by an invalidation is never paid again: claiming any of its keys after the window
+    reverts NodeEjected, and the escrow is unchanged. A node that was not ejected is paid as usual.
     """
     owner, validator, pool_id = honest_pool(ledger_for)
     provider_a, provider_b = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B)
     cheater = onboard(owner, provider_a, dev_account(NODE_A), pool_id)
-    dismissed = onboard(owner, provider_b, dev_account(NODE_B), pool_id, stake_tokens=200)
-    honest = onboard(owner, provider_b, dev_account(NODE_C), pool_id, stake_tokens=0)
+    honest = onboard(owner, provider_b, dev_account(NODE_C), pool_id)
     keys = [work_key(f"batch-{i}") for i in range(32)]
     cheater.submit_work_batch(pool_id, keys, [10] * 32)
-    dismissed.submit_work(pool_id, keys[0], 10)
     honest.submit_work(pool_id, keys[0], 10)
 
     validator.invalidate_work(pool_id, cheater.address, keys[5], Reason.PROOF_INVALID)
-    owner.eject(pool_id, dismissed.address)
     chain.increase_time(WINDOW)
 
     for claim in (keys[:1], keys[6:7], keys[31:], [k for k in keys if k != keys[5]]):
         with pytest.raises(ContractRevert) as info:
             provider_a.claim_rewards(pool_id, cheater.address, claim)
         assert_revert(info.value, "NodeEjected", poolId=pool_id, node=cheater.address)
-    with pytest.raises(ContractRevert) as info:
-        provider_b.claim_rewards(pool_id, dismissed.address, keys[:1])
-    assert_revert(info.value, "NodeEjected", poolId=pool_id, node=dismissed.address)
     assert owner.escrow_of(pool_id) == 100 * TOKEN
-    assert owner.balance_of(provider_a.address) == owner.balance_of(provider_b.address) == 0
+    assert owner.balance_of(provider_a.address) == 0
     assert all(owner.get_work(pool_id, cheater.address, k).status == WorkStatus.PENDING for k in keys if k != keys[5])
 
     provider_b.claim_rewards(pool_id, honest.address, keys[:1])
     assert owner.balance_of(provider_b.address) == 10 * REWARD
     assert owner.escrow_of(pool_id) == 100 * TOKEN - 10 * REWARD
+
+
+def test_an_owners_ejection_does_not_void_an_honest_members_earned_rewards(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    """Attack (issue 32, 7): a pool owner ejects an honest member that has matured, unclaimed rewards and work still
+    in its window, hoping to keep the escrow: before, `claimRewards` refused every key of any ejected node.
+
+    Invariant: an owner's ejection stops new work only. Everything the member submitted before is paid after its
+    window unless a validator invalidates it (with evidence, inside the window); its lock is held until then, so
+    that work stays slashable. Only an ejection by invalidation voids a node's pending work.
+    """
+    owner, _, pool_id = honest_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    member = onboard(owner, provider, dev_account(NODE_A), pool_id)
+    matured = [work_key(f"matured-{i}") for i in range(3)]
+    member.submit_work_batch(pool_id, matured, [100] * 3)
+    chain.increase_time(WINDOW)
+    recent = work_key("recent")
+    member.submit_work(pool_id, recent, 200)
+
+    owner.eject(pool_id, member.address)
+    assert owner.lock_of(pool_id, member.address).amount == 100 * TOKEN  # still backing `recent` in its window
+
+    provider.claim_rewards(pool_id, member.address, matured)
+    chain.increase_time(WINDOW)
+    provider.claim_rewards(pool_id, member.address, [recent])
+    assert owner.balance_of(provider.address) == 500 * REWARD
+    assert owner.escrow_of(pool_id) == 100 * TOKEN - 500 * REWARD
+    provider.release_stake(pool_id, member.address)
+    assert owner.stake_of(provider.address).locked == 0
+
+
+def test_a_borderline_file_is_refused_on_chain_and_never_paid(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    """Attack (issue 32, 6): a cheater tunes its files into the band between 1x and 4x a threshold, where the
+    validator's verdict is borderline: refused for training but, before, never sent on chain, so `claimRewards`
+    paid it after the window.
+
+    Invariant: a validator refuses such work on chain (`refuseWork`): it is never paid, and the node is neither
+    slashed nor ejected (the evidence is not clear enough for that). Its other work is paid as usual.
+    """
+    owner, validator, pool_id = honest_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    cheater = onboard(owner, provider, dev_account(NODE_A), pool_id)
+    tuned, honest = work_key("tuned"), work_key("honest")
+    cheater.submit_work_batch(pool_id, [tuned, honest], [1000, 10])
+
+    validator.refuse_work(pool_id, cheater.address, tuned, Reason.PROOF_INVALID)
+    chain.increase_time(WINDOW)
+
+    with pytest.raises(ContractRevert) as info:
+        provider.claim_rewards(pool_id, cheater.address, [tuned])
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, node=cheater.address, workKey=tuned, status=4)
+    provider.claim_rewards(pool_id, cheater.address, [honest])
+    assert owner.balance_of(provider.address) == 10 * REWARD
+    assert owner.escrow_of(pool_id) == 100 * TOKEN - 10 * REWARD
+    assert owner.burned() == 0 and owner.is_member(pool_id, cheater.address)
 
 
 def test_a_squatted_work_key_neither_blocks_nor_taints_the_honest_record(

@@ -1,4 +1,5 @@
-"""WorkLedger on a real chain: per-node submissions, invalidation inside the window (burned), claims after it."""
+"""WorkLedger on a real chain: per-node submissions, invalidation (burned) and refusal (no slash) inside the window,
+claims after it, and what each kind of ejection does to a node's earlier work."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.types import Reason, StakeLock, WorkStatus
+from ledger.types import Ejection, Reason, StakeLock, WorkStatus
 from tests.conftest import TOKEN
 from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
 
@@ -325,7 +326,7 @@ def test_invalidation_burns_the_slash_ejects_node_and_emits(ledger_for: LedgerFo
         {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": SLASH}
     ]
     assert events(owner.pools.events.NodeEjected(), receipt) == [
-        {"poolId": pool_id, "node": node.address, "by": owner.work.address}
+        {"poolId": pool_id, "node": node.address, "by": owner.work.address, "kind": Ejection.BY_INVALIDATION}
     ]
     assert owner.escrow_of(pool_id) == 7 * TOKEN
     assert owner.balance_of(owner.work.address) == ledger_balance
@@ -657,3 +658,199 @@ def test_work_of_a_node_that_left_is_claimable_after_its_window(chain: LocalChai
     assert owner.balance_of(provider.address) == 70 * REWARD
     record = owner.get_work(pool_id, node.address, good)
     assert (record.status, record.provider) == (WorkStatus.CLAIMED, provider.address)
+
+
+# --- refusal: voided without a slash --------------------------------------------------------------------
+
+
+def test_refuse_work_voids_it_without_a_slash_or_an_ejection_and_emits(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "borderline")
+    fine, _ = submitted(node, pool_id, "fine", units=20)
+
+    receipt = validator.refuse_work(pool_id, node.address, key, Reason.PROOF_INVALID)
+
+    assert events(owner.work.events.WorkRefused(), receipt) == [
+        {"poolId": pool_id, "workKey": key, "node": node.address, "validator": validator.address, "reason": 7}
+    ]
+    assert events(owner.registry.events.Slashed(), receipt) == []
+    assert events(owner.pools.events.NodeEjected(), receipt) == []
+    assert owner.get_work(pool_id, node.address, key).status == WorkStatus.REFUSED
+    assert owner.is_member(pool_id, node.address) and owner.ejection_of(pool_id, node.address) == Ejection.NONE
+    assert owner.burned() == 0
+    assert owner.lock_of(pool_id, node.address) == StakeLock(pool_id, node.address, 100 * TOKEN, 0, True, True)
+    chain.increase_time(WINDOW)
+    with pytest.raises(ContractRevert) as info:  # never paid
+        provider.claim_rewards(pool_id, node.address, [fine, key])
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, node=node.address, workKey=key, status=4)
+    provider.claim_rewards(pool_id, node.address, [fine])  # the node's other work is paid as usual
+    assert owner.balance_of(provider.address) == 20 * REWARD
+    assert owner.escrow_of(pool_id) == 100 * TOKEN - 20 * REWARD
+
+
+def test_refuse_by_non_validator_reverts_not_validator(ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "contested")
+    owner.set_validator(pool_id, validator.address, allowed=False)
+
+    for caller in (owner, provider, node, ledger_for(STRANGER), validator):
+        with pytest.raises(ContractRevert) as info:
+            caller.refuse_work(pool_id, node.address, key, Reason.PROOF_INVALID)
+        assert_revert(info.value, "NotValidator", poolId=pool_id, caller=caller.address)
+
+    assert owner.get_work(pool_id, node.address, key).status == WorkStatus.PENDING
+
+
+def test_refuse_only_inside_the_challenge_window(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    late, late_at = submitted(node, pool_id, "refused-late")
+    last, last_at = submitted(node, pool_id, "refused-last")
+
+    call = validator.work.functions.refuseWork(pool_id, node.address, last, int(Reason.PROOF_INVALID))
+    transact_at(chain, validator, call, last_at + WINDOW - 1)
+    call = validator.work.functions.refuseWork(pool_id, node.address, late, int(Reason.PROOF_INVALID))
+    with pytest.raises(ContractRevert) as info:
+        transact_at(chain, validator, call, late_at + WINDOW)
+
+    assert_revert(
+        info.value, "ChallengeWindowClosed", poolId=pool_id, node=node.address, workKey=late, closedAt=late_at + WINDOW
+    )
+    assert owner.get_work(pool_id, node.address, last).status == WorkStatus.REFUSED
+    assert owner.get_work(pool_id, node.address, late).status == WorkStatus.PENDING
+
+
+@pytest.mark.parametrize("reason", [0, max(Reason) + 1])
+def test_refuse_with_unknown_reason_or_work_reverts(ledger_for: LedgerFor, reason: int) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    node = onboard(owner, ledger_for(PROVIDER_A), dev_account(3), pool_id)
+    key, _ = submitted(node, pool_id, "odd-reason")
+    with pytest.raises(ContractRevert) as info:
+        validator.refuse_work(pool_id, node.address, key, reason)
+    assert_revert(info.value, "InvalidReason", reason=reason)
+    with pytest.raises(ContractRevert) as info:
+        validator.refuse_work(pool_id, node.address, work_key("never"), Reason.PROOF_INVALID)
+    assert_revert(info.value, "WorkNotFound", poolId=pool_id, node=node.address, workKey=work_key("never"))
+
+
+def test_refuse_is_once_and_never_after_a_verdict(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=200)
+    refused, _ = submitted(node, pool_id, "refused")
+    validator.refuse_work(pool_id, node.address, refused, Reason.PROOF_INVALID)
+    with pytest.raises(ContractRevert) as info:
+        validator.refuse_work(pool_id, node.address, refused, Reason.PROOF_INVALID)
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, node=node.address, workKey=refused, status=4)
+
+    claimed, _ = submitted(node, pool_id, "claimed")
+    chain.increase_time(WINDOW)
+    provider.claim_rewards(pool_id, node.address, [claimed])
+    with pytest.raises(ContractRevert) as info:
+        validator.refuse_work(pool_id, node.address, claimed, Reason.PROOF_INVALID)
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, node=node.address, workKey=claimed, status=3)
+
+    bad, _ = submitted(node, pool_id, "bad")
+    validator.invalidate_work(pool_id, node.address, bad, Reason.HASH_MISMATCH)
+    with pytest.raises(ContractRevert) as info:  # an invalidation is never softened into a refusal
+        validator.refuse_work(pool_id, node.address, bad, Reason.PROOF_INVALID)
+    assert_revert(info.value, "WorkNotPending", poolId=pool_id, node=node.address, workKey=bad, status=2)
+    assert owner.burned() == SLASH
+
+
+def test_refused_work_may_still_be_invalidated_inside_its_window(chain: LocalChain, ledger_for: LedgerFor) -> None:
+    """A refusal does not shield a cheater: a validator that later finds the file clearly bad still slashes it."""
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    key, submitted_at = submitted(node, pool_id, "refused-then-bad")
+    too_late, too_late_at = submitted(node, pool_id, "refused-then-closed")
+    validator.refuse_work(pool_id, node.address, key, Reason.PROOF_INVALID)
+    validator.refuse_work(pool_id, node.address, too_late, Reason.PROOF_INVALID)
+
+    call = validator.work.functions.invalidateWork(pool_id, node.address, key, int(Reason.PROOF_INVALID))
+    receipt = transact_at(chain, validator, call, submitted_at + WINDOW - 1)
+
+    (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
+    assert invalidated["slashed"] == SLASH
+    assert owner.get_work(pool_id, node.address, key).status == WorkStatus.INVALIDATED
+    assert owner.ejection_of(pool_id, node.address) == Ejection.BY_INVALIDATION
+    call = validator.work.functions.invalidateWork(pool_id, node.address, too_late, int(Reason.PROOF_INVALID))
+    with pytest.raises(ContractRevert) as info:  # past its window a refusal is final
+        transact_at(chain, validator, call, too_late_at + WINDOW)
+    assert_revert(
+        info.value,
+        "ChallengeWindowClosed",
+        poolId=pool_id,
+        node=node.address,
+        workKey=too_late,
+        closedAt=too_late_at + WINDOW,
+    )
+    assert owner.get_work(pool_id, node.address, too_late).status == WorkStatus.REFUSED
+
+
+# --- the two kinds of ejection -------------------------------------------------------------------------
+
+
+def test_owner_ejected_nodes_earlier_work_is_claimable_after_its_window(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    owner, _, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    matured, matured_at = submitted(node, pool_id, "matured", units=30)
+    chain.increase_time(WINDOW)  # `matured` is claimable now; `fresh` is still in its window at the ejection
+    fresh, fresh_at = submitted(node, pool_id, "fresh", units=40)
+
+    owner.eject(pool_id, node.address)
+    with pytest.raises(ContractRevert) as info:  # it submits no more
+        node.submit_work(pool_id, work_key("after"), 10)
+    assert_revert(info.value, "NotPoolMember", poolId=pool_id, node=node.address)
+    with pytest.raises(ContractRevert) as info:  # and `fresh` is not claimable before its window closes
+        provider.claim_rewards(pool_id, node.address, [fresh])
+    assert_revert(
+        info.value, "ChallengeWindowOpen", poolId=pool_id, node=node.address, workKey=fresh, closesAt=fresh_at + WINDOW
+    )
+    provider.claim_rewards(pool_id, node.address, [matured])
+    chain.increase_time(WINDOW)
+    provider.claim_rewards(pool_id, node.address, [fresh])
+
+    assert matured_at + WINDOW <= fresh_at
+    assert owner.balance_of(provider.address) == 70 * REWARD
+    assert owner.escrow_of(pool_id) == 100 * TOKEN - 70 * REWARD
+    assert owner.get_work(pool_id, node.address, fresh).status == WorkStatus.CLAIMED
+
+
+def test_owner_ejected_nodes_pending_work_stays_slashable_and_an_invalidation_voids_the_rest(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    owner, validator, pool_id = funded_pool(ledger_for)
+    provider = ledger_for(PROVIDER_A)
+    node = onboard(owner, provider, dev_account(3), pool_id)
+    bad, _ = submitted(node, pool_id, "ejected-bad")
+    good, _ = submitted(node, pool_id, "ejected-good")
+    owner.eject(pool_id, node.address)
+    release_at = owner.timestamp() + WINDOW
+    held = StakeLock(pool_id, node.address, 100 * TOKEN, release_at, member=False, open=True)
+    assert owner.lock_of(pool_id, node.address) == held  # the lock still backs the work in its window
+
+    receipt = validator.invalidate_work(pool_id, node.address, bad, Reason.PROOF_INVALID)
+
+    (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
+    assert invalidated["slashed"] == SLASH
+    assert events(owner.pools.events.NodeEjected(), receipt) == [
+        {"poolId": pool_id, "node": node.address, "by": owner.work.address, "kind": Ejection.BY_INVALIDATION}
+    ]
+    assert owner.lock_of(pool_id, node.address).amount == 100 * TOKEN - SLASH
+    owner.eject(pool_id, node.address)  # the owner cannot turn the invalidation's ejection back into its own
+    assert owner.ejection_of(pool_id, node.address) == Ejection.BY_INVALIDATION
+    chain.increase_time(WINDOW)
+    with pytest.raises(ContractRevert) as info:
+        provider.claim_rewards(pool_id, node.address, [good])
+    assert_revert(info.value, "NodeEjected", poolId=pool_id, node=node.address)

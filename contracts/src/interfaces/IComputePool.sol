@@ -33,7 +33,17 @@ interface IComputePool {
     event ValidatorSet(uint256 indexed poolId, address indexed validator, bool allowed);
     event NodeJoined(uint256 indexed poolId, address indexed node, address indexed provider);
     event NodeLeft(uint256 indexed poolId, address indexed node);
-    event NodeEjected(uint256 indexed poolId, address indexed node, address indexed by);
+    /// @notice How a node left a pool for good. `ByOwner` stops new work only: what the node submitted before stays
+    /// claimable after its window unless a validator invalidates it. `ByInvalidation` (an invalidation of any of its
+    /// work, which also upgrades an owner's ejection) voids all of its pending work in the pool.
+    enum Ejection {
+        None,
+        ByOwner,
+        ByInvalidation
+    }
+
+    /// @notice `by` ejected `node` from `poolId`; `kind` is the node's ejection after this call.
+    event NodeEjected(uint256 indexed poolId, address indexed node, address indexed by, Ejection kind);
 
     error PoolNotFound(uint256 poolId);
     error NotPoolOwner(uint256 poolId, address caller);
@@ -62,8 +72,13 @@ interface IComputePool {
     /// @notice The calling node leaves `poolId`; its lock is held one challenge window longer (`releaseStake`).
     function leave(uint256 poolId) external;
 
-    /// @notice Removes `node` from `poolId` for good.
+    /// @notice The pool's owner removes `node` from `poolId` for good: no new work, no rejoining. Its work submitted
+    /// before stays claimable after its window (a validator may still invalidate it inside the window).
     function eject(uint256 poolId, address node) external;
+
+    /// @notice The WorkLedger, on an invalidation of `node`'s work, removes `node` from `poolId` for good and voids
+    /// all of its pending work there (an owner's ejection of the node becomes this one).
+    function ejectForInvalidation(uint256 poolId, address node) external;
 
     function poolCount() external view returns (uint256);
     function minChallengeWindow() external view returns (uint64);
@@ -76,7 +91,10 @@ interface IComputePool {
     function memberTerms(uint256 poolId, address node) external view returns (address provider, uint64 maxUnitsPerKey);
     function isMember(uint256 poolId, address node) external view returns (bool);
     function memberProvider(uint256 poolId, address node) external view returns (address);
+    /// @notice Whether `node` was ejected from `poolId`, by its owner or by an invalidation.
     function isEjected(uint256 poolId, address node) external view returns (bool);
+    /// @notice How `node` was ejected from `poolId` (`None` when it was not).
+    function ejectionOf(uint256 poolId, address node) external view returns (Ejection);
     function isValidator(uint256 poolId, address validator) external view returns (bool);
     function members(uint256 poolId) external view returns (address[] memory);
 }
