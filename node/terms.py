@@ -6,7 +6,8 @@ and never trained on. So those facts live here, as one frozen `PoolTerms` per po
 pure functions that every role calls instead of restating:
 
 - `step_window` (and `PoolTerms.window`): the policy steps a file may come from, [current - async_level, current];
-- `work_state` (and `PoolTerms.state_of`): pending, claimable, void, invalidated or claimed (the contract's rules);
+- `work_state` (and `PoolTerms.state_of`): pending, claimable, void, invalidated, refused or claimed (the contract's
+  rules);
 - `DEFAULT_MAX_FILE_BYTES`: the file-size limit a pool has when its spec says nothing.
 
 The terms come from two places, both fixed by the pool: its ComputePool record on chain (trainer, challenge window,
@@ -72,14 +73,17 @@ def challenge_closes_at(submitted_at: int, challenge_window: int) -> int:
     return submitted_at + challenge_window
 
 
-def work_state(work: WorkRecord, challenge_window: int, now: int, *, ejected: bool = False) -> str:
-    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated', 'claimed' or 'none'.
+def work_state(work: WorkRecord, challenge_window: int, now: int, *, voided: bool = False) -> str:
+    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated', 'refused', 'claimed'
+    or 'none'.
 
-    The contract's rules (WorkLedger): `invalidateWork` needs `now < submittedAt + window`, `claimRewards` needs
-    `now >= submittedAt + window`, and refuses every key of a node ejected from the pool: its pending work is 'void'.
+    The contract's rules (WorkLedger): `invalidateWork` and `refuseWork` need `now < submittedAt + window`,
+    `claimRewards` needs `now >= submittedAt + window`, and refuses every key of a node ejected by an invalidation
+    (`voided`): its pending work is 'void'. A node its owner ejected is not voided: its work is still claimable.
+    'refused' work is never paid, and may still be invalidated while its window is open.
     """
     if work.status == WorkStatus.PENDING:
-        if ejected:
+        if voided:
             return "void"
         return "claimable" if now >= challenge_closes_at(work.submitted_at, challenge_window) else "pending"
     return work.status.name.lower()
@@ -118,8 +122,8 @@ class PoolTerms:
     def window(self, current: int, *, earliest: int | None = None) -> StepWindow:
         return step_window(current, self.async_level, earliest=earliest)
 
-    def state_of(self, work: WorkRecord, now: int, *, ejected: bool = False) -> str:
-        return work_state(work, self.challenge_window, now, ejected=ejected)
+    def state_of(self, work: WorkRecord, now: int, *, voided: bool = False) -> str:
+        return work_state(work, self.challenge_window, now, voided=voided)
 
     @classmethod
     def of_chain(cls, info: PoolInfo, **spec_terms: object) -> PoolTerms:

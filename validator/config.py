@@ -65,8 +65,8 @@ class ValidatorConfig:
     prefill_batch_size: int = 8  # rows recomputed per forward pass, in [1, MAX_PREFILL_BATCH]
     # Slash only on clear evidence (docs/verification.md): a failing row is recomputed alone in float64, and the
     # file is slashable only when the row fails there too by more than clear_factor times a threshold (> 1, at most
-    # 1000); otherwise it is refused as borderline and not sent on chain. At most max_rechecked_rows failing rows
-    # of a file are recomputed that way (in [1, 1024]).
+    # 1000); otherwise it is refused as borderline (refuseWork: not paid, not slashed). At most max_rechecked_rows
+    # failing rows of a file are recomputed that way (in [1, 1024]).
     clear_factor: float = 4.0
     max_rechecked_rows: int = 8
     # The daemon (`prime-validate run`).

@@ -18,7 +18,8 @@ One loop, one submission at a time (DESIGN section 1, step 5):
    statistics, the checkpoint; until the challenge window closes), then re-read the work on chain and, unless it
    is already invalidated or its window has closed, call `invalidateWork` with the reason (slashing the provider
    and ejecting the node). A borderline rejection (not clear on the second route of `validator.recompute`) is
-   attested, so nobody trains on it, and never sent on chain.
+   attested, so nobody trains on it, and refused on chain (`refuseWork`): never paid, never slashed, the node not
+   ejected. A refused file may still be invalidated inside its window by a validator that finds it clearly bad.
 
 Validators that share a pool (validator.sharing) each follow every submission and check their share of the keys:
 their heartbeats and attestations travel on gossip, the chain's `ValidatorSet` says who they are, and a validator
@@ -58,7 +59,7 @@ from node.rollouts.writer import publish_atomically
 from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import TaskSpec, spec_hash
-from node.terms import challenge_closes_at, work_state
+from node.terms import challenge_closes_at
 from validator.checkpoints import Checkpoints
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
@@ -70,6 +71,7 @@ from validator.store import (
     COVERED,
     GONE,
     INVALIDATED,
+    REFUSED,
     SEEN,
     UNAVAILABLE,
     UNVERIFIABLE,
@@ -200,8 +202,9 @@ class ValidatorDaemon:
             "validator_files_unverifiable_total", "Files whose step's checkpoint no source offers any more."
         )
         self._invalidations = m.counter("validator_invalidations_sent_total", "invalidateWork transactions sent.")
+        self._refusals = m.counter("validator_refusals_sent_total", "refuseWork transactions sent (borderline).")
         self._borderline = m.counter(
-            "validator_files_borderline_total", "Rejections not clear enough to slash: attested, never invalidated."
+            "validator_files_borderline_total", "Rejections not clear enough to slash: attested, refused, not slashed."
         )
         self._verify_seconds = m.counter("validator_verification_seconds_total", "Seconds spent verifying files.")
         self._last_verify = m.gauge("validator_last_verification_seconds", "Seconds the last verification took.")
@@ -641,39 +644,47 @@ class ValidatorDaemon:
             log.warning("%s: posting the attestation failed, trying again: %s", _short(row.work_key), exc)
             self._retry(row, str(exc))
             return
-        if row.borderline:  # refused for training by the attestation, never slashed: a person should look
-            note = "borderline: refused for training, not invalidated (prime-validate explain shows why)"
-            self.store.move(row, ATTESTED, note=note)
+        self.store.move(row, ATTESTED)  # a rejection then goes on chain: invalidated, or refused when borderline
+        if row.borderline:  # refused for training by the attestation, and for payment by refuseWork; never slashed
             self._borderline.inc()
-            log.warning("%s from %s: %s: %s", _short(row.work_key), row.node, note, row.detail)
-        else:
-            self.store.move(row, ATTESTED)
+            log.warning("%s from %s: borderline: refused for training and payment, not slashed (prime-validate "
+                        "explain shows why): %s", _short(row.work_key), row.node, row.detail)  # fmt: skip
         if self.gossip is not None:
             await self.gossip.publish(attestation)
 
     async def _invalidate(self, row: WorkRow) -> None:
-        """Sends invalidateWork for a rejected file, unless the chain says it is done or too late."""
+        """Sends invalidateWork for a rejected file, or refuseWork for a borderline one (not paid, not slashed),
+        unless the chain says it is done or too late."""
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
         assert row.reason is not None  # only rejections, which always carry a reason, reach this stage
         reason = Reason(row.reason)
+        send, name = (
+            (ledger.refuse_work, "refuseWork") if row.borderline else (ledger.invalidate_work, "invalidateWork")
+        )
         if row.slash_after is None and self._wait_for_primary(row):
             return
         try:
             if await self._settled_on_chain(row):
                 return
-            receipt = await asyncio.to_thread(ledger.invalidate_work, pool_id, row.node, key, reason)
-        except ContractRevert as exc:  # invalidated by another validator meanwhile, or the window closed: ask again
-            log.warning("%s: invalidateWork reverted: %s", short, exc)
+            receipt = await asyncio.to_thread(send, pool_id, row.node, key, reason)
+        except ContractRevert as exc:  # judged by another validator meanwhile, or the window closed: ask again
+            log.warning("%s: %s reverted: %s", short, name, exc)
             with contextlib.suppress(LedgerError):
                 if await self._settled_on_chain(row):
                     return
             self._retry(row, str(exc))
             return
         except LedgerError as exc:
-            log.warning("%s: invalidateWork failed, trying again: %s", short, exc)
+            log.warning("%s: %s failed, trying again: %s", short, name, exc)
             self._retry(row, str(exc))
             return
         tx = "0x" + bytes(receipt["transactionHash"]).hex()
+        if row.borderline:
+            self.store.move(row, REFUSED, tx_hash=tx)
+            self._refusals.inc()
+            log.info("%s: refused (%s, reason %d) in %s; node %s neither paid for it nor slashed", short,
+                     reason.name.lower(), reason, tx, row.node)  # fmt: skip
+            return
         self.store.move(row, INVALIDATED, tx_hash=tx)
         self._invalidations.inc()
         log.info("%s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short, reason.name.lower(),
@@ -681,8 +692,8 @@ class ValidatorDaemon:
 
     def _wait_for_primary(self, row: WorkRow) -> bool:
         """A replica that is not the key's primary waits `rank x takeover_seconds` (at most half the window left)
-        before it reads the chain and invalidates: the primary's transaction lands first, and a second
-        invalidateWork is never sent. Returns whether the row now waits."""
+        before it reads the chain and invalidates (or refuses): the primary's transaction lands first, and a second
+        one is never sent. Returns whether the row now waits."""
         if len(self.peers.validators) == 1:
             return False
         now, replication = time.time(), self.setup.replication
@@ -698,24 +709,30 @@ class ValidatorDaemon:
         return delay > 0
 
     async def _settled_on_chain(self, row: WorkRow) -> bool:
-        """Records and returns True when nothing is left to send: already invalidated, gone, or its window closed."""
+        """Records and returns True when nothing is left to send: already invalidated (or, for a borderline row,
+        refused), gone, or its window closed. A clear rejection of refused work is still sent: an invalidation
+        overrides a refusal inside the window (WorkLedger)."""
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
         work = await asyncio.to_thread(ledger.get_work, pool_id, row.node, key)
         if work.status == WorkStatus.INVALIDATED:
             self.store.move(row, INVALIDATED, note="already invalidated on chain")
             log.info("%s: already invalidated on chain; not sending it again", short)
             return True
-        if work.status != WorkStatus.PENDING:
-            note = f"the work is {work.status.name.lower()} on chain; nothing to invalidate"
+        if work.status == WorkStatus.REFUSED and row.borderline:
+            self.store.move(row, REFUSED, note="already refused on chain")
+            log.info("%s: already refused on chain; not sending it again", short)
+            return True
+        if work.status not in (WorkStatus.PENDING, WorkStatus.REFUSED):
+            note = f"the work is {work.status.name.lower()} on chain; nothing to send"
             self.store.move(row, ATTESTED, note=note)
             log.warning("%s: %s", short, note)
             return True
         window = await asyncio.to_thread(ledger.challenge_window, pool_id)
         now = await asyncio.to_thread(ledger.timestamp)
-        if work_state(work, window, now) != "pending":
+        if now >= challenge_closes_at(work.submitted_at, window):  # pending or refused, past its window
             note = f"the challenge window closed at {challenge_closes_at(work.submitted_at, window)} (chain time {now})"
             self.store.move(row, ATTESTED, note=note)
-            log.warning("%s: rejected too late to invalidate: %s", short, note)
+            log.warning("%s: rejected too late to act on chain: %s", short, note)
             return True
         return False
 

@@ -60,6 +60,7 @@ class ValidatorDashboard:
             counts=self.store.counts(),
             verdicts=self.store.verdict_counts(),
             invalidations_sent=self.store.invalidations_sent(),
+            refusals_sent=self.store.refusals_sent(),
             backlog=self.store.open_count(),
             cursor_block=self.cursor(),
             head_block=self.head_block,
@@ -77,6 +78,7 @@ def validator_snapshot(
     counts: dict[str, int],
     verdicts: Sequence[tuple[bool, int | None, int]],
     invalidations_sent: int,
+    refusals_sent: int,
     backlog: int,
     cursor_block: int,
     head_block: int | None,
@@ -115,6 +117,7 @@ def validator_snapshot(
             {"reason": label, "count": n} for label, n in sorted(by_reason.items(), key=lambda item: -item[1])
         ],
         "invalidations_sent": invalidations_sent,
+        "refusals_sent": refusals_sent,  # refuseWork of borderline rejections: not paid, not slashed
         "files": [_file(row) for row in rows],
     }
 

@@ -62,7 +62,9 @@ def report(kept: Kept, again: Verdict) -> list[str]:
         "the re-verification agrees" if same_outcome(kept, again) else "THE RE-VERIFICATION DISAGREES",
     ]
     if then["evidence"].get("borderline"):
-        lines.append("borderline: refused for training, never sent on chain (not clear on the second route)")
+        lines.append(
+            "borderline: refused for training and payment (refuseWork), never slashed (not clear on the second route)"
+        )
     thresholds = then["evidence"].get("thresholds") or record["config"]["thresholds"]
     for recheck in then["evidence"].get("rechecked", []):
         lines.append(f"row {recheck['row']}: confirmed {recheck['confirmed']}, clear {recheck['clear']}")

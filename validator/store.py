@@ -6,7 +6,8 @@ two records, each verified against its own node (a copied file names another nod
 A submission moves through these stages; each transition is committed before the daemon's next side effect:
 
     seen --verify--> verified --attest--> attested --invalidateWork--> invalidated
-       |                                      (an accept, or a reject whose window closed, ends at attested)
+       |                                      |  (an accept, or a reject whose window closed, ends at attested)
+       |                                      `--refuseWork (a borderline reject: no slash, not paid)--> refused
        |--(not downloadable within the grace period)--> unavailable --attest--> attested --> invalidated
        |--(the checkpoint of its step is gone)--> unverifiable (final: not the worker's fault, never slashed)
        |--(another validator judged it, or it was invalidated on chain)--> covered (final, validator.sharing)
@@ -39,7 +40,8 @@ from validator.verdict import Verdict
 
 SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalidated"
 UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED = "unverifiable", "unavailable", "covered", "expired"
-STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED)
+REFUSED = "refused"  # a borderline rejection refused on chain (refuseWork): never paid, never slashed
+STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED, REFUSED)
 DB_NAME = "validator.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -56,11 +58,11 @@ CREATE TABLE IF NOT EXISTS work (
     reason INTEGER,
     check_name TEXT,
     detail TEXT,
-    tx_hash TEXT,                    -- of the invalidateWork this validator sent
+    tx_hash TEXT,                    -- of the invalidateWork (or refuseWork) this validator sent
     note TEXT,                       -- why the row ended where it did (an attested rejection with a note is done)
     last_error TEXT,                 -- the last transient failure (the row is tried again)
     attempts INTEGER NOT NULL DEFAULT 0,
-    borderline INTEGER NOT NULL DEFAULT 0,  -- a rejection not clear enough to slash: attested, never invalidated
+    borderline INTEGER NOT NULL DEFAULT 0,  -- a rejection not clear enough to slash: attested, refused, not slashed
     mine INTEGER NOT NULL DEFAULT 1, -- this validator checks it (validator.sharing); 0: another validator's share
     slash_after REAL,                -- a replica's rejection: unix time from which it may send invalidateWork
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
@@ -472,8 +474,15 @@ class ValidatorStore:
 
     def invalidations_sent(self) -> int:
         """Rejected files whose invalidation transaction was sent."""
+        return self._sent(INVALIDATED)
+
+    def refusals_sent(self) -> int:
+        """Borderline rejections whose refuseWork transaction was sent."""
+        return self._sent(REFUSED)
+
+    def _sent(self, stage: str) -> int:
         query = "SELECT COUNT(*) FROM work WHERE stage = ? AND tx_hash IS NOT NULL"
-        return int(self.db.execute(query, (INVALIDATED,)).fetchone()[0])
+        return int(self.db.execute(query, (stage,)).fetchone()[0])
 
     def _rows(self, where: str, args: Sequence[object]) -> list[WorkRow]:
         rows = self.db.execute(f"SELECT {_COLUMNS} FROM work {where}", args).fetchall()

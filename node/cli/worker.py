@@ -36,7 +36,7 @@ from ledger.cli.common import (
     stdout_console,
 )
 from ledger.errors import ContractRevert
-from ledger.types import WorkRecord, WorkStatus
+from ledger.types import Ejection, WorkRecord, WorkStatus
 from node.terms import challenge_closes_at, work_state
 
 if TYPE_CHECKING:
@@ -272,8 +272,10 @@ def claim(
                 shown = ", ".join("0x" + k.hex() for k in sorted(missing))
                 raise CommandError(f"no work of provider {provider}'s nodes in pool {pool} has key {shown}")
         else:
-            ejected = {n: ledger.is_ejected(pool, n) for n in {w.node for w in works}}
-            pending = [w for w in works if w.status == WorkStatus.PENDING and not ejected[w.node]]
+            voided = {
+                n: ledger.is_voided(pool, n) for n in {w.node for w in works}
+            }  # an owner's ejection voids nothing
+            pending = [w for w in works if w.status == WorkStatus.PENDING and not voided[w.node]]
             chosen = [w for w in pending if work_state(w, window, now) == "claimable"]
             if not chosen:
                 if pending:
@@ -382,7 +384,12 @@ def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
     locked = format_tokens(lock.amount, ledger.decimals)
     if ledger.is_member(pool, node):
         return f"(member of pool {pool}, locking {locked} tokens)"
-    state = f"ejected from pool {pool}" if ledger.is_ejected(pool, node) else f"not in pool {pool}"
+    ejection = ledger.ejection_of(pool, node)
+    state = {
+        Ejection.NONE: f"not in pool {pool}",
+        Ejection.BY_OWNER: f"ejected from pool {pool} by its owner; earlier work is still paid unless invalidated",
+        Ejection.BY_INVALIDATION: f"ejected from pool {pool} by an invalidation; its pending work is void",
+    }[ejection]
     if lock.open:
         state += f"; {locked} tokens locked until {format_time(lock.release_at)}"
     return f"({state})"
@@ -394,7 +401,7 @@ def _print_works(
     config = ledger.pool(pool).config
     now = ledger.timestamp()
     works = provider_works(ledger, pool, provider)
-    from ledger.events import invalidations
+    from ledger.events import invalidations, refusals
     from ledger.types import Reason
 
     found = invalidations(ledger, pool) if any(w.status == WorkStatus.INVALIDATED for w in works) else {}
@@ -402,13 +409,15 @@ def _print_works(
         record: f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed (burned)"
         for record, e in found.items()
     }
-    ejected = {n: ledger.is_ejected(pool, n) for n in {w.node for w in works}}
+    refused = refusals(ledger, pool) if any(w.status == WorkStatus.REFUSED for w in works) else {}
+    reasons |= {record: Reason.label(e.reason) for record, e in refused.items()}
+    voided = {n: ledger.is_voided(pool, n) for n in {w.node for w in works}}
     table = Table(
         "work key", "units", "submitted", "state", "reward", title=f"work in pool {pool}", title_justify="left"
     )
-    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0, "void": 0}
+    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "refused": 0, "claimed": 0, "void": 0}
     for work in works:
-        state = work_state(work, config.challenge_window, now, ejected=ejected[work.node])
+        state = work_state(work, config.challenge_window, now, voided=voided[work.node])
         reward = work.units * config.reward_per_unit
         totals[state] += reward
         shown = state
@@ -418,8 +427,10 @@ def _print_works(
                 shown += f"; {verdicts[work.work_key]}"
         elif state == "invalidated":
             shown = f"invalidated: {reasons.get((work.node, work.work_key), 'reason not found')}"
+        elif state == "refused":
+            shown = f"refused (never paid, not slashed): {reasons.get((work.node, work.work_key), 'reason not found')}"
         elif state == "void":
-            shown = "void: its node was ejected from the pool"
+            shown = "void: its node was ejected from the pool by an invalidation"
         table.add_row(
             "0x" + work.work_key.hex()[:12] + "…",
             str(work.units),
@@ -440,3 +451,5 @@ def _print_works(
     if totals["invalidated"] or totals["void"]:
         lost = totals["invalidated"] + totals["void"]
         console.print(f"lost {tokens(lost)} of rewards to invalidated work and the void work of ejected nodes")
+    if totals["refused"]:
+        console.print(f"refused {tokens(totals['refused'])} of rewards: borderline files, not paid and not slashed")

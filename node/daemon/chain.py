@@ -44,6 +44,10 @@ class WorkChain(Protocol):
 
     def is_ejected(self, pool_id: int, node: str) -> bool: ...
 
+    def is_voided(self, pool_id: int, node: str) -> bool:
+        """Whether an invalidation ejected `node`: its pending work is never paid (an owner's ejection voids none)."""
+        ...
+
     def stake_of(self, provider: str) -> StakeInfo: ...
 
     def pool(self, pool_id: int) -> PoolInfo: ...
@@ -98,6 +102,9 @@ class LedgerWorkChain:
 
     def is_ejected(self, pool_id: int, node: str) -> bool:
         return self.ledger.is_ejected(pool_id, node)
+
+    def is_voided(self, pool_id: int, node: str) -> bool:
+        return self.ledger.is_voided(pool_id, node)
 
     def stake_of(self, provider: str) -> StakeInfo:
         return self.ledger.stake_of(provider)

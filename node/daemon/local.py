@@ -89,6 +89,9 @@ class LocalWorkChain:
     def is_ejected(self, pool_id: int, node: str) -> bool:
         return False
 
+    def is_voided(self, pool_id: int, node: str) -> bool:
+        return False
+
     def stake_of(self, provider: str) -> StakeInfo:
         return StakeInfo(active=0, unbonding=0, locked=0, release_at=0)
 

@@ -3,7 +3,8 @@
 A file moves through these stages, each recorded before the daemon acts on the next:
 
     written -> uploaded -> submitted -> claimed
-                   |            `----> invalidated (with the validator's reason)
+                   |            |----> invalidated (with the validator's reason)
+                   |            `----> refused (a validator's refuseWork: not paid, not slashed)
                    `-> expired (its step fell out of the pool's window before it was submitted: never submitted,
                                 because validators would reject it as stale and slash the stake)
 
@@ -25,7 +26,9 @@ from pathlib import Path
 from node.errors import NodeError
 from node.statedb import open_bound
 
-STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "expired")
+STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "refused", "expired")
+# The detail of a file a validator refused on chain (`refuseWork`): the chain gives no more.
+REFUSED_DETAIL = "refused on chain by a validator (a borderline file): not paid, not slashed"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files (

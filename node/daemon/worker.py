@@ -47,7 +47,7 @@ from node.coordinator import (
     NoWorkYet,
     Upload,
 )
-from node.daemon.state import FileRecord, WorkerState
+from node.daemon.state import REFUSED_DETAIL, FileRecord, WorkerState
 from node.daemon.weights import Weights
 from node.errors import NodeError
 from node.generation.generate import generate_rollouts
@@ -207,7 +207,10 @@ class WorkerDaemon:
         if await asyncio.to_thread(chain.is_member, pool_id, self.node):
             return
         if await asyncio.to_thread(chain.is_ejected, pool_id, self.node):
-            raise WorkerError(f"node {self.node} was ejected from pool {pool_id}; a slashed node cannot rejoin")
+            raise WorkerError(
+                f"node {self.node} was ejected from pool {pool_id} and cannot rejoin; unless an invalidation ejected "
+                f"it, `prime-node claim {pool_id}` still claims its earlier work after its challenge window"
+            )
         if not self.settings.join:
             raise WorkerError(f"node {self.node} is not a member of pool {pool_id}: pass --join, or `prime-node join`")
         stake = await asyncio.to_thread(chain.stake_of, provider)
@@ -473,6 +476,8 @@ class WorkerDaemon:
                     self.state.move([record.work_key], "invalidated", detail=await self._reason(record.work_key))
                 elif work.status == WorkStatus.CLAIMED:
                     self.state.move([record.work_key], "claimed")
+                elif work.status == WorkStatus.REFUSED:  # a borderline file: never paid, but no slash
+                    self.state.move([record.work_key], "refused", detail=REFUSED_DETAIL)
                 elif work_state(work, self._window, now) == "claimable":
                     claimable.append(record.work_key)
                 elif work.status == WorkStatus.PENDING and record.verdict is None:
@@ -483,8 +488,10 @@ class WorkerDaemon:
                     self.state.move([record.work_key], "uploaded", detail="a reorganisation removed its submission")
                     log.warning("0x%s: a reorganisation removed its submission %s; submitting it again",
                                 record.work_key.hex()[:12], record.tx or "")  # fmt: skip
-            if claimable and await self._ejected():  # an ejected node's pending work is void on chain
-                self.state.move(claimable, "expired", detail=f"void: node ejected from pool {pool_id}")
+            if claimable and await self._voided():  # ejected by an invalidation: its pending work is void on chain
+                self.state.move(
+                    claimable, "expired", detail=f"void: node ejected from pool {pool_id} by an invalidation"
+                )
                 claimable = []
             if claimable and self.settings.claim:
                 tx = await asyncio.to_thread(chain.claim_rewards, pool_id, self.node, claimable)
@@ -549,6 +556,12 @@ class WorkerDaemon:
         try:
             return await asyncio.to_thread(self.chain.is_ejected, self.settings.pool_id, self.node)
         except Exception:  # the chain cannot be asked either: not known to be ejected
+            return False
+
+    async def _voided(self) -> bool:
+        try:
+            return await asyncio.to_thread(self.chain.is_voided, self.settings.pool_id, self.node)
+        except Exception:  # the chain cannot be asked either: not known to be void
             return False
 
     async def _explain_refusal(self, exc: CoordinatorRefused) -> None:

@@ -3,8 +3,8 @@
 One `WorkerChain.read` is a handful of calls (block, stake, membership, the node's lock in the pool) plus, for the
 journal's files, what only changes rarely: a file's `getWork(pool, node, key)` (this node's own record: records are
 per node) is read once (its submission time never changes) and again only while it looks claimable (someone may
-claim it outside this daemon); invalidations come from following `WorkInvalidated` events, this node's only, from
-where the last read stopped, so a refresh costs the same after a week as after a minute.
+claim it outside this daemon); invalidations and refusals come from following `WorkInvalidated` and `WorkRefused`
+events, this node's only, from where the last read stopped, so a refresh costs the same after a week as after a minute.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from eth_utils import to_checksum_address
 
 from ledger.client import Ledger
-from ledger.events import EventFollower, WorkInvalidated
-from ledger.types import PoolConfig, WorkRecord, WorkStatus
+from ledger.events import EventFollower, WorkInvalidated, WorkRefused
+from ledger.types import Ejection, PoolConfig, WorkRecord, WorkStatus
 from node.dashboard.model import ChainReading
 from node.terms import work_state
 
@@ -30,7 +30,8 @@ class WorkerChain:
         self._provider: str | None = None
         self._works: dict[bytes, WorkRecord] = {}
         self._invalidated: dict[bytes, WorkInvalidated] = {}  # every invalidation of this node's work, by work key
-        self._follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated",))
+        self._refused: dict[bytes, WorkRefused] = {}  # every refusal of this node's work, by work key
+        self._follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated", "WorkRefused"))
 
     def read(self, work_keys: Iterable[bytes]) -> ChainReading:
         """A fresh reading; `work_keys` are the journal's files that were (or may have been) submitted.
@@ -48,17 +49,20 @@ class WorkerChain:
             self._provider = ledger.provider_of(self.node)
         stake = ledger.stake_of(self._provider) if self._provider is not None else None
         member = ledger.is_member(self.pool_id, self.node)
-        ejected = ledger.is_ejected(self.pool_id, self.node)
+        ejection = ledger.ejection_of(self.pool_id, self.node)
         lock = ledger.lock_of(self.pool_id, self.node)
         node = to_checksum_address(self.node)
         events = self._follower.poll()
         if (fork := self._follower.rewound_to) is not None:  # a reorganisation: what it replaced is read again
             self._invalidated = {k: e for k, e in self._invalidated.items() if e.at.block_number < fork}
+            self._refused = {k: e for k, e in self._refused.items() if e.at.block_number < fork}
             self._works = {}
         for event in events:
             # another node's record of the same key is its own: only this node's invalidations are this node's
             if isinstance(event, WorkInvalidated) and event.node == node:
                 self._invalidated[event.work_key] = event
+            elif isinstance(event, WorkRefused) and event.node == node:
+                self._refused[event.work_key] = event
         keys = list(work_keys)
         for key in keys:
             known = self._works.get(key)
@@ -75,8 +79,10 @@ class WorkerChain:
             provider=self._provider,
             stake=stake,
             member=member,
-            ejected=ejected,
+            ejected=ejection != Ejection.NONE,
+            voided=ejection == Ejection.BY_INVALIDATION,
             lock=lock,
             works={key: self._works[key] for key in keys},
             invalidations={key: self._invalidated[key] for key in keys if key in self._invalidated},
+            refusals={key: self._refused[key] for key in keys if key in self._refused},
         )

@@ -8,9 +8,11 @@ string (`ledger.units.format_amount`): base units of an 18-decimal token do not 
 Where a number is an estimate it says so (`estimate: true` or a label): throughput over a recent window, rewards
 that are only paid if no validator invalidates the file first, and slash exposure as an upper bound.
 
-A slash reaches only the stake this node locks in this pool (`NodeRegistry.lockOf`), and burns it; an ejected
-node's pending work is void (never paid), and its lock is held one challenge window after the ejection (or after
-leaving) before `releaseStake` frees it.
+A slash reaches only the stake this node locks in this pool (`NodeRegistry.lockOf`), and burns it; the pending work
+of a node ejected by an invalidation is void (never paid), while a node its owner ejected is still paid for what it
+submitted before, unless invalidated. Either way its lock is held one challenge window after the ejection (or after
+leaving) before `releaseStake` frees it. A file a validator refused (`refuseWork`, a borderline verdict) is neither
+paid nor slashed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.events import WorkInvalidated
+from ledger.events import WorkInvalidated, WorkRefused
 from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 from ledger.units import format_amount
 from node.daemon.state import STAGES, FileRecord
@@ -29,11 +31,23 @@ THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate ave
 MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file
 
 # A file's challenge-window state, as the dashboard shows it; the first three are the journal's own stages
-# before the file reaches the chain. `void`: pending work of a node ejected from the pool, which is never paid.
-FILE_STATES = ("written", "uploaded", "expired", "submitted", "pending", "claimable", "claimed", "invalidated", "void")
+# before the file reaches the chain. `void`: pending work of a node ejected by an invalidation, which is never paid.
+# `refused`: a validator's refuseWork (a borderline file): never paid, never slashed.
+FILE_STATES = (
+    "written",
+    "uploaded",
+    "expired",
+    "submitted",
+    "pending",
+    "claimable",
+    "claimed",
+    "invalidated",
+    "refused",
+    "void",
+)
 # The daemon journals an ejected node's claimable files as `expired` with a detail starting so (node/daemon/worker.py)
 VOID_DETAIL = "void"
-VOID_REASON = "the node was ejected from the pool: its pending work is never paid"
+VOID_REASON = "the node was ejected from the pool by an invalidation: its pending work is never paid"
 
 
 @dataclass(frozen=True)
@@ -48,10 +62,12 @@ class ChainReading:
     provider: str | None  # None: the node is not bound to a provider
     stake: StakeInfo | None  # the provider's
     member: bool
-    ejected: bool
+    ejected: bool  # by its owner or by an invalidation: it submits no more
     lock: StakeLock | None  # this node's lock in this pool (`lockOf`); None when not read
     works: dict[bytes, WorkRecord] = field(default_factory=dict)  # this node's records of journal keys
     invalidations: dict[bytes, WorkInvalidated] = field(default_factory=dict)  # of this node's journal keys
+    refusals: dict[bytes, WorkRefused] = field(default_factory=dict)  # of this node's journal keys
+    voided: bool = False  # ejected by an invalidation: its pending work is never paid (an owner's ejection voids none)
 
 
 @dataclass(frozen=True)
@@ -78,14 +94,16 @@ def file_state(
     window: int,
     now: int,
     *,
-    ejected: bool = False,
+    voided: bool = False,
+    refusal: WorkRefused | None = None,
 ) -> FileState:
-    """Where one file stands: the chain's word when it has one (an invalidation the daemon has not looked at yet
-    shows at once), else the journal's.
+    """Where one file stands: the chain's word when it has one (an invalidation or refusal the daemon has not looked
+    at yet shows at once), else the journal's.
 
     `now` is the chain's time; a submitted file is `pending` until `submitted_at + window`, then `claimable`; once
-    the node is `ejected` its pending work is `void` instead (`claimRewards` refuses it), though a validator may
-    still invalidate it until its window closes.
+    the node is `voided` (ejected by an invalidation) its pending work is `void` instead (`claimRewards` refuses it),
+    though a validator may still invalidate it until its window closes. A `refused` file is never paid, and may
+    still be invalidated in its window (then it shows as invalidated).
     """
     if record.stage == "expired" and (record.detail or "").startswith(VOID_DETAIL):
         return FileState("void", None, record.detail, 0)  # the daemon found it void and journaled so
@@ -99,11 +117,15 @@ def file_state(
             reason = f"{Reason.label(invalidation.reason)}; validator {invalidation.validator}"
             return FileState("invalidated", closes_at, reason, invalidation.slashed)
         return FileState("invalidated", closes_at, record.detail or "reason not read from the chain yet", 0)
+    if refusal is not None or record.stage == "refused" or on_chain == WorkStatus.REFUSED:
+        if refusal is not None:
+            return FileState("refused", closes_at, f"{Reason.label(refusal.reason)}; validator {refusal.validator}", 0)
+        return FileState("refused", closes_at, record.detail or "reason not read from the chain yet", 0)
     if record.stage == "claimed" or on_chain == WorkStatus.CLAIMED:
         return FileState("claimed", closes_at, None, 0)
     if closes_at is None:  # journaled as submitted, not read from the chain yet
         return FileState("submitted", None, None, 0)
-    if ejected:
+    if voided:
         return FileState("void", closes_at, VOID_REASON, 0)
     assert work is not None  # closes_at is known
     return FileState(work_state(work, window, now), closes_at, None, 0)
@@ -134,7 +156,7 @@ def standing(reading: ChainReading | None) -> str:
     if reading.provider is None:
         return "not registered"
     if reading.ejected:
-        return "ejected"
+        return "ejected" if reading.voided else "ejected by its owner"
     return "member" if reading.member else "registered, not a member"
 
 
@@ -178,7 +200,8 @@ def worker_snapshot(
                 reading.invalidations.get(r.work_key),
                 window,
                 now_chain,
-                ejected=reading.ejected,
+                voided=reading.voided,
+                refusal=reading.refusals.get(r.work_key),
             )
             for r in records
         }
@@ -262,17 +285,18 @@ def _lock(reading: ChainReading) -> dict[str, Any]:
 def _tokens(records: Sequence[FileRecord], states: dict[bytes, FileState], reading: ChainReading) -> dict[str, Any]:
     """Earned and at-risk amounts of this node's files in this pool (the journal's files only)."""
     per_unit, d = reading.pool.reward_per_unit, reading.decimals
-    sums = {"claimed": 0, "claimable": 0, "pending": 0, "invalidated": 0, "void": 0}
-    pending, void, exposed, slashed = 0, 0, 0, 0
+    sums = {"claimed": 0, "claimable": 0, "pending": 0, "invalidated": 0, "refused": 0, "void": 0}
+    pending, void, refused, exposed, slashed = 0, 0, 0, 0, 0
     for record in records:
         state = states[record.work_key]
         if state.state in sums:
             sums[state.state] += record.units * per_unit
         pending += state.state == "pending"
         void += state.state == "void"
-        # a file may be invalidated while its window is open, void or not
+        refused += state.state == "refused"
+        # a file may be invalidated while its window is open, void or refused or not
         open_window = state.closes_at is not None and reading.chain_time < state.closes_at
-        exposed += state.state in ("pending", "void") and open_window
+        exposed += state.state in ("pending", "void", "refused") and open_window
         slashed += state.slashed
     lock = reading.lock
     slashable = lock.amount if lock is not None and lock.open else 0
@@ -288,14 +312,16 @@ def _tokens(records: Sequence[FileRecord], states: dict[bytes, FileState], readi
         "exposed_files": exposed,  # pending and void files whose challenge window is still open
         "void_rewards": format_amount(sums["void"], d),  # of an ejected node's pending work: never paid
         "void_files": void,
+        "refused_rewards": format_amount(sums["refused"], d),  # of borderline files validators refused: never paid
+        "refused_files": refused,
         "lost_rewards": format_amount(sums["invalidated"], d),
         "slashed": format_amount(slashed, d),  # burned from this node's lock
     }
 
 
 def _file(record: FileRecord, state: FileState, per_unit: int | None, decimals: int) -> dict[str, Any]:
-    # what it earns, will earn if not invalidated, or earned; never for an expired, invalidated or void file
-    paid = state.state not in ("expired", "invalidated", "void")
+    # what it earns, will earn if not invalidated, or earned; never for an expired, invalidated, refused or void file
+    paid = state.state not in ("expired", "invalidated", "refused", "void")
     return {
         "work_key": "0x" + record.work_key.hex(),
         "step": record.step,

@@ -60,9 +60,10 @@ PAGE = """<!doctype html>
 "use strict";
 const POLL_MS = 2000;
 const NONE = "\\u2013";  // an en dash: no value
-const TONES = { pending: "warn", claimable: "info", claimed: "ok", invalidated: "bad", expired: "muted",
-  written: "muted", uploaded: "muted", submitted: "info", accepted: "ok", rejected: "bad", seen: "muted",
-  verified: "info", attested: "ok", unavailable: "bad", unverifiable: "muted",
+const TONES = { pending: "warn", claimable: "info", claimed: "ok", invalidated: "bad", refused: "warn",
+  expired: "muted", written: "muted", uploaded: "muted", submitted: "info", accepted: "ok", rejected: "bad",
+  seen: "muted", verified: "info", attested: "ok", unavailable: "bad", unverifiable: "muted",
+  "ejected by its owner": "warn",
   member: "ok", ejected: "bad", running: "ok", stopping: "warn", void: "bad", held: "warn", releasable: "info",
   none: "muted" };
 
@@ -116,6 +117,11 @@ function fileState(f, chainTime) {
     parts.push("challenge window closed " + utc(f.closes_at) + "; claimable");
   } else if (f.state === "invalidated") {
     parts.push("invalidated: " + dash(f.reason) + (f.slashed ? "; slashed " + f.slashed + " tokens (burned)" : ""));
+  } else if (f.state === "refused") {
+    parts.push("refused: never paid, not slashed: " + dash(f.reason));
+    if (f.closes_at !== null && chainTime && chainTime < f.closes_at) {
+      parts.push(el("span", { class: "note" }, " (may still be invalidated until " + utc(f.closes_at) + ")"));
+    }
   } else if (f.state === "void") {
     parts.push("void: never paid, the node was ejected from the pool");
     if (f.closes_at !== null && chainTime && chainTime < f.closes_at) {
@@ -187,12 +193,15 @@ function renderWorker(d) {
       ["at risk: slash exposure", tokens(tok.slash_exposure), "slash-exposure"],
       ["void (node ejected)", tokens(tok.void_rewards) + (tok.void_files ? " (" + tok.void_files + " files)" : ""),
        "void-rewards"],
+      ["refused (borderline)", tokens(tok.refused_rewards) + (tok.refused_files ? " (" + tok.refused_files +
+       " files)" : ""), "refused-rewards"],
       ["lost rewards", tokens(tok.lost_rewards)],
       ["slashed (burned)", tokens(tok.slashed), "slashed"],
     ], "Estimates: rewards are units x reward per unit (" + dash(pool.reward_per_unit) + "), paid only if no " +
        "validator invalidates the file in its window; slash exposure is an upper bound, " + dash(tok.exposed_files) +
        " files in their window x " + dash(pool.slash_amount) + " tokens, capped by this node's lock in the pool. " +
-       "An ejected node's pending work is void: never paid. This node's journal only."),
+       "A node ejected by an invalidation has its pending work void: never paid (an owner's ejection voids " +
+       "nothing). A refused file is neither paid nor slashed. This node's journal only."),
     card("Chain", [
       ["block", chain.block],
       ["chain time", utc(chain.time)],
@@ -248,7 +257,9 @@ function renderValidator(d) {
       ["rejected", d.rejected, "rejected"],
       ["unverifiable", c.unverifiable],
       ["invalidations sent", d.invalidations_sent, "invalidations-sent"],
-    ], "Unverifiable: the checkpoint of the file's step is gone; never slashed."),
+      ["refusals sent", d.refusals_sent, "refusals-sent"],
+    ], "Unverifiable: the checkpoint of the file's step is gone; never slashed. Refused: a borderline rejection, " +
+       "refused on chain (refuseWork): not paid, not slashed."),
   );
   const reasons = d.rejections_by_reason.map((r) => el("tr", {}, el("td", {}, r.reason), el("td", { class: "num" },
     r.count)));

@@ -82,6 +82,7 @@ _STATUS_WORDS = {
     WorkStatus.PENDING: "the work is still pending",
     WorkStatus.INVALIDATED: "the work was invalidated",
     WorkStatus.CLAIMED: "the work was already claimed",
+    WorkStatus.REFUSED: "a validator refused the work (a borderline file): it is never paid",
 }
 
 
@@ -170,7 +171,7 @@ def explain_refusal(revert: ContractRevert) -> str:
         status = WorkStatus(int(values["status"]))
         return f"refused: {_STATUS_WORDS.get(status, f'the work is {status.name.lower()}')}"
     if revert.name == "NodeEjected":
-        return "refused: the node was ejected from the pool, so its pending work is void and never paid"
+        return "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid"
     if revert.name == "ChallengeWindowOpen":
         return "refused: the challenge window is still open"
     if revert.name == "WorkNotFound":

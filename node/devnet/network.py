@@ -543,8 +543,8 @@ deployment = "deployment.json"
 
     def _claim(self, owner: Ledger) -> tuple[dict[str, int], dict[str, int]]:
         """Moves chain time past the challenge window; each honest provider claims its node's surviving work, one
-        claim per node. Returns what each provider was paid, and each ejected node's pending files: void, never paid
-        (`claimRewards` refuses an ejected node with `NodeEjected`), so not claimed."""
+        claim per node. Returns what each provider was paid, and the pending files of each node an invalidation
+        ejected: void, never paid (`claimRewards` refuses it with `NodeEjected`), so not claimed."""
         assert self.chain is not None
         self.chain.increase_time(self.settings.challenge_window + 1)
         claimed: dict[str, int] = {}
@@ -552,7 +552,7 @@ deployment = "deployment.json"
         for i, name in enumerate(self.workers):
             node = dev_account(NODES[i]).address
             keys = [k for n, k in self._submitted if n == node and (n, k) not in self._dead]  # none claimed yet
-            if owner.is_ejected(self.pool_id, node):
+            if owner.is_voided(self.pool_id, node):
                 if keys:
                     void[node] = len(keys)
                 continue

@@ -26,7 +26,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.events import EventPosition, WorkInvalidated
+from ledger.events import EventPosition, WorkInvalidated, WorkRefused
 from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 from node.daemon.state import FileRecord, WorkerState
 from node.dashboard import serve_dashboard
@@ -73,14 +73,14 @@ def test_a_file_is_pending_until_its_window_closes_and_claimable_from_that_secon
     assert file_state(submitted, None, None, 3600, 4599).state == "submitted"  # the chain not read yet
 
 
-def test_an_ejected_nodes_pending_work_is_void_not_claimable() -> None:
+def test_the_pending_work_of_a_node_ejected_by_an_invalidation_is_void_not_claimable() -> None:
     key = b"\x03" * 32
     submitted = record(key, "submitted")
-    for now in (4599, 4600):  # in its window or past it: never paid once the node is ejected
-        state = file_state(submitted, work(key, 1000), None, 3600, now, ejected=True)
+    for now in (4599, 4600):  # in its window or past it: never paid once an invalidation ejected the node
+        state = file_state(submitted, work(key, 1000), None, 3600, now, voided=True)
         assert (state.state, state.closes_at) == ("void", 4600)
         assert state.reason is not None and "ejected" in state.reason
-    claimed = file_state(record(key, "claimed"), work(key, 1000, WorkStatus.CLAIMED), None, 3600, 9999, ejected=True)
+    claimed = file_state(record(key, "claimed"), work(key, 1000, WorkStatus.CLAIMED), None, 3600, 9999, voided=True)
     assert claimed.state == "claimed"  # paid before the ejection: stays paid
     # the daemon journals claimable work of an ejected node as expired, with a detail that says void
     journaled = file_state(record(key, "expired", detail="void: node ejected from pool 1"), None, None, 0, 0)
@@ -92,7 +92,7 @@ def test_the_chains_invalidation_shows_before_the_journal_hears_of_it() -> None:
     event = WorkInvalidated(
         1, key, "0xnode", "0xvalidator", int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 0, "0x")
     )
-    state = file_state(record(key, "submitted"), work(key, 1000), event, 3600, 1001, ejected=True)
+    state = file_state(record(key, "submitted"), work(key, 1000), event, 3600, 1001, voided=True)
     assert (state.state, state.slashed) == ("invalidated", 50 * TOKEN)
     assert state.reason is not None and state.reason.startswith("proof_invalid (7)")
     journaled = file_state(record(key, "invalidated", detail="proof_invalid (7), 50 tokens slashed"), None, None, 0, 0)
@@ -110,12 +110,46 @@ def test_throughput_averages_over_the_recent_window_or_since_the_start() -> None
     assert (long_running["files"], long_running["files_per_min"], long_running["estimate"]) == (2, 0.2, True)
 
 
-def reading_of(keys: list[bytes], *, lock: StakeLock, ejected: bool = False, chain_time: int = 2000) -> ChainReading:
+def test_a_refused_file_is_never_paid_and_shows_its_validator_before_the_journal_hears_of_it() -> None:
+    key = b"\x04" * 32
+    event = WorkRefused(1, key, "0xnode", "0xvalidator", int(Reason.PROOF_INVALID), EventPosition(9, 0, "0x"))
+    state = file_state(record(key, "submitted"), work(key, 1000), None, 3600, 1001, refusal=event)
+    assert (state.state, state.closes_at, state.slashed) == ("refused", 4600, 0)
+    assert state.reason == "proof_invalid (7); validator 0xvalidator"
+    on_chain = file_state(record(key, "submitted"), work(key, 1000, WorkStatus.REFUSED), None, 3600, 9999)
+    assert on_chain.state == "refused"  # past its window: never claimable
+    journaled = file_state(record(key, "refused", detail="refused on chain"), None, None, 0, 0)
+    assert (journaled.state, journaled.reason) == ("refused", "refused on chain")
+    invalidated = WorkInvalidated(
+        1, key, "0xnode", "0xv2", int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 1, "0x")
+    )
+    overridden = file_state(record(key, "refused"), work(key, 1000, WorkStatus.INVALIDATED), invalidated, 3600, 1002)
+    assert overridden.state == "invalidated"  # an invalidation overrides a refusal
+
+
+def reading_of(
+    keys: list[bytes], *, lock: StakeLock, ejected: bool = False, voided: bool | None = None, chain_time: int = 2000
+) -> ChainReading:
+    """`ejected` alone is an ejection by invalidation (void); pass `voided=False` for the owner's ejection."""
     return ChainReading(
         read_at=0.0, block=1, chain_time=chain_time, pool=DEFAULT_POOL, decimals=18, provider="0xprovider",
         stake=StakeInfo(active=300 * TOKEN, unbonding=0, locked=lock.amount, release_at=0), member=not ejected,
         ejected=ejected, lock=lock, works={k: work(k, 1000) for k in keys}, invalidations={},
+        voided=ejected if voided is None else voided,
     )  # fmt: skip
+
+
+def test_an_owner_ejected_nodes_files_stay_pending_then_claimable() -> None:
+    keys = [bytes([i]) * 32 for i in range(2)]
+    live = WorkerLive(stopping=False, held_step=3, started_at=0.0)
+    records = [record(k, "submitted", units=1000) for k in keys]
+    held = StakeLock(1, "0xnode", 100 * TOKEN, 5600, False, True)
+    for chain_time, state in ((2000, "pending"), (4600, "claimable")):
+        reading = reading_of(keys, lock=held, ejected=True, voided=False, chain_time=chain_time)
+        snapshot = worker_snapshot(node="0xnode", pool_id=1, records=records, reading=reading, live=live, now=1.0)
+        assert snapshot["standing"] == "ejected by its owner"
+        assert {f["state"] for f in snapshot["files"]} == {state} and all(f["reward"] == "1" for f in snapshot["files"])
+        assert snapshot["tokens"]["void_files"] == 0
 
 
 def test_slash_exposure_counts_each_file_in_its_window_and_is_capped_by_the_nodes_lock_in_the_pool() -> None:
@@ -310,6 +344,8 @@ def test_the_state_api_puts_the_chains_word_first_and_accounts_for_every_token(j
         "exposed_files": 2,
         "void_rewards": "0",
         "void_files": 0,
+        "refused_rewards": "0",
+        "refused_files": 0,
         "lost_rewards": "0",
         "slashed": "0",
     }
@@ -348,6 +384,8 @@ def test_after_an_invalidation_the_node_is_ejected_its_pending_work_void_and_its
         "exposed_files": 1,
         "void_rewards": "5",  # claimable 2000 + pending 3000 units, never paid
         "void_files": 2,
+        "refused_rewards": "0",
+        "refused_files": 0,
         "lost_rewards": "4",
         "slashed": "50",
     }
@@ -356,6 +394,28 @@ def test_after_an_invalidation_the_node_is_ejected_its_pending_work_void_and_its
     later = served_state(journaled)
     assert later["lock"] == {"amount": "50", "state": "releasable", "release_at": release_at}
     assert later["tokens"]["exposed_files"] == 0 and later["tokens"]["slash_exposure"] == "0"
+
+
+def test_a_refused_file_shows_refused_from_the_chain_and_an_owners_ejection_voids_nothing(journaled: Journal) -> None:
+    """The validator refuses `cheat` (a borderline file) and the pool's owner ejects the node: `cheat` is refused
+    (never paid, not slashed), the others stay pending or claimable, and the standing says who ejected it."""
+    journaled.validator.refuse_work(journaled.pool_id, journaled.node, journaled.keys["cheat"], Reason.PROOF_INVALID)
+    owner = journaled.validator.as_account(dev_account(0))
+    owner.eject(journaled.pool_id, journaled.node)
+    state = served_state(journaled)
+    by_name = states_by_name(journaled, state)
+    assert {name: by_name[name]["state"] for name in ("claimable", "pending", "cheat")} == {
+        "claimable": "claimable",  # an owner's ejection voids nothing
+        "pending": "pending",
+        "cheat": "refused",  # the journal still says submitted; the chain's WorkRefused said it first
+    }
+    assert by_name["cheat"]["reason"] == f"proof_invalid (7); validator {journaled.validator.address}"
+    assert by_name["cheat"]["reward"] is None and by_name["pending"]["reward"] == "3"
+    assert state["standing"] == "ejected by its owner"
+    tokens = state["tokens"]
+    assert (tokens["refused_files"], tokens["refused_rewards"]) == (1, "4")  # 4000 units, never paid
+    assert (tokens["void_files"], tokens["claimable"], tokens["slashed"]) == (0, "2", "0")
+    assert tokens["exposed_files"] == 2  # pending and refused, both still in their window
 
 
 def test_another_nodes_invalidation_of_the_same_key_is_not_this_nodes(

@@ -91,7 +91,7 @@ def test_lifecycle_refuses_the_void_work_of_ejected_node_2_and_a_second_claim(li
     ejected = report.ejected_claim
     assert (ejected.error, ejected.values) == ("NodeEjected", {"poolId": report.pool_id, "node": node_2})
     assert ejected.explanation == (
-        "refused: the node was ejected from the pool, so its pending work is void and never paid"
+        "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid"
     )
     repeat = report.repeat_claim
     assert repeat.error == "WorkNotPending" and repeat.values["node"] == node_1
@@ -123,7 +123,11 @@ def test_lifecycle_holds_each_lock_one_window_after_the_membership_then_releases
 
 @pytest.mark.parametrize(
     ("status", "words"),
-    [(WorkStatus.INVALIDATED, "the work was invalidated"), (WorkStatus.CLAIMED, "the work was already claimed")],
+    [
+        (WorkStatus.INVALIDATED, "the work was invalidated"),
+        (WorkStatus.CLAIMED, "the work was already claimed"),
+        (WorkStatus.REFUSED, "a validator refused the work (a borderline file): it is never paid"),
+    ],
 )
 def test_explain_refusal_names_the_work_status(status: WorkStatus, words: str) -> None:
     values = {"poolId": 1, "node": "0x" + "11" * 20, "workKey": b"\x01" * 32, "status": int(status)}
@@ -151,7 +155,7 @@ def test_lifecycle_cli_prints_steps_refusals_and_tables() -> None:
     assert "(burned 0 -> 50)" in out
     assert "WorkNotPending(poolId=1, node=0x" in out and "status=3)" in out
     assert "NodeEjected(poolId=1, node=0x" in out
-    assert "refused: the node was ejected from the pool, so its pending work is void and never paid" in out
+    assert "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid" in out
     assert "LockHeld(poolId=1, node=0x" in out and "member=False, releaseAt=" in out
     assert "provider 1 locked 100 -> 0" in out and "provider 2 locked 50 -> 0" in out
     for line in (

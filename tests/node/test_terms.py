@@ -30,12 +30,15 @@ TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml
         (WorkStatus.PENDING, 1000 + WINDOW, "claimable"),  # claimRewards needs now >= submittedAt + window
         (WorkStatus.INVALIDATED, 1000 + WINDOW, "invalidated"),
         (WorkStatus.CLAIMED, 1000 + WINDOW, "claimed"),
+        (WorkStatus.REFUSED, 1000 + WINDOW - 1, "refused"),  # refuseWork: never claimable, in its window or after
+        (WorkStatus.REFUSED, 1000 + WINDOW, "refused"),
     ],
 )
 def test_work_state_follows_the_window(status: WorkStatus, now: int, state: str) -> None:
     work = WorkRecord(1, b"\1" * 32, NODE, TRAINER, 10, 1000, status)
     assert work_state(work, WINDOW, now) == state
-    assert work_state(work, WINDOW, now, ejected=True) == ("void" if status == WorkStatus.PENDING else state)
+    # a node an invalidation ejected: its pending work is void (an owner's ejection voids nothing: not `voided`)
+    assert work_state(work, WINDOW, now, voided=True) == ("void" if status == WorkStatus.PENDING else state)
 
 
 def test_the_step_window_holds_the_current_step_and_async_level_steps_before_it() -> None:

@@ -308,6 +308,8 @@ def test_status_by_address_shows_stake_nodes_and_every_work_state(
     ledger_for(SECOND_NODE).join(pool_id)
     submit(ledger_for, SECOND_NODE, pool_id, ("invalid", 300), ("void", 500))
     ledger_for(VALIDATOR).invalidate_work(pool_id, second, key("invalid"), Reason.PROOF_INVALID)  # burns 50, ejects
+    submit(ledger_for, NODE, pool_id, ("borderline", 600))
+    ledger_for(VALIDATOR).refuse_work(pool_id, node, key("borderline"), Reason.PROOF_INVALID)  # no slash, not paid
     chain.increase_time(WINDOW)
     ledger_for(PROVIDER).claim_rewards(pool_id, node, [key("claimed")])
     submit(ledger_for, NODE, pool_id, ("pending", 400))  # still inside its window
@@ -315,13 +317,15 @@ def test_status_by_address_shows_stake_nodes_and_every_work_state(
     result = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node.lower()))
     out = result.stdout
     assert provider in out and f"{node} (member of pool {pool_id}, locking 100 tokens)" in out
-    assert f"{second} (ejected from pool {pool_id}; 50 tokens locked until " in out  # what the slash left of its lock
+    ejection = f"ejected from pool {pool_id} by an invalidation; its pending work is void"
+    assert f"{second} ({ejection}; 50 tokens locked until " in out  # what the slash left of its lock
     assert "150 tokens" in out  # active stake: 200 staked, 50 slashed
     for work, state in [
         ("claimed", "claimed"),
         ("claimable", "claimable"),
         ("invalid", "invalidated"),
         ("void", "void"),
+        ("borderline", "refused"),
     ]:
         assert re.search(rf"0x{key(work).hex()[:12]}.*\b{state}\b", out), (work, out)
     assert re.search(rf"0x{key('pending').hex()[:12]}.*pending until", out)
@@ -330,7 +334,27 @@ def test_status_by_address_shows_stake_nodes_and_every_work_state(
     ), out
     assert "earned 0.3 tokens (claimed 0.1 tokens, claimable 0.2 tokens); at risk 0.4 tokens" in out
     assert "lost 0.8 tokens" in out  # 0.3 invalidated, 0.5 void
+    assert re.search(
+        rf"0x{key('borderline').hex()[:12]}.*refused \(never paid, not slashed\): proof_invalid \(7\)", out
+    )
+    assert "refused 0.6 tokens of rewards: borderline files, not paid and not slashed" in out
     assert result.stderr == ""  # read-only: no key, no warning
+
+
+def test_an_owner_ejected_node_still_shows_and_claims_its_earlier_work(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    node = dev_account(NODE).address
+    onboarded(deployment_file, pool_id)
+    submit(ledger_for, NODE, pool_id, ("before", 300))
+    ledger_for(0).eject(pool_id, node)  # the pool's owner: no evidence, so nothing is voided
+    chain.increase_time(WINDOW)
+
+    out = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node)).stdout
+    assert f"ejected from pool {pool_id} by its owner; earlier work is still paid unless invalidated" in out
+    assert re.search(rf"0x{key('before').hex()[:12]}.*\bclaimable\b", out), out
+    result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
+    assert f"claimed 1 works in pool {pool_id}: 0.3 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
 
 
 def test_status_with_a_key_and_no_pool(deployment_file: Path, pool_id: int) -> None:

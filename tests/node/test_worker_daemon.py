@@ -28,7 +28,8 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkSubmitted
-from ledger.types import WorkStatus
+from ledger.types import Reason, WorkStatus
+from node.daemon.state import REFUSED_DETAIL
 from node.daemon.worker import WorkerError, check_assignment
 from node.generation.plan import Job
 from node.model.tiny import init_model
@@ -345,6 +346,23 @@ def test_with_claim_the_worker_claims_what_left_its_challenge_window(pool: Pool)
     units = pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(matured)).units
     reward = units * pool.owner.pool(pool.id).config.reward_per_unit
     assert pool.owner.balance_of(pool.provider.address) == before + reward  # paid to the provider, not the node
+
+
+def test_a_refused_file_is_journaled_refused_and_never_claimed(pool: Pool) -> None:
+    first = start(pool, "--max-files", "2", "--submit-batch", "2")
+    assert finish(pool, first) == 0, (pool.root / "worker.log").read_text()[-3000:]
+    refused, paid = sorted(journal(pool))
+    validator = pool.owner.as_account(dev_account(VALIDATOR))
+    validator.refuse_work(pool.id, pool.node.address, bytes.fromhex(refused), Reason.PROOF_INVALID)  # borderline
+    pool.chain.increase_time(pool.owner.pool(pool.id).config.challenge_window + 1)
+
+    second = start(pool, "--max-files", "0", "--claim", log="worker-2.log")
+    assert finish(pool, second, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
+
+    files = journal(pool)
+    assert files[refused] == ("refused", REFUSED_DETAIL)
+    assert files[paid][0] == "claimed"  # the node is still a member: its other work is paid
+    assert pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(refused)).status == WorkStatus.REFUSED
 
 
 def test_the_journal_and_status_show_what_validators_attested_inside_the_window(pool: Pool) -> None:
