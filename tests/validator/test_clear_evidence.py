@@ -1,5 +1,5 @@
 """Slash only on clear evidence: a failing row is recomputed alone in float64, and only a clear failure there is
-slashable; a failure near the thresholds is refused as borderline (never sent on chain)."""
+slashable; a failure near the thresholds is refused as borderline (refused on chain by the daemon, never slashed)."""
 
 from __future__ import annotations
 
