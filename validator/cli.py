@@ -460,8 +460,11 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
 
 
 def _invalidation(row: WorkRow) -> str:
+    """The invalidateWork transaction, or the refuseWork one of a borderline rejection, or why there is none."""
+    from validator.store import REFUSED
+
     if row.tx_hash:
-        return f"tx {_short(row.tx_hash)}"
+        return f"refused (no slash), tx {_short(row.tx_hash)}" if row.stage == REFUSED else f"tx {_short(row.tx_hash)}"
     return row.note or "pending"
 
 

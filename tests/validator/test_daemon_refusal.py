@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
@@ -21,6 +22,7 @@ from node.tasks.spec import load_task_spec
 from tests.conftest import TOKEN
 from tests.ledger.helpers import make_pool, onboard, work_key
 from tests.network_trainer import TASK
+from validator.cli import app
 from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
 from validator.store import ATTESTED, INVALIDATED, REFUSED, Submission, WorkRow
@@ -99,6 +101,9 @@ def test_a_borderline_rejection_is_refused_on_chain_never_invalidated(
 
     again = act(validator, near)  # a restart after the transaction, before the store knew: not sent twice
     assert again.stage == REFUSED and validator.store.refusals_sent() == 1
+    table = CliRunner().invoke(app, ["rejections", "--state", str(tmp_path / "state")], env={"COLUMNS": "300"})
+    assert table.exit_code == 0, table.output
+    assert "refused (no slash), tx " + after.tx_hash[:14] in table.output
 
 
 def test_a_clear_rejection_of_refused_work_is_still_invalidated(
