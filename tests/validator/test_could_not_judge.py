@@ -43,6 +43,8 @@ from validator.verify import verify_file
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = ROOT / "configs" / "tasks" / "default.toml"
+# TOKENIZERS_PARALLELISM: the tokenizer's thread pool, when it cannot start under a cap, panics (a CouldNotJudge) and
+# then fails every later call of the process, so the scan could not show the same process accepting with memory enough
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PRIME_DEBUG": ""}
 runner = CliRunner()
 
