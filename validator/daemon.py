@@ -566,7 +566,8 @@ class ValidatorDaemon:
             log.info("%s: stopping; its verification is dropped and runs again after a restart", short)
             raise
         except Exception as exc:  # the validator's side failed: never a verdict (validator.errors.CouldNotJudge)
-            self._could_not_judge(row, exc if isinstance(exc, CouldNotJudge) else CouldNotJudge.during("verify", exc))
+            failure = exc if isinstance(exc, CouldNotJudge) else CouldNotJudge.during("verify", exc, what="verifying")
+            self._could_not_judge(row, failure)
             return
         seconds = time.perf_counter() - started
         self._verify_seconds.inc(seconds)
