@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from core.exhaustion import Resource, exhausted
 from node.rollouts.meta import RolloutMeta, encode_meta, parse_meta
 from node.rollouts.reader import inspect_rollouts
 from node.rollouts.schema import RolloutFormatError
@@ -171,7 +172,7 @@ def _serve(requests: BinaryIO, answers: BinaryIO, memory_bytes: int) -> None:
             answer = {"meta": encode_meta(inspect_rollouts(body, max_bytes=max_bytes).meta).decode()}
         except RolloutFormatError as exc:
             answer = {"error": "malformed_file", "message": str(exc)}
-            if isinstance(exc.__cause__, MemoryError):  # pyarrow's, which the reader calls undecodable data
+            if exhausted(exc) == Resource.MEMORY:  # pyarrow's, which the reader calls undecodable data
                 answer = {"error": "too_large", "message": f"{too_large}: {exc.__cause__}"}
         except MemoryError:
             answer = {"error": "too_large", "message": too_large}

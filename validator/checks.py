@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from core.exhaustion import exhausted
 from ledger.types import Reason
 from node.generation.plan import Job, PlannedPrompt, completion_text, plan_rollouts
 from node.inference.sampler import SamplingParams
@@ -33,6 +34,7 @@ from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
 from node.terms import step_window
 from validator.config import ValidatorConfig
+from validator.errors import CouldNotJudge
 from validator.verdict import Verdict, reject
 
 SIZE, WORK_KEY, FORMAT, METADATA, STEP = "size", "work_key", "format", "metadata", "step"
@@ -70,12 +72,19 @@ def check_work_key(data: bytes, work_key: bytes | None) -> Verdict | None:
 
 
 def parse_file(data: bytes, config: ValidatorConfig) -> RolloutFile | Verdict:
-    """The parsed file, or a reason-2 verdict naming the format problem (truncated, corrupt, schema, ...)."""
+    """The parsed file, or a reason-2 verdict naming the format problem (truncated, corrupt, schema, ...).
+
+    The reader calls everything pyarrow raises undecodable data, its own allocation failures included. It bounds
+    what decoding may allocate from the footer and page headers first (node/rollouts/bounds.py), so an allocation
+    that fails after that is this validator short of memory (or descriptors), never the file: CouldNotJudge.
+    """
     try:
         return read_rollouts(
             data, max_bytes=config.max_file_bytes, max_rows=config.max_rows, max_tokens=config.max_tokens
         )
     except RolloutFormatError as exc:
+        if exhausted(exc) is not None:  # named by what pyarrow raised, not by the reader's wrapping of it
+            raise CouldNotJudge.during(FORMAT, exc.__cause__ or exc) from exc
         return reject(Reason.BAD_FORMAT, FORMAT, str(exc), problem=str(exc.problem), row=exc.row)
 
 

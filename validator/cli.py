@@ -1,21 +1,25 @@
 """`prime-validate`: verify rollout files offline, run the validator daemon, list and explain what it rejected.
 
 Thin: parse flags, call `validator.verify.verify_file` or `validator.daemon.ValidatorDaemon`, print.
-`prime-validate file` exits 0 accepted, 1 rejected, 2 bad input (a missing file or directory, a bad task spec,
-an unloadable checkpoint, a malformed flag) with one line on stderr. `run` and `rejections` exit 0, or 1 with
-one line on stderr (a key, deployment, pool spec or state folder that does not fit). torch and the node
+`prime-validate file` exits 0 accepted, 1 rejected (the verdict as JSON on stdout), 2 refused usage (a missing
+file or directory, a bad task spec, an unloadable checkpoint, a malformed flag), 3 could not judge (this
+validator ran out of memory, disk or file descriptors, or its own code failed: nothing is said about the file),
+the last two with one line on stderr and no traceback (PRIME_DEBUG=1 adds it). `run` and `rejections` exit 0,
+or 1 with one line on stderr (a key, deployment, pool spec or state folder that does not fit). torch and the node
 package's heavy modules load after the arguments are parsed, so `prime-validate --help` stays instant.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
+import click
 import typer
 from rich.text import Text
 
@@ -52,9 +56,22 @@ if TYPE_CHECKING:
     from validator.settings import ValidatorSettings
     from validator.store import WorkRow
 
-EXIT_ACCEPTED, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_ACCEPTED, EXIT_REJECTED, EXIT_BAD_INPUT, EXIT_COULD_NOT_JUDGE = 0, 1, 2, 3
 # What a person fixes by changing the input: missing files, bad flags, a bad spec or checkpoint.
 BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (*KNOWN_ERRORS, NodeError)
+# What to do when this validator could not judge a file, by validator.errors.Unjudged's values.
+UNJUDGED_HINTS = {
+    "memory": "give the validator more memory (ulimit -v, the container's limit) and run it again",
+    "disk": "free disk space and run it again",
+    "descriptors": "raise the open-file limit (ulimit -n) and run it again",
+    "checkpoint": "check that --checkpoint holds the checkpoint of the file's step",
+    "internal": "a fault of the validator, not of the file: PRIME_DEBUG=1 shows where; please report it",
+}
+FILE_EPILOG = (
+    "Exit codes: 0 accepted, 1 rejected (the verdict as JSON on stdout), 2 refused usage (bad flags or inputs), "
+    "3 could not judge (this validator's memory, disk or file descriptors ran out, or its own code failed: "
+    "nothing is said about the file)."
+)
 
 app = typer.Typer(
     name="prime-validate",
@@ -110,14 +127,46 @@ def bad_input_errors() -> Iterator[None]:
     try:
         yield
     except BAD_INPUT_ERRORS as exc:
-        console = stderr_console()
+        _refuse(exc)
+
+
+def _refuse(exc: BaseException) -> NoReturn:
+    console = stderr_console()
+    if debug_enabled():
+        console.print_exception()
+    console.print(Text(f"error: {one_line(exc)}", style="bold red"))
+    raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+@contextmanager
+def file_errors() -> Iterator[None]:
+    """`prime-validate file`'s failures: exit 3 when this validator could not judge, exit 2 for bad input.
+
+    Could not judge: `CouldNotJudge` from the checks, or any failure before them whose cause is this host's memory,
+    disk or descriptors (core.exhaustion: loading torch or the checkpoint under a memory limit), or that is no
+    known input error (a fault of the validator's own). One plain line, printed without rich: memory may be short.
+    """
+    from core.exhaustion import exhausted
+    from validator.errors import CouldNotJudge
+
+    try:
+        yield
+    except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+        raise
+    except Exception as exc:
+        if isinstance(exc, CouldNotJudge):
+            failure = exc
+        elif isinstance(exc, BAD_INPUT_ERRORS) and exhausted(exc) is None:
+            _refuse(exc)
+        else:
+            failure = CouldNotJudge.during("load", exc, what="loading the task, the checkpoint or the file")
         if debug_enabled():
-            console.print_exception()
-        console.print(Text(f"error: {one_line(exc)}", style="bold red"))
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+            traceback.print_exc()
+        typer.echo(f"could not judge: {one_line(failure)}; {UNJUDGED_HINTS[failure.cause]}", err=True)
+        raise typer.Exit(EXIT_COULD_NOT_JUDGE) from None
 
 
-@app.command("file")
+@app.command("file", epilog=FILE_EPILOG)
 def file_command(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="Rollout file (Parquet).", show_default=False)],
     checkpoint: Annotated[
@@ -148,8 +197,10 @@ def file_command(
         float | None, typer.Option("--max-mant-median", min=0.0, metavar="Y", help="Override: mantissa error median.")
     ] = None,
 ) -> None:
-    """Verify FILE against the checkpoint and the task; print the verdict as JSON (exit 0 accept, 1 reject)."""
-    with bad_input_errors():
+    """Verify FILE against the checkpoint and the task; print the verdict as JSON (exit 0 accept, 1 reject).
+
+    Exit 2: refused usage (bad flags or inputs); exit 3: could not judge (this validator failed, not the file)."""
+    with file_errors():
         submitter = parse_address(node, what="--node") if node is not None else None
         key = parse_bytes32(work_key, what="--work-key") if work_key is not None else None
         import torch
@@ -174,7 +225,7 @@ def file_command(
         data = _read_bounded(file, config.max_file_bytes)
         source = open_source(spec)
         loaded = load_model(checkpoint, device=config.device, dtype=getattr(torch, config.dtype))
-        # a bad file gives a verdict; what raises here is the validator's side (a task scorer that cannot run)
+        # a bad file gives a verdict; what raises here is the validator's side (CouldNotJudge: exit 3)
         verdict = verify_file(data, spec=spec, checkpoint=loaded, config=config, expected=expected, source=source)
     typer.echo(verdict.to_json())
     raise typer.Exit(EXIT_ACCEPTED if verdict.accepted else EXIT_REJECTED)

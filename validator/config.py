@@ -16,6 +16,7 @@ from validator.errors import ValidatorError
 
 MAX_PREFILL_BATCH = 1024
 MAX_GRACE_SECONDS = 7 * 24 * 3600
+MAX_JUDGE_ATTEMPTS = 1000
 # bfloat16 tolerances (PRECISIONS), measured by benchmarks/false_slash.py --dtype bfloat16 (docs/inference.md). They
 # follow the logits' resolution, not the weights': a bfloat16 logit in [8, 16) is rounded to 1/16, and honest decode
 # and prefill round apart by up to a unit. The devnet's trained model (logits up to 11) showed log-probs 0.053 and
@@ -88,6 +89,11 @@ class ValidatorConfig:
     # looks like a stop.
     takeover_seconds: float = 60.0
     heartbeat_seconds: float = 5.0
+    # Verifications of one file that may fail on this validator's side (out of memory, disk or descriptors, a
+    # checkpoint it cannot have, a fault in its code: validator.errors.CouldNotJudge), tried again with back-off
+    # (validator.timing.retry_delay), before the file is recorded unverifiable: never a verdict, never slashed.
+    # In [1, MAX_JUDGE_ATTEMPTS]; the default 10 gives up after about three minutes.
+    judge_attempts: int = 10
 
     # The precision this validator recomputes in: the pool's (its task's sampling.dtype), one of PRECISIONS; the
     # three tolerances above are calibrated for it (`for_precision`). A task of another precision is refused.
@@ -141,6 +147,9 @@ class ValidatorConfig:
             raise ValidatorConfigError("takeover_seconds", self.takeover_seconds, "a number in [1, 3600]")
         if not (_is_number(self.heartbeat_seconds) and 0 < self.heartbeat_seconds <= 600):
             raise ValidatorConfigError("heartbeat_seconds", self.heartbeat_seconds, "a number in (0, 600]")
+        if not (_is_int(self.judge_attempts) and 1 <= self.judge_attempts <= MAX_JUDGE_ATTEMPTS):
+            rule = f"an integer in [1, {MAX_JUDGE_ATTEMPTS}]"
+            raise ValidatorConfigError("judge_attempts", self.judge_attempts, rule)
 
 
 @dataclass(frozen=True)

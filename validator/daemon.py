@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from core.exhaustion import exhausted
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
 from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted, default_confirmations
@@ -63,7 +64,7 @@ from node.terms import challenge_closes_at
 from validator.checkpoints import Checkpoints
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
-from validator.errors import CheckpointGone, NotAValidator, ValidatorError
+from validator.errors import CheckpointGone, CouldNotJudge, NotAValidator, ValidatorError
 from validator.evidence import Evidence
 from validator.sharing import Peers
 from validator.store import (
@@ -199,7 +200,14 @@ class ValidatorDaemon:
             "validator_files_unavailable_total", "Files the coordinator did not have within the grace period."
         )
         self._unverifiable = m.counter(
-            "validator_files_unverifiable_total", "Files whose step's checkpoint no source offers any more."
+            "validator_files_unverifiable_total",
+            "Files never judged, never slashed: their step's checkpoint is gone, the coordinator lost them, or this "
+            "validator could not judge them in judge_attempts tries.",
+        )
+        self._not_judged = m.counter(
+            "validator_could_not_judge_total",
+            "Verifications that failed on this validator's side, by cause (memory, disk, descriptors, checkpoint, "
+            "internal): tried again, never a verdict.",
         )
         self._invalidations = m.counter("validator_invalidations_sent_total", "invalidateWork transactions sent.")
         self._refusals = m.counter("validator_refusals_sent_total", "refuseWork transactions sent (borderline).")
@@ -560,9 +568,9 @@ class ValidatorDaemon:
         except Stopped:
             log.info("%s: stopping; its verification is dropped and runs again after a restart", short)
             raise
-        except Exception as exc:  # the validator's side failed (a source down, a scorer that cannot run)
-            log.warning("%s: verification failed on this side, trying again: %s", short, exc)
-            self._retry(row, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the validator's side failed: never a verdict (validator.errors.CouldNotJudge)
+            failure = exc if isinstance(exc, CouldNotJudge) else CouldNotJudge.during("verify", exc, what="verifying")
+            self._could_not_judge(row, failure)
             return
         seconds = time.perf_counter() - started
         self._verify_seconds.inc(seconds)
@@ -572,7 +580,7 @@ class ValidatorDaemon:
         if not verdict.accepted:  # the evidence exists before anything can go on chain
             try:
                 await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row)
-            except OSError as exc:
+            except Exception as exc:  # a full disk, memory: this validator's failure, never a reason to skip evidence
                 log.warning("%s: keeping the evidence of its rejection failed, verifying again later: %s", short, exc)
                 self._retry(row, f"keeping evidence: {exc}")
                 return
@@ -587,6 +595,23 @@ class ValidatorDaemon:
                 "%s from %s: rejected, %s (reason %d) at %s: %s",
                 short, row.node, verdict.reason.name.lower(), verdict.reason, verdict.check, verdict.detail,
             )  # fmt: skip
+
+    def _could_not_judge(self, row: WorkRow, failure: CouldNotJudge) -> None:
+        """A verification that failed on this validator's side: tried again with back-off, and after
+        `judge_attempts` such failures recorded unverifiable. Never attested, never invalidated."""
+        self._not_judged.inc(cause=str(failure.cause))
+        failures = self.store.count_unjudged(row)
+        short = _short(row.work_key)
+        if failures < self.config.judge_attempts:
+            delay = retry_delay(failures)
+            self.store.retry_later(row, delay, f"could not judge ({failure.cause}): {failure}")
+            log.warning("%s: could not judge it on this side (%d of %d tries), trying again in %g s: %s",
+                        short, failures, self.config.judge_attempts, delay, failure)  # fmt: skip
+            return
+        note = f"could not judge it in {failures} tries, the last one: {failure}"
+        self.store.move(row, UNVERIFIABLE, note=note)
+        self._unverifiable.inc()
+        log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, note)
 
     def _counter_once(self, row: WorkRow, verdict: Verdict) -> Verdict:
         """The verdict, or reason 3 when another file of this node already used the file's assignment counter."""
@@ -606,8 +631,12 @@ class ValidatorDaemon:
         """In a worker thread: the file, the verdict and the checkpoint of its step, until its window closes."""
         try:
             step: int | None = read_rollouts(data, max_bytes=self.config.max_file_bytes).rows[0].step
-        except (RolloutFormatError, IndexError):
+        except RolloutFormatError as exc:
+            if exhausted(exc) is not None:  # out of memory re-reading it: evidence without its checkpoint would not do
+                raise
             step = None  # rejected before any checkpoint was needed
+        except IndexError:
+            step = None
         checkpoint = None if step is None else self.checkpoints.path_of(step)
         window = self._window if self._window is not None else int(self.config.grace_seconds)
         self.evidence.keep(

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from core.config import setting
 from node.pool_spec import DaemonSettings, state_setting
 from node.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES
-from validator.config import MAX_GRACE_SECONDS, MAX_PREFILL_BATCH, ValidatorConfig
+from validator.config import MAX_GRACE_SECONDS, MAX_JUDGE_ATTEMPTS, MAX_PREFILL_BATCH, ValidatorConfig
 
 THRESHOLD_PRESETS = ("cpu-fp32", "bf16", "gpu-bf16")  # validator.cli.ThresholdPreset's values
 DEVICES = ("auto", "cpu", "cuda")
@@ -46,6 +46,7 @@ class ValidatorSettings(DaemonSettings):
         "clock_slack",
         "takeover_seconds",
         "heartbeat_seconds",
+        "judge_attempts",
     )
 
     state: Path | None = state_setting(  # noqa: RUF009
@@ -166,6 +167,12 @@ class ValidatorSettings(DaemonSettings):
         flag="--heartbeat",
         above=0,
         maximum=600,
+    )
+    judge_attempts: int = setting(
+        "verifications of a file that may fail on this validator's side before it is recorded unverifiable",
+        default=_DEFAULTS.judge_attempts,
+        minimum=1,
+        maximum=MAX_JUDGE_ATTEMPTS,
     )
 
     def config_fields(self) -> dict[str, Any]:

@@ -9,7 +9,8 @@ A submission moves through these stages; each transition is committed before the
        |                                      |  (an accept, or a reject whose window closed, ends at attested)
        |                                      `--refuseWork (a borderline reject: no slash, not paid)--> refused
        |--(not downloadable within the grace period)--> unavailable --attest--> attested --> invalidated
-       |--(the checkpoint of its step is gone)--> unverifiable (final: not the worker's fault, never slashed)
+       |--(the checkpoint of its step is gone, or this validator could not judge it in judge_attempts tries)-->
+       |       unverifiable (final: not the worker's fault, never slashed)
        |--(another validator judged it, or it was invalidated on chain)--> covered (final, validator.sharing)
        `--(another validator's share, its window closed with no verdict heard)--> expired (final, never slashed)
 
@@ -65,6 +66,7 @@ CREATE TABLE IF NOT EXISTS work (
     borderline INTEGER NOT NULL DEFAULT 0,  -- a rejection not clear enough to slash: attested, refused, not slashed
     mine INTEGER NOT NULL DEFAULT 1, -- this validator checks it (validator.sharing); 0: another validator's share
     slash_after REAL,                -- a replica's rejection: unix time from which it may send invalidateWork
+    unjudged INTEGER NOT NULL DEFAULT 0,  -- verifications that failed on this validator's side (CouldNotJudge)
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
     next_try REAL NOT NULL,          -- unix time before which the row is left alone
     updated REAL NOT NULL,
@@ -134,6 +136,7 @@ class WorkRow(Submission):
     next_try: float
     mine: bool = True
     slash_after: float | None = None
+    unjudged: int = 0  # verifications that failed on this validator's side
 
 
 _FIELDS = tuple(f.name for f in fields(WorkRow))
@@ -399,6 +402,14 @@ class ValidatorStore:
             (now + delay, error, now, *self._identity(row)),
         )
 
+    def count_unjudged(self, row: Submission) -> int:
+        """Counts one verification of `row` that failed on this validator's side; returns how many have."""
+        with self._transaction():
+            identity = self._identity(row)
+            self.db.execute(f"UPDATE work SET unjudged = unjudged + 1, updated = ? {_ROW}", (time.time(), *identity))
+            (count,) = self.db.execute(f"SELECT unjudged FROM work {_ROW}", identity).fetchone()
+        return int(count)
+
     def record_verdict(self, row: Submission, verdict: Verdict, *, stage: str = VERIFIED) -> None:
         if stage not in (VERIFIED, UNAVAILABLE):
             raise ValueError(f"a verdict moves a row to verified or unavailable, not {stage!r}")
@@ -508,3 +519,5 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE work ADD COLUMN mine INTEGER NOT NULL DEFAULT 1")
     if "slash_after" not in have:
         db.execute("ALTER TABLE work ADD COLUMN slash_after REAL")
+    if "unjudged" not in have:
+        db.execute("ALTER TABLE work ADD COLUMN unjudged INTEGER NOT NULL DEFAULT 0")

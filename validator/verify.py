@@ -6,12 +6,17 @@ Checks run cheapest first and stop at the first rejection (DESIGN section 7):
 
 Everything before `model` costs milliseconds; `model` prefills every row once with the checkpoint and
 compares the TOPLOC proofs (reason 7), the sampled tokens and the log-probs (reason 5).
+
+A check returns a rejecting verdict for every fault of the file. What a check raises instead, and a checkpoint
+that cannot be had, is the validator's own failure (out of memory, disk or descriptors, a fault in its code): it
+leaves as `CouldNotJudge`, never as a verdict (validator.errors).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
@@ -23,6 +28,7 @@ from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, spec_hash
 from validator import checks, recompute
 from validator.config import ValidatorConfig, ValidatorConfigError
+from validator.errors import CouldNotJudge, Unjudged
 from validator.verdict import Verdict, accept
 
 T = TypeVar("T")
@@ -65,9 +71,25 @@ class _Timer:
     def run(self, name: str, check: Callable[[], T]) -> T:
         started = time.perf_counter()
         try:
-            return check()
+            with _judging(name):
+                return check()
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - started
+
+
+@contextmanager
+def _judging(check: str, otherwise: Unjudged = Unjudged.INTERNAL) -> Iterator[None]:
+    """Whatever escapes `check` is the validator's failure, not the file's: a CouldNotJudge naming the check.
+
+    Only a request to stop passes as it is. A Rust extension's panic is a BaseException (pyo3's PanicException):
+    the tokenizer panics so when it cannot start its thread pool under a memory limit, and must not end a daemon.
+    """
+    try:
+        yield
+    except (CouldNotJudge, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:
+        raise CouldNotJudge.during(check, exc, otherwise) from exc
 
 
 def verify_file(
@@ -82,8 +104,10 @@ def verify_file(
     """The verdict on one file's bytes. `checkpoint` holds the weights of the file's policy step, or gives them.
 
     `source` is the task's opened problem source (opened from `spec` when None; a daemon opens it once).
-    A bad file never raises: it gets a rejecting verdict. Only validator-side failures raise (a task source
-    whose scorer cannot run, say the code sandbox without Docker; a checkpoint that cannot be had).
+    A bad file never raises: it gets a rejecting verdict. Only validator-side failures raise: `CouldNotJudge`
+    (out of memory, disk or descriptors; a task source whose scorer cannot run, say the code sandbox without
+    Docker; a checkpoint that cannot be had, `CheckpointGone` when no source offers it any more; a fault in a
+    check), and `ValidatorConfigError` for a config or checkpoint of another precision than the task's.
     """
     config = config or ValidatorConfig.for_precision(spec.sampling.dtype)
     if config.dtype != spec.sampling.dtype:  # every tolerance would be the wrong one: refuse, never judge
@@ -136,7 +160,11 @@ def _run_checks(
         ),
     ):
         return verdict
-    checkpoint = checkpoint_for if isinstance(checkpoint_for, LoadedModel) else checkpoint_for(step)
+    if isinstance(checkpoint_for, LoadedModel):
+        checkpoint = checkpoint_for
+    else:
+        with _judging(checks.MODEL, Unjudged.CHECKPOINT):
+            checkpoint = checkpoint_for(step)
     if (held := str(checkpoint.model.dtype).removeprefix("torch.")) != config.dtype:
         raise ValidatorConfigError("dtype", config.dtype, f"the checkpoint's precision too, which is {held}")
     task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))

@@ -214,3 +214,18 @@ def test_a_row_parked_as_gone_is_judged_again_when_its_submission_is_read_again(
     row = store.get(key("a"), NODE)
     assert row is not None and (row.stage, row.note) == (SEEN, None)
     assert store.open_count() == 1
+
+
+def test_failures_on_the_validators_side_are_counted_per_file_and_a_state_from_before_gets_the_count(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path)
+    store.record([submission("a", 10), submission("b", 11)], next_block=12)
+    assert [store.count_unjudged(submission("a")) for _ in range(3)] == [1, 2, 3]
+    row, other = store.get(key("a"), NODE), store.get(key("b"), NODE)
+    assert row is not None and other is not None and (row.unjudged, other.unjudged) == (3, 0)
+    assert row.stage == SEEN and row.attempts == 0  # counting moves nothing: the daemon decides what follows
+    store.db.execute("ALTER TABLE work DROP COLUMN unjudged")  # the schema before issue 32
+    store.close()
+    reopened = open_store(tmp_path)
+    assert reopened.count_unjudged(submission("a")) == 1

@@ -54,7 +54,7 @@ def test_the_bounds_of_each_setting_are_those_of_its_validator_config_field() ->
             with pytest.raises(ValidatorConfigError):
                 ValidatorConfig(**{item.name: kind(value)})
         checked += 1
-    assert checked == 14
+    assert checked == 15
 
 
 def test_the_choices_are_the_flags() -> None:
