@@ -17,6 +17,7 @@ from validator.store import (
     COVERED,
     EXPIRED,
     INVALIDATED,
+    REFUSED,
     SEEN,
     UNAVAILABLE,
     UNVERIFIABLE,
@@ -92,7 +93,8 @@ def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) ->
     store.move(submission("gone"), UNVERIFIABLE, note="the checkpoint of step 3 is gone")
     assert store.open_count() == 0
     assert store.counts() == {
-        SEEN: 0, VERIFIED: 0, ATTESTED: 1, INVALIDATED: 0, UNVERIFIABLE: 1, UNAVAILABLE: 0, COVERED: 0, EXPIRED: 0
+        SEEN: 0, VERIFIED: 0, ATTESTED: 1, INVALIDATED: 0, REFUSED: 0, UNVERIFIABLE: 1, UNAVAILABLE: 0, COVERED: 0,
+        EXPIRED: 0,
     }  # fmt: skip
 
 
