@@ -149,5 +149,5 @@ class FaultyWorker(WorkerDaemon):
     def finish_rows(self, rows: list[RolloutRow], *, vocab_size: int) -> list[RolloutRow]:
         return falsify(self.fault, rows, vocab_size=vocab_size, async_level=self.settings.async_level)
 
-    def submittable(self, ready: list[FileRecord], window: StepWindow) -> list[FileRecord]:
-        return ready  # stale files too: the validators are there to catch them
+    def submittable(self, ready: list[FileRecord], window: StepWindow, *, now: float | None = None) -> list[FileRecord]:
+        return ready  # stale files too, and late ones: the validators are there to catch them

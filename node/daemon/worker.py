@@ -214,12 +214,12 @@ class WorkerDaemon:
         """The rows of the file, as generated."""
         return rows
 
-    def submittable(self, ready: list[FileRecord], window: StepWindow) -> list[FileRecord]:
-        """The uploaded files whose assignment has not expired by this node's clock and whose step is inside the
-        pool's step window; the others are journaled as expired, never submitted. Past its assignment's deadline a
-        file is stale by the trainer's signature and validators must slash it; outside the window nobody trains on
-        it, and validators refuse it unpaid."""
-        timing, now = self.settings.timing, time.time()
+    def submittable(self, ready: list[FileRecord], window: StepWindow, *, now: float | None = None) -> list[FileRecord]:
+        """The uploaded files whose assignment has not expired by `now` (default: this node's clock) and whose step
+        is inside the pool's step window; the others are journaled as expired, never submitted. Past its
+        assignment's deadline a file is stale by the trainer's signature and validators must slash it; outside the
+        window nobody trains on it, and validators refuse it unpaid."""
+        timing, now = self.settings.timing, time.time() if now is None else now
         late = [r for r in ready if r.issued_at is not None and now > timing.submit_by(r.issued_at)]
         for record in late:
             assert record.issued_at is not None  # chosen above
@@ -476,7 +476,10 @@ class WorkerDaemon:
         due = due or (bool(ready) and waited >= self.settings.submit_every)
         if not ready or not due:
             return
-        ready = self.submittable(ready, step_window(await coordinator.step(), self.settings.async_level))
+        window = step_window(await coordinator.step(), self.settings.async_level)
+        # the later of this node's clock and the chain's head: validators judge a submission by its block's time
+        now = max(time.time(), await asyncio.to_thread(self.chain.timestamp))
+        ready = self.submittable(ready, window, now=now)
         for start in range(0, len(ready), self.settings.submit_batch):
             await self._submit(ready[start : start + self.settings.submit_batch])
         self._waiting_since = None
