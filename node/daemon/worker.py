@@ -9,9 +9,9 @@ One iteration (DESIGN section 1, steps 2 to 4):
 3. generate the file with proofs (the code of `prime-node generate`), write it into the state folder, record it;
 4. upload it (signed; idempotent), record that;
 5. submit uploaded files on chain, `submit_batch` at a time or after `submit_every` seconds, never a file whose
-   assignment has expired by this node's clock (`node.terms.AssignmentTiming.submit_by`: validators would reject it
-   as stale and slash the stake) nor one whose step has left the pool's window (nobody trains on it): it expires
-   instead;
+   assignment has expired by this node's clock or the chain head's (`node.terms.AssignmentTiming.submit_by`:
+   validators would reject it as stale and slash the stake) nor one whose step has left the pool's window (nobody
+   trains on it): it expires instead;
 6. follow the chain: invalidations of its files (with the reason), and, when `claim` is on, claim the rewards
    of files whose challenge window has passed.
 
@@ -220,14 +220,14 @@ class WorkerDaemon:
         assignment's deadline a file is stale by the trainer's signature and validators must slash it; outside the
         window nobody trains on it, and validators refuse it unpaid."""
         timing, now = self.settings.timing, time.time() if now is None else now
-        late = [r for r in ready if r.issued_at is not None and now > timing.submit_by(r.issued_at)]
-        for record in late:
-            assert record.issued_at is not None  # chosen above
-            detail = f"its assignment (issued at {record.issued_at}) expired at {timing.submit_by(record.issued_at)}"
-            self.state.move([record.work_key], "expired", detail=detail)
+        issued = {r.work_key: r.issued_at for r in ready if r.issued_at is not None}
+        late = {key: at for key, at in issued.items() if now > timing.submit_by(at)}
+        for key, issued_at in late.items():
+            detail = f"its assignment (issued at {issued_at}) expired at {timing.submit_by(issued_at)}"
+            self.state.move([key], "expired", detail=detail)
         if late:
-            log.warning("%d files' assignments expired by this node's clock; not submitting them", len(late))
-        ready = [r for r in ready if r not in late]
+            log.warning("%d files' assignments have expired; not submitting them", len(late))
+        ready = [r for r in ready if r.work_key not in late]
         stale = [r for r in ready if r.step not in window]
         if stale:
             self.state.move([r.work_key for r in stale], "expired", detail=f"step < {window.oldest} when submitting")
