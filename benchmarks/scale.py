@@ -109,8 +109,9 @@ class FileMaker:
 
     def make(self, job: Job) -> bytes:
         meta = dataclasses.replace(
-            self.meta, pool_id=job.pool_id, node=job.node, counter=job.counter, assignment_signature=job.signature
-        )
+            self.meta, pool_id=job.pool_id, node=job.node, counter=job.counter, assignment_signature=job.signature,
+            assignment_issued_at=job.issued_at,
+        )  # fmt: skip
         return encode_rollouts(meta, [dataclasses.replace(row, step=job.step) for row in self.rows])
 
 

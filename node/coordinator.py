@@ -290,6 +290,7 @@ class CoordinatorClient:
             prompts=grant.prompts,
             group_size=grant.group_size,
             signature=grant.signature,
+            issued_at=grant.issued_at,
         )
 
     async def upload(self, work_key: bytes, data: bytes) -> Upload:

@@ -10,10 +10,13 @@ ComputePool holds the trainer's address, the model hash and the economics; the s
     prompts_per_task = 8                              # the group shape of an assignment: prompts ...
     group_size = 8                                    # ... and samples per prompt
     replication = 1                                   # validators that check each work key (validator.sharing)
+    assignment_lifetime = 10800                       # seconds from an assignment's issue to its file on chain
+    clock_slack = 300                                 # seconds the pool's clocks may disagree, either way
     bootstrap = []                                    # libp2p multiaddrs of bootstrap peers
 
-The keys after `task` are optional (the defaults are `node.terms`'s). Every role reads the spec's terms whenever
-the pool has a spec URI (`node.terms.PoolTerms`); flags only say where the pool's parts are.
+The keys after `task` are optional (the defaults are `node.terms`'s; `assignment_lifetime`'s follows `async_level`).
+Every role reads the spec's terms whenever the pool has a spec URI (`node.terms.PoolTerms`); flags only say where
+the pool's parts are.
 
 The URI is a local path, a `file://` URL, or an `http(s)://` URL. A remote spec and its task are downloaded
 (each at most 1 MiB) into a cache folder named by their sha256, so every node reads the bytes the URI served.
@@ -40,15 +43,19 @@ from node.tasks.fields import Fields
 from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
 from node.terms import (
     DEFAULT_ASYNC_LEVEL,
+    DEFAULT_CLOCK_SLACK,
     DEFAULT_GROUP_SIZE,
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_PROMPTS_PER_TASK,
     DEFAULT_REPLICATION,
+    MAX_ASSIGNMENT_LIFETIME,
     MAX_ASYNC_LEVEL,
+    MAX_CLOCK_SLACK,
     MAX_FILE_BYTES,
     MAX_REPLICATION,
     PoolTerms,
     TermsMismatch,
+    assignment_timing,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +83,8 @@ class PoolSpec:
     prompts_per_task: int = DEFAULT_PROMPTS_PER_TASK
     group_size: int = DEFAULT_GROUP_SIZE
     replication: int = DEFAULT_REPLICATION
+    assignment_lifetime: int | None = None  # None: node.terms.default_assignment_lifetime(async_level)
+    clock_slack: int = DEFAULT_CLOCK_SLACK
 
     def task(self) -> TaskSpec:
         try:
@@ -152,6 +161,16 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
         prompts = fields.integer("prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096)
         group_size = fields.integer("group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024)
         replication = fields.integer("replication", DEFAULT_REPLICATION, minimum=1, maximum=MAX_REPLICATION)
+        lifetime = (
+            fields.integer("assignment_lifetime", minimum=1, maximum=MAX_ASSIGNMENT_LIFETIME)
+            if "assignment_lifetime" in raw
+            else None
+        )
+        clock_slack = fields.integer("clock_slack", DEFAULT_CLOCK_SLACK, minimum=0, maximum=MAX_CLOCK_SLACK)
+        try:
+            assignment_timing(async_level, lifetime, clock_slack)
+        except ValueError as exc:
+            fields.fail("assignment_lifetime", str(exc))
         bootstrap_raw = fields.raw("bootstrap", [])
         if not isinstance(bootstrap_raw, list) or not all(isinstance(b, str) and b for b in bootstrap_raw):
             raise PoolSpecError(f"pool spec {uri}: bootstrap: must be a list of multiaddr strings")
@@ -164,7 +183,7 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
         task_path = (path.parent / task).resolve()
     spec = PoolSpec(
         uri, coordinator, checkpoints, task_path, async_level, tuple(bootstrap_raw), max_file_bytes, prompts,
-        group_size, replication,
+        group_size, replication, lifetime, clock_slack,
     )  # fmt: skip
     loaded = spec.task()
     if (remote or _http_url(task)) and _names_local_files(loaded):
@@ -213,6 +232,8 @@ def pool_terms(info: PoolInfo, spec: PoolSpec | None) -> PoolTerms:
         prompts_per_task=spec.prompts_per_task,
         group_size=spec.group_size,
         replication=spec.replication,
+        assignment_lifetime=spec.assignment_lifetime,
+        clock_slack=spec.clock_slack,
         task_path=spec.task_path,
         task_hash=spec_hash(spec.task()),
     )

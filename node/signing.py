@@ -248,11 +248,15 @@ class Attestation(TypedMessage):
 @dataclass(frozen=True)
 class Assignment(TypedMessage):
     """The coordinator's grant, signed by the pool's trainer, of one file of work: `node` answers the `prompts` x
-    `group_size` assignment `counter` at policy `step` under the task spec `task_spec_hash`.
+    `group_size` assignment `counter` at policy `step` under the task spec `task_spec_hash`, issued at `issued_at`
+    (unix seconds, the trainer's clock).
 
-    The worker writes the signature into the file's metadata. A validator rebuilds this message from the file itself
-    and recovers the trainer: a file whose shape, counter, step, node or task differs from what was granted (one
-    generation re-sliced into many files, or a counter never handed out) recovers another address."""
+    The worker writes the signature and the issue time into the file's metadata. A validator rebuilds this message
+    from the file itself and recovers the trainer: a file whose shape, counter, step, node, task or issue time differs
+    from what was granted (one generation re-sliced into many files, a counter never handed out, a later issue time)
+    recovers another address. The issue time is what staleness is judged by (`node.terms.AssignmentTiming`): the
+    worker refuses an assignment off its own clock, and a validator compares it with the block time of the
+    submission, never with what the coordinator says about its steps."""
 
     pool_id: int
     node: str
@@ -261,6 +265,7 @@ class Assignment(TypedMessage):
     prompts: int
     group_size: int
     task_spec_hash: bytes
+    issued_at: int
 
     TYPE_NAME: ClassVar[str] = "Assignment"
     FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -271,7 +276,27 @@ class Assignment(TypedMessage):
         ("prompts", "prompts", "uint32"),
         ("group_size", "groupSize", "uint32"),
         ("task_spec_hash", "taskSpecHash", "bytes32"),
+        ("issued_at", "issuedAt", "uint64"),
     )
+
+
+@dataclass(frozen=True)
+class UntimedAssignment(TypedMessage):
+    """The assignment as trainers signed it before it carried its issue time (rollout format 2, issue 19): the same
+    fields but `issuedAt`, under the same type name. Its type hash differs, so a signature over one never verifies
+    as the other. A validator still checks the signature of a format-2 file with it; with no signed time, such a
+    file is never slashed as stale."""
+
+    pool_id: int
+    node: str
+    step: int
+    counter: int
+    prompts: int
+    group_size: int
+    task_spec_hash: bytes
+
+    TYPE_NAME: ClassVar[str] = "Assignment"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = Assignment.FIELDS[:-1]
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,14 @@ pure functions that every role calls instead of restating:
 - `step_window` (and `PoolTerms.window`): the policy steps a file may come from, [current - async_level, current];
 - `work_state` (and `PoolTerms.state_of`): pending, claimable, void, invalidated, refused or claimed (the contract's
   rules);
-- `DEFAULT_MAX_FILE_BYTES`: the file-size limit a pool has when its spec says nothing.
+- `DEFAULT_MAX_FILE_BYTES`: the file-size limit a pool has when its spec says nothing;
+- `AssignmentTiming` (and `PoolTerms.timing`): how long a signed assignment lives, judged by the issue time the
+  trainer signs and the chain's block time, with clock slack both ways: when a worker refuses one as off its clock,
+  when it stops submitting its file, and when a validator may call that file stale (reason 4).
 
 The terms come from two places, both fixed by the pool: its ComputePool record on chain (trainer, challenge window,
-units cap) and the pool spec its `specURI` names (async level, file-size limit, group shape, task, and how many
-validators check each key). A pool without
+units cap) and the pool spec its `specURI` names (async level, file-size limit, group shape, task, how many
+validators check each key, and the assignments' lifetime and clock slack). A pool without
 a spec URI has the defaults below, and its nodes are told where its parts are by flags; a spec URI that cannot be
 read is an error, never a reason to fall back on the defaults.
 """
@@ -33,6 +36,15 @@ DEFAULT_PROMPTS_PER_TASK = 8  # prompts of one assignment
 DEFAULT_GROUP_SIZE = 8  # samples per prompt
 DEFAULT_REPLICATION = 1  # validators that check each work key (validator.sharing splits the pool's keys among them)
 MAX_REPLICATION = 16
+# A generous bound on one policy step of a pool whose spec says nothing: the trainer uses a file while its step is
+# in the window, that is for up to async_level + 1 steps after its assignment was issued, so an assignment lives
+# that many of these (3 h at the default async level). A pool whose steps take longer sets assignment_lifetime.
+DEFAULT_STEP_SECONDS = 3600
+MAX_ASSIGNMENT_LIFETIME = 30 * 24 * 3600
+# Seconds the clocks of a pool's roles (the trainer's, a worker's, the chain's block times) may disagree, either way:
+# the skew a signed request may have (DESIGN section 5).
+DEFAULT_CLOCK_SLACK = 300
+MAX_CLOCK_SLACK = 3600
 
 
 class TermsMismatch(NodeError):
@@ -66,6 +78,54 @@ def step_window(current: int, async_level: int, *, earliest: int | None = None) 
         raise ValueError(f"async_level must be at least 0, got {async_level}")
     start = current if earliest is None else min(earliest, current)
     return StepWindow(start - async_level, current)
+
+
+def default_assignment_lifetime(async_level: int) -> int:
+    """Seconds an assignment lives when the pool's spec says nothing: async_level + 1 steps of DEFAULT_STEP_SECONDS,
+    the longest the trainer may still train on its file."""
+    return (async_level + 1) * DEFAULT_STEP_SECONDS
+
+
+@dataclass(frozen=True)
+class AssignmentTiming:
+    """How long a signed assignment lives: its file must be on chain within `lifetime` seconds of the issue time the
+    trainer signed (`node.signing.Assignment.issued_at`), and the pool's clocks may disagree by `clock_slack` seconds
+    either way. The three rules below leave 2 x clock_slack between the worker's own deadline and the validator's,
+    for the worker's clock and the time a transaction takes to be mined."""
+
+    lifetime: int
+    clock_slack: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.clock_slack <= MAX_CLOCK_SLACK:
+            raise ValueError(f"clock_slack must be in [0, {MAX_CLOCK_SLACK}] seconds, got {self.clock_slack}")
+        if not 2 * self.clock_slack < self.lifetime <= MAX_ASSIGNMENT_LIFETIME:
+            raise ValueError(
+                f"assignment_lifetime must be in ({2 * self.clock_slack}, {MAX_ASSIGNMENT_LIFETIME}] seconds (more "
+                f"than twice the clock slack, {self.clock_slack} s), got {self.lifetime}"
+            )
+
+    def off_clock(self, issued_at: int, now: float) -> bool:
+        """Whether an assignment the trainer stamped `issued_at` is too far from the receiver's clock `now` to be
+        taken: a worker refuses it (the coordinator's fault), and generates nothing for it."""
+        return abs(now - issued_at) > self.clock_slack
+
+    def submit_by(self, issued_at: int) -> int:
+        """The last time, by the worker's own clock, at which it sends a submission of the assignment's file."""
+        return issued_at + self.lifetime - self.clock_slack
+
+    def stale_after(self, issued_at: int) -> int:
+        """The chain time after which a submission of the assignment's file is stale (reason 4, slashable): a block
+        stamped later than this landed more than the lifetime and the clock slack after the signed issue time."""
+        return issued_at + self.lifetime + self.clock_slack
+
+
+def assignment_timing(async_level: int, lifetime: int | None, clock_slack: int) -> AssignmentTiming:
+    """A pool's AssignmentTiming: `lifetime` seconds (None: default_assignment_lifetime of its async level)."""
+    return AssignmentTiming(default_assignment_lifetime(async_level) if lifetime is None else lifetime, clock_slack)
+
+
+DEFAULT_TIMING = assignment_timing(DEFAULT_ASYNC_LEVEL, None, DEFAULT_CLOCK_SLACK)  # a pool with no spec
 
 
 def challenge_closes_at(submitted_at: int, challenge_window: int) -> int:
@@ -105,6 +165,10 @@ class PoolTerms:
     replication: int = DEFAULT_REPLICATION  # validators that check each work key; only the first may slash at once
     task_path: Path | None = None  # the spec's task (its cached copy when remote); None without a spec
     task_hash: bytes | None = None  # that task spec's canonical hash, which assignments sign
+    # seconds after its signed issue time by which an assignment's file must be on chain (None: from the async level,
+    # default_assignment_lifetime), and the clock slack both ways (AssignmentTiming)
+    assignment_lifetime: int | None = None
+    clock_slack: int = DEFAULT_CLOCK_SLACK
 
     def __post_init__(self) -> None:
         if not 0 <= self.async_level <= MAX_ASYNC_LEVEL:
@@ -113,6 +177,12 @@ class PoolTerms:
             raise ValueError(f"max_file_bytes must be in [1, {MAX_FILE_BYTES}], got {self.max_file_bytes}")
         if not 1 <= self.replication <= MAX_REPLICATION:
             raise ValueError(f"replication must be in [1, {MAX_REPLICATION}], got {self.replication}")
+        assignment_timing(self.async_level, self.assignment_lifetime, self.clock_slack)  # raises on bad values
+
+    @property
+    def timing(self) -> AssignmentTiming:
+        """The assignments' lifetime and clock slack, as every role applies them."""
+        return assignment_timing(self.async_level, self.assignment_lifetime, self.clock_slack)
 
     @property
     def source(self) -> str:

@@ -5,8 +5,10 @@ Plain objects with no HTTP in them: `trainer/api.py` reads the bodies, checks th
 carrying its `node.protocol.ErrorCode`; the API answers it with the code's status.
 
 An assignment is answered with the trainer's EIP-712 signature over `Assignment(poolId, node, step, counter,
-prompts, groupSize, taskSpecHash)`: the worker writes it into the file, and validators refuse a file whose work
-was not handed out in exactly that shape (one generation re-sliced into many files, or a counter never issued).
+prompts, groupSize, taskSpecHash, issuedAt)`, `issuedAt` being the trainer's clock when it signs: the worker writes
+it into the file, and validators refuse a file whose work was not handed out in exactly that shape (one generation
+re-sliced into many files, or a counter never issued), and judge its staleness by that signed time and the chain's
+block time of its submission (node.terms.AssignmentTiming), never by `GET /v1/steps`.
 
 Assignments are capped per node and policy step (`files_per_node_per_step`). A request over the cap is held until
 the trainer publishes the next step (at most `hold_seconds`), then answered with that step's assignment, or with
@@ -45,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -197,10 +200,12 @@ class CoordinatorService:
         pending: Callable[[str], int] | None = None,
         signer: LocalAccount | None = None,
         task_spec_hash: bytes | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox, self.verdicts = domain, state, roles, inbox, verdicts
         self.signer = signer  # the trainer's key: signs upload receipts and assignments (None: neither is signed)
         self.task_spec_hash = task_spec_hash  # the pool's task, which every signed assignment names
+        self.clock = clock  # the trainer's clock, which stamps each signed assignment's issue time
         self.config = config or ApiConfig()
         self.on_upload = on_upload
         # (node, counter handed out): lets the trainer persist counters before answering; an awaitable it returns is
@@ -266,9 +271,14 @@ class CoordinatorService:
         grant = TaskGrant(self.state.pool_id, node, step, counter, prompts, group_size)
         if self.signer is None or self.task_spec_hash is None:
             return grant
-        signed = Assignment(self.state.pool_id, node, step, counter, prompts, group_size, self.task_spec_hash)
+        issued_at = int(self.clock())  # after any hold: the time the grant leaves, which the worker checks
+        signed = Assignment(
+            self.state.pool_id, node, step, counter, prompts, group_size, self.task_spec_hash, issued_at
+        )
         signature = sign(signed, self.signer, self.domain)
-        return TaskGrant(self.state.pool_id, node, step, counter, prompts, group_size, self.task_spec_hash, signature)
+        return TaskGrant(
+            self.state.pool_id, node, step, counter, prompts, group_size, self.task_spec_hash, signature, issued_at
+        )
 
     def _over_limit(self, node: str, step: int, handed: int) -> str:
         """Why `node` gets no assignment now ("" when it does)."""

@@ -27,12 +27,12 @@ from node.rollouts import (
     read_rollouts,
     work_units,
 )
-from node.signing import Assignment, SignatureError, SigningDomain, recover
+from node.signing import Assignment, SignatureError, SigningDomain, UntimedAssignment, recover
 from node.tasks.errors import AssignmentError
 from node.tasks.rewards import score_completion
 from node.tasks.sources import TaskSource
 from node.tasks.spec import TaskSpec
-from node.terms import step_window
+from node.terms import AssignmentTiming, step_window
 from validator.config import ValidatorConfig
 from validator.errors import CouldNotJudge
 from validator.verdict import Verdict, reject
@@ -139,13 +139,44 @@ def _bad_meta(detail: str, name: str, expected: Any, found: Any) -> Verdict:
     )
 
 
+def check_deadline(meta: RolloutMeta, step: int, submitted_at: int, timing: AssignmentTiming) -> Verdict | None:
+    """Stale on signed facts alone (reason 4, slashable): the submission's block is stamped later than the issue time
+    the trainer signed plus the pool's assignment lifetime and clock slack (`node.terms.AssignmentTiming`).
+
+    Call it only once the file's assignment signature has checked out: that makes `step` and the issue time the
+    trainer's word. A file without a signed issue time (rollout format 2) is never stale by this rule."""
+    issued_at = meta.assignment_issued_at
+    if issued_at is None:
+        return None
+    deadline = timing.stale_after(issued_at)
+    if submitted_at <= deadline:
+        return None
+    return reject(
+        Reason.STALE_STEP,
+        STEP,
+        f"the file of step {step} was submitted at chain time {submitted_at}, {submitted_at - issued_at} s after the "
+        f"trainer signed its assignment (at {issued_at}): past the pool's {timing.lifetime} s assignment lifetime "
+        f"and {timing.clock_slack} s clock slack (deadline {deadline})",
+        step=step,
+        issued_at=issued_at,
+        submitted_at=submitted_at,
+        deadline=deadline,
+        lifetime=timing.lifetime,
+        clock_slack=timing.clock_slack,
+    )
+
+
 def check_step(
     step: int, current_step: int | None, async_level: int, *, earliest_step: int | None = None
 ) -> Verdict | None:
     """Rollouts count only while their policy is at most `async_level` steps behind (DESIGN section 8).
 
     `earliest_step` (default: `current_step`) is the oldest step that may have been current at submission, when
-    clocks leave that uncertain: the window is then [earliest_step - async_level, current_step]."""
+    clocks leave that uncertain: the window is then [earliest_step - async_level, current_step].
+
+    The current step is the coordinator's word (`GET /v1/steps`, or a flag), which nobody signs: a file outside the
+    window is refused for training and not paid, never slashed (a borderline rejection). Slashable staleness rests
+    on the signed assignment alone (`check_deadline`)."""
     if current_step is None:
         return None
     window = step_window(current_step, async_level, earliest=earliest_step)
@@ -154,11 +185,13 @@ def check_step(
     return reject(
         Reason.STALE_STEP,
         STEP,
-        f"the file is from step {step}, outside {window}",
+        f"the file is from step {step}, outside {window} by the coordinator's step history, which is not signed: "
+        "refused, not slashed",
         step=step,
         current_step=current_step,
         earliest_step=current_step if earliest_step is None else earliest_step,
         async_level=async_level,
+        borderline=True,
     )
 
 
@@ -202,27 +235,37 @@ def plan_for(
         return reject(Reason.WRONG_ASSIGNMENT, ASSIGNMENT, str(exc), groups=shape[0])
 
 
+def signed_grant(meta: RolloutMeta, step: int, shape: tuple[int, int]) -> Assignment | UntimedAssignment:
+    """The assignment message a file claims the trainer signed, rebuilt from the file: with its issue time from
+    format 3 on, without one in format 2 (`node.signing.UntimedAssignment`)."""
+    fields = (meta.pool_id, meta.node, step, meta.counter, shape[0], shape[1], meta.task_spec_hash)
+    if meta.assignment_issued_at is None:
+        return UntimedAssignment(*fields)
+    return Assignment(*fields, meta.assignment_issued_at)
+
+
 def check_signed_assignment(
     meta: RolloutMeta, step: int, shape: tuple[int, int], trainer: str, domain: SigningDomain
 ) -> Verdict | None:
-    """The file carries the trainer's `Assignment` signature over exactly its pool, node, step, counter, shape and
-    task. The message is rebuilt from the file, so a file cut from a larger generation, or made for a counter the
-    coordinator never handed out, recovers another address: reason 3."""
+    """The file carries the trainer's `Assignment` signature over exactly its pool, node, step, counter, shape, task
+    and issue time. The message is rebuilt from the file, so a file cut from a larger generation, made for a counter
+    the coordinator never handed out, or claiming another issue time, recovers another address: reason 3."""
     if meta.assignment_signature is None:
         return reject(
             Reason.WRONG_ASSIGNMENT, ASSIGNMENT, "the file carries no assignment signature", counter=meta.counter
         )
-    grant = Assignment(meta.pool_id, meta.node, step, meta.counter, shape[0], shape[1], meta.task_spec_hash)
+    grant = signed_grant(meta, step, shape)
     try:
         signer = recover(grant, meta.assignment_signature, domain)
     except SignatureError as exc:
         return reject(Reason.WRONG_ASSIGNMENT, ASSIGNMENT, f"the assignment signature is malformed: {exc}")
     if signer != trainer:
+        issued = "" if meta.assignment_issued_at is None else f", issued at {meta.assignment_issued_at},"
         return reject(
             Reason.WRONG_ASSIGNMENT,
             ASSIGNMENT,
-            f"no such assignment was handed out: step {step}, counter {meta.counter}, {shape[0]} x {shape[1]} is "
-            f"not what the trainer signed (the signature recovers {signer}, not {trainer})",
+            f"no such assignment was handed out: step {step}, counter {meta.counter}, {shape[0]} x {shape[1]}{issued} "
+            f"is not what the trainer signed (the signature recovers {signer}, not {trainer})",
             counter=meta.counter,
             groups=shape[0],
             group_size=shape[1],
@@ -234,20 +277,14 @@ def assigned_plan(
     rows: Sequence[RolloutRow],
     meta: RolloutMeta,
     step: int,
+    shape: tuple[int, int],
     spec: TaskSpec,
     source: TaskSource,
     tokenizer: Any,
-    *,
-    grantor: tuple[str, SigningDomain] | None = None,
 ) -> list[PlannedPrompt] | Verdict:
     """The file's plan when its rows follow it exactly (layout, problems, prompts, seeds, targets); else reason 3.
 
-    With `grantor` (the pool's trainer and the signing domain) the assignment must also be one the trainer signed."""
-    shape = group_shape(rows)
-    if isinstance(shape, Verdict):
-        return shape
-    if grantor is not None and (verdict := check_signed_assignment(meta, step, shape, *grantor)):
-        return verdict
+    `shape` is the file's `group_shape`; whether the trainer signed the assignment is `check_signed_assignment`'s."""
     plan = plan_for(meta, step, shape, spec, source, tokenizer)
     if isinstance(plan, Verdict):
         return plan

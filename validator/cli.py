@@ -428,6 +428,7 @@ def _pool_setup(ledger: Ledger, pool: int, settings: ValidatorSettings) -> tuple
         checkpoints=found.checkpoints,
         task=load_task_spec(found.task_path),
         replication=terms.replication,
+        timing=terms.timing,
     )
     return setup, terms, found.bootstrap
 

@@ -8,10 +8,14 @@ One loop, one submission at a time (DESIGN section 1, step 5):
    is never held against the worker: the file is tried again later; nor is a file the coordinator stored,
    acknowledged with a receipt and then lost (410 `lost`): it is unverifiable, never slashed;
 3. verify it (`validator.verify.verify_file`) with the checkpoint of the step its rows claim, fetched through
-   SHARDCAST on demand (`validator.checkpoints`), against the pool's step at the time of the submission (the
-   newest step of the coordinator's `GET /v1/steps` published by the submission's block timestamp): a validator
-   catching up on a backlog judges each file by the window its worker had. A step whose checkpoint no source
-   offers any more makes the file `unverifiable`: logged, never slashed;
+   SHARDCAST on demand (`validator.checkpoints`). Staleness is judged twice. On signed facts: the file's assignment,
+   signed by the trainer with its step and issue time, against the submission's block timestamp and the pool's
+   assignment lifetime (`node.terms.AssignmentTiming`); past that deadline the file is stale and slashed. On the
+   coordinator's word: the pool's step at the time of the submission (the newest step of the coordinator's
+   unsigned `GET /v1/steps` published by the submission's block timestamp), so that a validator catching up on a
+   backlog judges each file by the window its worker had; outside that window a file is refused (borderline),
+   never slashed. A step whose checkpoint no source offers any more makes the file `unverifiable`: logged, never
+   slashed;
 4. post a signed attestation to the coordinator, and (with a p2p port) publish it on the pool's attestations
    topic (`validator.gossip`; best effort, never fatal);
 5. on a rejection, keep the evidence first (`validator.evidence`: the file, the verdict with its per-chunk
@@ -60,7 +64,11 @@ from node.rollouts.writer import publish_atomically
 from node.signing import Attestation, SigningDomain
 from node.tasks.sources import open_source
 from node.tasks.spec import TaskSpec, spec_hash
-from node.terms import challenge_closes_at
+from node.terms import (
+    DEFAULT_TIMING,
+    AssignmentTiming,
+    challenge_closes_at,
+)
 from validator.checkpoints import Checkpoints
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
@@ -107,6 +115,8 @@ class PoolSetup:
     checkpoints: tuple[str, ...]  # SHARDCAST sources: the origin and relays
     task: TaskSpec
     replication: int = 1  # validators that check each key (the pool's term, node.terms.PoolTerms.replication)
+    # the assignments' lifetime and clock slack (the pool's terms, node.terms.PoolTerms.timing): what makes a file stale
+    timing: AssignmentTiming = DEFAULT_TIMING
 
 
 class ValidatorDaemon:
@@ -541,6 +551,8 @@ class ValidatorDaemon:
             earliest_step=0 if earliest is None and current is not None else earliest,  # unknown: never stale
             trainer=self.setup.trainer,  # the file's assignment must be one the trainer signed
             domain=self.domain,
+            submitted_at=row.submitted_at,  # the block's time: past the signed assignment's deadline, it is stale
+            timing=self.setup.timing,
         )
         loop = asyncio.get_running_loop()
 

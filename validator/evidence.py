@@ -28,6 +28,7 @@ from typing import Any
 from node.proofs import ProofThresholds
 from node.rollouts.writer import publish_atomically
 from node.signing import SigningDomain
+from node.terms import AssignmentTiming
 from validator.config import ValidatorConfig
 from validator.errors import ValidatorError
 from validator.verdict import Verdict
@@ -64,6 +65,8 @@ class Kept:
         work_key = fields.pop("work_key")
         if isinstance(domain := fields.get("domain"), dict):  # the signing domain of the assignment signature
             fields["domain"] = SigningDomain(int(domain["chain_id"]), str(domain["verifying_contract"]))
+        if isinstance(timing := fields.get("timing"), dict):  # the pool's assignment lifetime and clock slack
+            fields["timing"] = AssignmentTiming(int(timing["lifetime"]), int(timing["clock_slack"]))
         return Expected(work_key=bytes.fromhex(work_key.removeprefix("0x")) if work_key else None, **fields)
 
 

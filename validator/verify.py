@@ -2,7 +2,12 @@
 
 Checks run cheapest first and stop at the first rejection (DESIGN section 7):
 
-    size, work_key -> format, metadata -> step -> assignment -> sampling_sanity -> rewards -> model
+    size, work_key -> format, metadata -> assignment (signature) -> step -> assignment (plan) -> sampling_sanity
+    -> rewards -> model
+
+The signature comes before the step: a file is stale, and slashed, only by the step and the issue time the trainer
+signed, against the chain's block time of its submission (`checks.check_deadline`); the coordinator's step history
+can only refuse it unpaid (`checks.check_step`, a borderline rejection).
 
 Everything before `model` costs milliseconds; `model` prefills every row once with the checkpoint and
 compares the TOPLOC proofs (reason 7), the sampled tokens and the log-probs (reason 5).
@@ -26,6 +31,7 @@ from node.rollouts import work_units
 from node.signing import SigningDomain
 from node.tasks.sources import TaskSource, open_source
 from node.tasks.spec import TaskSpec, spec_hash
+from node.terms import AssignmentTiming
 from validator import checks, recompute
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.errors import CouldNotJudge, Unjudged
@@ -45,18 +51,26 @@ class Expected:
     node: str | None = None  # the on-chain submitter
     pool_id: int | None = None
     units: int | None = None  # the submitted work units
-    current_step: int | None = None  # the pool's current policy step
-    earliest_step: int | None = None  # the oldest step that may have been current (clock slack); default current
+    # the pool's current policy step by the coordinator's word (unsigned: a file outside the window is refused, never
+    # slashed), and the oldest step that may have been current (clock slack); default current
+    current_step: int | None = None
+    earliest_step: int | None = None
     # the pool's trainer and the EIP-712 domain: the file must carry the trainer's signature of exactly its assignment
     trainer: str | None = None
     domain: SigningDomain | None = None
+    # the chain's block time of the submission and the pool's assignment lifetime and clock slack: with a trainer,
+    # a file submitted past its signed assignment's deadline is stale (reason 4)
+    submitted_at: int | None = None
+    timing: AssignmentTiming | None = None
 
     def __post_init__(self) -> None:
         if self.work_key is not None and len(self.work_key) != 32:
             raise ValueError(f"Expected.work_key must be 32 bytes, got {len(self.work_key)}")
         if (self.trainer is None) != (self.domain is None):
             raise ValueError("Expected.trainer and Expected.domain go together")
-        for name in ("pool_id", "units", "current_step", "earliest_step"):
+        if (self.submitted_at is None) != (self.timing is None):
+            raise ValueError("Expected.submitted_at and Expected.timing go together")
+        for name in ("pool_id", "units", "current_step", "earliest_step", "submitted_at"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"Expected.{name} must be >= 0, got {value}")
@@ -153,6 +167,20 @@ def _run_checks(
     ):
         return verdict
     step = rows[0].step  # the metadata check made every row's step equal
+    shape = timer.run(checks.ASSIGNMENT, lambda: checks.group_shape(rows))
+    if isinstance(shape, Verdict):
+        return shape
+    if expected.trainer is not None and expected.domain is not None:
+        trainer, domain = expected.trainer, expected.domain
+        if verdict := timer.run(
+            checks.ASSIGNMENT, lambda: checks.check_signed_assignment(meta, step, shape, trainer, domain)
+        ):
+            return verdict
+        # the step and the issue time are the trainer's word now: the only staleness that may be slashed
+        if expected.submitted_at is not None and expected.timing is not None:
+            submitted_at, timing = expected.submitted_at, expected.timing
+            if verdict := timer.run(checks.STEP, lambda: checks.check_deadline(meta, step, submitted_at, timing)):
+                return verdict
     if verdict := timer.run(
         checks.STEP,
         lambda: checks.check_step(
@@ -168,10 +196,9 @@ def _run_checks(
     if (held := str(checkpoint.model.dtype).removeprefix("torch.")) != config.dtype:
         raise ValidatorConfigError("dtype", config.dtype, f"the checkpoint's precision too, which is {held}")
     task = timer.run(checks.ASSIGNMENT, lambda: source if source is not None else open_source(spec))
-    grantor = None if expected.trainer is None or expected.domain is None else (expected.trainer, expected.domain)
     plan = timer.run(
         checks.ASSIGNMENT,
-        lambda: checks.assigned_plan(rows, meta, step, spec, task, checkpoint.tokenizer, grantor=grantor),
+        lambda: checks.assigned_plan(rows, meta, step, shape, spec, task, checkpoint.tokenizer),
     )
     if isinstance(plan, Verdict):
         return plan

@@ -205,6 +205,8 @@ def start(
             task=found.task_path,
             async_level=terms.async_level,
             max_file_bytes=terms.max_file_bytes,
+            assignment_lifetime=terms.assignment_lifetime,
+            clock_slack=terms.clock_slack,
             batch_size=config.batch_size,
             submit_batch=config.submit_batch,
             submit_every=config.submit_every,

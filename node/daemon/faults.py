@@ -8,7 +8,7 @@ Each fault is what a real cheater would try, and each is caught by a different c
 | wrong-model | generates with weights about 1% off the checkpoint (a cheaper model) | TOPLOC proofs (reason 7) |
 | tamper-tokens | changes one generated token per completion after sampling | sampling recheck / proofs (5, 7) |
 | fake-reward | claims a task reward of 1 for every completion | reward recomputation (6) |
-| stale-step | labels its files with a step outside the pool's window | the step check (4) |
+| stale-step | labels its files with a step outside the pool's window | signed assignment (3); offline, step (4) |
 
 Faults are refused on any chain but a local devnet: chain id 31337 with an RPC endpoint on loopback.
 
@@ -149,5 +149,5 @@ class FaultyWorker(WorkerDaemon):
     def finish_rows(self, rows: list[RolloutRow], *, vocab_size: int) -> list[RolloutRow]:
         return falsify(self.fault, rows, vocab_size=vocab_size, async_level=self.settings.async_level)
 
-    def submittable(self, ready: list[FileRecord], window: StepWindow) -> list[FileRecord]:
-        return ready  # stale files too: the validators are there to catch them
+    def submittable(self, ready: list[FileRecord], window: StepWindow, *, now: float | None = None) -> list[FileRecord]:
+        return ready  # stale files too, and late ones: the validators are there to catch them

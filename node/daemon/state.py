@@ -5,8 +5,9 @@ A file moves through these stages, each recorded before the daemon acts on the n
     written -> uploaded -> submitted -> claimed
                    |            |----> invalidated (with the validator's reason)
                    |            `----> refused (a validator's refuseWork: not paid, not slashed)
-                   `-> expired (its step fell out of the pool's window before it was submitted: never submitted,
-                                because validators would reject it as stale and slash the stake)
+                   `-> expired (its assignment expired by the node's clock, or its step fell out of the pool's
+                                window, before it was submitted: never submitted, because validators would
+                                slash it as stale, or refuse it unpaid)
 
 The file itself lies in `files/<work key>.parquet` (written under a temporary name, fsynced, renamed) before the
 `written` row exists, so after a crash at any point a restart finds each file either absent (its generation is
@@ -41,7 +42,8 @@ CREATE TABLE IF NOT EXISTS files (
     updated REAL NOT NULL,
     tx TEXT,                     -- the submitWork transaction
     detail TEXT,                 -- why it expired, or the invalidation reason
-    verdict TEXT                 -- what validators attested, as the coordinator lists it (signatures checked)
+    verdict TEXT,                -- what validators attested, as the coordinator lists it (signatures checked)
+    issued_at INTEGER            -- the assignment's signed issue time (unix seconds); NULL before rollout format 3
 );
 CREATE INDEX IF NOT EXISTS files_stage ON files (stage);
 """
@@ -63,6 +65,7 @@ class FileRecord:
     tx: str | None
     detail: str | None
     verdict: str | None
+    issued_at: int | None = None  # the assignment's signed issue time; None in files made before format 3
 
 
 class WorkerState:
@@ -80,6 +83,8 @@ class WorkerState:
             )
 
         self.db = open_bound(root / "state.db", SCHEMA, identity, mismatch=mismatch)
+        if "issued_at" not in {row[1] for row in self.db.execute("PRAGMA table_info(files)")}:  # a journal from before
+            self.db.execute("ALTER TABLE files ADD COLUMN issued_at INTEGER")
 
     def close(self) -> None:
         self.db.close()
@@ -87,15 +92,16 @@ class WorkerState:
     def path_of(self, work_key: bytes) -> Path:
         return self.files_dir / f"{work_key.hex()}.parquet"
 
-    def add(self, work_key: bytes, *, step: int, counter: int, units: int) -> None:
-        """Records a file whose bytes are already at `path_of(work_key)`."""
+    def add(self, work_key: bytes, *, step: int, counter: int, units: int, issued_at: int | None = None) -> None:
+        """Records a file whose bytes are already at `path_of(work_key)`, made for an assignment issued at
+        `issued_at` (None: unknown)."""
         if not self.path_of(work_key).is_file():
             raise WorkerStateError(f"recording 0x{work_key.hex()} before its file exists")
         now = time.time()
         self.db.execute(
-            "INSERT OR IGNORE INTO files (work_key, step, counter, units, stage, created, updated) "
-            "VALUES (?, ?, ?, ?, 'written', ?, ?)",
-            (work_key.hex(), step, counter, units, now, now),
+            "INSERT OR IGNORE INTO files (work_key, step, counter, units, stage, created, updated, issued_at) "
+            "VALUES (?, ?, ?, ?, 'written', ?, ?, ?)",
+            (work_key.hex(), step, counter, units, now, now, issued_at),
         )
 
     def move(self, work_keys: Iterable[bytes], stage: str, *, tx: str | None = None, detail: str | None = None) -> None:
@@ -130,7 +136,8 @@ class WorkerState:
 
     def _records(self, where: str, args: Sequence[object]) -> list[FileRecord]:
         rows = self.db.execute(
-            f"SELECT work_key, step, counter, units, stage, created, updated, tx, detail, verdict FROM files {where}",
+            "SELECT work_key, step, counter, units, stage, created, updated, tx, detail, verdict, issued_at "
+            f"FROM files {where}",
             args,
         ).fetchall()
         return [FileRecord(bytes.fromhex(r[0]), *r[1:]) for r in rows]

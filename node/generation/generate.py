@@ -59,6 +59,7 @@ def generate_rollouts(
         model_hash=loaded.model_hash,
         counter=job.counter,
         assignment_signature=job.signature,
+        assignment_issued_at=job.issued_at,
     )
     return Generated(meta, rows)
 

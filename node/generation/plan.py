@@ -32,6 +32,7 @@ class Job:
     prompts: int
     group_size: int
     signature: bytes | None = None  # the coordinator's `Assignment` signature; None for work nobody assigned
+    issued_at: int | None = None  # the issue time that signature covers (unix seconds, the trainer's clock)
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.group_size < 1:

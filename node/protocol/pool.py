@@ -85,8 +85,9 @@ class StepHistory:
 class TaskGrant:
     """`POST /v1/tasks`: assignment `counter` of `node` at policy `step`, `prompts` x `group_size` samples.
 
-    With a trainer's key, `signature` is its EIP-712 signature over `node.signing.Assignment` of these fields and
-    `task_spec_hash` (the worker writes it into the file); a coordinator without one sends neither."""
+    With a trainer's key, `signature` is its EIP-712 signature over `node.signing.Assignment` of these fields,
+    `task_spec_hash` and `issued_at` (unix seconds, the trainer's clock when it signed; the worker writes both into
+    the file); a coordinator without one sends none of the three."""
 
     pool_id: int
     node: str
@@ -96,6 +97,7 @@ class TaskGrant:
     group_size: int
     task_spec_hash: bytes | None = None
     signature: bytes | None = None
+    issued_at: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         answer: dict[str, Any] = {
@@ -110,6 +112,8 @@ class TaskGrant:
             answer["task_spec_hash"] = "0x" + self.task_spec_hash.hex()
         if self.signature is not None:
             answer["signature"] = "0x" + self.signature.hex()
+        if self.issued_at is not None:
+            answer["issued_at"] = self.issued_at
         return answer
 
     @classmethod
@@ -124,4 +128,5 @@ class TaskGrant:
             group_size=f.uint(name, raw, "group_size", f.UINT32_MAX, minimum=1),
             task_spec_hash=f.optional_hex(name, raw, "task_spec_hash", 32),
             signature=f.optional_hex(name, raw, "signature", 65),
+            issued_at=f.uint(name, raw, "issued_at", f.UINT64_MAX) if "issued_at" in raw else None,
         )

@@ -2,7 +2,9 @@
 
 Stored as UTF-8 JSON (sorted keys, no spaces) under the Parquet key-value key b"prime". Hashes are
 "0x" + 64 lowercase hex digits; the node address is EIP-55 checksummed. Unknown or missing keys are an
-error: a new field means a new `format_version`.
+error: a new field means a new `format_version`. This node writes FORMAT_VERSION and reads every version of
+READABLE_VERSIONS, each with its own exact keys (a file keeps the version it was written in: its bytes are its
+work key).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from node.rollouts.schema import FormatProblem, RolloutFormatError
 from node.safejson import json_too_deep
 
 METADATA_KEY = b"prime"
-FORMAT_VERSION = 2  # 2: the coordinator's assignment signature (issue 19)
+FORMAT_VERSION = 3  # 2: the coordinator's assignment signature (issue 19); 3: the assignment's issue time (issue 32)
+READABLE_VERSIONS = (2, 3)
+TIMED_VERSION = 3  # the first version whose assignment carries its issue time
 SIGNATURE_BYTES = 65
 HASH_BYTES = 32
 MAX_CREATED_BY = 200
@@ -36,6 +40,12 @@ def _created_by() -> str:
 
 def _bad(detail: str) -> RolloutFormatError:
     return RolloutFormatError(FormatProblem.METADATA, detail)
+
+
+def _unsupported(version: object) -> RolloutFormatError:
+    return _bad(
+        f"format_version {version!r} is not supported (this node reads {', '.join(map(str, READABLE_VERSIONS))})"
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -74,15 +84,18 @@ class RolloutMeta:
     task_spec_hash: bytes
     model_hash: bytes  # node.model.loading's hash of the weights used
     counter: int  # the assignment counter: with (pool, node, step) it fixes which problems the file must answer
-    # the trainer's EIP-712 `Assignment` signature over (pool, node, step, counter, shape, task): proof the work was
-    # handed out; None in a file nobody assigned (a validator of a pool refuses it)
+    # the trainer's EIP-712 `Assignment` signature over (pool, node, step, counter, shape, task, issue time): proof
+    # the work was handed out; None in a file nobody assigned (a validator of a pool refuses it)
     assignment_signature: bytes | None = None
+    # the issue time that signature covers (unix seconds, the trainer's clock): present exactly when the signature is,
+    # from format 3 on; None in format 2, whose signatures cover no time (`node.signing.UntimedAssignment`)
+    assignment_issued_at: int | None = None
     created_by: str = field(default_factory=_created_by)
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != FORMAT_VERSION or not _is_int(self.format_version):
-            raise _bad(f"format_version {self.format_version!r} is not supported (this node reads {FORMAT_VERSION})")
+        if not (_is_int(self.format_version) and self.format_version in READABLE_VERSIONS):
+            raise _unsupported(self.format_version)
         if not (_is_int(self.pool_id) and 0 <= self.pool_id < 2**256):
             raise _bad(f"pool_id must be a uint256, got {self.pool_id!r}")
         if not (isinstance(self.node, str) and is_checksum_address(self.node)):
@@ -96,6 +109,14 @@ class RolloutMeta:
         signature = self.assignment_signature
         if signature is not None and not (isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES):
             raise _bad(f"assignment_signature must be {SIGNATURE_BYTES} bytes or absent, got {signature!r}")
+        issued_at = self.assignment_issued_at
+        if self.format_version < TIMED_VERSION:
+            if issued_at is not None:
+                raise _bad(f"format {self.format_version} carries no assignment_issued_at, got {issued_at!r}")
+        elif (issued_at is None) != (signature is None):
+            raise _bad("assignment_issued_at and assignment_signature go together: both present or both null")
+        elif issued_at is not None and not (_is_int(issued_at) and 0 <= issued_at < 2**64):
+            raise _bad(f"assignment_issued_at must be a uint64 (unix seconds), got {issued_at!r}")
         if not isinstance(self.sampling, SamplingMeta):
             raise _bad(f"sampling must be a SamplingMeta, got {type(self.sampling).__name__}")
         if not (isinstance(self.created_by, str) and 0 < len(self.created_by) <= MAX_CREATED_BY):
@@ -120,10 +141,12 @@ def encode_meta(meta: RolloutMeta) -> bytes:
         "assignment_signature": None if meta.assignment_signature is None else "0x" + meta.assignment_signature.hex(),
         "created_by": meta.created_by,
     }
+    if meta.format_version >= TIMED_VERSION:
+        document["assignment_issued_at"] = meta.assignment_issued_at
     return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-_META_KEYS = {
+_V2_KEYS = {
     "format_version",
     "pool_id",
     "node",
@@ -135,6 +158,7 @@ _META_KEYS = {
     "assignment_signature",
     "created_by",
 }
+_META_KEYS = {2: _V2_KEYS, 3: _V2_KEYS | {"assignment_issued_at"}}  # the exact keys of each readable version
 _SAMPLING_KEYS = {"temperature", "top_p", "max_tokens"}
 
 
@@ -181,7 +205,11 @@ def parse_meta(raw: bytes | None) -> RolloutMeta:
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _bad(f"{METADATA_KEY!r} metadata is not UTF-8 JSON: {exc}") from exc
-    top = _exact_keys(document, _META_KEYS, "metadata")
+    # each version has its own keys; a document without one is checked against this node's (and named missing)
+    version = document.get("format_version", FORMAT_VERSION) if isinstance(document, dict) else FORMAT_VERSION
+    if not (_is_int(version) and version in _META_KEYS):
+        raise _unsupported(version)
+    top = _exact_keys(document, _META_KEYS[version], "metadata")
     sampling = _exact_keys(top["sampling"], _SAMPLING_KEYS, "metadata.sampling")
     for name in ("temperature", "top_p"):
         if not _is_number(sampling[name]):
@@ -199,6 +227,7 @@ def parse_meta(raw: bytes | None) -> RolloutMeta:
         model_hash=_parse_hash(top["model_hash"], "model_hash"),
         counter=top["counter"],
         assignment_signature=_parse_signature(top["assignment_signature"]),
+        assignment_issued_at=top.get("assignment_issued_at"),
         created_by=top["created_by"],
         format_version=top["format_version"],
     )

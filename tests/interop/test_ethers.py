@@ -3,8 +3,10 @@
 Every off-chain signed message type (docs/signed-messages.md), with values at the edges of its field types: ethers
 computes the same digest, recovers our signer from our signature, and signs the same 65 bytes (both sign with
 RFC 6979 nonces and low s), which we recover. Then a request that ethers signs and Node's HTTP client sends is
-served by the coordinator on a real aiohttp server, and one for another pool or by a stranger is refused. The
-documented type strings are the ones the code signs. Without Node.js these skip, and fail instead under CI=true.
+served by the coordinator on a real aiohttp server, and one for another pool or by a stranger is refused; the
+assignment it answers is rebuilt by ethers from the answer's JSON with types of its own (issue time included) and
+recovers the trainer. The documented type strings are the ones the code signs. Without Node.js these skip, and fail
+instead under CI=true.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from node.signing import (
     Request,
     SigningDomain,
     TypedMessage,
+    UntimedAssignment,
     UploadReceipt,
     digest,
     recover,
@@ -59,7 +63,12 @@ MESSAGES: dict[str, TypedMessage] = {
     "checkpoint": Checkpoint(pool_id=7, step=U64, manifest_hash=b"\x03" * 32),
     "attestation, accepted": Attestation(pool_id=U256, work_key=b"\x04" * 32, accepted=True, reason=0),
     "attestation, refused": Attestation(pool_id=0, work_key=b"\x05" * 32, accepted=False, reason=255),
-    "assignment": Assignment(2**255, OTHER.address, U64, 2**63, 2**32 - 1, 1, bytes(range(32, 64))),
+    "assignment, issued at 0": Assignment(2**255, OTHER.address, U64, 2**63, 2**32 - 1, 1, bytes(range(32, 64)), 0),
+    "assignment, issued at the last uint64 second": Assignment(0, OTHER.address, 0, 0, 1, 2**32 - 1, bytes(32), U64),
+    "assignment, issued now": Assignment(3, OTHER.address, 41, 7, 8, 8, b"\x07" * 32, 1_764_000_000),
+    "assignment of rollout format 2, untimed": UntimedAssignment(
+        2**255, OTHER.address, U64, 2**63, 2**32 - 1, 1, bytes(range(32, 64))
+    ),
     "upload receipt": UploadReceipt(pool_id=3, work_key=b"\x06" * 32, node=OTHER.address),
     "relay advert": RelayAdvert(pool_id=1, url="https://relay.example:8700/a?b=c#d", throughput_kbps=U64, timestamp=1),
     "validator heartbeat": ValidatorHeartbeat(pool_id=2, timestamp=1_700_000_000, next_block=U64, backlog=0),
@@ -108,14 +117,32 @@ def test_ethers_computes_our_digests_recovers_our_signers_and_signs_the_same_byt
         assert theirs == sign(message, SIGNER, DOMAIN), f"{name}: same key, same digest, RFC 6979: same signature"
 
 
-def test_a_field_ethers_reads_differently_gives_another_digest(typed_js: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("message", "field", "altered"),
+    [("checkpoint", "step", str(U64 - 1)), ("assignment, issued now", "issuedAt", str(1_764_000_001))],
+)
+def test_a_field_ethers_reads_differently_gives_another_digest(
+    typed_js: list[str], message: str, field: str, altered: str
+) -> None:
     """The comparison above can fail: a message whose JSON was altered in one field after signing hashes to another
-    digest on the ethers side, and its signature recovers another address there."""
-    case = _case(MESSAGES["checkpoint"], SIGNER)
-    case["message"]["step"] = str(U64 - 1)
+    digest on the ethers side, and its signature recovers another address there (an issue time one second later
+    too)."""
+    case = _case(MESSAGES[message], SIGNER)
+    case["message"][field] = altered
     (answer,) = asyncio.run(node_json([*typed_js, "check"], json.dumps([case]).encode()))
-    assert answer["hash"] != "0x" + digest(MESSAGES["checkpoint"], DOMAIN).hex()
+    assert answer["hash"] != "0x" + digest(MESSAGES[message], DOMAIN).hex()
     assert answer["recovered"] != SIGNER.address
+
+
+def test_an_assignment_and_its_untimed_form_never_share_a_signature() -> None:
+    """The same fields under the same type name, but rollout format 2's message has no `issuedAt`: the type hashes
+    differ, so a signature over one recovers another address as the other (a worker cannot pass a timed grant off
+    as untimed, whose files are never slashed as stale)."""
+    timed = MESSAGES["assignment, issued at 0"]
+    assert isinstance(timed, Assignment)
+    untimed = UntimedAssignment(*(getattr(timed, attr) for attr, _, _ in UntimedAssignment.FIELDS))
+    assert digest(timed, DOMAIN) != digest(untimed, DOMAIN)
+    assert recover(untimed, sign(timed, SIGNER, DOMAIN), DOMAIN) != SIGNER.address
 
 
 def test_requests_signed_by_ethers_are_served_by_the_coordinator_and_refused_when_they_should_be(
@@ -145,8 +172,18 @@ def test_requests_signed_by_ethers_are_served_by_the_coordinator_and_refused_whe
             assert (body["node"], body["counter"], body["step"]) == (SIGNER.address, 0, 0)
             shape = (body["prompts"], body["group_size"])
             assert body["task_spec_hash"] == "0x" + bytes(range(32)).hex()
-            grant = Assignment(pool, SIGNER.address, 0, 0, *shape, bytes(range(32)))
+            assert abs(body["issued_at"] - time.time()) < 60  # the trainer's clock, when it signed
+            grant = Assignment(pool, SIGNER.address, 0, 0, *shape, bytes(range(32)), body["issued_at"])
             assert recover(grant, bytes.fromhex(body["signature"][2:]), DOMAIN) == trainer.address
+            # ethers rebuilds it from the answer's JSON with types written from the docs, issuedAt included
+            contract = DOMAIN.verifying_contract
+            rebuilt = await node_json([*typed_js, "grant", "31337", contract], json.dumps(body).encode())
+            assert rebuilt["recovered"] == trainer.address, rebuilt
+            forged = await node_json(
+                [*typed_js, "grant", "31337", contract],
+                json.dumps(body | {"issued_at": body["issued_at"] + 1}).encode(),
+            )
+            assert forged["recovered"] != trainer.address
             # the query string is part of the signed path: ethers signs it as the server reads it
             with_query = await ethers_request(url + "/v1/tasks?from=ethers", SIGNER)
             assert (with_query["status"], with_query["body"]["counter"]) == (200, 1), with_query

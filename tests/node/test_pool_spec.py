@@ -68,6 +68,9 @@ def test_an_unreachable_spec_is_a_clear_error(tmp_path: Path) -> None:
         ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "missing.toml"\n', "not found"),
         ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "task.toml"\nasync_level = -1\n', ">= 0"),
         ('coordinator = "http://c"\ncheckpoints = ["http://a"]\ntask = "task.toml"\nreplication = 0\n', ">= 1"),
+        (SPEC + "clock_slack = 3601\n", "clock_slack: must be <= 3600"),
+        (SPEC + "assignment_lifetime = 600\n", "assignment_lifetime: assignment_lifetime must be in (600, "),
+        (SPEC + "clock_slack = 100\nassignment_lifetime = 200\n", "more than twice the clock slack, 100 s"),
         ("coordinator = \n", "not readable TOML"),
     ],
 )

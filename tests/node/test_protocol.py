@@ -29,10 +29,11 @@ from node.signing import AuthFailure
 ADDRESS = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 KEY = bytes(range(32))
 SIGNATURE = bytes(range(65))
+ISSUED_AT = 1_700_000_000
 
 
 def grant_json(**changes: Any) -> dict[str, Any]:
-    grant = TaskGrant(4, ADDRESS, 3, 7, 8, 8, b"\x02" * 32, SIGNATURE).to_json()
+    grant = TaskGrant(4, ADDRESS, 3, 7, 8, 8, b"\x02" * 32, SIGNATURE, ISSUED_AT).to_json()
     return {k: v for k, v in (grant | changes).items() if v is not ...}
 
 
@@ -43,6 +44,7 @@ def test_each_message_reads_back_what_it_writes() -> None:
         StepHistory((PublishedStep(0, 1000.0), PublishedStep(1, 1060.5))),
         TaskGrant(4, ADDRESS, 3, 7, 8, 8),
         TaskGrant(4, ADDRESS, 3, 7, 8, 8, b"\x02" * 32, SIGNATURE),
+        TaskGrant(4, ADDRESS, 3, 7, 8, 8, b"\x02" * 32, SIGNATURE, ISSUED_AT),
         Upload(KEY, True, SIGNATURE),
         Upload(KEY, False),
         AttestationBody(KEY, False, 7, SIGNATURE),
@@ -61,6 +63,8 @@ def test_the_wire_form_is_the_one_nodes_already_speak() -> None:
             "task_spec_hash": "0x" + "02" * 32, "signature": "0x" + SIGNATURE.hex(),
         }
     )  # fmt: skip
+    # issue 32: the signed issue time follows, where a coordinator sends one (docs/signed-messages.md)
+    assert list(TaskGrant(4, ADDRESS, 3, 7, 8, 8, b"\x02" * 32, SIGNATURE, ISSUED_AT).to_json())[-1] == "issued_at"
     assert Upload(KEY, False).to_json() == {"work_key": "0x" + KEY.hex(), "created": False}
     record = AttestationRecord(KEY, True, 0, ADDRESS, SIGNATURE).to_json()
     assert list(record) == ["work_key", "accepted", "reason", "validator", "signature"]
@@ -86,6 +90,10 @@ def test_the_wire_form_is_the_one_nodes_already_speak() -> None:
         ({"signature": "ab" * 65}, "signature", "must be 0x and 130 hex digits"),  # answers always carry the 0x
         ({"signature": "0x" + "zz" * 65}, "signature", "must be 0x and 130 hex digits"),
         ({"task_spec_hash": None}, "task_spec_hash", "must be a string, got null"),
+        ({"issued_at": -1}, "issued_at", "must be 0 to"),
+        ({"issued_at": 2**64}, "issued_at", "must be 0 to 18446744073709551615"),
+        ({"issued_at": 1.7e9}, "issued_at", "must be an integer, got a number"),
+        ({"issued_at": None}, "issued_at", "must be an integer, got null"),
     ],
 )
 def test_a_hostile_assignment_is_refused_naming_its_field(changes: dict[str, Any], field: str, problem: str) -> None:

@@ -79,7 +79,7 @@ def test_metadata_is_canonical_json_under_the_prime_key() -> None:
     data = encode_rollouts(make_meta(), make_rows())
     stored = pq.ParquetFile(io.BytesIO(data)).metadata.metadata[METADATA_KEY]
     assert json.loads(stored) == {
-        "format_version": 2,
+        "format_version": 3,
         "pool_id": 7,
         "node": NODE,
         "manifest_hash": "0x" + bytes(range(32)).hex(),
@@ -88,8 +88,24 @@ def test_metadata_is_canonical_json_under_the_prime_key() -> None:
         "model_hash": "0x" + "03" * 32,
         "counter": 2,
         "assignment_signature": None,
+        "assignment_issued_at": None,
         "created_by": "prime-node test",
     }
+
+
+def test_a_format_2_file_reads_and_writes_back_byte_identically() -> None:
+    """Files written before issue 32 (format 2: no `assignment_issued_at` key) keep being read, with no issue time,
+    and re-encoded in their own version: their bytes are their work key."""
+    signature = bytes(range(65))
+    document = json.loads(encode_meta(make_meta(assignment_signature=signature, assignment_issued_at=7)))
+    assert document["assignment_issued_at"] == 7
+    del document["assignment_issued_at"]
+    document["format_version"] = 2
+    written = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    meta = read_rollouts(parquet_bytes(good_columns(), written), max_bytes=MAX_BYTES).meta
+    assert (meta.format_version, meta.assignment_signature, meta.assignment_issued_at) == (2, signature, None)
+    assert encode_meta(meta) == written
+    assert make_meta(assignment_signature=signature, assignment_issued_at=7).format_version == 3
 
 
 def test_floats_are_stored_as_float32() -> None:
@@ -237,7 +253,19 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], FormatProblem]] = {
     "meta_deeply_nested": (lambda: parquet_bytes(good_columns(), b"[" * 100_000), FormatProblem.METADATA),
     "meta_missing_key": (lambda: with_meta(pool_id=DROP), FormatProblem.METADATA),
     "meta_extra_key": (lambda: with_meta(bonus=1), FormatProblem.METADATA),
-    "meta_future_version": (lambda: with_meta(format_version=3), FormatProblem.METADATA),
+    "meta_future_version": (lambda: with_meta(format_version=4), FormatProblem.METADATA),
+    "meta_v2_with_issue_time": (lambda: with_meta(format_version=2), FormatProblem.METADATA),  # 3's keys under 2
+    "meta_v3_without_issue_time": (lambda: with_meta(assignment_issued_at=DROP), FormatProblem.METADATA),
+    "meta_issue_time_unsigned": (lambda: with_meta(assignment_issued_at=1_700_000_000), FormatProblem.METADATA),
+    "meta_signature_untimed": (lambda: with_meta(assignment_signature="0x" + "ab" * 65), FormatProblem.METADATA),
+    "meta_negative_issue_time": (
+        lambda: with_meta(assignment_signature="0x" + "ab" * 65, assignment_issued_at=-1),
+        FormatProblem.METADATA,
+    ),
+    "meta_bool_issue_time": (
+        lambda: with_meta(assignment_signature="0x" + "ab" * 65, assignment_issued_at=True),
+        FormatProblem.METADATA,
+    ),
     "meta_short_signature": (lambda: with_meta(assignment_signature="0x" + "ab" * 64), FormatProblem.METADATA),
     "meta_bool_version": (lambda: with_meta(format_version=True), FormatProblem.METADATA),
     "meta_negative_pool": (lambda: with_meta(pool_id=-1), FormatProblem.METADATA),

@@ -11,7 +11,9 @@ from node.pool_spec import load_pool_spec, pool_terms
 from node.tasks.spec import load_task_spec, spec_hash
 from node.terms import (
     DEFAULT_ASYNC_LEVEL,
+    DEFAULT_CLOCK_SLACK,
     DEFAULT_MAX_FILE_BYTES,
+    AssignmentTiming,
     PoolTerms,
     TermsMismatch,
     step_window,
@@ -71,6 +73,33 @@ def test_terms_come_from_the_chain_record_and_the_spec(tmp_path: Path) -> None:
     assert terms.task_hash == spec_hash(load_task_spec(TASK)) and terms.window(5) == step_window(5, 3)
     work = WorkRecord(1, b"\1" * 32, NODE, TRAINER, 10, 1000, WorkStatus.PENDING)
     assert terms.state_of(work, 1000 + WINDOW) == "claimable"
+    assert terms.timing == AssignmentTiming(lifetime=4 * 3600, clock_slack=DEFAULT_CLOCK_SLACK)  # k + 1 = 4 steps
+    (tmp_path / "pool.toml").write_text(
+        f'coordinator = "http://c:1"\ncheckpoints = ["http://o:2"]\ntask = "{TASK}"\nassignment_lifetime = 900\n'
+        "clock_slack = 30\n"
+    )
+    timed = pool_terms(pool(spec.uri), load_pool_spec(str(tmp_path / "pool.toml")))
+    assert timed.timing == AssignmentTiming(lifetime=900, clock_slack=30)
+
+
+def test_an_assignment_lives_async_level_plus_one_steps_and_the_deadlines_leave_twice_the_slack() -> None:
+    """The defaults follow the async level: the trainer may use a file for up to k + 1 steps after its assignment
+    was issued, and a step is given an hour. The worker's own deadline comes 2 x slack before the validator's."""
+    bare = PoolTerms(pool_id=4, trainer=TRAINER, challenge_window=WINDOW, max_units_per_key=1)
+    assert bare.timing == AssignmentTiming(lifetime=3 * 3600, clock_slack=300)  # k = 2: three hours
+    assert PoolTerms(pool_id=4, trainer=TRAINER, challenge_window=1, max_units_per_key=1, async_level=0).timing == (
+        AssignmentTiming(lifetime=3600, clock_slack=300)
+    )
+    timing, issued = bare.timing, 1_700_000_000
+    assert timing.submit_by(issued) == issued + 3 * 3600 - 300
+    assert timing.stale_after(issued) == issued + 3 * 3600 + 300
+    assert timing.stale_after(issued) - timing.submit_by(issued) == 2 * timing.clock_slack
+    assert not timing.off_clock(issued, issued + 300) and not timing.off_clock(issued, issued - 300)
+    assert timing.off_clock(issued, issued + 301) and timing.off_clock(issued, issued - 301)
+    with pytest.raises(ValueError, match="more than twice the clock slack"):
+        AssignmentTiming(lifetime=600, clock_slack=300)
+    with pytest.raises(ValueError, match="clock_slack must be in"):
+        PoolTerms(pool_id=4, trainer=TRAINER, challenge_window=1, max_units_per_key=1, clock_slack=-1)
 
 
 def test_a_setting_that_contradicts_the_terms_names_itself_and_both_values() -> None:

@@ -36,6 +36,7 @@ from node.model.tiny import init_model
 from node.rollouts import read_rollouts, work_units
 from node.signing import Assignment, SigningDomain, UploadReceipt, recover, sign
 from node.tasks.spec import load_task_spec, spec_hash
+from node.terms import AssignmentTiming
 from tests.ledger.helpers import fund_provider, make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.promtool import check_metrics, fetch_page
@@ -409,22 +410,26 @@ def test_register_and_join_bring_a_fresh_node_into_the_pool(pool: Pool) -> None:
 
 
 def test_a_worker_generates_only_what_the_pools_trainer_signed() -> None:
-    """An unsigned assignment, one signed by another key, or one whose job differs from what was signed is refused
-    before any generation: its file would be rejected (reason 3) and the node slashed."""
+    """An unsigned assignment, one signed by another key, one without an issue time, or one whose job differs from
+    what was signed is refused before any generation: its file would be rejected (reason 3) and the node slashed."""
     spec = load_task_spec(Path(__file__).parents[2] / "configs" / "tasks" / "default.toml")
     trainer, stranger = Account.from_key(b"\x61" * 32), Account.from_key(b"\x62" * 32)
     domain = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
-    job = Job(pool_id=1, node=dev_account(3).address, step=2, counter=9, prompts=8, group_size=4)
-    grant = Assignment(1, job.node, 2, 9, 8, 4, spec_hash(spec))
-    check_assignment(dataclasses.replace(job, signature=sign(grant, trainer, domain)), spec, trainer.address, domain)
+    now, timing = 1_700_000_000, AssignmentTiming(lifetime=3600, clock_slack=300)
+    job = Job(pool_id=1, node=dev_account(3).address, step=2, counter=9, prompts=8, group_size=4, issued_at=now)
+    grant = Assignment(1, job.node, 2, 9, 8, 4, spec_hash(spec), now)
+    signed = dataclasses.replace(job, signature=sign(grant, trainer, domain))
+    check_assignment(signed, spec, trainer.address, domain, timing, now=now)
     for bad, why in (
         (job, "unsigned"),
         (dataclasses.replace(job, signature=sign(grant, stranger, domain)), "not the pool's trainer"),
         (dataclasses.replace(job, counter=10, signature=sign(grant, trainer, domain)), "not the pool's trainer"),
+        (dataclasses.replace(signed, issued_at=now - 1), "not the pool's trainer"),  # the time is signed too
+        (dataclasses.replace(signed, issued_at=None), "without an issue time"),
         (dataclasses.replace(job, signature=b"\x00" * 65), "malformed signature"),
     ):
         with pytest.raises(WorkerError, match=why):
-            check_assignment(bad, spec, trainer.address, domain)
+            check_assignment(bad, spec, trainer.address, domain, timing, now=now)
 
 
 def test_a_submitted_file_the_coordinator_lost_is_uploaded_again_before_a_validator_judges_it(pool: Pool) -> None:

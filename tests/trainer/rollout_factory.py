@@ -8,6 +8,7 @@ filter. `make_file` generates real completions (tokens, log-probs, proofs), then
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,14 +44,17 @@ def make_file(
     node: str = NODE,
     reward_of: Callable[[RolloutRow], float] = even_length,
     signed_by: tuple[LocalAccount, SigningDomain] | None = None,
+    issued_at: int | None = None,
 ) -> Path:
     """`signed_by` (the pool's trainer and the domain) signs the assignment, as the coordinator does when it hands
-    the work out; without it the file carries no assignment signature (a pool's validators refuse it)."""
+    the work out, issued at `issued_at` (default: now); without it the file carries no assignment signature (a
+    pool's validators refuse it)."""
     job = Job(pool_id=pool_id, node=node, step=step, counter=counter, prompts=prompts, group_size=group_size)
     if signed_by is not None:
         trainer, domain = signed_by
-        grant = Assignment(pool_id, node, step, counter, prompts, group_size, spec_hash(spec))
-        job = dataclasses.replace(job, signature=sign(grant, trainer, domain))
+        issued = int(time.time()) if issued_at is None else issued_at
+        grant = Assignment(pool_id, node, step, counter, prompts, group_size, spec_hash(spec), issued)
+        job = dataclasses.replace(job, signature=sign(grant, trainer, domain), issued_at=issued)
     backend = TorchBackend.from_loaded(loaded, max_batch_size=16)
     generated = generate_rollouts(job, spec, source, loaded, backend)
     rows = [dataclasses.replace(r, reward=reward_of(r), task_reward=reward_of(r)) for r in generated.rows]

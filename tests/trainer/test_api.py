@@ -260,14 +260,15 @@ def test_tasks_hand_each_node_increasing_counters(tmp_path: Path) -> None:
         second = await client.send("POST", "/v1/tasks", b"{}")
         assert (first.body["counter"], second.body["counter"]) == (0, 1)
         assert first.body["step"] == 3 and first.body["node"] == WORKER.address
-        # each assignment comes signed by the trainer, over exactly what was handed out (issue 19)
+        # each assignment comes signed by the trainer, over exactly what was handed out (issue 19) and when, by the
+        # trainer's clock (issue 32)
         shape = (first.body["prompts"], first.body["group_size"])
-        grant = Assignment(POOL, WORKER.address, 3, 0, *shape, TASK_SPEC_HASH)
+        assert abs(first.body["issued_at"] - time.time()) < 60
+        grant = Assignment(POOL, WORKER.address, 3, 0, *shape, TASK_SPEC_HASH, first.body["issued_at"])
         assert first.body["task_spec_hash"] == "0x" + TASK_SPEC_HASH.hex()
         assert recover(grant, bytes.fromhex(first.body["signature"][2:]), DOMAIN) == TRAINER.address
-        assert recover(dataclasses.replace(grant, counter=1), bytes.fromhex(first.body["signature"][2:]), DOMAIN) != (
-            TRAINER.address
-        )
+        for other in (dataclasses.replace(grant, counter=1), dataclasses.replace(grant, issued_at=grant.issued_at + 1)):
+            assert recover(other, bytes.fromhex(first.body["signature"][2:]), DOMAIN) != TRAINER.address
         stranger = await client.send("POST", "/v1/tasks", b"{}", signer=STRANGER)
         assert stranger.status == 403
 

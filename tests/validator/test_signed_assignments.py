@@ -17,7 +17,7 @@ from eth_account import Account
 from ledger.types import Reason
 from node.generation.generate import Generated
 from node.rollouts import RolloutRow, encode_rollouts
-from node.signing import Assignment, SigningDomain, sign
+from node.signing import Assignment, SigningDomain, UntimedAssignment, sign
 from node.tasks.spec import TaskSpec, spec_hash
 from validator.store import Submission, ValidatorStore
 from validator.verdict import Verdict
@@ -27,18 +27,20 @@ STRANGER = Account.from_key(b"\x52" * 32)
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 PROMPTS, GROUP, COUNTER = 8, 4, 3
+ISSUED_AT = 1_700_000_000
 
 
 def signature(spec: TaskSpec, prompts: int, group: int, *, counter: int = COUNTER, by: object = TRAINER) -> bytes:
-    grant = Assignment(0, NODE, 0, counter, prompts, group, spec_hash(spec))
+    grant = Assignment(0, NODE, 0, counter, prompts, group, spec_hash(spec), ISSUED_AT)
     return sign(grant, by, DOMAIN)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
 def job(generate: Callable[..., Generated], task_spec: TaskSpec) -> Generated:
-    """The 8 x 4 job the coordinator handed out, with its signature in the metadata."""
+    """The 8 x 4 job the coordinator handed out, with its signature and issue time in the metadata."""
     generated = generate(counter=COUNTER, prompts=PROMPTS, group=GROUP, node=NODE)
-    meta = dataclasses.replace(generated.meta, assignment_signature=signature(task_spec, PROMPTS, GROUP))
+    signed = signature(task_spec, PROMPTS, GROUP)
+    meta = dataclasses.replace(generated.meta, assignment_signature=signed, assignment_issued_at=ISSUED_AT)
     return Generated(meta, generated.rows)
 
 
@@ -76,7 +78,7 @@ def test_a_slice_of_a_signed_generation_is_refused(
 def test_work_under_a_counter_nobody_handed_out_is_refused(
     job: Generated, verify: Callable[..., Verdict], task_spec: TaskSpec
 ) -> None:
-    unsigned = judged(verify, file_of(job, assignment_signature=None))
+    unsigned = judged(verify, file_of(job, assignment_signature=None, assignment_issued_at=None))
     assert unsigned.reason == Reason.WRONG_ASSIGNMENT and "carries no assignment signature" in unsigned.detail
     forged = judged(verify, file_of(job, assignment_signature=signature(task_spec, PROMPTS, GROUP, by=STRANGER)))
     assert forged.reason == Reason.WRONG_ASSIGNMENT and STRANGER.address in forged.detail
@@ -84,10 +86,31 @@ def test_work_under_a_counter_nobody_handed_out_is_refused(
     assert other.reason == Reason.WRONG_ASSIGNMENT  # the trainer signed counter 4, the file claims counter 3
 
 
+def test_a_file_claiming_a_later_issue_time_than_signed_is_refused(
+    job: Generated, verify: Callable[..., Verdict]
+) -> None:
+    """Issue 32: the issue time is under the trainer's signature, so a worker cannot move its own deadline."""
+    verdict = judged(verify, file_of(job, assignment_issued_at=ISSUED_AT + 3600))
+    assert verdict.reason == Reason.WRONG_ASSIGNMENT and f"issued at {ISSUED_AT + 3600}" in verdict.detail
+
+
+def test_a_format_2_file_is_judged_by_the_untimed_assignment_its_trainer_signed(
+    job: Generated, verify: Callable[..., Verdict], task_spec: TaskSpec
+) -> None:
+    """Files made before issue 32 carry a signature over the assignment without its issue time: still verified, and
+    a timed signature does not pass for an untimed one (the type hashes differ)."""
+    untimed = UntimedAssignment(0, NODE, 0, COUNTER, PROMPTS, GROUP, spec_hash(task_spec))
+    old = file_of(job, format_version=2, assignment_issued_at=None, assignment_signature=sign(untimed, TRAINER, DOMAIN))
+    verdict = judged(verify, old)
+    assert verdict.accepted, verdict.to_json()
+    relabelled = judged(verify, file_of(job, format_version=2, assignment_issued_at=None))
+    assert relabelled.reason == Reason.WRONG_ASSIGNMENT, relabelled.to_json()
+
+
 def test_offline_checks_without_a_trainer_do_not_ask_for_a_signature(
     job: Generated, verify: Callable[..., Verdict]
 ) -> None:
-    verdict = verify(file_of(job, assignment_signature=None), node=NODE, pool_id=0)
+    verdict = verify(file_of(job, assignment_signature=None, assignment_issued_at=None), node=NODE, pool_id=0)
     assert verdict.accepted, verdict.to_json()
 
 

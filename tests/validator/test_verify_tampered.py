@@ -66,7 +66,7 @@ def test_the_untampered_file_is_accepted(honest: Generated, verify: Callable[...
     verdict = verify(data, work_key=hashlib.sha256(data).digest(), units=work_units(honest.rows), current_step=5)
     assert verdict.accepted, verdict.to_json()
     assert list(verdict.timings) == [
-        "size", "work_key", "format", "metadata", "step", "assignment", "sampling_sanity", "rewards", "model"
+        "size", "work_key", "format", "metadata", "assignment", "step", "sampling_sanity", "rewards", "model"
     ]  # fmt: skip
 
 
@@ -197,6 +197,7 @@ def test_a_step_outside_the_async_window_is_rejected(
 ) -> None:
     verdict = verify(_encode(honest), current_step=current_step)  # the file is from step 5; async level 2
     _rejected(verdict, Reason.STALE_STEP, "step")
+    assert verdict.borderline  # the current step is nobody's signed word: refused unpaid, never slashed (issue 32)
 
 
 def test_rows_from_different_steps_are_rejected(honest: Generated, verify: Callable[..., Verdict]) -> None:

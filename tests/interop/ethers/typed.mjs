@@ -1,10 +1,14 @@
 // A second EIP-712 implementation for tests/interop/test_ethers.py: ethers.js, written from docs/signed-messages.md,
-// not from our Python. Two commands, each printing one JSON document on stdout:
+// not from our Python. Three commands, each printing one JSON document on stdout:
 //
 //   node typed.mjs check < cases.json
 //     cases.json: [{"domain", "types", "primaryType", "message", "signature", "key"}, ...] (types without
 //     EIP712Domain; uints as decimal strings, bytes as 0x-hex). For each case: {"hash": the EIP-712 digest,
 //     "recovered": who signed "signature" over it, "signature": what "key" signs over it}, or {"error": ...}.
+//
+//   node typed.mjs grant CHAIN_ID CONTRACT < answer.json
+//     answer.json: a coordinator's answer to POST /v1/tasks. Rebuilds the Assignment message from its JSON fields
+//     with this file's own types (docs/signed-messages.md, "Assignments"); prints {"recovered": who signed it}.
 //
 //   node typed.mjs request URL POOL_ID CHAIN_ID CONTRACT KEY METHOD [BODY]
 //     sends METHOD URL with BODY, signed by KEY as docs/signed-messages.md says (X-Prime-* headers over the
@@ -26,6 +30,19 @@ const REQUEST_TYPES = {
     { name: 'host', type: 'string' }
   ]
 }
+
+// docs/signed-messages.md, "Assignments": the fields in order, and the answer's JSON key of each
+const ASSIGNMENT_FIELDS = [
+  ['poolId', 'uint256', 'pool_id'],
+  ['node', 'address', 'node'],
+  ['step', 'uint64', 'step'],
+  ['counter', 'uint64', 'counter'],
+  ['prompts', 'uint32', 'prompts'],
+  ['groupSize', 'uint32', 'group_size'],
+  ['taskSpecHash', 'bytes32', 'task_spec_hash'],
+  ['issuedAt', 'uint64', 'issued_at']
+]
+const ASSIGNMENT_TYPES = { Assignment: ASSIGNMENT_FIELDS.map(([name, type]) => ({ name, type })) }
 
 function domainOf (chainId, verifyingContract) {
   return { name: 'PrimeNode', version: '1', chainId, verifyingContract }
@@ -52,6 +69,12 @@ async function check () {
     }
   }
   return answers
+}
+
+async function grant (chainId, contract) {
+  const answer = JSON.parse(await readStdin())
+  const message = Object.fromEntries(ASSIGNMENT_FIELDS.map(([name, , key]) => [name, answer[key]]))
+  return { recovered: verifyTypedData(domainOf(chainId, contract), ASSIGNMENT_TYPES, message, answer.signature) }
 }
 
 async function request (url, poolId, chainId, contract, key, method, body = '') {
@@ -89,9 +112,12 @@ async function request (url, poolId, chainId, contract, key, method, body = '') 
 const [command, ...args] = process.argv.slice(2)
 if (command === 'check' && args.length === 0) {
   console.log(JSON.stringify(await check()))
+} else if (command === 'grant' && args.length === 2) {
+  console.log(JSON.stringify(await grant(...args)))
 } else if (command === 'request' && (args.length === 6 || args.length === 7)) {
   console.log(JSON.stringify(await request(...args)))
 } else {
-  console.error('usage: node typed.mjs check < cases.json | node typed.mjs request URL POOL_ID CHAIN_ID CONTRACT KEY METHOD [BODY]')
+  console.error('usage: node typed.mjs check < cases.json | node typed.mjs grant CHAIN_ID CONTRACT < answer.json | ' +
+    'node typed.mjs request URL POOL_ID CHAIN_ID CONTRACT KEY METHOD [BODY]')
   process.exit(2)
 }
