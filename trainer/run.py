@@ -44,7 +44,7 @@ from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
 from trainer.loop import RunPaths, TrainingLoop
-from trainer.memory import TrainingThread, release_free_memory
+from trainer.memory import TrainingThread, heap_bytes, release_free_memory
 from trainer.precision import resolve_precision
 from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
 from trainer.roles import Roles, StaticRoles
@@ -425,6 +425,10 @@ async def _serve_and_train(
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
     )
+    for name, index, what in (("in_use", 0, "in use"), ("free", 1, "free and kept in its arenas")):
+        api.metrics.gauge(
+            f"trainer_heap_{name}_bytes", f"malloc's bytes {what} (glibc; 0 elsewhere).", _heap_gauge(index)
+        )
     last: dict[str, Any] = {}
 
     def last_value(name: str) -> Callable[[], float]:
@@ -527,6 +531,11 @@ async def _serve_and_train(
         stale_files=loop.counters.stale_files,
         run_dir=config.run_dir,
     )
+
+
+def _heap_gauge(index: int) -> Callable[[], float]:
+    """A gauge of `trainer.memory.heap_bytes()[index]`: what a step leaves in malloc shows on /metrics."""
+    return lambda: float((heap_bytes() or (0, 0))[index])
 
 
 def _release(uploaded: dict[str, set[bytes]], consumed: set[bytes]) -> None:
