@@ -9,9 +9,10 @@ loop's default pool trained that step, and each new thread that trained kept one
 N = 30 at a 5 s pace: 2.6 GiB free and held in the arenas against 0.2 GiB in use, after 4 steps).
 
 So the step loop's work runs on one thread of its own (`TrainingThread`): what a step frees, the next one reuses.
-And after each step `release_free_memory` hands the free pages of every arena back to the system (glibc's
-`malloc_trim`), so between steps the process holds what is live, and during one at most one step's peak more,
-which `[learner] micro_batch_tokens` bounds. Elsewhere (musl, macOS) it does nothing and says so.
+And after each step (`TrainingLoop.train`, on every rank) `release_free_memory` hands the free pages of every
+arena back to the system (glibc's `malloc_trim`), so between steps the process holds what is live, and during one
+at most one step's peak more, which `[learner] micro_batch_tokens` bounds. Elsewhere (musl, macOS) it does
+nothing and says so.
 """
 
 from __future__ import annotations

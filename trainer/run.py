@@ -44,7 +44,7 @@ from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
 from trainer.loop import RunPaths, TrainingLoop
-from trainer.memory import TrainingThread, heap_bytes, release_free_memory
+from trainer.memory import TrainingThread, heap_bytes
 from trainer.precision import resolve_precision
 from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
 from trainer.roles import Roles, StaticRoles
@@ -498,7 +498,6 @@ async def _serve_and_train(
                     break
                 idle = time.monotonic() - waited
                 record = await training.run(train, loop, control, selection, idle)
-                await training.run(release_free_memory)  # between steps the process holds what is live
                 manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
                 publish_step(state, learner.step, steps_file)
                 _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
