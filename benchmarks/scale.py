@@ -484,8 +484,8 @@ def print_phase(label: str, phase: Phase) -> None:
     routes = ", ".join(f"{r} {n} p50 {p50:.1f} p99 {p99:.1f} ms" for r, (n, p50, p99) in phase.latency_ms.items())
     print(
         f"  {label}: {phase.target_rate:.2f} files/s asked, {phase.rate:.1f} req/s, {routes}; held {phase.held}, "
-        f"errors {phase.errors or 0}; coordinator {phase.cpu_ms_per_request():.2f} ms CPU/req, load CPU "
-        f"{phase.load_cpu / phase.seconds:.0%}",
+        f"errors {phase.errors or 0}; coordinator {phase.cpu_ms_per_request():.2f} ms CPU/req, "
+        f"{phase.coordinator_rss / 2**20:.0f} MiB RSS; load CPU {phase.load_cpu / phase.seconds:.0%}",
         flush=True,
     )
 

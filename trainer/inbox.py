@@ -8,7 +8,9 @@ only writer, and the keys are kept in memory, in the order they came (the first 
 loop looks for new uploads many times a step, and a listing of the folder would grow with the run; with
 `arrivals` a reader takes only those that came since its last look. Each uploader is kept in memory too once
 written or first read (a `.node` file is never rewritten): the coordinator names it in every upload's receipt,
-and a file read per answer is IO on the event loop. `put` writes and fsyncs, so the coordinator calls it in a
+and a file read per answer is IO on the event loop. That cache holds the files stored or read last
+(`max_uploaders`, `MAX_UPLOADERS` by default: some 20 MB), and an older file's uploader is read from its `.node`
+file again, so the cache does not grow with the run. `put` writes and fsyncs, so the coordinator calls it in a
 worker thread (`trainer/coordinator.py`), one at a time per key.
 
 `UploadQuota` is what the coordinator holds for each node against its quota (`trainer/coordinator.py` says when a
@@ -27,6 +29,7 @@ from pathlib import Path
 from trainer.errors import TrainerError
 
 _SHA256_HEX = re.compile("[0-9a-f]{64}")
+MAX_UPLOADERS = 100_000  # uploaders kept in memory, of the files stored or read last: about 0.2 KB each
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,10 @@ class StoredFile:
 
 
 class RolloutInbox:
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike[str], *, max_uploaders: int = MAX_UPLOADERS) -> None:
+        if max_uploaders < 1:
+            raise ValueError(f"max_uploaders must be at least 1, got {max_uploaders}")
+        self.root, self.max_uploaders = Path(root), max_uploaders
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob("*.tmp"):  # a crash mid-write
             leftover.unlink()
@@ -63,8 +68,13 @@ class RolloutInbox:
         except OSError:
             return None
         if node is not None:
-            self._uploaders[work_key] = node
+            self._remember(work_key, node)
         return node
+
+    def _remember(self, work_key: bytes, node: str) -> None:
+        self._uploaders[work_key] = node
+        if len(self._uploaders) > self.max_uploaders:  # the oldest out: it is read from its file when asked again
+            del self._uploaders[next(iter(self._uploaders))]
 
     def lost(self, work_key: bytes) -> bool:
         """Acknowledged once (its uploader is recorded) but its bytes are gone: the coordinator's loss."""
@@ -86,7 +96,7 @@ class RolloutInbox:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self._uploaders[work_key] = node
+        self._remember(work_key, node)
         self._arrivals.append(work_key)
         return True
 

@@ -12,7 +12,8 @@ After each update it writes, in this order:
 2. the full training state `state/step_<s+1>.pt` (weights, optimiser, kept past policies, RNG, consumed work
    keys, assignment counters), written to a temporary name, fsynced, then renamed: a crash leaves either the
    old state or the new one;
-3. one line of `metrics.jsonl` and one of `trained.jsonl` (the work keys of the step).
+3. one line of `metrics.jsonl` and one of `trained.jsonl` (the work keys of the step);
+then it hands the memory the step freed back to the system (`trainer/memory.py`).
 A restart loads the newest state; a file consumed by a step whose state was saved is never trained on again,
 and a step whose state was not saved is trained again from the previous state, on the files available then.
 """
@@ -41,6 +42,7 @@ from trainer.errors import TrainerError
 from trainer.evaluate import pass_rate
 from trainer.inbox import named_work_key
 from trainer.learner import Learner, StepStats
+from trainer.memory import release_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +302,7 @@ class TrainingLoop:
             record["eval_pass_rate"] = self.evaluate()
         _append_line(self.paths.metrics, record)
         _append_line(self.paths.trained, {"step": stats.step, "work_keys": ["0x" + f.work_key.hex() for f in files]})
+        release_free_memory()  # what the step freed goes back to the system: between steps only what is live stays
         return record
 
     def eval_problem_ids(self) -> list[str]:

@@ -44,6 +44,7 @@ from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
 from trainer.loop import RunPaths, TrainingLoop
+from trainer.memory import TrainingThread, heap_bytes
 from trainer.precision import resolve_precision
 from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
 from trainer.roles import Roles, StaticRoles
@@ -348,15 +349,19 @@ async def run_training(
     and SIGINT stop the run after the step in progress; on one process they act as they always have.
     """
     stopping = asyncio.Event()
-    with contextlib.ExitStack() as signals:
+    # the step loop's one thread: a step reuses the memory the last one freed (trainer.memory)
+    with contextlib.ExitStack() as signals, TrainingThread() as training:
         if control is not None:  # the ranks must stop at one step boundary: the followers wait for rank 0's word
             signals.enter_context(_stop_on_signals(stopping))
-        return await _serve_and_train(config, network, stopping, signals, worker_keys, on_step, on_ready, control)
+        return await _serve_and_train(
+            config, network, training, stopping, signals, worker_keys, on_step, on_ready, control
+        )
 
 
 async def _serve_and_train(
     config: RunConfig,
     network: Network,
+    training: TrainingThread,
     stopping: asyncio.Event,
     signals: contextlib.ExitStack,
     worker_keys: LocalWorkerKeys | None,
@@ -370,12 +375,12 @@ async def _serve_and_train(
 
     paths = RunPaths(config.run_dir)
     world = World() if control is None else control.world
-    loop = await asyncio.to_thread(live_loop, config, world)
+    loop = await training.run(live_loop, config, world)
     learner, spec = loop.learner, loop.spec
-    await asyncio.to_thread(resume_loop, loop, control)
+    await training.run(resume_loop, loop, control)
     start_step = learner.step
     if not paths.checkpoint(learner.step).is_dir():
-        await asyncio.to_thread(save_checkpoint, loop, control)
+        await training.run(save_checkpoint, loop, control)
 
     counters_file = config.run_dir / "counters.json"  # before trainer/counters.py: read once, then superseded
     if counters_file.exists():  # handed out after the last saved state: never hand them out again
@@ -420,6 +425,10 @@ async def _serve_and_train(
     api.metrics.gauge(
         "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
     )
+    for name, index, what in (("in_use", 0, "in use"), ("free", 1, "free and kept in its arenas")):
+        api.metrics.gauge(
+            f"trainer_heap_{name}_bytes", f"malloc's bytes {what} (glibc; 0 elsewhere).", _heap_gauge(index)
+        )
     last: dict[str, Any] = {}
 
     def last_value(name: str) -> Callable[[], float]:
@@ -474,7 +483,7 @@ async def _serve_and_train(
                 while not stopping.is_set():
                     arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
                     # off the event loop: reading new files would hold up uploads
-                    selection = await asyncio.to_thread(
+                    selection = await training.run(
                         lambda: loop.select(network.accepted(inbox, verdicts, loop.counters.consumed))
                     )
                     if selection.rows >= config.rollouts_per_step:
@@ -488,7 +497,7 @@ async def _serve_and_train(
                 if stopping.is_set():
                     break
                 idle = time.monotonic() - waited
-                record = await asyncio.to_thread(train, loop, control, selection, idle)
+                record = await training.run(train, loop, control, selection, idle)
                 manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
                 publish_step(state, learner.step, steps_file)
                 _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
@@ -521,6 +530,11 @@ async def _serve_and_train(
         stale_files=loop.counters.stale_files,
         run_dir=config.run_dir,
     )
+
+
+def _heap_gauge(index: int) -> Callable[[], float]:
+    """A gauge of `trainer.memory.heap_bytes()[index]`: what a step leaves in malloc shows on /metrics."""
+    return lambda: float((heap_bytes() or (0, 0))[index])
 
 
 def _release(uploaded: dict[str, set[bytes]], consumed: set[bytes]) -> None:

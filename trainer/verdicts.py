@@ -8,6 +8,13 @@ The rule the loop trains by: a file is trainable once at least `min_accepts` dis
 none rejected it. A rejection vetoes for good (a later acceptance, by the same validator or another, does not
 lift it); the attestation list a node reads (`latest`) holds each validator's latest verdict.
 
+What nodes read (`latest`, the signed records: about 1.4 KB a file with four validators) is kept for the
+`max_files` files verdicts came on last (`MAX_FILES` by default, about 0.3 GB), so a pool's run does not grow by it
+without end (33 files a second at 1,000 workers: 0.17 GB an hour). An older file's list then reads empty: a
+validator that asks whether others accepted it verifies it itself, and a worker notes nothing; neither is a slash.
+What the loop trains by (who accepted, who rejected) is kept for every file: some 0.2 KB a file, and a veto must
+never be forgotten while a file could still be trained on (each validator's address is one string, interned).
+
 The journal is `attestations.jsonl`: one `AttestationRecord` a line (sorted keys), appended as each verdict is
 recorded and read once when the store opens, so a restarted trainer knows the verdicts posted before. A line cut
 by a crash is skipped (its validator posts again), and the next record starts on a line of its own.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
 
@@ -26,12 +34,17 @@ from node.safejson import loads_bounded
 
 log = logging.getLogger(__name__)
 
+MAX_FILES = 200_000  # files whose signed verdicts `latest` serves: an hour of a 1,000-worker pool's files and more
+
 
 class VerdictStore:
-    """Verdicts by work key. `journal` None: kept in memory only (tests, benchmarks)."""
+    """Verdicts by work key. `journal` None: kept in memory only (tests, benchmarks). `max_files`: files whose
+    signed verdicts `latest` serves, those verdicts came on last (the module doc says why)."""
 
-    def __init__(self, journal: Path | None = None) -> None:
-        self.journal = journal
+    def __init__(self, journal: Path | None = None, *, max_files: int = MAX_FILES) -> None:
+        if max_files < 1:
+            raise ValueError(f"max_files must be at least 1, got {max_files}")
+        self.journal, self.max_files = journal, max_files
         self._lock = threading.Lock()
         self._latest: dict[bytes, dict[str, AttestationRecord]] = {}  # work key -> validator -> its latest verdict
         self._accepted_by: dict[bytes, set[str]] = {}  # work key -> validators that ever accepted it
@@ -61,9 +74,14 @@ class VerdictStore:
 
     def _take(self, record: AttestationRecord) -> None:
         key = record.work_key
-        self._latest.setdefault(key, {})[record.validator] = record
+        validator = sys.intern(record.validator)  # a handful of validators: one string each, not one a verdict
+        latest = self._latest.pop(key, {})  # back in last: the files verdicts came on last are kept
+        latest[validator] = record
+        self._latest[key] = latest
+        if len(self._latest) > self.max_files:
+            del self._latest[next(iter(self._latest))]
         if record.accepted:
-            self._accepted_by.setdefault(key, set()).add(record.validator)
+            self._accepted_by.setdefault(key, set()).add(validator)
         else:
             self._rejected.add(key)
         self._changes.append(key)

@@ -71,3 +71,14 @@ def test_an_uploader_is_read_from_disk_once_and_a_reopened_inbox_reads_it_again(
     node_file.unlink()  # neither reads it again
     assert inbox.uploader(key) == reopened.uploader(key) == WORKER.address
     assert RolloutInbox(tmp_path).uploader(key) is None
+
+
+def test_the_uploaders_kept_in_memory_are_at_most_max_uploaders_and_older_ones_are_read_again(tmp_path: Path) -> None:
+    inbox = RolloutInbox(tmp_path, max_uploaders=4)
+    keys = [bytes([i]) * 32 for i in range(12)]
+    for key in keys:
+        assert inbox.put(key, key, WORKER.address)
+        assert len(inbox._uploaders) <= 4
+    assert set(inbox._uploaders) == set(keys[-4:])  # the files stored last
+    assert inbox.uploader(keys[0]) == WORKER.address  # read from its .node file
+    assert keys[0] in inbox._uploaders and len(inbox._uploaders) == 4

@@ -100,3 +100,19 @@ def test_the_loop_can_read_while_the_handler_records() -> None:
     stop.set()
     reader.join()
     assert errors == [] and len(store) == 3000
+
+
+def test_signed_verdicts_are_kept_for_at_most_max_files_files_and_vetoes_for_every_file() -> None:
+    store = VerdictStore(max_files=100)
+    keys = [i.to_bytes(32, "big") for i in range(1000)]
+    store.record(verdict(keys[0], V1, accepted=False, reason=7))
+    for key in keys:
+        store.record(verdict(key, V1))
+        store.record(verdict(key, V2))
+    assert len(store._latest) == 100  # the cap, after 1,000 distinct files
+    assert store.latest(keys[0]) == [] and store.latest(keys[899]) == []  # the oldest files read empty
+    assert [r.validator for r in store.latest(keys[900])] == [V1, V2]
+    assert store.trainable(keys[1], 2)  # what the loop trains by is kept for every file ...
+    assert not store.trainable(keys[0], 1)  # ... and a veto with it
+    store.record(verdict(keys[5], V3))  # a verdict on an old file brings its list back, newest
+    assert [r.validator for r in store.latest(keys[5])] == [V3] and len(store._latest) == 100
