@@ -215,8 +215,8 @@ def test_a_coordinator_lying_about_its_steps_gets_an_honest_file_refused_but_nev
 ) -> None:
     """The attack as filed: an honest step-0 file, its assignment signed by the trainer and its upload acknowledged,
     submitted on chain; then the coordinator serves `[step 0 at T - 2 h, step 5 at T - 1 h]`. The real validator
-    daemon reads that history, refuses the file as borderline, and sends nothing on chain: the work stays pending,
-    the node a member, its provider's stake whole."""
+    daemon reads that history and refuses the file as borderline, on chain with refuseWork (not paid): never
+    invalidated, the node a member, its provider's stake whole."""
     pool_id, node = onboarded_pool(ledger_for)
     domain = SigningDomain(deployment.chain_id, deployment.address("ComputePool"))
     address = dev_account(WORKER).address
@@ -239,9 +239,9 @@ def test_a_coordinator_lying_about_its_steps_gets_an_honest_file_refused_but_nev
     stake_before = node.stake_of(dev_account(PROVIDER).address)
     row = asyncio.run(scenario())
     assert (row.accepted, row.reason, row.check, row.borderline) == (False, int(Reason.STALE_STEP), "step", True), row
-    assert row.tx_hash is None
+    assert row.tx_hash is not None  # refuseWork: the lie can cost the file its reward, never the stake
     work = node.get_work(pool_id, address, row.work_key)
-    assert work.status == WorkStatus.PENDING  # not invalidated
+    assert work.status == WorkStatus.REFUSED  # not invalidated
     assert node.is_member(pool_id, address) and not node.is_ejected(pool_id, address)
     assert node.stake_of(dev_account(PROVIDER).address) == stake_before
 
