@@ -9,9 +9,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from eth_account.signers.local import LocalAccount
 
+from node.serving import serve
 from node.signing import SigningDomain
 from trainer.api import CoordinatorApi
 from trainer.coordinator import CoordinatorService, PoolState
@@ -49,10 +49,8 @@ def coordinator_service(
 async def serving(service: CoordinatorService) -> AsyncIterator[tuple[CoordinatorApi, str]]:
     """The service's API listening on a free loopback port, and its base URL; stopped on leaving."""
     api = CoordinatorApi(service)
-    runner = web.AppRunner(api.app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    served = await serve(api.app, "127.0.0.1", 0, service.config.connections, name="coordinator")
     try:
-        yield api, f"http://127.0.0.1:{runner.addresses[-1][1]}"
+        yield api, f"http://127.0.0.1:{served.port}"
     finally:
-        await runner.cleanup()
+        await served.stop()
