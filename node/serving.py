@@ -119,6 +119,11 @@ class _Descriptors:
 
     def __init__(self) -> None:
         self.open = 0
+        self.limit = 0
+        self.read_limit()
+
+    def read_limit(self) -> None:
+        """The share of the descriptor limit as it is now (`serve` reads it again: a process may lower it)."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         self.limit = (soft * 3) // 4 if soft != resource.RLIM_INFINITY else 1 << 20  # a quarter for files, pipes
 
@@ -266,6 +271,7 @@ async def serve(
     """Serves `app` on host:port (port 0: any free one) under `limits`; `name` labels its log lines."""
     limits = limits or ConnectionLimits()
     fold_repeated_logs(limits.log_interval)
+    _PROCESS.read_limit()
     runner = web.AppRunner(
         app,
         access_log=None,

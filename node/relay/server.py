@@ -34,7 +34,7 @@ from node.relay import LongPollRefused, ManifestError, ShardPending, UnknownShar
 from node.relay.manifest import check_name
 from node.relay.polls import LongPolls
 from node.relay.store import ShardStore
-from node.serving import ConnectionLimits, serve
+from node.serving import ConnectionGuard, ConnectionLimits, serve
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class ShardServer:
         self._request_buckets: dict[str, TokenBucket] = {}
         self._byte_buckets: dict[str, TokenBucket] = {}
         self._runner: web.AppRunner | None = None
+        self.connection_guard: ConnectionGuard | None = None  # the open connections and their refusals, once started
         self.started = time.time()
         self._serving: dict[int, int] = {}  # step -> shard answers being sent now
         self._served_at: dict[int, float] = {}  # step -> time.monotonic() the last shard answer of it ended
@@ -176,7 +177,7 @@ class ShardServer:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one); returns the port."""
         served = await serve(self.app, host, port, self.connections, name=f"shardcast {self.role}")
-        self._runner = served.runner
+        self._runner, self.connection_guard = served.runner, served.guard
         return served.port
 
     async def stop(self) -> None:
