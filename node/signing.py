@@ -346,8 +346,10 @@ class NonceCache:
     forgets its oldest hundredth of them and raises its floor to the newest timestamp it forgot: from then on its
     requests signed at or before the floor are refused (`nonce_window`), so nothing forgotten can be replayed. So a
     signer that floods only ever pushes out its own nonces, a request signed now is never refused for anyone else's
-    traffic, and nothing is refused for want of room. `discard` forgets the nonce of a request refused after it was
-    recorded, so a refused request consumes none. Thread-safe: one lock guards it all.
+    traffic, and nothing is refused for want of room. Timestamps are whole seconds: a signer that holds the most and
+    signed them all within the current second refuses its own requests until the next one. `discard` forgets the
+    nonce of a request refused after it was recorded, so a refused request consumes none. Thread-safe: one lock
+    guards it all.
     """
 
     def __init__(self, max_skew: float = DEFAULT_MAX_SKEW, max_entries: int = 100_000) -> None:

@@ -52,6 +52,10 @@ from trainer.coordinator import ApiConfig, CoordinatorService, Refused
 __all__ = ["ApiConfig", "CoordinatorApi"]  # ApiConfig is the service's, named here for trainer.config
 
 
+_SIGNED = web.RequestKey("prime_signed", bool)  # set on a request once its signature checked out
+_STRANGERS = {ErrorCode.NOT_MEMBER, ErrorCode.NOT_VALIDATOR}  # validly signed, by a key that holds no role
+
+
 def _json_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response(ErrorBody(code, message).to_json(), status=status)
 
@@ -70,7 +74,7 @@ class CoordinatorApi:
     def __init__(self, service: CoordinatorService) -> None:
         self.service = service
         self.config = config = service.config
-        self.nonces = NonceCache(max_skew=config.max_skew)
+        self.nonces = NonceCache(max_skew=config.max_skew, max_entries=config.max_nonces)
         self._unsigned_bodies: dict[str, int] = {}  # bodies read before their signature is checked, per address
         self._trim = HeapTrim()
         self._address_rate = RateLimiter(config.requests_per_address_per_s, burst=config.address_burst)
@@ -103,17 +107,27 @@ class CoordinatorApi:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
+        code: str | None = None
         try:
             response = await handler(request)
         except Refused as exc:
-            response = _json_error(STATUS[exc.code], exc.code, exc.message)
+            code, response = exc.code, _json_error(STATUS[exc.code], exc.code, exc.message)
             if exc.retry_after is not None:
                 response.headers["Retry-After"] = f"{exc.retry_after:g}"
         except web.HTTPException as exc:  # no route, wrong method, body over client_max_size
             response = _json_error(exc.status, ErrorCode.HTTP, exc.reason)
-        if not request.content.is_eof():  # refused before its body was read: the connection goes with the body
-            response.force_close()
         self._requests.inc(route=route, status=str(response.status))
+        if request.content.is_eof():
+            return response
+        # refused before its body was read: the connection goes with the body. A signer refused for its rate, quota
+        # or clock may still be sending: aiohttp drains the rest for `lingering_time` so that it reads the answer. A
+        # request that is not validly signed by a member or validator is not drained: its answer is written and the
+        # connection closed at once (draining strangers' 60 MiB bodies was most of the coordinator's work under them).
+        response.force_close()
+        if code in _STRANGERS or not request.get(_SIGNED, False):
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
         return response
 
     # --- bodies and signers --------------------------------------------------------------------------
@@ -129,6 +143,8 @@ class CoordinatorApi:
                 body = await read_body(request.content, limit)
         except TimeoutError:
             raise Refused(ErrorCode.BODY_TIMEOUT, f"the body did not arrive within {seconds:.0f} s") from None
+        except (ConnectionResetError, web.RequestPayloadError) as exc:  # the client went away: counted, not a traceback
+            raise Refused(ErrorCode.INCOMPLETE_BODY, f"the connection ended before the body did: {exc}") from None
         finally:
             if (size or limit) >= 1 << 20:  # a second from now, what a large body held goes back to the system
                 self._trim.soon()
@@ -202,6 +218,7 @@ class CoordinatorApi:
             )
         except RequestAuthError as exc:
             raise Refused(ErrorCode(exc.code.value), str(exc)) from None
+        request[_SIGNED] = True
         self._rate_limit("signer", checked.signer, now)
         await self.service.authorize(checked.signer, role)
         try:

@@ -102,6 +102,7 @@ class ApiConfig:
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     unsigned_bodies_per_address: int = 2
     unsigned_bodies: int = 32
+    max_nonces: int = 100_000  # signed requests' nonces held at once, all signers together (node.signing.NonceCache)
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
@@ -117,8 +118,8 @@ class ApiConfig:
             raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
         if min(self.max_stored_bytes_per_node, self.max_stored_files_per_node, self.async_level) < 0:
             raise ValueError("the stored-upload quota and async_level must be at least 0")
-        if min(self.unsigned_bodies_per_address, self.unsigned_bodies) < 1:
-            raise ValueError("unsigned_bodies_per_address and unsigned_bodies must be at least 1")
+        if min(self.unsigned_bodies_per_address, self.unsigned_bodies, self.max_nonces) < 1:
+            raise ValueError("unsigned_bodies_per_address, unsigned_bodies and max_nonces must be at least 1")
         if 0 < self.max_stored_bytes_per_node < self.max_upload_bytes:
             raise ValueError(
                 f"max_stored_bytes_per_node ({self.max_stored_bytes_per_node}) must be 0 or at least max_upload_bytes "

@@ -166,8 +166,9 @@ def test_a_member_flooding_nonces_cannot_make_a_validator_wait_and_refused_reque
             refused = await client.send("PUT", upload_path(junk), junk)
             assert (refused.status, refused.body["error"]) == (422, "malformed_file"), refused.body
         assert len(api.nonces) == 0  # a refused request consumes no nonce
-        for _ in range(60):
-            asked = await client.send("POST", "/v1/tasks", b"{}")
+        start = int(time.time()) - 120
+        for i in range(60):  # signed over the last two minutes (a second apart), as a member at its pace does
+            asked = await client.send("POST", "/v1/tasks", b"{}", now=start + 2 * i)
             assert asked.status == 200, asked.body  # never `nonce_cache_full`: it pushes out its own oldest
         verdict = signed_attestation(VALIDATOR, b"\x11" * 32, True, 0)
         validator = await client.send("POST", "/v1/attestations", verdict, signer=VALIDATOR)
