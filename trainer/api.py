@@ -24,6 +24,7 @@ closes the connection. Each refusal is a 4xx JSON body `{"error": code, "message
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -125,8 +126,9 @@ class CoordinatorApi:
         # connection closed at once (draining strangers' 60 MiB bodies was most of the coordinator's work under them).
         response.force_close()
         if code in _STRANGERS or not request.get(_SIGNED, False):
-            await response.prepare(request)
-            await response.write_eof()
+            with contextlib.suppress(ConnectionResetError):  # it went away first: nothing to answer
+                await response.prepare(request)
+                await response.write_eof()
             request.protocol.force_close()
         return response
 
