@@ -199,7 +199,7 @@ class _GuardedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._timer is not None:
             seen = self._tail + data
-            if _HEADERS_END in seen:
+            if _HEADERS_END in seen or b"\n\n" in seen:  # the blank line that ends the headers (bare LF or not)
                 self._timer.cancel()
                 self._timer = None
                 self._tail = b""
