@@ -2,9 +2,11 @@
 
 Transport here, protocol in `node.protocol`: the routes, the message schemas both ends use, the error codes. Every
 signed request carries the EIP-712 `Request` headers of `node.signing.sign_request`, over the exact path and body
-sent. A 4xx answer raises `CoordinatorRefused` with the server's error code and message; a connection failure, a
-timeout, a 5xx, a 429 (rate limited, busy, over the upload quota: `CoordinatorBusy`) or an answer that does not
-fit its schema raises `CoordinatorUnavailable`, which a caller may retry.
+sent, with the body's sha256 declared in `X-Prime-Body-Sha256`: the coordinator checks the signature, the signer's
+role, rate and quota on the headers alone, and only then reads the body. A 4xx answer raises `CoordinatorRefused`
+with the server's error code and message; a connection failure, a timeout, a 5xx, a 429 (rate limited, busy, over
+the upload quota: `CoordinatorBusy`) or an answer that does not fit its schema raises `CoordinatorUnavailable`,
+which a caller may retry.
 
 Every call has a total timeout (`ClientLimits`: one for the small JSON calls, a longer one for a file's upload or
 download) and waits for one of `concurrency` slots first, so a coordinator that stops answering costs a caller

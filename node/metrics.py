@@ -119,12 +119,12 @@ async def serve_metrics(registry: Registry, host: str, port: int) -> tuple[web.A
     async def metrics(_: web.Request) -> web.Response:
         return metrics_response(registry)
 
+    from node.serving import serve  # node.serving is aiohttp's; the metrics registry alone needs none of it
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_address=True).start()
-    return runner, f"http://{host}:{runner.addresses[-1][1]}/metrics"
+    served = await serve(app, host, port, name="metrics")
+    return served.runner, f"http://{host}:{served.port}/metrics"
 
 
 def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:

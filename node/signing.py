@@ -3,11 +3,13 @@
 Every message is signed under the domain `PrimeNode`, version `1`, this chain's id and the ComputePool
 address, so a signature made for one chain or one deployment never verifies on another.
 
-HTTP requests carry a `Request` signature in four headers. A server checks, in this order: the headers are
-present and well formed, the timestamp is within `max_skew` of its clock (either direction), the signature
-recovers to `X-Prime-Address` (the body is bound through its sha256, so a tampered body recovers another
-address), and only then that the (signer, nonce) pair is new. Nonces are recorded after the signature
-check so that unauthenticated traffic can neither burn a signer's nonces nor fill the cache.
+HTTP requests carry a `Request` signature in four headers, and a fifth that declares the body's sha256 (the
+signature's `bodyHash`) so that a server can check the signature before it reads the body. A server checks, in
+this order: the headers are present and well formed, the timestamp is within `max_skew` of its clock (either
+direction), the signature recovers to `X-Prime-Address` (the body is bound through its sha256, so a tampered body
+recovers another address), and only then that the (signer, nonce) pair is new. Nonces are recorded after the
+signature check so that unauthenticated traffic can neither burn a signer's nonces nor fill the cache, and each
+signer's in a window of its own (`NonceCache`), so that no signer can push out or lock out another's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -42,6 +44,7 @@ HEADER_SIGNATURE = "X-Prime-Signature"
 HEADER_TIMESTAMP = "X-Prime-Timestamp"
 HEADER_NONCE = "X-Prime-Nonce"
 REQUEST_HEADERS = (HEADER_ADDRESS, HEADER_SIGNATURE, HEADER_TIMESTAMP, HEADER_NONCE)
+HEADER_BODY_HASH = "X-Prime-Body-Sha256"  # the body's sha256, 64 hex digits: what the signature's bodyHash holds
 
 _SECP256K1_HALF_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141 // 2
 _UINT64_MAX, _UINT256_MAX = 2**64 - 1, 2**256 - 1
@@ -50,6 +53,7 @@ _UINT_KIND, _BYTES_KIND = re.compile(r"uint([0-9]+)"), re.compile(r"bytes([0-9]+
 _TIMESTAMP = re.compile(r"[0-9]{1,20}")
 _NONCE = re.compile(r"0x[0-9a-fA-F]{32}")
 _SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")
+_SHA256 = re.compile(r"(0x)?[0-9a-fA-F]{64}")
 
 
 class SignatureError(NodeError):
@@ -70,7 +74,7 @@ class AuthFailure(StrEnum):
     BAD_SIGNATURE = "bad_signature"  # not a recoverable 65-byte signature
     SIGNER_MISMATCH = "signer_mismatch"  # recovers to another address: wrong key, domain, method, path or body
     REPLAYED_NONCE = "replayed_nonce"
-    NONCE_CACHE_FULL = "nonce_cache_full"
+    NONCE_WINDOW = "nonce_window"  # at or before the oldest timestamp this signer's window still holds: sign again
 
 
 class RequestAuthError(SignatureError):
@@ -349,50 +353,117 @@ def recover(message: TypedMessage, signature: bytes, domain: SigningDomain) -> s
     return to_checksum_address(signer)
 
 
-class NonceCache:
-    """Remembers each (signer, nonce) for `ttl` seconds after it is first seen, at most `max_entries` at once.
+@dataclass
+class _Window:
+    """One signer's live nonces (nonce -> timestamp), oldest first in `heap`, and its `floor`: a timestamp at or
+    before which its requests are refused, because a nonce of that age was forgotten."""
 
-    `ttl` must cover the whole timestamp window (2 * max_skew): a request accepted at `now` carries a
-    timestamp >= now - max_skew and stays acceptable until timestamp + max_skew <= now + 2 * max_skew.
-    When full of live entries the cache refuses new nonces instead of evicting one: forgetting a live nonce
-    would let its request be replayed, while refusing only delays honest clients until entries expire.
-    Thread-safe: one lock guards the dict and the expiry heap.
+    nonces: dict[bytes, int] = field(default_factory=dict)
+    heap: list[tuple[int, bytes]] = field(default_factory=list)  # (timestamp, nonce); stale pairs are skipped
+    floor: int = -1
+
+
+class NonceCache:
+    """Remembers each signer's nonces while their requests' timestamps are acceptable, in a window per signer.
+
+    A (signer, nonce) is held until its timestamp is more than `max_skew` in the past: after that the timestamp check
+    refuses a replay. At most `max_entries` are held in all. When that is reached, the signer holding the most
+    forgets its oldest hundredth of them and raises its floor to the newest timestamp it forgot: from then on its
+    requests signed at or before the floor are refused (`nonce_window`), so nothing forgotten can be replayed. So a
+    signer that floods only ever pushes out its own nonces, a request signed now is never refused for anyone else's
+    traffic, and nothing is refused for want of room. Timestamps are whole seconds: a signer that holds the most and
+    signed them all within the current second refuses its own requests until the next one. `discard` forgets the
+    nonce of a request refused after it was recorded, so a refused request consumes none. Thread-safe: one lock
+    guards it all.
     """
 
-    def __init__(self, ttl: float = 2 * DEFAULT_MAX_SKEW, max_entries: int = 100_000) -> None:
-        if ttl <= 0 or max_entries <= 0:
-            raise SignatureError("NonceCache needs ttl > 0 and max_entries > 0", ttl=ttl, max_entries=max_entries)
-        self.ttl = ttl
+    def __init__(self, max_skew: float = DEFAULT_MAX_SKEW, max_entries: int = 100_000) -> None:
+        if max_skew <= 0 or max_entries <= 0:
+            raise SignatureError(
+                "NonceCache needs max_skew > 0 and max_entries > 0", max_skew=max_skew, max_entries=max_entries
+            )
+        self.max_skew = max_skew
         self.max_entries = max_entries
-        self._expiry: dict[tuple[str, bytes], float] = {}
-        self._heap: list[tuple[float, tuple[str, bytes]]] = []  # one (expiry, key) per live entry
+        self._windows: dict[str, _Window] = {}
+        self._expiry: list[tuple[int, str, bytes]] = []  # (timestamp, signer, nonce) of every entry, oldest first
+        self._size = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._expiry)
+            return self._size
 
-    def add(self, signer: str, nonce: bytes, now: float) -> None:
-        """Records (signer, nonce) at `now`; raises RequestAuthError if it is live already or the cache is full."""
-        key = (signer, nonce)
+    def held(self, signer: str) -> int:
+        """How many of `signer`'s nonces are held."""
         with self._lock:
-            self._evict_expired(now)
-            if key in self._expiry:
+            window = self._windows.get(signer)
+            return 0 if window is None else len(window.nonces)
+
+    def add(self, signer: str, nonce: bytes, timestamp: int, now: float) -> None:
+        """Records `signer`'s `nonce` of a request signed at `timestamp`; RequestAuthError if it is held already or
+        the timestamp is at or before the signer's floor."""
+        with self._lock:
+            self._expire(now)
+            window = self._windows.setdefault(signer, _Window())
+            if nonce in window.nonces:
                 raise RequestAuthError(
                     AuthFailure.REPLAYED_NONCE, "nonce already used", signer=signer, nonce="0x" + nonce.hex()
                 )
-            if len(self._expiry) >= self.max_entries:
+            if timestamp <= window.floor:
                 raise RequestAuthError(
-                    AuthFailure.NONCE_CACHE_FULL, "too many live nonces, retry later", max_entries=self.max_entries
+                    AuthFailure.NONCE_WINDOW,
+                    "signed before the oldest request this signer's window still holds; sign it again",
+                    signer=signer,
+                    timestamp=timestamp,
+                    floor=window.floor,
                 )
-            expiry = now + self.ttl
-            self._expiry[key] = expiry
-            heapq.heappush(self._heap, (expiry, key))
+            if self._size >= self.max_entries:
+                self._shrink_heaviest()
+            window.nonces[nonce] = timestamp
+            heapq.heappush(window.heap, (timestamp, nonce))
+            heapq.heappush(self._expiry, (timestamp, signer, nonce))
+            self._size += 1
 
-    def _evict_expired(self, now: float) -> None:
-        while self._heap and self._heap[0][0] <= now:
-            _, key = heapq.heappop(self._heap)
-            del self._expiry[key]
+    def discard(self, signer: str, nonce: bytes) -> None:
+        """Forgets `signer`'s `nonce`: its request was refused after the nonce was recorded."""
+        with self._lock:
+            window = self._windows.get(signer)
+            if window is not None and window.nonces.pop(nonce, None) is not None:
+                self._size -= 1
+
+    def _expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] + self.max_skew < now:
+            timestamp, signer, nonce = heapq.heappop(self._expiry)
+            window = self._windows.get(signer)
+            if window is None:
+                continue
+            if window.nonces.get(nonce) == timestamp:
+                del window.nonces[nonce]
+                self._size -= 1
+            if not window.nonces:
+                window.heap.clear()
+                if window.floor + self.max_skew < now:  # the timestamp check covers what the floor did
+                    del self._windows[signer]
+
+    def _shrink_heaviest(self) -> None:
+        """The signer holding the most forgets its oldest hundredth (at least one); its floor rises past them."""
+        window = max(self._windows.values(), key=lambda w: len(w.nonces))
+        for _ in range(max(1, self.max_entries // 100)):
+            while window.heap:
+                timestamp, nonce = heapq.heappop(window.heap)
+                if window.nonces.get(nonce) == timestamp:
+                    del window.nonces[nonce]
+                    self._size -= 1
+                    window.floor = max(window.floor, timestamp)
+                    break
+            else:
+                return
+        # the nonces left at the floor's timestamp are refused by it anyway
+        while window.heap and window.heap[0][0] <= window.floor:
+            timestamp, nonce = heapq.heappop(window.heap)
+            if window.nonces.get(nonce) == timestamp:
+                del window.nonces[nonce]
+                self._size -= 1
 
 
 def sign_request(
@@ -407,7 +478,8 @@ def sign_request(
     now: int | None = None,
     nonce: bytes | None = None,
 ) -> dict[str, str]:
-    """The four X-Prime-* headers authenticating `method path` at `host` for pool `pool_id` with `body`."""
+    """The X-Prime-* headers authenticating `method path` at `host` for pool `pool_id` with `body`: the four of the
+    signature and `X-Prime-Body-Sha256`, which lets the server check the signature before reading the body."""
     request = Request(
         signer=account.address,
         method=method.upper(),
@@ -423,7 +495,20 @@ def sign_request(
         HEADER_SIGNATURE: "0x" + sign(request, account, domain).hex(),
         HEADER_TIMESTAMP: str(request.timestamp),
         HEADER_NONCE: "0x" + request.nonce.hex(),
+        HEADER_BODY_HASH: request.body_hash.hex(),
     }
+
+
+def declared_body_hash(headers: Mapping[str, str]) -> bytes | None:
+    """The body's sha256 as `X-Prime-Body-Sha256` declares it; None when the header is absent (an older client)."""
+    by_name = {name.lower(): value for name, value in headers.items()}
+    value = by_name.get(HEADER_BODY_HASH.lower())
+    if value is None:
+        return None
+    value = value.strip()
+    if not _SHA256.fullmatch(value):
+        raise RequestAuthError(AuthFailure.MALFORMED_HEADER, "malformed header", header=HEADER_BODY_HASH, value=value)
+    return bytes.fromhex(value.removeprefix("0x"))
 
 
 @dataclass(frozen=True)
@@ -432,6 +517,7 @@ class SignedRequest:
 
     signer: str
     nonce: bytes
+    timestamp: int
 
 
 def verify_request(
@@ -453,10 +539,12 @@ def verify_request(
     checks roles should use `check_request`, then the role, then `nonces.add`: recording a stranger's nonce lets
     strangers fill the cache and lock members out (issue 19).
     """
-    if nonces.ttl < 2 * max_skew:
-        raise SignatureError("nonce ttl must cover the timestamp window", ttl=nonces.ttl, max_skew=max_skew)
+    if nonces.max_skew < max_skew:
+        raise SignatureError(
+            "the nonce cache must cover the timestamp window", cache=nonces.max_skew, max_skew=max_skew
+        )
     checked = check_request(headers, domain, method, path, body, pool_id=pool_id, host=host, now=now, max_skew=max_skew)
-    nonces.add(checked.signer, checked.nonce, now)
+    nonces.add(checked.signer, checked.nonce, checked.timestamp, now)
     return checked.signer
 
 
@@ -472,7 +560,26 @@ def check_request(
     now: float,
     max_skew: float = DEFAULT_MAX_SKEW,
 ) -> SignedRequest:
-    """The headers, the timestamp and the signature of a request, without touching any nonce cache."""
+    """The headers, the timestamp and the signature of a request with `body`, without touching any nonce cache."""
+    body_hash = hashlib.sha256(body).digest()
+    return check_request_hash(
+        headers, domain, method, path, body_hash, pool_id=pool_id, host=host, now=now, max_skew=max_skew
+    )
+
+
+def check_request_hash(
+    headers: Mapping[str, str],
+    domain: SigningDomain,
+    method: str,
+    path: str,
+    body_hash: bytes,
+    *,
+    pool_id: int,
+    host: str,
+    now: float,
+    max_skew: float = DEFAULT_MAX_SKEW,
+) -> SignedRequest:
+    """`check_request` for a body known by its sha256 only (not read yet: the reader checks it against this)."""
     by_name = {name.lower(): value for name, value in headers.items()}
     values: dict[str, str] = {}
     for name in REQUEST_HEADERS:
@@ -501,7 +608,7 @@ def check_request(
         signer=claimed,
         method=method.upper(),
         path=path,
-        body_hash=hashlib.sha256(body).digest(),
+        body_hash=body_hash,
         timestamp=seconds,
         nonce=bytes.fromhex(nonce[2:]),
         pool_id=pool_id,
@@ -515,4 +622,4 @@ def check_request(
         raise RequestAuthError(
             AuthFailure.SIGNER_MISMATCH, "signature is not by the claimed address", claimed=claimed, recovered=signer
         )
-    return SignedRequest(signer, request.nonce)
+    return SignedRequest(signer, request.nonce, seconds)

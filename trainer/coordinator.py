@@ -61,6 +61,7 @@ from eth_utils import is_checksum_address
 from node.protocol.errors import ErrorCode
 from node.protocol.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
 from node.protocol.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
+from node.serving import ConnectionLimits
 from node.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
 from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
@@ -99,6 +100,12 @@ class ApiConfig:
     # the pool's window k (node.terms): a file stops counting k + 1 steps after the step it came at
     async_level: int = DEFAULT_ASYNC_LEVEL
     parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
+    # the server's connections, header and body timeouts (node.serving); and the bodies read before their signature
+    # is checked (from clients that do not declare X-Prime-Body-Sha256), at once per address and in all; 429 above
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    unsigned_bodies_per_address: int = 2
+    unsigned_bodies: int = 32
+    max_nonces: int = 100_000  # signed requests' nonces held at once, all signers together (node.signing.NonceCache)
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
@@ -114,6 +121,8 @@ class ApiConfig:
             raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
         if min(self.max_stored_bytes_per_node, self.max_stored_files_per_node, self.async_level) < 0:
             raise ValueError("the stored-upload quota and async_level must be at least 0")
+        if min(self.unsigned_bodies_per_address, self.unsigned_bodies, self.max_nonces) < 1:
+            raise ValueError("unsigned_bodies_per_address, unsigned_bodies and max_nonces must be at least 1")
         if 0 < self.max_stored_bytes_per_node < self.max_upload_bytes:
             raise ValueError(
                 f"max_stored_bytes_per_node ({self.max_stored_bytes_per_node}) must be 0 or at least max_upload_bytes "
@@ -309,6 +318,12 @@ class CoordinatorService:
         since = next((entry.at for entry in history if entry.step >= oldest), 0.0)
         for stored in self.inbox.stored(since):
             self.quota.hold(stored.node, stored.size, step_at(history, stored.stored_at, self.state.step))
+
+    def check_quota(self, work_key: bytes, node: str, size: int) -> None:
+        """Refuses (429 quota) an upload of `size` bytes that `node`'s quota could not hold now, before its body is
+        read; `upload` reserves the bytes it read."""
+        if not self.inbox.has(work_key):
+            self._reserve(node, size).close()
 
     def _reserve(self, node: str, size: int) -> Reservation:
         try:

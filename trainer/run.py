@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aiohttp import web
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
@@ -372,6 +371,7 @@ async def _serve_and_train(
     from node.relay.origin import Origin
     from node.relay.server import ShardServer
     from node.relay.store import ShardStore
+    from node.serving import serve
 
     paths = RunPaths(config.run_dir)
     world = World() if control is None else control.world
@@ -437,10 +437,9 @@ async def _serve_and_train(
     for name in ("reward_mean", "pass_rate", "loss", "grad_norm", "clipped_fraction", "tokens_per_s"):
         api.metrics.gauge(f"trainer_{name}", f"{name} of the last step.", last_value(name))
 
-    runner = web.AppRunner(api.app, access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.api_port, reuse_address=True).start()
-    api_url = f"http://{config.host}:{runner.addresses[-1][1]}"
+    served = await serve(api.app, config.host, config.api_port, api.config.connections, name="coordinator")
+    runner = served.runner
+    api_url = f"http://{config.host}:{served.port}"
     server = ShardServer(ShardStore(config.run_dir / "origin"), role="origin")
     origin_url = f"http://{config.host}:{await server.start(config.host, config.shardcast_port)}"
     origin = Origin(

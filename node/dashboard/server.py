@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from node.dashboard.page import PAGE
+from node.serving import serve
 
 log = logging.getLogger("node.dashboard")
 
@@ -65,11 +66,5 @@ def make_app(source: DashboardSource) -> web.Application:
 
 async def serve_dashboard(source: DashboardSource, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Serves the dashboard on `port` (0: any free one). Returns the runner (`cleanup()` stops it) and its URL."""
-    runner = web.AppRunner(make_app(source), access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
-    except OSError:
-        await runner.cleanup()
-        raise
-    return runner, f"http://{host}:{runner.addresses[-1][1]}"
+    served = await serve(make_app(source), host, port, name="dashboard")  # bounded connections (node.serving)
+    return served.runner, f"http://{host}:{served.port}"

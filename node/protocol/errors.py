@@ -34,7 +34,10 @@ class ErrorCode(StrEnum):
     BAD_SIGNATURE = AuthFailure.BAD_SIGNATURE.value
     SIGNER_MISMATCH = AuthFailure.SIGNER_MISMATCH.value
     REPLAYED_NONCE = AuthFailure.REPLAYED_NONCE.value
-    NONCE_CACHE_FULL = AuthFailure.NONCE_CACHE_FULL.value
+    NONCE_WINDOW = AuthFailure.NONCE_WINDOW.value
+    BODY_MISMATCH = "body_mismatch"  # the body's sha256 is not the one X-Prime-Body-Sha256 declared (and was signed)
+    BODY_TIMEOUT = "body_timeout"  # the body did not arrive within its time (ConnectionLimits.body_deadline)
+    INCOMPLETE_BODY = "incomplete_body"  # the connection ended before the body did (the answer reaches no one)
     # who the signer is, and how often it asks
     RATE_LIMITED = "rate_limited"
     BUSY = "busy"  # the role lookups of unknown addresses are over their budget
@@ -66,7 +69,10 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.BAD_SIGNATURE: 401,
     ErrorCode.SIGNER_MISMATCH: 401,
     ErrorCode.REPLAYED_NONCE: 409,
-    ErrorCode.NONCE_CACHE_FULL: 503,
+    ErrorCode.NONCE_WINDOW: 409,
+    ErrorCode.BODY_MISMATCH: 400,
+    ErrorCode.BODY_TIMEOUT: 408,
+    ErrorCode.INCOMPLETE_BODY: 400,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.BUSY: 429,
     ErrorCode.NOT_MEMBER: 403,

@@ -7,7 +7,9 @@ supported; a shard still being mirrored is awaited up to `pending_wait`), `GET /
 The server only reads the store. Whoever writes to it (an `Origin` publishing, a `Mirror` copying from
 upstream) calls `notify()` afterwards, which wakes long-polls and requests waiting for a shard.
 
-Limits against greedy or hostile clients: requests in flight overall and per client address, a request
+Limits against greedy or hostile clients: open connections overall and per client address, and the time a
+connection may take to send its headers (`node.serving`, as every server of ours); requests in flight overall and
+per client address, a request
 rate per client address, and optionally a byte rate per client address (a token bucket shared by that
 address's connections). Long-polls do not count as requests in flight: they wait in a pool of their own
 (`node.relay.polls`), so idle ones never crowd out `/health`, manifests or shards. Every refusal is a JSON
@@ -32,6 +34,7 @@ from node.relay import LongPollRefused, ManifestError, ShardPending, UnknownShar
 from node.relay.manifest import check_name
 from node.relay.polls import LongPolls
 from node.relay.store import ShardStore
+from node.serving import ConnectionGuard, ConnectionLimits, serve
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,18 @@ def _is_long_poll(request: web.Request) -> bool:
 class ShardServer:
     """Serves one `ShardStore`; `role` ("origin" or "relay") is reported by /health."""
 
-    def __init__(self, store: ShardStore, *, role: str, limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self,
+        store: ShardStore,
+        *,
+        role: str,
+        limits: ServerLimits | None = None,
+        connections: ConnectionLimits | None = None,
+    ) -> None:
         self.store = store
         self.role = role
         self.limits = limits or ServerLimits()
+        self.connections = connections or ConnectionLimits()  # open connections, slow headers (node.serving)
         self._changed = asyncio.Condition()
         self._polls = LongPolls(self.limits.max_long_polls, self.limits.max_long_polls_per_client)
         self._in_flight: dict[str, int] = {}
@@ -121,6 +132,7 @@ class ShardServer:
         self._request_buckets: dict[str, TokenBucket] = {}
         self._byte_buckets: dict[str, TokenBucket] = {}
         self._runner: web.AppRunner | None = None
+        self.connection_guard: ConnectionGuard | None = None  # the open connections and their refusals, once started
         self.started = time.time()
         self._serving: dict[int, int] = {}  # step -> shard answers being sent now
         self._served_at: dict[int, float] = {}  # step -> time.monotonic() the last shard answer of it ended
@@ -164,11 +176,9 @@ class ShardServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (port 0 picks a free one); returns the port."""
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        return int(self._runner.addresses[-1][1])
+        served = await serve(self.app, host, port, self.connections, name=f"shardcast {self.role}")
+        self._runner, self.connection_guard = served.runner, served.guard
+        return served.port
 
     async def stop(self) -> None:
         if self._runner is not None:

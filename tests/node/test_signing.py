@@ -365,32 +365,46 @@ def test_request_for_another_domain_is_a_signer_mismatch(alice: LocalAccount, do
     assert info.value.code is AuthFailure.SIGNER_MISMATCH
 
 
-def test_nonce_ttl_shorter_than_window_is_a_config_error(alice: LocalAccount, domain: SigningDomain) -> None:
+def test_nonce_cache_shorter_than_the_timestamp_window_is_a_config_error(
+    alice: LocalAccount, domain: SigningDomain
+) -> None:
     with pytest.raises(SignatureError, match="window"):
-        _verify(_headers(alice, domain), domain, NonceCache(ttl=100))
+        _verify(_headers(alice, domain), domain, NonceCache(max_skew=100))
 
 
-def test_nonce_cache_forgets_after_ttl() -> None:
-    cache = NonceCache(ttl=600)
-    cache.add("0xA", b"\x01" * 16, now=0)
-    with pytest.raises(RequestAuthError):
-        cache.add("0xA", b"\x01" * 16, now=599)
-    cache.add("0xA", b"\x01" * 16, now=600)
+def test_a_nonce_is_held_while_its_timestamp_is_acceptable() -> None:
+    cache = NonceCache(max_skew=300)
+    cache.add("0xA", b"\x01" * 16, timestamp=1000, now=1000)
+    with pytest.raises(RequestAuthError) as replay:
+        cache.add("0xA", b"\x01" * 16, timestamp=1000, now=1300)  # still within the skew: a replay
+    assert replay.value.code is AuthFailure.REPLAYED_NONCE
+    cache.add("0xB", b"\x02" * 16, timestamp=1301, now=1301)  # past the skew, the first is forgotten
     assert len(cache) == 1
 
 
-def test_full_nonce_cache_refuses_new_nonces_but_keeps_live_ones() -> None:
-    cache = NonceCache(ttl=600, max_entries=3)
-    for i in range(3):
-        cache.add("0xA", bytes([i]) * 16, now=i)
-    with pytest.raises(RequestAuthError) as info:
-        cache.add("0xA", b"\x09" * 16, now=10)
-    assert info.value.code is AuthFailure.NONCE_CACHE_FULL
+def test_a_signer_past_the_cache_size_pushes_out_only_its_own_oldest_nonces_and_is_never_told_full() -> None:
+    """Issue 32, attack 5: four members kept a shared cache full and validators got `503 nonce_cache_full`."""
+    cache = NonceCache(max_skew=300, max_entries=100)
+    cache.add("0xValidator", b"\xff" * 16, timestamp=1000, now=1000)
+    for i in range(1000):  # one flooding signer, a request a tenth of a second, for 100 s
+        cache.add("0xFlood", i.to_bytes(16, "big"), timestamp=1000 + i // 10, now=1000 + i / 10)
+    assert len(cache) <= 100 and cache.held("0xValidator") == 1
     with pytest.raises(RequestAuthError) as replay:
-        cache.add("0xA", b"\x00" * 16, now=10)  # the oldest live nonce is still remembered
+        cache.add("0xValidator", b"\xff" * 16, timestamp=1000, now=1100)  # the validator's nonce is still held
     assert replay.value.code is AuthFailure.REPLAYED_NONCE
-    cache.add("0xA", b"\x09" * 16, now=600)  # the first entry expired, making room
-    assert len(cache) == 3
+    cache.add("0xValidator", b"\xfe" * 16, timestamp=1001, now=1100)  # and it is served
+    with pytest.raises(RequestAuthError) as old:  # what the flooder forgot cannot be replayed: its floor refuses it
+        cache.add("0xFlood", (0).to_bytes(16, "big"), timestamp=1000, now=1100)
+    assert old.value.code is AuthFailure.NONCE_WINDOW
+    cache.add("0xFlood", b"\x01" * 16, timestamp=1100, now=1100)  # a request it signs now is served
+
+
+def test_a_discarded_nonce_can_be_used_again() -> None:
+    cache = NonceCache()
+    cache.add("0xA", b"\x01" * 16, timestamp=1000, now=1000)
+    cache.discard("0xA", b"\x01" * 16)
+    assert len(cache) == 0
+    cache.add("0xA", b"\x01" * 16, timestamp=1000, now=1001)
 
 
 def test_nonce_cache_admits_each_nonce_once_across_threads() -> None:
@@ -401,7 +415,7 @@ def test_nonce_cache_admits_each_nonce_once_across_threads() -> None:
     def worker(thread: int) -> None:
         for i in range(200):
             try:
-                cache.add("0xA", i.to_bytes(16, "big"), now=0)
+                cache.add("0xA", i.to_bytes(16, "big"), timestamp=0, now=0)
             except RequestAuthError:
                 continue
             with lock:

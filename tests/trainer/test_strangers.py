@@ -23,7 +23,7 @@ from trainer.roles import LedgerRoles, RoleLookupBusy
 
 def test_a_flood_of_strangers_keys_cannot_lock_a_member_or_a_validator_out(tmp_path: Path) -> None:
     async def scenario(client: Client, api: CoordinatorApi) -> None:
-        api.nonces = NonceCache(ttl=api.nonces.ttl, max_entries=50)
+        api.nonces = NonceCache(max_skew=api.nonces.max_skew, max_entries=50)
         for _ in range(120):  # each a fresh key: signed correctly, holding no role
             refused = await client.send("POST", "/v1/tasks", b"{}", signer=Account.create())
             assert (refused.status, refused.body["error"]) == (403, "not_member")

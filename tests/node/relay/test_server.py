@@ -7,6 +7,7 @@ are behaviour checks with generous bounds (a wait happened, or it did not), neve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -29,6 +30,7 @@ from node.relay.manifest import Manifest, build_manifest, encode_manifest, parse
 from node.relay.server import SIGNATURE_HEADER, ServerLimits, ShardServer
 from node.relay.store import ShardStore
 from node.relay.trust import TrustPolicy, checkpoint_message, sign_manifest
+from node.serving import ConnectionLimits
 from node.signing import SigningDomain, recover
 from tests.promtool import check_metrics
 
@@ -115,9 +117,10 @@ def serve(
     *,
     role: str = "origin",
     limits: ServerLimits | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> None:
     async def main() -> None:
-        server = ShardServer(store, role=role, limits=limits)
+        server = ShardServer(store, role=role, limits=limits, connections=connections)
         port = await server.start("127.0.0.1", 0)
         try:
             async with aiohttp.ClientSession() as session:
@@ -587,6 +590,35 @@ def test_a_full_long_poll_pool_makes_room_for_an_address_that_holds_none(store: 
                 await session.close()
 
     serve(store, scenario, limits=ServerLimits(max_long_polls=8, max_long_polls_per_client=4))
+
+
+def test_idle_connections_past_the_per_address_limit_are_refused_and_the_rest_closed_after_the_header_timeout(
+    store: ShardStore, manifest: Manifest
+) -> None:
+    """Issue 32, attack 4 at a relay: connections that never send a request held a descriptor each, for ever."""
+
+    async def scenario(served: Served) -> None:
+        port = int(served.url.rsplit(":", 1)[1])
+        idle = []
+        for _ in range(20):  # from another loopback address: a stranger's machine
+            idle.append(await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0)))
+        await asyncio.sleep(0.2)
+        assert served.server.connection_guard is not None
+        assert served.server.connection_guard.by_address == {"127.0.0.2": 8}  # the other 12 were closed at once
+        assert (await served.get("/health")).status == 200  # another address is served meanwhile
+        started = time.monotonic()
+        for reader, writer in idle:
+            async with asyncio.timeout(5):
+                with contextlib.suppress(ConnectionResetError):  # reset: closed at once, over the limit
+                    assert await reader.read(1) == b""  # closed by the server
+            writer.close()
+        assert time.monotonic() - started < 3
+        assert served.server.connection_guard.refusals.counts == {
+            "connections over the per-address limit": 12,
+            "connections whose headers did not arrive in time": 8,
+        }
+
+    serve(store, scenario, connections=ConnectionLimits(max_per_address=8, header_timeout=1.0))
 
 
 def test_requests_over_the_rate_get_429(store: ShardStore) -> None:
