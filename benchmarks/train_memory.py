@@ -8,7 +8,7 @@ Three ways of running the same steps of the real `Learner` (the tiny model on CP
 - "threads in turn": step i on thread i mod `--threads`, as the event loop's default pool handed the step loop's
   calls to whichever of its threads was idle (min(32, cores + 4) of them, shared with role lookups and the rest);
 - "one thread": every step on one thread (`trainer.memory.TrainingThread`, what `prime-train run` does now);
-- "one thread + release": the same, and `trainer.memory.release_free_memory` after each step (what it does now).
+- "one thread + release": the same, and `core.heap.release_free_memory` after each step (what it does now).
 
 Printed per way: the process's RSS after the first and the last step, the peak, and malloc's bytes in use and free
 (kept in its arenas) after the last step; then the ratio of each way's last RSS to the first way's. A benchmark,
@@ -43,10 +43,10 @@ def run_way(way: str, file: Path, model: Path, steps: int, files_per_step: int, 
     """Trains `steps` steps the way `way` says, in this process; returns what memory did."""
     import torch
 
+    from core.heap import heap_bytes, release_free_memory
     from node.model.loading import load_model
     from node.rollouts import read_rollouts
     from trainer.learner import Learner, LearnerConfig
-    from trainer.memory import heap_bytes, release_free_memory
     from trainer.precision import resolve_precision
 
     torch.set_num_threads(1)

@@ -9,10 +9,10 @@ judged an honest file by a prefix of it and slashed its worker for a hash mismat
 from __future__ import annotations
 
 import asyncio
-import ctypes
-from collections.abc import Callable
 
 import aiohttp
+
+from core.heap import release_free_memory
 
 
 async def read_body(stream: aiohttp.StreamReader, limit: int) -> bytes:
@@ -38,26 +38,21 @@ class HeapTrim:
 
     A body is read in pieces of up to 64 KiB, under glibc's mmap threshold: they land in malloc's arenas, and once
     freed glibc keeps the pages for reuse. After ten 60 MiB bodies the coordinator held 600 MB it no longer used
-    (issue 32, attack 3). `malloc_trim(0)` returns the free pages of every arena; elsewhere than glibc it is a no-op.
+    (issue 32, attack 3). `core.heap.release_free_memory` returns the free pages of every arena (a no-op elsewhere
+    than glibc).
     """
 
     def __init__(self, every: float = 1.0) -> None:
         self.every = every
         self._scheduled = False
-        self._trim: Callable[[int], int] | None
-        try:
-            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc
-            self._trim = None
 
     def soon(self) -> None:
         """Trims once, `every` seconds from now, whatever else asks before then (call it on the event loop)."""
-        if self._trim is None or self._scheduled:
+        if self._scheduled:
             return
         self._scheduled = True
         asyncio.get_running_loop().call_later(self.every, self._run)
 
     def _run(self) -> None:
         self._scheduled = False
-        if self._trim is not None:
-            self._trim(0)
+        release_free_memory()

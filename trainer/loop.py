@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from core.heap import release_free_memory
 from node.model.loading import LoadedModel
 from node.model.tiny import save_model_dir
 from node.rollouts import RolloutFile, RolloutFormatError, inspect_rollouts, read_rollouts
@@ -42,7 +43,6 @@ from trainer.errors import TrainerError
 from trainer.evaluate import pass_rate
 from trainer.inbox import named_work_key
 from trainer.learner import Learner, StepStats
-from trainer.memory import release_free_memory
 
 log = logging.getLogger(__name__)
 

@@ -9,17 +9,15 @@ loop's default pool trained that step, and each new thread that trained kept one
 N = 30 at a 5 s pace: 2.6 GiB free and held in the arenas against 0.2 GiB in use, after 4 steps).
 
 So the step loop's work runs on one thread of its own (`TrainingThread`): what a step frees, the next one reuses.
-And after each step (`TrainingLoop.train`, on every rank) `release_free_memory` hands the free pages of every
-arena back to the system (glibc's `malloc_trim`), so between steps the process holds what is live, and during one
-at most one step's peak more, which `[learner] micro_batch_tokens` bounds. Elsewhere (musl, macOS) it does
+And after each step (`TrainingLoop.train`, on every rank) `core.heap.release_free_memory` hands the free pages of
+every arena back to the system (glibc's `malloc_trim`), so between steps the process holds what is live, and during
+one at most one step's peak more, which `[learner] micro_batch_tokens` bounds. Elsewhere (musl, macOS) it does
 nothing and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,45 +25,6 @@ from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
-    ] + [("keepcost", ctypes.c_size_t)]
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"))
-    except OSError:
-        return None
-
-
-def heap_bytes() -> tuple[int, int] | None:
-    """(in use, free and kept) bytes of malloc's arenas, every thread's together (glibc's `mallinfo2`); None
-    where the C library has no `mallinfo2` (not glibc, or older than 2.33)."""
-    libc = _libc()
-    mallinfo2 = getattr(libc, "mallinfo2", None)
-    if mallinfo2 is None:
-        return None
-    mallinfo2.restype = _MallInfo2
-    info = mallinfo2()
-    return int(info.uordblks), int(info.fordblks)
-
-
-def release_free_memory() -> bool:
-    """Returns the free pages of every malloc arena to the system; False where malloc cannot (not glibc).
-
-    Costs a walk of the free lists (milliseconds after a step); what is in use is never touched."""
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is None:
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
 
 
 class TrainingThread:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from core.heap import heap_bytes
 from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
 from node.coordinator import PublishedStep
 from node.signing import SigningDomain
@@ -43,7 +44,7 @@ from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
 from trainer.loop import RunPaths, TrainingLoop
-from trainer.memory import TrainingThread, heap_bytes
+from trainer.memory import TrainingThread
 from trainer.precision import resolve_precision
 from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
 from trainer.roles import Roles, StaticRoles
@@ -532,7 +533,7 @@ async def _serve_and_train(
 
 
 def _heap_gauge(index: int) -> Callable[[], float]:
-    """A gauge of `trainer.memory.heap_bytes()[index]`: what a step leaves in malloc shows on /metrics."""
+    """A gauge of `core.heap.heap_bytes()[index]`: what a step leaves in malloc shows on /metrics."""
     return lambda: float((heap_bytes() or (0, 0))[index])
 
 

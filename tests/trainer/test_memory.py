@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.memory import TrainingThread, heap_bytes, release_free_memory
+from core.heap import heap_bytes, release_free_memory
+from trainer.memory import TrainingThread
 
 glibc = pytest.mark.skipif(heap_bytes() is None, reason="malloc_trim and mallinfo2 are glibc's")
 
