@@ -196,8 +196,8 @@ async def attack(pattern: str, url: str, seconds: float, connections: int) -> No
             try:
                 async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
                     await hold(pattern, host_port, reader, writer)
-            except (TimeoutError, OSError):
-                pass
+            except (TimeoutError, OSError):  # the pattern's deadline, or the server closed it: open the next one
+                continue
             finally:
                 writer.close()
 

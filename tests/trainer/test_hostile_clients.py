@@ -141,13 +141,14 @@ def test_idle_connections_cannot_take_the_descriptors_members_upload_through(tmp
         time.sleep(4)  # past the header timeout: the server has closed every idle connection
         still_open = 0
         for sock in idle:
-            try:
-                still_open += sock.recv(1) != b""  # b"": closed by the server
-            except ConnectionResetError:  # closed by the server, at once (over a limit)
-                pass
-            except TimeoutError:  # still held
-                still_open += 1
-            sock.close()
+            with sock:
+                try:
+                    answer = sock.recv(1)  # b"": closed by the server
+                except ConnectionResetError:  # closed by the server at once (over a limit)
+                    answer = b""
+                except TimeoutError:  # still held
+                    answer = b"held"
+                still_open += answer != b""
         lines = server.log_lines()
     assert still_open == 0
     assert len(lines) < 50, lines[:20]  # one line per refused cause per interval, not one traceback per connection
