@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from core.trace import configure_tracing
 from ledger.cli.common import (
     JsonOption,
     configure_daemon_logging,
@@ -192,6 +193,7 @@ def run_command(
     """
     with node_cli_errors():
         configure_daemon_logging()
+        configure_tracing("trainer")
         from trainer.config import load_run_config
 
         flags: dict[str, Any] = dict(

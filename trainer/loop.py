@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from core import trace
 from core.heap import release_free_memory
 from node.model.loading import LoadedModel
 from node.model.tiny import save_model_dir
@@ -288,8 +289,10 @@ class TrainingLoop:
         self.counters.assignments.update(_assignment(f) for f in files)
         self.counters.idle_seconds += idle_seconds
         self.forget(files)
-        self.save_checkpoint()
-        self.save_state()
+        trace.record("train", stats.seconds, step=stats.step, files=len(files))
+        with trace.span("checkpoint", step=stats.step):
+            self.save_checkpoint()
+            self.save_state()
         record = stats.as_record()
         record["train_seconds"] = record.pop("seconds")
         record.update(
@@ -299,7 +302,8 @@ class TrainingLoop:
             stale_files_total=self.counters.stale_files,
         )
         if self.eval_every and stats.step % self.eval_every == 0:
-            record["eval_pass_rate"] = self.evaluate()
+            with trace.span("evaluate", step=stats.step):
+                record["eval_pass_rate"] = self.evaluate()
         _append_line(self.paths.metrics, record)
         _append_line(self.paths.trained, {"step": stats.step, "work_keys": ["0x" + f.work_key.hex() for f in files]})
         release_free_memory()  # what the step freed goes back to the system: between steps only what is live stays

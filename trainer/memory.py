@@ -9,6 +9,10 @@ loop's default pool trained that step, and each new thread that trained kept one
 N = 30 at a 5 s pace: 2.6 GiB free and held in the arenas against 0.2 GiB in use, after 4 steps).
 
 So the step loop's work runs on one thread of its own (`TrainingThread`): what a step frees, the next one reuses.
+That thread sets its own torch thread count as it starts (`[run] threads`): torch sets OpenMP's count for the
+calling thread only, so a count set on the event loop's thread never reached the thread that trains. Until issue 33
+it trained with the machine's default of one thread a core, against the local workers' generation on those cores
+(docs/trainer.md, "The step's lost third").
 And after each step (`TrainingLoop.train`, on every rank) `core.heap.release_free_memory` hands the free pages of
 every arena back to the system (glibc's `malloc_trim`), so between steps the process holds what is live, and during
 one at most one step's peak more, which `[learner] micro_batch_tokens` bounds. Elsewhere (musl, macOS) it does
@@ -23,6 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from core.threads import use_torch_threads
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -33,8 +39,11 @@ class TrainingThread:
     Every call runs on the same thread, so a step's memory lands in one malloc arena that the next step reuses;
     with a pool of threads each thread that happened to train kept a step's peak in an arena of its own."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="training")
+    def __init__(self, threads: int = 0) -> None:
+        """`threads`: torch's intra-op threads for everything this thread runs (0: torch's default)."""
+        self._executor = ThreadPoolExecutor(
+            1, thread_name_prefix="training", initializer=functools.partial(use_torch_threads, threads)
+        )
 
     async def run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on the training thread."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from core import trace
 from core.heap import heap_bytes
 from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
 from node.coordinator import PublishedStep
@@ -350,7 +351,7 @@ async def run_training(
     """
     stopping = asyncio.Event()
     # the step loop's one thread: a step reuses the memory the last one freed (trainer.memory)
-    with contextlib.ExitStack() as signals, TrainingThread() as training:
+    with contextlib.ExitStack() as signals, TrainingThread(config.train_threads) as training:
         if control is not None:  # the ranks must stop at one step boundary: the followers wait for rank 0's word
             signals.enter_context(_stop_on_signals(stopping))
         return await _serve_and_train(
@@ -476,37 +477,38 @@ async def _serve_and_train(
             on_ready(api_url, origin_url)
         if worker_keys is not None and worker_keys.paths:
             workers = LocalWorkers(config, network, worker_keys, api_url, origin_url)
-        with torch_threads(config.train_threads):
-            deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
-            while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):
-                waited = time.monotonic()
-                while not stopping.is_set():
-                    arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
-                    # off the event loop: reading new files would hold up uploads
-                    selection = await training.run(
-                        lambda: loop.select(network.accepted(inbox, verdicts, loop.counters.consumed))
-                    )
-                    if selection.rows >= config.rollouts_per_step:
-                        break
-                    if workers is not None:
-                        workers.check()
-                    if control is not None and control.heartbeat_due():
-                        await asyncio.to_thread(control.send, Decision("wait", learner.step))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(arrived.wait(), timeout=0.5)
-                if stopping.is_set():
+        deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
+        while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):
+            waited = time.monotonic()
+            while not stopping.is_set():
+                arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
+                # off the event loop: reading new files would hold up uploads
+                selection = await training.run(
+                    lambda: loop.select(network.accepted(inbox, verdicts, loop.counters.consumed))
+                )
+                if selection.rows >= config.rollouts_per_step:
                     break
-                idle = time.monotonic() - waited
-                record = await training.run(train, loop, control, selection, idle)
+                if workers is not None:
+                    workers.check()
+                if control is not None and control.heartbeat_due():
+                    await asyncio.to_thread(control.send, Decision("wait", learner.step))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), timeout=0.5)
+            if stopping.is_set():
+                break
+            idle = time.monotonic() - waited
+            trace.record("wait", idle, step=learner.step)
+            record = await training.run(train, loop, control, selection, idle)
+            with trace.span("publish", step=learner.step):
                 manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
-                publish_step(state, learner.step, steps_file)
-                _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
-                if gossip is not None:  # after the coordinator serves the step: a worker may act on it at once
-                    await gossip.announce(manifest)
-                last.clear()
-                last.update(record)
-                if on_step is not None:
-                    on_step(record)
+            publish_step(state, learner.step, steps_file)
+            _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
+            if gossip is not None:  # after the coordinator serves the step: a worker may act on it at once
+                await gossip.announce(manifest)
+            last.clear()
+            last.update(record)
+            if on_step is not None:
+                on_step(record)
         if control is not None:  # the other ranks are done: nothing they do needs the coordinator
             await asyncio.to_thread(control.send, Decision("stop", learner.step))
         if config.serve_after and not stopping.is_set():

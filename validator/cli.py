@@ -23,6 +23,7 @@ import click
 import typer
 from rich.text import Text
 
+from core.trace import configure_tracing
 from ledger.cli.common import (
     DEFAULT_DEPLOYMENT,
     KNOWN_ERRORS,
@@ -340,6 +341,7 @@ def run_command(
     Every setting is declared once, with its default and bounds, in validator.settings.ValidatorSettings:
     configs/validator.toml shows them; a flag overrides the file."""
     configure_daemon_logging()
+    configure_tracing("validator")
     with node_cli_errors():
         import asyncio
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from core import trace
 from core.exhaustion import exhausted
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
@@ -509,9 +510,11 @@ class ValidatorDaemon:
             return
         if len(self.peers.validators) > 1 and await self._judged_elsewhere(row):
             return
+        trace.record("queue", max(0.0, time.time() - row.first_seen), key=key.hex(), attempts=row.attempts)
         try:
-            data = await self.client.download(key, self.config.max_file_bytes)
-            history = await self.client.steps() if data is not None else []
+            with trace.span("download", key=key.hex()):
+                data = await self.client.download(key, self.config.max_file_bytes)
+                history = await self.client.steps() if data is not None else []
         except CoordinatorLostFile as exc:  # stored and acknowledged, then lost there: never the worker's fault
             self.store.move(row, UNVERIFIABLE, note=str(exc))
             self._unverifiable.inc()
@@ -585,6 +588,7 @@ class ValidatorDaemon:
             self._could_not_judge(row, failure)
             return
         seconds = time.perf_counter() - started
+        trace.record("verify", seconds, key=key.hex(), accepted=verdict.accepted)
         self._verify_seconds.inc(seconds)
         self._last_verify.set(seconds)
         if verdict.accepted:  # one assignment pays once: a second file under the node's counter is a re-slice
@@ -678,7 +682,8 @@ class ValidatorDaemon:
         accepted = bool(row.accepted)
         attestation = Attestation(self.setup.pool_id, row.work_key, accepted, 0 if accepted else int(row.reason or 0))
         try:
-            await self.client.attest(attestation)
+            with trace.span("attest", key=row.work_key.hex(), accepted=accepted):
+                await self.client.attest(attestation)
         except CoordinatorRefused as exc:  # e.g. the coordinator's view of the validators lags: the chain decides
             log.error("%s: the coordinator refused the attestation: %s", _short(row.work_key), exc)
         except CoordinatorError as exc:

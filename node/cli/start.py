@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from core.trace import configure_tracing
 from ledger.cli.common import (
     DEFAULT_DEPLOYMENT,
     CommandError,
@@ -148,6 +149,7 @@ def start(
 ) -> None:
     """Work for pool N: fetch the newest policy, generate rollouts with proofs, upload them, submit them on chain."""
     configure_daemon_logging()
+    configure_tracing("worker")
     with node_cli_errors():
         import asyncio
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.trace import configure_tracing
 from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
 from node.daemon.signals import run_until_signalled
 from node.errors import NodeError
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-failures", type=int, default=20, help="failed iterations in a row before exiting 1")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_tracing("worker")
     try:  # the trainer passes the password in the environment, never on the command line
         account = load_account(Path(args.keystore), resolve_password(prompt=False))
     except AccountError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from core import trace
 from node.model.loading import LoadedModel, load_model
 from node.relay.client import fetch_checkpoint
 from node.relay.manifest import manifest_hash
@@ -50,14 +51,16 @@ class Weights:
 
     async def _fetch_and_load(self, step: int) -> LoadedModel:
         hashes: list[bytes] = []
-        path = await fetch_checkpoint(
-            self.sources, self.policy, self.root, step=step, on_start=lambda m, _: hashes.append(manifest_hash(m))
-        )
+        with trace.span("fetch", step=step):
+            path = await fetch_checkpoint(
+                self.sources, self.policy, self.root, step=step, on_start=lambda m, _: hashes.append(manifest_hash(m))
+            )
         sidecar = self.root / f"step_{step}.manifest-hash"  # a checkpoint already on disk was not fetched again
         if hashes:
             sidecar.write_text(hashes[0].hex())
         held_hash = bytes.fromhex(sidecar.read_text().strip())
-        loaded = await asyncio.to_thread(load_model, path, device=self.device, dtype=getattr(torch, self.dtype))
+        with trace.span("load", step=step, into="torch"):
+            loaded = await asyncio.to_thread(load_model, path, device=self.device, dtype=getattr(torch, self.dtype))
         if self.on_load is not None:
             self.on_load(loaded)
         # all three at once, with no await between: the loop reads `manifest_hash` right after a `hold` that

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from core import trace
 from ledger.types import WorkStatus
 from node.coordinator import (
     CoordinatorBusy,
@@ -325,7 +326,8 @@ class WorkerDaemon:
                             recovered = True
                         job = await coordinator.request_task()
                         check_assignment(job, spec, pool.config.trainer, domain, settings.timing, now=time.time())
-                        loaded = await weights.hold(job.step)
+                        with trace.span("hold", step=job.step):  # the loop's wait: nothing when prefetched
+                            loaded = await weights.hold(job.step)
                         if self._held_step != job.step:
                             hash_hex = weights.manifest_hash.hex()[:12]
                             log.info("holding the policy of step %d (manifest 0x%s)", job.step, hash_hex)
@@ -393,7 +395,7 @@ class WorkerDaemon:
         if self._idle_logged != self._held_step:
             self._idle_logged = self._held_step
             log.info("no more work at this step for now (%s); asking again every %.1f s", refusal, refusal.retry_after)
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError), trace.span("wait", step=self._held_step):
             await asyncio.wait_for(self.stopping.wait(), refusal.retry_after)
 
     async def _pause(self) -> None:
@@ -410,6 +412,7 @@ class WorkerDaemon:
             backend = self.engine.backend(loaded)
             if self.engine.loads != loads:
                 self._weight_loads.inc(self.engine.last_load_seconds)
+                trace.record("load", self.engine.last_load_seconds, step=job.step, into=self.choice.backend)
                 log.info("put the policy of step %d into %s in %.2f s", job.step, self.choice.backend,
                          self.engine.last_load_seconds)  # fmt: skip
             generated = generate_rollouts(job, spec, source, loaded, backend, manifest_hash=manifest_hash)
@@ -435,7 +438,8 @@ class WorkerDaemon:
         """Uploads the journal's file and keeps the receipt; a first upload moves it to "uploaded" (`again`: a
         submitted file the coordinator lost keeps its stage)."""
         data = await asyncio.to_thread(self.state.path_of(work_key).read_bytes)
-        upload = await coordinator.upload(work_key, data)
+        with trace.span("upload", key=work_key.hex()):
+            upload = await coordinator.upload(work_key, data)
         self._keep_receipt(upload)
         if not again:
             self.state.move([work_key], "uploaded")
@@ -501,7 +505,8 @@ class WorkerDaemon:
         if not fresh:
             return
         keys, units = [r.work_key for r in fresh], [r.units for r in fresh]
-        tx = await asyncio.to_thread(chain.submit, pool_id, keys, units)
+        with trace.span("submit", keys=[k.hex() for k in keys]):
+            tx = await asyncio.to_thread(chain.submit, pool_id, keys, units)
         self.state.move(keys, "submitted", tx=tx)
         log.info("submitted %d files in %s", len(keys), tx)
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import trace
 from node.generation.plan import Job, PlannedPrompt, completion_text, plan_rollouts
 from node.inference.base import Completion, GenerationRequest, InferenceBackend
 from node.inference.sampler import SamplingParams
@@ -44,12 +45,14 @@ def generate_rollouts(
     plan = plan_rollouts(job, spec, source, loaded.tokenizer)
     params = sampling_params(spec)
     requests = [GenerationRequest(list(p.prompt_tokens), seed) for p in plan for seed in p.seeds]
-    completions = backend.generate(requests, params, progress=progress)
+    with trace.span("generate", step=job.step, rows=len(requests)):
+        completions = backend.generate(requests, params, progress=progress)
     owners = [p for p in plan for _ in p.seeds]
-    rows = [
-        _row(job, spec, source, loaded, prompt, req.seed, c)
-        for prompt, req, c in zip(owners, requests, completions, strict=True)
-    ]
+    with trace.span("prove", step=job.step, rows=len(requests)):  # scoring, and each row's TOPLOC proof
+        rows = [
+            _row(job, spec, source, loaded, prompt, req.seed, c)
+            for prompt, req, c in zip(owners, requests, completions, strict=True)
+        ]
     meta = RolloutMeta(
         pool_id=job.pool_id,
         node=job.node,

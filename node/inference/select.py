@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from core.threads import use_torch_threads
 from node.inference.base import InferenceError
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class Engine:
         # thread it runs on match the torch thread count it planned with (a thread pool's fresh thread has the
         # machine's default: "Check failed: thread_num == thread_num (2 vs. 1)"), and it refuses to change them
         # once it started. The thread takes torch's count when it starts, and keeps it.
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="engine", initializer=_follow_torch_threads)
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="engine", initializer=use_torch_threads)
         self._vllm: InferenceBackend | None = None
         self._path: Path | None = None  # the weights the vLLM engine holds
         self.loads = 0  # weights put into the engine after its first
@@ -161,10 +162,3 @@ class Engine:
         self._path = loaded.path
         self.last_load_seconds = time.perf_counter() - started
         return self._vllm
-
-
-def _follow_torch_threads() -> None:
-    """In a new thread: its OpenMP thread count becomes torch's (torch sets both, for the calling thread only)."""
-    import torch
-
-    torch.set_num_threads(torch.get_num_threads())

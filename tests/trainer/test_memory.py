@@ -69,3 +69,21 @@ def test_release_hands_back_what_a_thread_freed_and_keeps_what_is_live() -> None
     assert release_free_memory()
     assert before - rss() > 150 << 20
     assert all(len(buffer) == 1024 for buffer in kept)  # live memory untouched
+
+
+def test_the_training_thread_computes_with_the_threads_it_was_given() -> None:
+    """torch's thread count is per thread: set on the event loop's thread it never reached the one that trains,
+    which trained with one thread a core beside the local workers (the step's lost third, docs/trainer.md)."""
+    import torch
+
+    def count_after_work() -> int:
+        torch.ones(256, 256) @ torch.ones(256, 256)  # a parallel operation: the thread's count is settled
+        return torch.get_num_threads()
+
+    async def counts() -> tuple[int, int]:
+        with TrainingThread(1) as one, TrainingThread(2) as two:
+            return await one.run(count_after_work), await two.run(count_after_work)
+
+    before = torch.get_num_threads()
+    assert asyncio.run(counts()) == (1, 2)
+    assert torch.get_num_threads() == before  # the event loop's thread kept its own
