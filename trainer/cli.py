@@ -402,7 +402,7 @@ def plot_command(
     title: Annotated[str | None, typer.Option("--title", metavar="TEXT", help="Title above the figure.")] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Draw a run's reward curve to PNG: reward mean, pass rate and held-out evaluations against step."""
+    """Draw a run's reward curve to PNG: reward and pass rate per step and smoothed, held-out evaluations as points."""
     configure_logging()
     with node_cli_errors():
         import warnings

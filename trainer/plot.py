@@ -9,21 +9,36 @@ The training loop appends one JSON object a line, one line a policy step. The fi
     loss, grad_norm  floats from the optimizer step                    (optional)
 
 Every other field (seconds, clipped_fraction, tokens_per_s, ...) is ignored, so the writer can add fields
-without breaking the plot. matplotlib loads inside `plot_metrics`, so reading metrics stays light.
+without breaking the plot. matplotlib loads inside `draw`, so reading metrics stays light.
+
+A step's reward and pass rate come from a few dozen rollouts, so they jump by several points from step to step. Each
+per-step series is drawn thin and light, and over it, bold in the same colour, its exponential moving average with
+bias correction (`smooth`, TensorBoard's smoothing). An EMA rather than a centred rolling mean: the point at step t
+uses steps up to t only, so the curve ends on the last step with no window narrowing (and growing noisier) toward
+the end, and a NaN (a diverged loss) is simply skipped. It lags a change by about its time constant, 1 / (1 - weight)
+steps; `smoothing_weight` sets that to a tenth of the run, 5 to 20 steps (weight 0.8 to 0.95): less barely smooths
+a few dozen rollouts' noise, more trails a real change by over 20 steps. The held-out evaluations are points at the
+steps that ran one, joined by a thin dashed line only to guide the eye.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.rollouts.writer import publish_atomically
 from trainer.errors import TrainerError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
 REQUIRED_NUMBERS = ("reward_mean", "pass_rate")
 OPTIONAL_NUMBERS = ("eval_pass_rate", "loss", "grad_norm")  # null counts as absent
@@ -31,6 +46,9 @@ RATES = ("pass_rate", "eval_pass_rate")  # shares, so in [0, 1]
 
 WIDTH_IN, PANEL_HEIGHT_IN, DPI = 9.0, 3.5, 120  # the PNG is 1080 px wide and 420 px high a panel
 MARKED_LINE_MAX_POINTS = 50  # up to this many steps the curves also mark each point, so one step still shows
+PER_STEP_ALPHA, PER_STEP_WIDTH, SMOOTHED_WIDTH = 0.3, 1.0, 2.2  # the per-step line light, its smoothed curve bold
+SMOOTHING_STEPS_MIN, SMOOTHING_STEPS_MAX = 5, 20  # bounds on the EMA's time constant, in steps
+HELD_OUT_GID = "eval_pass_rate:held-out"  # each line has a gid (field:kind) by which tests find it
 
 
 class MalformedMetricsError(TrainerError, ValueError):
@@ -53,7 +71,7 @@ class PartialLastLineWarning(UserWarning):
 
 @dataclass(frozen=True)
 class PlotSummary:
-    """What `plot_metrics` drew: counts read from the figure's own artists, and the pass rate at both ends."""
+    """What `plot_metrics` drew: counts of steps, evaluations and panels, and the pass rate at both ends."""
 
     path: Path
     steps: int  # points on the training curves (distinct steps)
@@ -127,12 +145,80 @@ def series(records: Sequence[dict[str, Any]], name: str, scale: float = 1.0) -> 
     return [step for step, _ in points], [value for _, value in points]
 
 
-def plot_metrics(records: Sequence[dict[str, Any]], out_png: Path | str, *, title: str | None = None) -> PlotSummary:
-    """Draw reward mean and pass rate (%) against step, eval pass rate as markers, and a loss / grad norm panel
-    when either was logged; write the PNG atomically to `out_png` (its directory is created).
+def panel_count(rows: Sequence[dict[str, Any]]) -> int:
+    """1, or 2 when a row logged loss or grad norm (they get a panel below the reward's)."""
+    return 2 if any(row.get(name) is not None for row in rows for name in ("loss", "grad_norm")) else 1
 
-    Renders on an explicit Agg canvas (no display, and no process-wide backend switch, so a notebook's
-    interactive backend is left alone).
+
+def smoothing_weight(steps: int) -> float:
+    """The EMA weight for a run of `steps` points: a time constant of a tenth of the run, 5 to 20 steps."""
+    time_constant = min(max(steps / 10, SMOOTHING_STEPS_MIN), SMOOTHING_STEPS_MAX)
+    return 1 - 1 / time_constant
+
+
+def smooth(values: Sequence[float], weight: float) -> list[float]:
+    """The exponential moving average of `values` with bias correction, one point a value (TensorBoard's smoothing).
+
+    The average starts at 0 and is divided by 1 - weight ** n over the n finite values seen so far, so the first
+    point is the first value and a constant stays constant. Point i uses values 0 to i only: the curve follows a
+    change after about 1 / (1 - weight) points and ends on the last value's point. A NaN or infinite value stays NaN
+    (a gap in the drawn line) and is left out of the average, so it does not spread to the points after it.
+    """
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight must lie in [0, 1), got {weight!r}")
+    smoothed: list[float] = []
+    average, seen = 0.0, 0
+    for value in values:
+        if not math.isfinite(value):
+            smoothed.append(math.nan)
+            continue
+        average = weight * average + (1 - weight) * value
+        seen += 1
+        smoothed.append(average / (1 - weight**seen))
+    return smoothed
+
+
+def draw_smoothed(
+    axis: Axes, rows: Sequence[dict[str, Any]], name: str, *, color: str, weight: float, scale: float = 1.0
+) -> list[Line2D]:
+    """Draw field `name` per step, thin and light, and its smoothed curve over it, bold, in one colour.
+
+    Returns the two lines (none when no row carries the field); their gids are `name:per-step` and `name:smoothed`.
+    """
+    steps, values = series(rows, name, scale)
+    if not steps:
+        return []
+    label = name.replace("_", " ")
+    marker = "." if len(steps) <= MARKED_LINE_MAX_POINTS else None
+    return [
+        *axis.plot(
+            steps,
+            values,
+            color=color,
+            alpha=PER_STEP_ALPHA,
+            linewidth=PER_STEP_WIDTH,
+            marker=marker,
+            label=f"{label}, per step",
+            gid=f"{name}:per-step",
+        ),
+        *axis.plot(
+            steps,
+            smooth(values, weight),
+            color=color,
+            linewidth=SMOOTHED_WIDTH,
+            label=f"{label}, smoothed (EMA {weight:.2f})",
+            gid=f"{name}:smoothed",
+        ),
+    ]
+
+
+def draw(records: Sequence[dict[str, Any]], *, title: str | None = None) -> Figure:
+    """The figure of a run: reward mean and pass rate (%) against step, each per step and smoothed, the held-out
+    evaluations as points on the pass-rate axis, and a loss / grad norm panel when either was logged.
+
+    A Figure on an explicit Agg canvas (no display, and no process-wide backend switch, so a notebook's interactive
+    backend is left alone). Each line's gid names its field and kind: `pass_rate:per-step`, `pass_rate:smoothed`,
+    `HELD_OUT_GID`.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -141,9 +227,8 @@ def plot_metrics(records: Sequence[dict[str, Any]], out_png: Path | str, *, titl
     if not records:
         raise NoMetricsError("no metrics records to plot")
     rows = latest_per_step(records)
-    has_optimizer = any(row.get(name) is not None for row in rows for name in ("loss", "grad_norm"))
-    panels = 2 if has_optimizer else 1
-    marker = "." if len(rows) <= MARKED_LINE_MAX_POINTS else None
+    panels = panel_count(rows)
+    weight = smoothing_weight(len(rows))
 
     figure = Figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * panels), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
@@ -154,48 +239,56 @@ def plot_metrics(records: Sequence[dict[str, Any]], out_png: Path | str, *, titl
     # top panel: reward on the left axis, pass rates (percent) on the right, training and held-out
     reward_axis = axes[0]
     rate_axis = reward_axis.twinx()
-    lines = reward_axis.plot(*series(rows, "reward_mean"), color="C0", marker=marker, label="reward mean")
-    lines += rate_axis.plot(*series(rows, "pass_rate", 100), color="C1", marker=marker, label="pass rate")
-    (eval_line,) = rate_axis.plot(
-        *series(rows, "eval_pass_rate", 100),
-        color="C3",
-        linestyle="none",
-        marker="D",
-        markersize=6,
-        label="eval pass rate (held out)",
-    )
-    if len(eval_line.get_xdata()):
-        lines.append(eval_line)
+    lines = draw_smoothed(reward_axis, rows, "reward_mean", color="C0", weight=weight)
+    lines += draw_smoothed(rate_axis, rows, "pass_rate", color="C1", weight=weight, scale=100)
+    eval_steps, eval_rates = series(rows, "eval_pass_rate", 100)
+    if eval_steps:  # points where an evaluation ran; the dashed line only guides the eye from one to the next
+        lines += rate_axis.plot(
+            eval_steps,
+            eval_rates,
+            color="C3",
+            linestyle="--",
+            linewidth=0.8,
+            marker="o",
+            markersize=6,
+            label="held-out evaluation",
+            gid=HELD_OUT_GID,
+        )
     reward_axis.set_ylabel("reward mean")
     rate_axis.set_ylabel("pass rate (%)")
     rate_axis.set_ylim(-2, 102)
     reward_axis.grid(alpha=0.3)
-    reward_axis.legend(handles=lines, loc="upper left")
+    rate_axis.legend(handles=lines, loc="upper left", fontsize="small")  # the twin is drawn on top: no line over it
 
-    if has_optimizer:  # bottom panel: loss on the left axis, grad norm on the right (their scales differ)
-        lines = []
+    if panels == 2:  # bottom panel: loss on the left axis, grad norm on the right (their scales differ)
+        lines, axis = [], axes[1]
         for name, color in (("loss", "C2"), ("grad_norm", "C4")):
-            steps, values = series(rows, name)
-            if not steps:
+            if not any(row.get(name) is not None for row in rows):
                 continue  # only one of the two was logged: draw it alone, with no empty axis
             axis = axes[1].twinx() if lines else axes[1]
-            lines += axis.plot(steps, values, color=color, marker=marker, label=name.replace("_", " "))
+            lines += draw_smoothed(axis, rows, name, color=color, weight=weight)
             axis.set_ylabel(name.replace("_", " "))
         axes[1].grid(alpha=0.3)
-        axes[1].legend(handles=lines, loc="upper right")
+        axis.legend(handles=lines, loc="upper right", fontsize="small")  # on the axis drawn last, above every line
     axes[-1].set_xlabel("policy step")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole; no ticks at 1.25
+    return figure
 
+
+def plot_metrics(records: Sequence[dict[str, Any]], out_png: Path | str, *, title: str | None = None) -> PlotSummary:
+    """Draw the records (`draw`) and write the PNG atomically to `out_png` (its directory is created)."""
+    figure = draw(records, title=title)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     publish_atomically(out, buffer.getvalue())
+    rows = latest_per_step(records)
     return PlotSummary(
         path=out,
         steps=len(rows),
-        eval_points=len(eval_line.get_xdata()),
-        panels=panels,
+        eval_points=len(series(rows, "eval_pass_rate")[0]),
+        panels=panel_count(rows),
         first_step=rows[0]["step"],
         last_step=rows[-1]["step"],
         first_pass_rate=float(rows[0]["pass_rate"]),

@@ -1,29 +1,39 @@
-"""Metrics JSONL read back (blank, partial and malformed lines) and drawn to PNG; `prime-train plot`."""
+"""Metrics JSONL read back (blank, partial and malformed lines), smoothed, and drawn to PNG; `prime-train plot`."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import random
 import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from matplotlib.image import imread
+from matplotlib.lines import Line2D
 from typer.testing import CliRunner
 
 from trainer.cli import app
 from trainer.errors import TrainerError
 from trainer.plot import (
     DPI,
+    HELD_OUT_GID,
     PANEL_HEIGHT_IN,
     WIDTH_IN,
     MalformedMetricsError,
     NoMetricsError,
     PartialLastLineWarning,
+    draw,
     plot_metrics,
     read_metrics,
+    smooth,
+    smoothing_weight,
 )
 
 runner = CliRunner()
@@ -180,6 +190,160 @@ def test_a_line_without_usable_fields_is_an_error_even_when_last(tmp_path: Path,
 def test_an_empty_file_reads_as_no_records(tmp_path: Path) -> None:
     assert read_metrics(write_jsonl(tmp_path / "empty.jsonl", [])) == []
     assert read_metrics(write_jsonl(tmp_path / "blank.jsonl", [], tail="\n\n  \n")) == []
+
+
+# --- smoothing ------------------------------------------------------------------------------------------
+
+
+def test_smooth_keeps_a_constant_series_constant_from_its_first_point() -> None:
+    for weight in (0.0, 0.5, 0.9, 0.95):
+        assert smooth([0.42] * 30, weight) == pytest.approx([0.42] * 30)  # bias correction: no ramp up from 0
+
+
+def test_smooth_follows_a_step_change_with_a_lag_and_no_overshoot() -> None:
+    smoothed = smooth([0.0] * 20 + [1.0] * 60, 0.9)
+    assert smoothed[:20] == pytest.approx([0.0] * 20)
+    assert smoothed[20] < 0.2  # the first step after the change moves it only a little
+    halfway = next(i for i, value in enumerate(smoothed) if value >= 0.5)
+    assert 24 <= halfway <= 28  # ln 2 / -ln 0.9 = 6.6 steps after the change
+    assert all(a <= b <= 1 for a, b in itertools.pairwise(smoothed[20:]))
+    assert smoothed[-1] == pytest.approx(1.0, abs=0.01)
+
+
+def test_smooth_skips_nan_and_infinite_values_without_spreading_them() -> None:
+    values = [1.0, 2.0, math.nan, 3.0, math.inf, 4.0]
+    smoothed = smooth(values, 0.5)
+    assert len(smoothed) == len(values)
+    assert math.isnan(smoothed[2]) and math.isnan(smoothed[4])  # a gap where the value is missing
+    finite = smooth([1.0, 2.0, 3.0, 4.0], 0.5)
+    assert [smoothed[i] for i in (0, 1, 3, 5)] == pytest.approx(finite)  # as if the gaps were not there
+    assert smooth([math.nan, 5.0], 0.9) == [pytest.approx(math.nan, nan_ok=True), pytest.approx(5.0)]
+
+
+def test_smooth_preserves_length_and_a_single_point_and_weight_zero_is_the_identity() -> None:
+    assert smooth([], 0.9) == []
+    assert smooth([7.5], 0.95) == pytest.approx([7.5])
+    values = [random.Random(1).random() for _ in range(40)]
+    assert smooth(values, 0.0) == pytest.approx(values)
+    assert len(smooth(values, 0.9)) == 40
+
+
+def test_smooth_brings_a_noisy_series_closer_to_its_trend() -> None:
+    rng = random.Random(0)
+    trend = [0.3 + 0.001 * step for step in range(200)]  # +20 points in 200 steps, under 6 points of noise a step
+    noisy = [value + rng.gauss(0, 0.06) for value in trend]
+    smoothed = smooth(noisy, smoothing_weight(len(noisy)))
+
+    def error(series: list[float]) -> float:
+        return sum((a - b) ** 2 for a, b in zip(series, trend, strict=True)) / len(trend)
+
+    def jumps(series: list[float]) -> float:
+        return sum(abs(b - a) for a, b in itertools.pairwise(series))
+
+    assert error(smoothed) < error(noisy) / 3  # the lag (20 steps of 0.001) costs less than the noise it removes
+    assert jumps(smoothed) < jumps(noisy) / 10
+
+
+@pytest.mark.parametrize("weight", [-0.1, 1.0, 1.5, math.nan])
+def test_smooth_refuses_a_weight_outside_0_to_1(weight: float) -> None:
+    with pytest.raises(ValueError, match="smoothing weight must lie in"):
+        smooth([1.0], weight)
+
+
+def test_smoothing_weight_sets_a_time_constant_of_a_tenth_of_the_run_from_5_to_20_steps() -> None:
+    time_constants = {steps: 1 / (1 - smoothing_weight(steps)) for steps in (1, 10, 50, 120, 200, 10_000)}
+    assert time_constants == pytest.approx({1: 5, 10: 5, 50: 5, 120: 12, 200: 20, 10_000: 20})
+
+
+# --- the figure -----------------------------------------------------------------------------------------
+
+
+def lines_by_gid(figure: Figure) -> dict[str, Line2D]:
+    """The figure's named lines: `reward_mean:per-step`, `reward_mean:smoothed`, ..., `HELD_OUT_GID`."""
+    return {str(line.get_gid()): line for axis in figure.axes for line in axis.get_lines() if line.get_gid()}
+
+
+def xs(line: Line2D) -> list[float]:
+    return [float(x) for x in np.asarray(line.get_xdata(), dtype=float)]
+
+
+def ys(line: Line2D) -> list[float]:
+    return [float(y) for y in np.asarray(line.get_ydata(), dtype=float)]
+
+
+def legend_texts(figure: Figure) -> list[str]:
+    legends = [legend for axis in figure.axes if (legend := axis.get_legend()) is not None]
+    return [text.get_text() for legend in legends for text in legend.get_texts()]
+
+
+@pytest.mark.parametrize("name", ["reward_mean", "pass_rate", "loss", "grad_norm"])
+def test_each_per_step_line_is_light_with_its_smoothed_curve_bold_over_it(name: str) -> None:
+    lines = lines_by_gid(draw(run_records(30)))
+    raw, smoothed = lines[f"{name}:per-step"], lines[f"{name}:smoothed"]
+    axis = raw.axes
+    assert axis is not None and smoothed.axes is axis
+    assert raw.get_color() == smoothed.get_color()
+    assert raw.get_alpha() == pytest.approx(0.3) and smoothed.get_alpha() in (None, 1.0)
+    assert smoothed.get_linewidth() > 2 * raw.get_linewidth()
+    assert axis.get_lines().index(smoothed) > axis.get_lines().index(raw)  # drawn after, so on top
+    assert xs(smoothed) == xs(raw) == list(range(1, 31))  # every step, ending on the last one
+    assert ys(smoothed) == pytest.approx(smooth(ys(raw), smoothing_weight(30)))
+    assert ys(smoothed) != pytest.approx(ys(raw))
+
+
+def test_held_out_evaluations_are_points_at_their_steps_on_the_pass_rate_axis() -> None:
+    records = run_records(12, eval_every=3)  # steps 3, 6, 9, 12
+    records[5]["eval_pass_rate"] = None  # step 6 logged null: no point there, nothing interpolated
+    lines = lines_by_gid(draw(records))
+    held_out = lines[HELD_OUT_GID]
+    assert xs(held_out) == [3, 9, 12]
+    assert ys(held_out) == pytest.approx([12.0, 36.0, 48.0])  # percent, like the pass rate
+    assert held_out.get_marker() == "o" and held_out.get_markersize() >= 5
+    assert held_out.get_linestyle() in ("--", ":", "None") and held_out.get_linewidth() <= 1
+    assert held_out.axes is lines["pass_rate:per-step"].axes
+
+
+def test_legend_names_per_step_smoothed_and_held_out_lines() -> None:
+    texts = legend_texts(draw(run_records(30, eval_every=10)))
+    weight = f"{smoothing_weight(30):.2f}"
+    assert texts == [
+        "reward mean, per step",
+        f"reward mean, smoothed (EMA {weight})",
+        "pass rate, per step",
+        f"pass rate, smoothed (EMA {weight})",
+        "held-out evaluation",
+        "loss, per step",
+        f"loss, smoothed (EMA {weight})",
+        "grad norm, per step",
+        f"grad norm, smoothed (EMA {weight})",
+    ]
+
+
+def test_no_held_out_entry_when_no_evaluation_ran() -> None:
+    figure = draw(run_records(8, eval_every=100, optimizer=False))
+    assert HELD_OUT_GID not in lines_by_gid(figure)
+    assert not any("held-out" in text for text in legend_texts(figure))
+
+
+def test_a_nan_loss_leaves_a_gap_in_both_lines_and_the_curve_goes_on_after_it(tmp_path: Path) -> None:
+    records = run_records(10)
+    records[4]["loss"] = float("nan")  # step 5 diverged; JSON writes it as NaN and reads it back
+    lines = lines_by_gid(draw(read_metrics(write_jsonl(tmp_path / "m.jsonl", records))))
+    raw, smoothed = ys(lines["loss:per-step"]), ys(lines["loss:smoothed"])
+    assert math.isnan(raw[4]) and math.isnan(smoothed[4])
+    assert all(math.isfinite(value) for i, value in enumerate(smoothed) if i != 4)
+
+
+def test_a_single_step_draws_its_point_and_a_one_point_smoothed_curve() -> None:
+    lines = lines_by_gid(draw([record(1, eval_pass_rate=0.5)]))
+    assert ys(lines["pass_rate:smoothed"]) == pytest.approx([5.0])
+    assert lines["pass_rate:per-step"].get_marker() == "."  # a lone point is still seen
+    assert xs(lines[HELD_OUT_GID]) == [1]
+
+
+def test_draw_refuses_no_records() -> None:
+    with pytest.raises(NoMetricsError, match="no metrics"):
+        draw([])
 
 
 # --- prime-train plot -----------------------------------------------------------------------------------
