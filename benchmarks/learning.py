@@ -20,7 +20,10 @@ Run: `.venv/bin/python benchmarks/learning.py [--minutes 10] [--workers 2]`.
 5. The pass rate of the last policy on the same problems, the same samples, the same seeds; the reward curve
    (`prime-train plot`) and the trainer's idle time.
 
-The goal of issue 5: at least +25 points of pass rate within 10 minutes on a 2-core machine.
+The goal of issue 5: at least +25 points of pass rate within 10 minutes on a 2-core machine. It also prints the
+trainer's seconds per step beside the reference of docs/trainer.md (REFERENCE_STEP_SECONDS: 0.36 s on an idle
+2-core machine, local mode, k = 2), so a change that slows the step shows. `--short` is the check any change that
+touches the trainer can afford: 3 minutes, 64 held-out problems x 2 samples, evaluations every 50 steps.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = REPO / "configs" / "tasks" / "default.toml"
+# The trainer's seconds per step (Learner.train_step) in docs/trainer.md's k = 2 runs: 1,211 steps in 430 s busy,
+# local mode, one worker, one training thread, on an idle 2-core machine.
+REFERENCE_STEP_SECONDS = 0.36
+SHORT = {"minutes": 3.0, "eval_problems": 64, "eval_samples": 2, "eval_every": 50}
 
 
 def prime_train(*args: str, env: dict[str, str] | None = None) -> None:
@@ -163,7 +170,12 @@ def main() -> None:
         help="offline filter: RL draws only problems whose SFT pass rate lies in [MIN, MAX] (0 1: all of them)",
     )
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "learning", help="run folder (replaced)")
+    quick = ", ".join(f"{k} {v}" for k, v in SHORT.items())
+    parser.add_argument("--short", action="store_true", help=f"the trainer's quick check: {quick}")
     args = parser.parse_args()
+    if args.short:
+        for name, value in SHORT.items():
+            setattr(args, name, value)
     args.out = args.out.resolve()  # the run folder goes into a config file read from another directory
 
     model = args.model or sft_model(args.sft_steps, args.seed)
@@ -194,6 +206,11 @@ def main() -> None:
     print(f"{'policy steps':28}{last_step:12d}")
     print(f"{'completions trained on':28}{rows:12d}")
     print(f"{'trainer busy (s)':28}{train:12.0f}")
+    per_step = train / max(last_step, 1)
+    print(
+        f"{'trainer seconds per step':28}{per_step:12.3f}   reference {REFERENCE_STEP_SECONDS:.2f} (docs/trainer.md):"
+        f" {per_step / REFERENCE_STEP_SECONDS:.2f}x"
+    )
     print(f"{'trainer idle (s)':28}{idle:12.0f}   {idle / max(seconds, 1e-9):.0%} of the run waiting for data")
     print(f"{'pass rate before':28}{before:12.1%}")
     print(f"{'pass rate after':28}{after:12.1%}")

@@ -72,7 +72,9 @@ class DevnetSettings:
     workers: int = 2
     cheater: bool = False
     steps: int = 120
-    task: Path = DEFAULT_TASK
+    minutes: float | None = None  # the trainer also stops after this many minutes of RL (its `max_minutes`)
+    task: Path = DEFAULT_TASK  # the task: SFT, and the held-out evaluations (its last `eval_problems` problems)
+    train_task: Path | None = None  # the pool's task, which RL draws from (default: `task`)
     model: Path | None = None  # start from this model instead of the warm-start one
     sft_steps: int = 600
     cache: Path = DEFAULT_CACHE
@@ -97,6 +99,10 @@ class DevnetSettings:
             raise DevnetError("--cheater needs at least 2 workers: one honest worker must keep training going")
         if self.steps < 1:
             raise DevnetError("--steps must be at least 1")
+        if self.minutes is not None and not self.minutes > 0:
+            raise DevnetError(f"minutes must be positive, not {self.minutes}")
+        if self.train_task is not None and not self.train_task.is_file():
+            raise DevnetError(f"task spec {self.train_task} not found")
         if not self.task.is_file():
             raise DevnetError(f"task spec {self.task} not found")
         if self.model is not None and not (self.model / "config.json").is_file():
@@ -362,7 +368,7 @@ class Devnet:
             f"# written by prime-devnet up: pool {self.pool_id}'s terms and where its parts are\n"
             f'coordinator = "{coordinator}"\n'
             f"checkpoints = [{listed}]\n"
-            f'task = "{self.settings.task}"\n'
+            f'task = "{self.settings.train_task or self.settings.task}"\n'
             f"async_level = {self.settings.async_level}\n"
             f"prompts_per_task = {self.settings.prompts_per_task}\n"
             f"group_size = {self.settings.group_size}\n"
@@ -375,8 +381,9 @@ class Devnet:
 [run]
 dir = "run"
 model = "{model}"
-task = "{s.task}"
+task = "{s.train_task or s.task}"
 steps = {s.steps}
+{"" if s.minutes is None else f"max_minutes = {s.minutes}"}
 serve_after = true
 threads = 1
 
@@ -417,9 +424,14 @@ deployment = "deployment.json"
             self._check_alive()
             last = self._last_step() or last
             self.on_snapshot(self._snapshot(owner, last, time.monotonic() - started))
-            if last.get("step", 0) >= self.settings.steps:
+            if last.get("step", 0) >= self.settings.steps or self._trainer_done():
                 return float(last.get("seconds", time.monotonic() - started)), last
             time.sleep(1.0)
+
+    def _trainer_done(self) -> bool:
+        """Whether the trainer stopped training (its step or time limit) and now only serves (`serve_after`)."""
+        trainer = self.supervisor.children.get("trainer")
+        return trainer is not None and "serving the coordinator and origin until" in trainer.log.read_text()
 
     def _check_alive(self) -> None:
         for name, child in self.supervisor.children.items():
