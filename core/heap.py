@@ -41,13 +41,19 @@ def heap_bytes() -> tuple[int, int] | None:
     return int(info.uordblks), int(info.fordblks)
 
 
-def release_free_memory() -> bool:
-    """Returns the free pages of every malloc arena to the system; False where malloc cannot (not glibc).
+def release_free_memory(*, above: int = 0) -> bool:
+    """Returns the free pages of every malloc arena to the system; False where malloc cannot (not glibc), or when
+    malloc keeps no more than `above` bytes free (then it keeps them: the caller's next allocations reuse them).
 
-    Costs a walk of the free lists (milliseconds after a step); what is in use is never touched."""
+    Costs a walk of the free lists (milliseconds after a step); what is in use is never touched. What it hands back
+    is faulted in again, page by page, by the next allocation that needs it."""
     trim = getattr(_libc(), "malloc_trim", None)
     if trim is None:
         return False
+    if above:
+        held = heap_bytes()
+        if held is not None and held[1] <= above:
+            return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True

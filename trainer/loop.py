@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 KEEP_STATES = 2
+# What malloc may keep free between steps (trainer/memory.py). Handing a tiny-model step's memory back after every
+# step and faulting it in again in the next cost about 5% of the step (docs/trainer.md, "The step's lost third").
+KEEP_FREE_BYTES = 256 << 20
 
 # Which files of the window a step takes first. "freshest": the least off-policy data; when more arrives than the
 # trainer uses (the network's nodes get half a step's files more than needed) the oldest surplus goes stale.
@@ -306,7 +309,9 @@ class TrainingLoop:
                 record["eval_pass_rate"] = self.evaluate()
         _append_line(self.paths.metrics, record)
         _append_line(self.paths.trained, {"step": stats.step, "work_keys": ["0x" + f.work_key.hex() for f in files]})
-        release_free_memory()  # what the step freed goes back to the system: between steps only what is live stays
+        # what the step freed goes back to the system past KEEP_FREE_BYTES: between steps little more than what is
+        # live stays, and a small model's next step reuses its last one's memory instead of faulting it in again
+        release_free_memory(above=KEEP_FREE_BYTES)
         return record
 
     def eval_problem_ids(self) -> list[str]:

@@ -13,10 +13,12 @@ That thread sets its own torch thread count as it starts (`[run] threads`): torc
 calling thread only, so a count set on the event loop's thread never reached the thread that trains. Until issue 33
 it trained with the machine's default of one thread a core, against the local workers' generation on those cores
 (docs/trainer.md, "The step's lost third").
+
 And after each step (`TrainingLoop.train`, on every rank) `core.heap.release_free_memory` hands the free pages of
-every arena back to the system (glibc's `malloc_trim`), so between steps the process holds what is live, and during
-one at most one step's peak more, which `[learner] micro_batch_tokens` bounds. Elsewhere (musl, macOS) it does
-nothing and says so.
+every arena back to the system (glibc's `malloc_trim`) once malloc keeps more than `KEEP_FREE_BYTES` (256 MiB) free,
+so between steps the process holds what is live and at most that much more, and during one at most one step's peak
+more, which `[learner] micro_batch_tokens` bounds. Below that bound the next step reuses the memory instead of
+faulting it in again. Elsewhere (musl, macOS) it does nothing and says so.
 """
 
 from __future__ import annotations
