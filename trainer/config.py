@@ -68,7 +68,7 @@ class RunConfig:
     serve_after: bool = False  # after the last step, keep serving the API and the origin until SIGTERM or SIGINT
     rollouts_per_step: int = 256  # completions that must be available before a step trains
     max_files_per_step: int = 256
-    order: FileOrder = "freshest"  # which files of the async window a step takes first (trainer.loop.FILE_ORDERS)
+    order: FileOrder = "oldest"  # which files of the async window a step takes first (trainer.loop.FILE_ORDERS)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     host: str = "127.0.0.1"
@@ -212,6 +212,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
     )
     per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
     pending = coord.integer("pending_files_per_node", AUTO, minimum=AUTO)
+    in_flight = coord.integer("max_files_in_flight", AUTO, minimum=AUTO)
     stored_files = coord.integer("max_stored_files_per_node", AUTO, minimum=AUTO)
     stored_bytes = coord.integer("max_stored_bytes_per_node", AUTO, minimum=AUTO)
     order = data.text("order", "")
@@ -292,8 +293,8 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
         # a network node alone can fill a step, with half as much again for files lost or late; the trainer's own
         # workers are limited by what it has not trained yet instead
         per_node = 0 if workers else needed + -(-needed // 2)
-    if not order:  # local workers are capped below, so none of their files needs to go stale: first come first
-        order = "oldest" if workers else "freshest"
+    if not order:  # what is handed out is capped below, so no file needs to go stale: first come, first trained
+        order = "oldest"
     if pending == AUTO:
         # local workers: the files of the k + 1 steps the window holds, shared out. Each worker then generates
         # while the trainer trains, up to k steps ahead, and makes none that would go stale, as the oldest go first.
@@ -302,6 +303,10 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
         k = learner.async_level
         steps_ahead = k + 1 if order == "oldest" else min(k, 1) + 1
         pending = -(-needed * steps_ahead // workers) if workers else 0
+    if in_flight == AUTO:
+        # a network: the pool's assignments that may still be trained on, at most the files of the k + 1 steps the
+        # window holds (trainer.in_flight); local workers are capped by `pending` instead
+        in_flight = 0 if workers else needed * (learner.async_level + 1)
     # An honest node at the pool's pace stores at most its share of each step of the window and of the step it
     # generates for: (k + 2) shares. The quota leaves it 4 times that many files, and twice that many at the size
     # limit; a member that fills it waits for the trainer's next step, like a node over its assignments.
@@ -316,6 +321,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
         api,
         files_per_node_per_step=per_node,
         pending_files_per_node=pending,
+        max_files_in_flight=in_flight,
         max_stored_files_per_node=stored_files,
         max_stored_bytes_per_node=stored_bytes,
     )

@@ -65,6 +65,7 @@ from node.serving import ConnectionLimits
 from node.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
 from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
+from trainer.in_flight import FilesInFlight
 from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
 from trainer.parsing import ParseConfig, UnparsedUpload, UploadParser
 from trainer.roles import RoleLookupBusy, Roles
@@ -86,6 +87,7 @@ class ApiConfig:
     group_size: int = 8
     files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
     pending_files_per_node: int = 0  # uploads of one node not yet trained on, past which it waits; 0 = no limit
+    max_files_in_flight: int = 0  # the pool's assignments that may still be trained on (trainer.in_flight); 0 = any
     hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
     # signed requests per second per client address and per signer (token buckets of the bursts); 429 above them
     requests_per_address_per_s: float = 200.0
@@ -112,7 +114,8 @@ class ApiConfig:
             raise ValueError("upload and JSON limits and max_skew must be positive")
         if self.prompts_per_task < 1 or self.group_size < 1:
             raise ValueError("prompts_per_task and group_size must be at least 1")
-        limits = (self.files_per_node_per_step, self.pending_files_per_node, self.hold_seconds)
+        limits = (self.files_per_node_per_step, self.pending_files_per_node, self.max_files_in_flight)
+        limits += (self.hold_seconds,)
         if min(self.requests_per_address_per_s, self.requests_per_signer_per_s) <= 0:
             raise ValueError("the request rates must be positive")
         if min(self.address_burst, self.signer_burst) < 1:
@@ -223,6 +226,7 @@ class CoordinatorService:
         self.on_attest = on_attest  # (work key) after a verdict is recorded: a file may have become trainable
         self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
+        self.in_flight = FilesInFlight(self.config.async_level)  # the pool's, against max_files_in_flight
         self._storing: dict[bytes, asyncio.Future[bool]] = {}  # work key -> its write in a worker thread
         self.quota = UploadQuota(self.config.max_stored_bytes_per_node, self.config.max_stored_files_per_node)
         self._count_stored()
@@ -274,6 +278,7 @@ class CoordinatorService:
         self._handed[node] = (step, handed + 1)
         counter = self.state.counters.get(node, 0)
         self.state.counters[node] = counter + 1
+        self.in_flight.issued(node, counter, step)
         if self.on_assign is not None and (persisted := self.on_assign(node, counter)) is not None:
             await persisted  # counted above, before this await: a request racing this one gets the next counter
         prompts, group_size = self.config.prompts_per_task, self.config.group_size
@@ -297,6 +302,12 @@ class CoordinatorService:
         limit = self.config.pending_files_per_node
         if limit and self.pending is not None and (waiting := self.pending(node)) >= limit:
             return f"{node} has {waiting} uploads the trainer has not trained on yet; more once it trains on them"
+        limit = self.config.max_files_in_flight
+        if limit and (flying := self.in_flight.count(step)) >= limit:
+            return (
+                f"the pool has {flying} files in flight, what its window of {self.config.async_level + 1} steps trains "
+                f"on; more when the trainer takes some"
+            )
         return ""
 
     def _handed_now(self, node: str) -> tuple[int, int]:
@@ -354,6 +365,7 @@ class CoordinatorService:
             created = await self._store(work_key, body, node)
             if created:
                 reservation.keep(self.state.step)
+                self.in_flight.uploaded(work_key, node, meta.counter)
         finally:
             reservation.close()  # not stored (refused, a failed write, or the same bytes stored meanwhile)
         if created and self.on_upload is not None:
@@ -404,6 +416,8 @@ class CoordinatorService:
             message = f"the attestation is signed by {attester}, the request by {signer}"
             raise Refused(ErrorCode.BAD_ATTESTATION, message)
         self.verdicts.record(AttestationRecord(body.work_key, body.accepted, body.reason, signer, body.signature))
+        if not body.accepted:  # a rejection vetoes the file for good (trainer.verdicts)
+            self.in_flight.vetoed(body.work_key)
         if self.on_attest is not None:
             self.on_attest(body.work_key)
 

@@ -96,7 +96,7 @@ class Candidate:
 
     path: Path
     work_key: bytes
-    assignment: tuple[str, int]  # (node, counter): see `_assignment`
+    assignment: tuple[str, int]  # (node, counter): see `assignment_of`
     step: int
 
 
@@ -118,7 +118,7 @@ class LoopCounters:
     started: float = field(default_factory=time.monotonic)
 
 
-def _assignment(file: RolloutFile) -> tuple[str, int]:
+def assignment_of(file: RolloutFile) -> tuple[str, int]:
     """The assignment a file answers: (node, counter) is handed out once (signed by the coordinator)."""
     return file.meta.node, file.meta.counter
 
@@ -289,7 +289,7 @@ class TrainingLoop:
         """Trains one step, writes the checkpoint and the state; returns the metrics record."""
         stats: StepStats = self.learner.train_step(files)
         self.counters.consumed.update(f.work_key for f in files)
-        self.counters.assignments.update(_assignment(f) for f in files)
+        self.counters.assignments.update(assignment_of(f) for f in files)
         self.counters.idle_seconds += idle_seconds
         self.forget(files)
         trace.record("train", stats.seconds, step=stats.step, files=len(files))

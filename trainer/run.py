@@ -44,7 +44,7 @@ from trainer.counters import CounterJournal
 from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
-from trainer.loop import RunPaths, TrainingLoop
+from trainer.loop import RunPaths, TrainingLoop, assignment_of
 from trainer.memory import TrainingThread
 from trainer.precision import resolve_precision
 from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
@@ -499,6 +499,7 @@ async def _serve_and_train(
             idle = time.monotonic() - waited
             trace.record("wait", idle, step=learner.step)
             record = await training.run(train, loop, control, selection, idle)
+            service.in_flight.settle([assignment_of(f) for f in selection.files])
             with trace.span("publish", step=learner.step):
                 manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
             publish_step(state, learner.step, steps_file)

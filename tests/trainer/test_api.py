@@ -326,6 +326,37 @@ def test_a_node_with_enough_untrained_uploads_waits_until_the_trainer_trains_on_
     run(tmp_path, scenario, pending_files_per_node=2, hold_seconds=0.3)
 
 
+def test_the_pool_gets_no_more_files_in_flight_than_its_window_trains_on(tmp_path: Path) -> None:
+    """trainer.in_flight: an assignment stops counting when its file is trained on, vetoed, or its step leaves the
+    window; until then a request over `max_files_in_flight` waits for the next step, then gets 503 no_work."""
+
+    async def scenario(client: Client, api: CoordinatorApi) -> None:
+        given = [await client.send("POST", "/v1/tasks", b"{}") for _ in range(2)]
+        assert [(g.status, g.body["step"], g.body["counter"]) for g in given] == [(200, 0, 0), (200, 0, 1)]
+        over = await client.send("POST", "/v1/tasks", b"{}")
+        assert over.status == 503 and over.body["error"] == "no_work"
+        assert "2 files in flight" in over.body["message"]
+        data = rollout_bytes()  # the file of counter 0; a validator rejects it: nobody will train on it
+        assert (await client.send("PUT", upload_path(data), data)).status in (200, 201)
+        key = hashlib.sha256(data).digest()
+        vetoed = await client.send("POST", "/v1/attestations", signed_attestation(VALIDATOR, key, False, 6),
+                                   signer=VALIDATOR)  # fmt: skip
+        assert vetoed.status in (200, 201)
+        third = await client.send("POST", "/v1/tasks", b"{}")
+        assert (third.status, third.body["counter"]) == (200, 2)
+        assert (await client.send("POST", "/v1/tasks", b"{}")).status == 503
+        api.service.in_flight.settle([(WORKER.address, 1)])  # the trainer trained on counter 1's file
+        assert (await client.send("POST", "/v1/tasks", b"{}")).body["counter"] == 3
+        assert (await client.send("POST", "/v1/tasks", b"{}")).status == 503
+        api.service.state.publish(1, time.time())  # step 0 is still in the window of step 1 (k = 1)
+        assert (await client.send("POST", "/v1/tasks", b"{}")).status == 503
+        api.service.state.publish(2, time.time())  # and not in step 2's: its files could only go stale
+        fresh = await client.send("POST", "/v1/tasks", b"{}")
+        assert (fresh.status, fresh.body["step"], fresh.body["counter"]) == (200, 2, 4)
+
+    run(tmp_path, scenario, max_files_in_flight=2, async_level=1, hold_seconds=0.05)
+
+
 def test_only_validators_attest_and_only_with_their_own_signature(tmp_path: Path) -> None:
     work_key = b"\x42" * 32
 

@@ -81,13 +81,19 @@ def test_each_local_worker_may_be_a_step_ahead_of_the_trainer(
     assert (api.files_per_node_per_step, api.pending_files_per_node) == (0, pending)
 
 
-def test_local_mode_takes_the_oldest_files_first_and_the_network_the_freshest(tmp_path: Path) -> None:
+def test_both_modes_take_the_oldest_files_first_under_a_cap_on_what_is_handed_out(tmp_path: Path) -> None:
     path = tmp_path / "trainer.toml"
     path.write_text(NETWORK)
-    assert load_run_config(path).order == "freshest"
-    assert load_run_config(path, local_workers=1).order == "oldest"
-    path.write_text(NETWORK + "[data]\norder = 'oldest'\n")
-    assert load_run_config(path).order == "oldest"
+    network = load_run_config(path)
+    assert network.order == "oldest"
+    # the network: the pool's files in flight, at most what the window's k + 1 steps train on (2-file steps here)
+    k = network.learner.async_level
+    files = -(-network.rollouts_per_step // (network.api.prompts_per_task * network.api.group_size))
+    assert network.api.max_files_in_flight == files * (k + 1)
+    local = load_run_config(path, local_workers=1)
+    assert local.order == "oldest" and local.api.max_files_in_flight == 0  # local workers: pending_files_per_node
+    path.write_text(NETWORK + "[data]\norder = 'freshest'\n[coordinator]\nmax_files_in_flight = 0\n")
+    assert (load_run_config(path).order, load_run_config(path).api.max_files_in_flight) == ("freshest", 0)
 
 
 @pytest.mark.parametrize(
