@@ -77,30 +77,12 @@ def held_out_rate(model: Path, problems: int, samples: int) -> float:
 
 def training_task(model: Path, args: argparse.Namespace) -> Path:
     """The task RL draws problems from: the default task without its held-out problems, which only the
-    evaluations see; with `--band`, only the problems whose pass rate under `model` lies in the band (`prime-train
-    filter`, 8 samples each; cached with the SFT model, keyed by the model's hash, the band and the seed)."""
-    from node.devnet.warmstart import DEFAULT_CACHE
-    from node.model.loading import model_hash_of
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
-    from trainer.offline_filter import write_filtered_spec
+    evaluations see, and of the others only the problems whose pass rate under `model` lies in `--band`
+    (`node.devnet.warmstart.rl_task`, shared with `prime-devnet up`; cached with the SFT model)."""
+    from node.devnet.warmstart import rl_task
 
-    everything = tuple(args.band) == (0.0, 1.0)
-    band = "" if everything else f"-band{args.band[0]}-{args.band[1]}-seed{args.seed}"
-    name = f"rl-task-{model_hash_of(model).hex()[:16]}-holdout{args.eval_problems}{band}"
-    target = DEFAULT_CACHE / name / "task.toml"
-    if target.is_file():
-        return target
-    ids = list(open_source(load_task_spec(TASK)).problem_ids())[: -args.eval_problems]
-    if everything:
-        write_filtered_spec(TASK, ids, target, overwrite=True)
-    else:  # measures the first len(ids) problems: all but the held-out ones
-        low, high = (str(bound) for bound in args.band)
-        prime_train(
-            "filter", "--model", str(model), "--task", str(TASK), "--out", str(target), "--limit", str(len(ids)),
-            "--min", low, "--max", high, "--seed", str(args.seed), "--overwrite",
-        )  # fmt: skip
-    return target
+    task, _ = rl_task(model, TASK, held_out=args.eval_problems, band=tuple(args.band), seed=args.seed)
+    return task
 
 
 def write_config(path: Path, run_dir: Path, model: Path, task: Path, args: argparse.Namespace) -> None:

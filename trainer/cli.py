@@ -527,30 +527,35 @@ def filter_command(
         spec = load_task_spec(task)
         source = open_source(spec)
         problem_ids = source.problem_ids()[:limit] if limit is not None else source.problem_ids()
-        loaded = load_model(model)
+        everything = band.low == 0.0 and band.high == 1.0  # every rate lies in it: nothing to measure
+        loaded = None if everything else load_model(model)
         columns = (TextColumn("pass rates"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, transient=True, disable=json_output) as bar:
+        with Progress(*columns, transient=True, disable=json_output or everything) as bar:
             progress = bar.add_task("sample", total=len(problem_ids) * samples)
             started = time.perf_counter()
-            rates = measure_pass_rates(
-                loaded,
-                spec,
-                source,
-                problem_ids,
-                samples=samples,
-                seed=seed,
-                progress=lambda n: bar.update(progress, advance=n),
+            rates = (
+                {pid: 1.0 for pid in problem_ids}
+                if loaded is None
+                else measure_pass_rates(
+                    loaded,
+                    spec,
+                    source,
+                    problem_ids,
+                    samples=samples,
+                    seed=seed,
+                    progress=lambda n: bar.update(progress, advance=n),
+                )
             )
             seconds = time.perf_counter() - started
         kept = select_in_band(rates, band)
         new_spec = write_filtered_spec(task, kept, out, overwrite=overwrite)
-        histogram = rate_histogram(rates)
+        histogram = [] if everything else rate_histogram(rates)
         summary = {
             "spec": str(new_spec.path),
             "problems": str(problem_list_path(out).resolve()),
-            "measured": len(rates),
+            "measured": 0 if everything else len(rates),
             "kept": len(kept),
-            "samples": samples,
+            "samples": 0 if everything else samples,
             "band": [band.low, band.high],
             "histogram": {f"{rate:g}": count for rate, count in histogram},
             "spec_hash": "0x" + spec_hash(new_spec).hex(),
@@ -560,8 +565,11 @@ def filter_command(
             print_json(summary)
             return
         console = stdout_console()
-        console.print(f"measured {len(rates)} problems x {samples} samples in {seconds:.1f} s")
-        width = max(count for _, count in histogram)
+        if everything:
+            console.print(f"kept all {len(kept)} problems: the band [0, 1] holds every pass rate, none was measured")
+        else:
+            console.print(f"measured {len(rates)} problems x {samples} samples in {seconds:.1f} s")
+        width = max((count for _, count in histogram), default=1)
         for rate, count in histogram:
             mark = "kept" if rate in band else ""
             console.print(f"  pass rate {rate:5.3f}  {count:6d}  {'#' * max(1, round(40 * count / width)):40s}  {mark}")

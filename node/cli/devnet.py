@@ -265,6 +265,12 @@ def up(
     backend: str = typer.Option(
         "auto", "--backend", metavar="auto|vllm|torch", help="The workers' engine (auto: vLLM when installed)."
     ),
+    band: tuple[float, float] = typer.Option(
+        (0.1, 0.9),
+        "--band",
+        metavar="MIN MAX",
+        help="RL draws only the problems whose pass rate under the starting model lies in [MIN, MAX] (0 1: all).",
+    ),
 ) -> None:
     """Run the whole network here: chain, pool, trainer, relay, validator and workers, N RL steps, then a report."""
     console = Console(highlight=False, soft_wrap=True)
@@ -286,6 +292,7 @@ def up(
             eval_problems=eval_problems,
             eval_samples=eval_samples,
             backend=backend,
+            band=band,
         )
         engine = choose(backend, "cpu").describe()  # refused here, before anything starts, if it cannot run
         console.print(f"prime-devnet up: {workers} workers{' (one cheats)' if cheater else ''}, {steps} RL steps")

@@ -44,7 +44,7 @@ from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted
 from ledger.types import PoolConfig, Reason
 from node.devnet.processes import Child, Supervisor
-from node.devnet.warmstart import DEFAULT_CACHE, warm_start_model
+from node.devnet.warmstart import DEFAULT_BAND, DEFAULT_CACHE, rl_task, warm_start_model
 from node.errors import NodeError
 from node.metrics import scrape
 from node.model.loading import model_hash_of
@@ -74,7 +74,10 @@ class DevnetSettings:
     steps: int = 120
     minutes: float | None = None  # the trainer also stops after this many minutes of RL (its `max_minutes`)
     task: Path = DEFAULT_TASK  # the task: SFT, and the held-out evaluations (its last `eval_problems` problems)
-    train_task: Path | None = None  # the pool's task, which RL draws from (default: `task`)
+    # the pool's task, which RL draws from; default: `task` without its held-out problems, only those whose pass
+    # rate under the starting model lies in `band` (node.devnet.warmstart.rl_task, cached with the model)
+    train_task: Path | None = None
+    band: tuple[float, float] = DEFAULT_BAND
     model: Path | None = None  # start from this model instead of the warm-start one
     sft_steps: int = 600
     cache: Path = DEFAULT_CACHE
@@ -202,6 +205,7 @@ class Devnet:
         self._slashed: dict[str, int] = {}  # node -> base units its invalidations took
         self._stake_before: dict[str, int] = {}
         self._last_validator: dict[str, float] = {}
+        self.train_task = settings.train_task or settings.task  # set by run() once the starting model is known
 
     # --- the run --------------------------------------------------------------------------------------
 
@@ -211,6 +215,7 @@ class Devnet:
             model = self._model()
             before = self._evaluate(model, cache=True)
             self.phase(f"pass rate before RL: {before:.1%} ({self._eval_words()})")
+            self.train_task = self._train_task(model)
             owner = self._chain_and_pool(model)
             self._start_roles(owner, model)
             seconds, last = self._watch(owner)
@@ -268,6 +273,19 @@ class Devnet:
         model, cached = warm_start_model(s.task, sft_steps=s.sft_steps, cache=s.cache, log=self.logs / "sft.log")
         self.phase(f"warm-start model: {model} ({'cached' if cached else f'{time.monotonic() - started:.0f} s'})")
         return model
+
+    def _train_task(self, model: Path) -> Path:
+        s = self.settings
+        if s.train_task is not None:
+            self.phase(f"RL task: {s.train_task}")
+            return s.train_task.resolve()
+        started = time.monotonic()
+        low, high = s.band
+        self.phase(f"RL task: the problems of {s.task.name} but the held-out ones, with a pass rate in [{low}, {high}]")
+        task, cached = rl_task(model, s.task, held_out=s.eval_problems, band=s.band, cache=s.cache,
+                               log=self.logs / "filter.log")  # fmt: skip
+        self.phase(f"RL task: {task} ({'cached' if cached else f'{time.monotonic() - started:.0f} s'})")
+        return task
 
     def _eval_words(self) -> str:
         return f"{self.settings.eval_problems} held-out problems x {self.settings.eval_samples} samples"
@@ -368,7 +386,7 @@ class Devnet:
             f"# written by prime-devnet up: pool {self.pool_id}'s terms and where its parts are\n"
             f'coordinator = "{coordinator}"\n'
             f"checkpoints = [{listed}]\n"
-            f'task = "{self.settings.train_task or self.settings.task}"\n'
+            f'task = "{self.train_task}"\n'
             f"async_level = {self.settings.async_level}\n"
             f"prompts_per_task = {self.settings.prompts_per_task}\n"
             f"group_size = {self.settings.group_size}\n"
@@ -381,7 +399,7 @@ class Devnet:
 [run]
 dir = "run"
 model = "{model}"
-task = "{s.train_task or s.task}"
+task = "{self.train_task}"
 steps = {s.steps}
 {"" if s.minutes is None else f"max_minutes = {s.minutes}"}
 serve_after = true

@@ -63,6 +63,45 @@ def warm_start_model(
     return model, False
 
 
+DEFAULT_BAND = (0.1, 0.9)  # the SFT pass rates of the problems RL learns most from (docs/trainer.md)
+
+
+def rl_task(
+    model: Path,
+    task: Path,
+    *,
+    held_out: int,
+    band: tuple[float, float] = DEFAULT_BAND,
+    seed: int = 0,
+    cache: Path = DEFAULT_CACHE,
+    log: Path | None = None,
+) -> tuple[Path, bool]:
+    """The task RL draws from, and whether it came from the cache: `task` without its last `held_out` problems,
+    which only the held-out evaluations see, and of the others only those whose pass rate under `model` lies in
+    `band` (`prime-train filter`, 8 samples each; about 70 s on 2 cores the first time, then cached with the model,
+    keyed by the model's hash, the held-out count, the band and the seed). `benchmarks/learning.py` and
+    `prime-devnet up` share it, so both learn from the same problems."""
+    from node.model.loading import model_hash_of
+    from node.tasks.sources import open_source
+
+    low, high = band
+    if not 0.0 <= low <= high <= 1.0:
+        raise WarmStartError(f"the band must satisfy 0 <= min <= max <= 1, not {low}, {high}")
+    name = f"rl-task-{model_hash_of(model).hex()[:16]}-holdout{held_out}-band{low}-{high}-seed{seed}"
+    target = cache / name / "task.toml"
+    if target.is_file():
+        return target, True
+    problems = sum(1 for _ in open_source(load_task_spec(task)).problem_ids())
+    if not 0 < held_out < problems:
+        raise WarmStartError(f"cannot hold out {held_out} of the task's {problems} problems")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _trainer(
+        log or target.parent / "filter.log", "filter", "--model", str(model), "--task", str(task), "--out", str(target),
+        "--limit", str(problems - held_out), "--min", str(low), "--max", str(high), "--seed", str(seed), "--overwrite",
+    )  # fmt: skip
+    return target, False
+
+
 def _trainer(log: Path, *args: str) -> None:
     command = [sys.executable, "-m", "trainer.cli", *args]
     with log.open("ab") as out:

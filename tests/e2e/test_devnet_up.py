@@ -29,7 +29,7 @@ def test_a_short_devnet_trains_slashes_the_cheater_and_reports(tmp_path: Path) -
     run = tmp_path / "devnet"
     command = [sys.executable, "-m", "node.cli.devnet", "up", "--workers", "2", "--cheater", "--steps", "3"]
     command += ["--dir", str(run), "--model", str(model), "--rollouts-per-step", "16", "--prompts-per-task", "2"]
-    command += ["--group-size", "4", "--eval-problems", "16", "--eval-samples", "1"]
+    command += ["--group-size", "4", "--eval-problems", "16", "--eval-samples", "1", "--band", "0", "1"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((run / "logs").glob("*.log")))
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{logs}"

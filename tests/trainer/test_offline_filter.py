@@ -172,3 +172,18 @@ def test_filter_command_that_keeps_nothing_fails_in_one_line_and_writes_nothing(
     assert crossed.exit_code == 1
     assert "0 <= min <= max <= 1" in crossed.stderr
     assert runner.invoke(app, [*args, "--max", "1.5"]).exit_code == 2  # typer's own range check
+
+
+def test_the_whole_band_keeps_every_problem_without_sampling_or_a_model(tmp_path: Path) -> None:
+    """[0, 1] holds every pass rate: the command writes the first --limit problems (a task without its held-out
+    ones, for `prime-devnet up --band 0 1`) and never loads the model, which need not even exist."""
+    out = tmp_path / "all.toml"
+    args = ["filter", "--model", str(tmp_path / "absent"), "--task", str(DEFAULT_TASK), "--out", str(out)]
+    result = runner.invoke(app, [*args, "--limit", "5", "--min", "0", "--max", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["measured"], report["kept"], report["samples"], report["histogram"]) == (0, 5, 0, {})
+    assert list(open_source(load_task_spec(out)).problem_ids()) == [f"basic_arithmetic/{i}" for i in range(5)]
+    again = runner.invoke(app, [*args, "--limit", "2", "--min", "0", "--max", "1", "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert "kept all 2 problems: the band [0, 1] holds every pass rate, none was measured" in again.stdout
