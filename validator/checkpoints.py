@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from core import trace
 from node.model.loading import LoadedModel, load_model
 from node.relay import DownloadFailed, SourceError
 from node.relay.client import STEP_DIR_PREFIX, Source, fetch_checkpoint, list_versions, new_session
@@ -66,13 +67,15 @@ class Checkpoints:
                 sidecar.write_text(manifest_hash(manifest).hex())
 
             try:
-                path = await fetch_checkpoint(self.sources, self.policy, self.root, step=step, on_start=remember)
+                with trace.span("fetch", step=step):
+                    path = await fetch_checkpoint(self.sources, self.policy, self.root, step=step, on_start=remember)
             except DownloadFailed:
                 if await self._gone(step):
                     raise CheckpointGone(step, self.sources) from None
                 raise
             log.info("fetched the checkpoint of step %d", step)
-        self._loaded[step] = await asyncio.to_thread(load_model, path, device=self.device, dtype=self.dtype)
+        with trace.span("load", step=step):
+            self._loaded[step] = await asyncio.to_thread(load_model, path, device=self.device, dtype=self.dtype)
         while len(self._loaded) > self.keep:
             old, _ = self._loaded.popitem(last=False)
             shutil.rmtree(self.path_of(old), ignore_errors=True)
