@@ -8,10 +8,13 @@ Three ways of running the same steps of the real `Learner` (the tiny model on CP
 - "threads in turn": step i on thread i mod `--threads`, as the event loop's default pool handed the step loop's
   calls to whichever of its threads was idle (min(32, cores + 4) of them, shared with role lookups and the rest);
 - "one thread": every step on one thread (`trainer.memory.TrainingThread`, what `prime-train run` does now);
-- "one thread + release": the same, and `core.heap.release_free_memory` after each step (what it does now).
+- "one thread + release": the same, and `core.heap.release_free_memory` after each step (issue 32);
+- "one thread + release above": the same, but only while malloc keeps more than `trainer.loop.KEEP_FREE_BYTES`
+  (256 MiB) free (what it does now: a step reuses what the last one freed instead of faulting it in again).
 
 Printed per way: the process's RSS after the first and the last step, the peak, and malloc's bytes in use and free
-(kept in its arenas) after the last step; then the ratio of each way's last RSS to the first way's. A benchmark,
+(kept in its arenas) after the last step, the median seconds of a step (its release included); then the ratio of
+each way's last RSS to the first way's. A benchmark,
 not a test: it exits 0 whatever the figures.
 """
 
@@ -21,16 +24,18 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-WAYS = ("threads in turn", "one thread", "one thread + release")
+WAYS = ("threads in turn", "one thread", "one thread + release", "one thread + release above")
 
 
 def rss_bytes() -> tuple[int, int]:
@@ -61,14 +66,22 @@ def run_way(way: str, file: Path, model: Path, steps: int, files_per_step: int, 
         files = [dataclasses.replace(template, rows=rows, work_key=bytes([k]) * 32) for k in range(files_per_step)]
         learner.train_step(files)
 
+    from trainer.loop import KEEP_FREE_BYTES
+
     after: list[int] = []
+    seconds: list[float] = []
     for i in range(steps):
+        started = time.perf_counter()
         pools[i % len(pools)].submit(step).result()
         if way.endswith("release"):
             release_free_memory()
+        elif way.endswith("release above"):
+            release_free_memory(above=KEEP_FREE_BYTES)
+        seconds.append(time.perf_counter() - started)
         after.append(rss_bytes()[0])
     in_use, free = heap_bytes() or (0, 0)
-    return {"way": way, "rss_after_step": after, "peak": rss_bytes()[1], "heap_in_use": in_use, "heap_free": free}
+    return {"way": way, "rss_after_step": after, "peak": rss_bytes()[1], "heap_in_use": in_use, "heap_free": free,
+            "step_seconds": statistics.median(seconds[1:] or seconds)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         if file is None:
             from benchmarks.scale import FileMaker
 
-            FileMaker.generate(root)  # the tiny model writes root/template.parquet
-            file = root / "template.parquet"
+            (root / "files").mkdir()  # a folder of its own: FileMaker makes its own tiny model in it
+            FileMaker.generate(root / "files")  # the tiny model writes files/template.parquet
+            file = root / "files" / "template.parquet"
         results = []
         for way in WAYS:
             command = [sys.executable, __file__, "--way", way, "--file", str(file), "--model", str(model),
@@ -108,12 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     mib = 1 << 20
     base = results[0]["rss_after_step"][-1]
     print(f"\n{args.steps} steps of {args.files_per_step} files (64 completions each), tiny model on CPU:")
-    print(f"  {'way':<22} {'RSS step 1':>10} {'RSS last':>9} {'peak':>7} {'in use':>7} {'free kept':>9} {'ratio':>6}")
+    print(
+        f"  {'way':<28} {'RSS step 1':>10} {'RSS last':>9} {'peak':>7} {'in use':>7} {'free kept':>9} {'ratio':>6}"
+        f" {'s/step':>7}"
+    )
     for r in results:
         after = r["rss_after_step"]
         print(
-            f"  {r['way']:<22} {after[0] / mib:>7.0f} MiB {after[-1] / mib:>5.0f} MiB {r['peak'] / mib:>4.0f} MiB "
+            f"  {r['way']:<28} {after[0] / mib:>7.0f} MiB {after[-1] / mib:>5.0f} MiB {r['peak'] / mib:>4.0f} MiB "
             f"{r['heap_in_use'] / mib:>4.0f} MiB {r['heap_free'] / mib:>6.0f} MiB {after[-1] / base:>6.2f}"
+            f" {r['step_seconds']:>7.3f}"
         )
     return 0
 

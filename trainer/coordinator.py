@@ -114,8 +114,8 @@ class ApiConfig:
             raise ValueError("upload and JSON limits and max_skew must be positive")
         if self.prompts_per_task < 1 or self.group_size < 1:
             raise ValueError("prompts_per_task and group_size must be at least 1")
-        limits = (self.files_per_node_per_step, self.pending_files_per_node, self.max_files_in_flight)
-        limits += (self.hold_seconds,)
+        counts = (self.files_per_node_per_step, self.pending_files_per_node, self.max_files_in_flight)
+        limits: tuple[float, ...] = (*counts, self.hold_seconds)
         if min(self.requests_per_address_per_s, self.requests_per_signer_per_s) <= 0:
             raise ValueError("the request rates must be positive")
         if min(self.address_burst, self.signer_burst) < 1:
