@@ -55,32 +55,79 @@ def prefill_outputs(
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(row index, hidden (n_out, H), logits (n_out, V)) at the positions that sampled each output token.
 
-    One prefill of prompt + completion minus its last token: its last n_out positions are len(prompt) - 1 ..
-    len(prompt) + n_out - 2. Rows are left-padded in batches, with explicit position ids that start every row
-    at 0, as the worker's `TorchBackend` does, so batching changes the numbers by float rounding only.
+    The first route, as the worker generated: each distinct prompt of a batch is prefilled once, its keys and
+    values are copied to every row of that prompt, and one forward over each row's completion (but its last
+    token) continues from them. The prompt's last position sampled output token 0, completion position j token
+    j + 1. A group of G completions of one prompt costs one prompt instead of G, the most of a row's tokens
+    where completions are short. Rows are batched in order of their prompt's first row (a file's groups are
+    contiguous), `batch_size` rows a forward; prompts are left-padded and completions right-padded, with explicit
+    position ids that start every prompt at 0, as the worker's `TorchBackend` does, so batching and sharing change
+    the numbers by float rounding only. Rows come out in that order, each with its index in `rows`.
     """
     device = model.device
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        sequences = [row.input_tokens + row.output_tokens[:-1] for row in batch]
-        width = max(len(s) for s in sequences)
-        input_ids = torch.full((len(batch), width), _PAD_ID, dtype=torch.int64)  # (B, T), left-padded
-        mask = torch.zeros((len(batch), width), dtype=torch.int64)  # (B, T), 1 on real tokens
-        for i, sequence in enumerate(sequences):
-            input_ids[i, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.int64)
-            mask[i, width - len(sequence) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        longest = max(len(row.output_tokens) for row in batch)
+    first: dict[tuple[int, ...], int] = {}  # prompt -> the index of its first row
+    order = sorted(range(len(rows)), key=lambda i: (first.setdefault(tuple(rows[i].input_tokens), i), i))
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        distinct: dict[tuple[int, ...], int] = {}  # prompt -> its prefill row
+        owner = [distinct.setdefault(tuple(rows[i].input_tokens), len(distinct)) for i in batch]
+        prompts = list(distinct)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), _PAD_ID, dtype=torch.int64)  # (U, T0), left-padded
+        mask = torch.zeros((len(prompts), width), dtype=torch.int64)  # (U, T0), 1 on real tokens
+        for u, prompt in enumerate(prompts):
+            input_ids[u, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
+            mask[u, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, T0)
         out = forward_hidden(
             model,
             input_ids.to(device),
             attention_mask=mask.to(device),
             position_ids=positions.to(device),
-            logits_last=longest,  # (B, longest, V): the head only where outputs were sampled
+            use_cache=True,
+            logits_last=1,
         )
-        for i, row in enumerate(batch):
-            n_out = len(row.output_tokens)
-            yield start + i, out.hidden[i, width - n_out :], out.logits[i, longest - n_out :]  # (n, H), (n, V)
+        expand = torch.tensor(owner, dtype=torch.int64)  # (B,): each row's prefill row
+        on_device = expand.to(device)
+        first_hidden, first_logits = out.hidden[on_device, -1:], out.logits[on_device, -1:]  # (B, 1, H), (B, 1, V)
+        longest = max(len(rows[i].output_tokens) for i in batch) - 1  # completion tokens fed, the last left out
+        if longest == 0:  # every completion is one token: the prompts sampled all of them
+            for b, i in enumerate(batch):
+                yield i, first_hidden[b], first_logits[b]
+            continue
+        cache = out.past_key_values
+        cache.batch_select_indices(on_device)  # one copy of its prompt's keys and values per row
+        fed = torch.full((len(batch), longest), _PAD_ID, dtype=torch.int64)  # (B, L), right-padded
+        fed_mask = torch.zeros((len(batch), longest), dtype=torch.int64)  # (B, L)
+        fed_positions = torch.zeros((len(batch), longest), dtype=torch.int64)  # (B, L)
+        for b, i in enumerate(batch):
+            tokens = rows[i].output_tokens[:-1]
+            fed[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+            fed_mask[b, : len(tokens)] = 1
+            prompt_length = len(rows[i].input_tokens)
+            fed_positions[b] = torch.arange(prompt_length, prompt_length + longest)
+        rest = forward_hidden(
+            model,
+            fed.to(device),
+            attention_mask=torch.cat([mask[expand], fed_mask], dim=-1).to(device),  # (B, T0 + L)
+            position_ids=fed_positions.to(device),
+            past_key_values=cache,
+        )
+        for b, i in enumerate(batch):
+            n = len(rows[i].output_tokens) - 1
+            hidden = torch.cat([first_hidden[b], rest.hidden[b, :n]])  # (n_out, H)
+            logits = torch.cat([first_logits[b], rest.logits[b, :n]])  # (n_out, V)
+            yield i, hidden, logits
+
+
+def prefill_alone(model: PreTrainedModel, row: RolloutRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden (n_out, H), logits (n_out, V)) of one row by another way than the first route: one forward of its
+    prompt + completion but the last token, no cache, no neighbours; its last n_out positions sampled the
+    outputs."""
+    sequence = torch.tensor([row.input_tokens + row.output_tokens[:-1]], dtype=torch.int64)  # (1, T)
+    n_out = len(row.output_tokens)
+    out = forward_hidden(model, sequence.to(model.device), logits_last=n_out)  # (1, n_out, V)
+    return out.hidden[0, -n_out:], out.logits[0]
 
 
 @dataclass(frozen=True)
@@ -202,8 +249,9 @@ def _alone_in_float64(model: PreTrainedModel) -> PreTrainedModel:
 def second_route(
     index: int, row: RolloutRow, model64: PreTrainedModel, params: SamplingParams, config: ValidatorConfig
 ) -> Verdict | ProofCheck:
-    """The row recomputed alone (batch of one) in float64, judged by the same thresholds."""
-    ((_, hidden, logits),) = prefill_outputs(model64, [row], 1)
+    """The row recomputed alone (batch of one, prompt and completion in one forward) in float64, judged by the
+    same thresholds."""
+    hidden, logits = prefill_alone(model64, row)
     return check_row_recomputed(index, row, hidden, logits, params, config)
 
 
@@ -230,6 +278,7 @@ def check_model(
             headroom = headroom.including(result.chunks)
     if not failures:
         return headroom
+    failures.sort(key=lambda f: int(f.evidence["row"]))  # the rows in file order, as they were batched or not
     return _judge_failures(rows, checkpoint, config, params, failures)
 
 
@@ -252,7 +301,7 @@ def _judge_failures(
             second_record = second.to_dict() | {"route": "alone, float64"}
         else:
             second_record = {"accepted": True, "route": "alone, float64", "chunks": _chunk_stats(second)}
-        first_record = first.to_dict() | {"route": f"batches of {config.prefill_batch_size}, float32"}
+        first_record = first.to_dict() | {"route": f"shared prompts, batches of {config.prefill_batch_size}, float32"}
         rechecked.append(
             {"row": index, "first": first_record, "second": second_record, "confirmed": confirmed, "clear": clear}
         )
