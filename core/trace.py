@@ -11,8 +11,9 @@ its duration; the other fields say what it worked on (a policy step, a work key'
 variable unset nothing is opened and each call costs one attribute read: the stages stay in the code for good.
 
 The stages (`benchmarks/network_learning.py` prints their medians, docs/trainer.md explains them):
-- worker: `fetch` (a policy's checkpoint through SHARDCAST), `load` (into the inference engine), `generate`,
-  `prove` (scoring and the TOPLOC proofs), `upload`, `submit` (the chain transaction), `wait` (no work offered);
+- worker: `hold` (waiting for the step's policy; 0 when it was prefetched), `fetch` (a policy's checkpoint through
+  SHARDCAST), `load` (into the inference engine), `generate`, `prove` (scoring and the TOPLOC proofs), `upload`,
+  `submit` (the chain transaction), `wait` (no work offered);
 - validator: `queue` (a submission's wait to be verified), `download` (the file from the coordinator), `fetch` and
   `load` (a step's checkpoint, within `verify`), `verify` (every check, the recomputation included),
   `attest` (the signed verdict posted to the coordinator);
