@@ -7,7 +7,10 @@ tries again. Here, at the transport (a wrapper around each connection's protocol
 
 - connections are counted per client address and in all; one past either bound is closed at once, before aiohttp
   sees it. The bound in all is also kept under three quarters of the process's descriptor limit, shared by all the
-  servers of the process, so a flood never reaches `EMFILE`;
+  servers of the process, so a flood seldom reaches `EMFILE`. Seldom, not never: asyncio accepts up to a backlog
+  of connections per wake-up before any of them reaches the guard, so a burst can hold a few hundred descriptors for
+  a moment. When `accept()` does fail, asyncio stops accepting for a second and tries again; that is logged as one
+  line per interval (`_quiet_accept_failures`), not as a traceback per attempt;
 - a connection whose first request's headers have not ended `header_timeout` seconds after it opened is closed;
   later requests on a kept-alive connection are aiohttp's `keepalive_timeout`, which closes a connection whose next
   request is not complete that long after the last answer, and a body left unread after the answer is read and
@@ -104,6 +107,30 @@ class FoldRepeats(logging.Filter):
         if folded:
             record.msg = f"{record.msg} [and {folded} more like it in the last {now - last:.0f} s]"
         return True
+
+
+_ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message when accept() fails for a descriptor
+
+
+def _quiet_accept_failures(loop: asyncio.AbstractEventLoop, refusals: RefusalLog) -> None:
+    """Makes `loop` report a failed `accept()` (EMFILE, ENFILE, ENOBUFS: asyncio pauses accepting for a second) as one
+    line per interval in `refusals`, not a traceback; every other error goes where it went before."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, "quiets_accept_failures", False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == _ACCEPT_FAILED:
+            error = context.get("exception")
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else repr(error)
+            refusals.note(f"connections the process had no descriptor for ({reason}; accepting again in 1 s)", "?")
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    handler.quiets_accept_failures = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)
 
 
 def fold_repeated_logs(interval: float) -> None:
@@ -281,6 +308,7 @@ async def serve(
     )
     await runner.setup()
     guard = ConnectionGuard(limits, name)
+    _quiet_accept_failures(asyncio.get_running_loop(), RefusalLog(log, "this process:", limits.log_interval))
     site = _GuardedSite(runner, guard, host, port)
     try:
         await site.start()

@@ -44,12 +44,13 @@ def write_trainer_config(
     async_level: int = 2,
     p2p: bool = False,
     files_per_node_per_step: int = 0,
+    max_files_in_flight: int = 0,
     spec_file: Path | None = None,
 ) -> Path:
     """`root/trainer.toml`: small assignments (2 prompts x 4), free ports, run folder `root/run`, the pool from
     `root/deployment.json`; with `p2p`, a gossip host on a free port too. Assignments are unlimited unless
-    `files_per_node_per_step` says otherwise: most tests run workers against a trainer whose step never moves
-    (no validator attests), and a node would run out of work at step 0.
+    `files_per_node_per_step` or `max_files_in_flight` says otherwise: most tests run workers against a trainer whose
+    step never moves (no validator attests), and a node would run out of work at step 0.
 
     With `spec_file` (the pool's specURI), the coordinator and origin get free ports picked here, and the pool spec is
     written first, naming them: a trainer in network mode reads the pool's terms from it as it starts."""
@@ -71,6 +72,7 @@ def write_trainer_config(
                 "prompts_per_task": 2,
                 "group_size": 4,
                 "files_per_node_per_step": files_per_node_per_step,
+                "max_files_in_flight": max_files_in_flight,
             },
             shardcast={"port": origin_port},
             **({"p2p": {"port": 0}} if p2p else {}),
