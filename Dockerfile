@@ -104,12 +104,18 @@ COPY contracts/artifacts /app/contracts/artifacts
 COPY configs /app/configs
 COPY core /app/core
 COPY ledger /app/ledger
+COPY protocol /app/protocol
+COPY engine /app/engine
+COPY shardcast /app/shardcast
+COPY p2p /app/p2p
 COPY node /app/node
 COPY trainer /app/trainer
 COPY validator /app/validator
+COPY devnet /app/devnet
 COPY pyproject.toml README.md /app/
 RUN pip install --no-cache-dir --disable-pip-version-check --no-deps --no-build-isolation -e /app \
-    && python3 -m compileall -q /app/core /app/ledger /app/node /app/trainer /app/validator
+    && python3 -m compileall -q /app/core /app/ledger /app/protocol /app/engine /app/shardcast /app/p2p /app/node \
+       /app/trainer /app/validator /app/devnet
 USER prime
 WORKDIR /data
 VOLUME /data

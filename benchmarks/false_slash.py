@@ -41,15 +41,15 @@ from pathlib import Path
 import toploc
 import torch
 
-from node.generation.generate import Generated, generate_rollouts, sampling_params
-from node.generation.plan import Job
-from node.inference.sampler import claimed_gaps
-from node.inference.select import Engine, choose
-from node.model.loading import LoadedModel, load_model
-from node.proofs import PROOF_CHUNK, ProofCheck, proof_topk, split_proof, verify_proof
-from node.rollouts import RolloutRow, encode_rollouts
-from node.tasks.sources import open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from engine.generate import Generated, generate_rollouts, sampling_params
+from engine.inference.sampler import claimed_gaps
+from engine.inference.select import Engine, choose
+from engine.model.loading import LoadedModel, load_model
+from engine.proofs import PROOF_CHUNK, ProofCheck, proof_topk, split_proof, verify_proof
+from protocol.plan import Job
+from protocol.rollouts import RolloutRow, encode_rollouts
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec
 from validator.config import ValidatorConfig
 from validator.recompute import check_row_recomputed, prefill_outputs
 from validator.verify import verify_file
@@ -272,7 +272,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = load_task_spec(in_precision(args.task, args.dtype) if args.dtype else args.task)
     if args.model is None:
-        from node.devnet.warmstart import warm_start_model
+        from devnet.warmstart import warm_start_model
 
         args.model, _ = warm_start_model(args.task, sft_steps=600)
     every = [

@@ -33,14 +33,14 @@ from typing import Any
 
 import torch
 
-from node.generation.generate import generate_rollouts
-from node.generation.plan import Job
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel, load_model
-from node.model.tiny import TinyModelConfig, init_model
-from node.rollouts import encode_rollouts
-from node.tasks.sources import open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from engine.generate import generate_rollouts
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel, load_model
+from engine.model.tiny import TinyModelConfig, init_model
+from protocol.plan import Job
+from protocol.rollouts import encode_rollouts
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec
 from validator.config import ValidatorConfig
 from validator.verify import verify_file
 

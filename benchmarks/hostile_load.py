@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/hostile_load.py [--seconds 30] [--connections 500] [--json PATH]
 
 The coordinator runs in a process of its own (`tests.loopback_coordinator`: `CoordinatorService` behind
-`CoordinatorApi`, served by `node.serving` as `prime-train run` serves it; its roles are a static member list, not a
+`CoordinatorApi`, served by `core.serving` as `prime-train run` serves it; its roles are a static member list, not a
 chain: the attacks are on the server, which asks the chain nothing more for a known member). In this process, four
 member workers upload a fresh, valid rollout file each every 0.25 s with the real client
-(`node.coordinator.CoordinatorClient`, from 127.0.0.1), and a validator attests each stored file. In a third
+(`protocol.coordinator.client.CoordinatorClient`, from 127.0.0.1), and a validator attests each stored file. In a third
 process, the attacker runs one pattern at a time for `--seconds`, with at most `--connections` connections, from
 eight loopback addresses (127.0.0.2-9) and reopening each connection the server closes:
 
@@ -48,9 +48,9 @@ sys.path.insert(0, str(REPO))  # the loopback coordinator is the tests' (tests/l
 from eth_account import Account  # noqa: E402
 from eth_account.signers.local import LocalAccount  # noqa: E402
 
-from node.coordinator import ClientLimits, CoordinatorClient, CoordinatorError  # noqa: E402
-from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts  # noqa: E402
-from node.signing import Attestation, SigningDomain, sign_request  # noqa: E402
+from protocol.coordinator.client import ClientLimits, CoordinatorClient, CoordinatorError  # noqa: E402
+from protocol.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts  # noqa: E402
+from protocol.signing import Attestation, SigningDomain, sign_request  # noqa: E402
 from tests.loopback_coordinator import coordinator_process  # noqa: E402
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")

@@ -40,17 +40,17 @@ def one_model(size: str, batches: list[int], files: int) -> None:
     """In the child: every measurement of one model, one JSON line each."""
     import torch
 
-    from node.generation.generate import generate_rollouts
-    from node.generation.plan import Job
-    from node.inference.base import GenerationRequest
-    from node.inference.sampler import SamplingParams
-    from node.inference.torch_backend import TorchBackend
-    from node.inference.vllm_backend import VLLMBackend
-    from node.model.loading import load_model
-    from node.model.tiny import TinyModelConfig, init_model
-    from node.rollouts import encode_rollouts
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
+    from engine.generate import generate_rollouts
+    from engine.inference.base import GenerationRequest
+    from engine.inference.sampler import SamplingParams
+    from engine.inference.torch_backend import TorchBackend
+    from engine.inference.vllm_backend import VLLMBackend
+    from engine.model.loading import load_model
+    from engine.model.tiny import TinyModelConfig, init_model
+    from protocol.plan import Job
+    from protocol.rollouts import encode_rollouts
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
 
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:

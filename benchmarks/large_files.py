@@ -11,7 +11,7 @@ of any upload over about 256 KB (401 signer_mismatch), and the download of anyth
 as a 64-112 KB prefix, so each of these files failed.
 
 Rollout files move only between workers, the coordinator and validators; relays carry checkpoints (their shards
-are measured in `benchmarks/shardcast.py`; a whole manifest through a relay is tested in tests/node/relay).
+are measured in `benchmarks/shardcast.py`; a whole manifest through a relay is tested in tests/shardcast).
 
 Prints per size: the rows, the bytes, and the seconds to generate, upload, download and verify, with the
 verdict. A benchmark: it exits 1 only when an honest file is not moved whole or not accepted.
@@ -34,16 +34,16 @@ import aiohttp
 import torch
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient
-from node.generation.generate import generate_rollouts
-from node.generation.plan import Job
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel, load_model
-from node.model.tiny import init_model
-from node.rollouts import encode_rollouts, read_rollouts, work_units
-from node.signing import SigningDomain
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from engine.generate import generate_rollouts
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel, load_model
+from engine.model.tiny import init_model
+from protocol.coordinator.client import CoordinatorClient
+from protocol.plan import Job
+from protocol.rollouts import encode_rollouts, read_rollouts, work_units
+from protocol.signing import SigningDomain
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec
 from validator.verify import Expected, verify_file
 
 REPO = Path(__file__).resolve().parent.parent

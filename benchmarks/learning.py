@@ -4,7 +4,7 @@ Run: `.venv/bin/python benchmarks/learning.py [--minutes 10] [--workers 2]`.
 
 1. The SFT model: `prime-train init-model` (seed 0) then `prime-train sft` (600 steps), cached in
    ~/.cache/prime-node/warm-start/ by the task's spec hash and the SFT settings (about 3 minutes the first time;
-   `node/devnet/warmstart.py`, shared with `prime-devnet up`).
+   `devnet/warmstart.py`, shared with `prime-devnet up`).
 2. Its pass rate on the task's held-out problems (the last 256, which neither SFT nor RL ever trains on), 4 samples
    each at the task's own sampling (temperature 1).
 3. The RL task: the other 9,744 problems, and of those only the ones whose pass rate under the SFT model lies in
@@ -60,7 +60,7 @@ def keystore_env() -> dict[str, str]:
 
 
 def sft_model(sft_steps: int, seed: int) -> Path:
-    from node.devnet.warmstart import DEFAULT_CACHE, warm_start_model
+    from devnet.warmstart import DEFAULT_CACHE, warm_start_model
 
     print(f"SFT model: building or loading ({sft_steps} steps, seed {seed}) in {DEFAULT_CACHE}")
     started = time.perf_counter()
@@ -78,8 +78,8 @@ def held_out_rate(model: Path, problems: int, samples: int) -> float:
 def training_task(model: Path, args: argparse.Namespace) -> Path:
     """The task RL draws problems from: the default task without its held-out problems, which only the
     evaluations see, and of the others only the problems whose pass rate under `model` lies in `--band`
-    (`node.devnet.warmstart.rl_task`, shared with `prime-devnet up`; cached with the SFT model)."""
-    from node.devnet.warmstart import rl_task
+    (`devnet.warmstart.rl_task`, shared with `prime-devnet up`; cached with the SFT model)."""
+    from devnet.warmstart import rl_task
 
     task, _ = rl_task(model, TASK, held_out=args.eval_problems, band=tuple(args.band), seed=args.seed)
     return task

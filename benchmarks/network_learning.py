@@ -7,7 +7,7 @@ one side; `--short` is 3 minutes a side with a smaller evaluation).
    from the task without its held-out problems, only the problems whose SFT pass rate lies in `--band`.
 2. The local mode: `prime-train run --local-workers N` (no chain, no relay, no validator: every upload is
    trained on), for `--minutes`.
-3. The network mode: the devnet (`node.devnet`, what `prime-devnet up` runs) with honest workers only, on the same
+3. The network mode: the devnet (`devnet`, what `prime-devnet up` runs) with honest workers only, on the same
    task, model and sizes, for the same minutes: anvil, the trainer's coordinator and origin, a relay, the validator,
    and N workers that register, stake, generate, prove, upload and submit on chain; the trainer trains only on
    files the validator accepted.
@@ -128,7 +128,7 @@ def local_side(model: Path, task: Path, before: float, args: argparse.Namespace)
 
 
 def network_side(model: Path, task: Path, before: float, args: argparse.Namespace) -> Side:
-    from node.devnet.network import DevnetSettings, run_devnet
+    from devnet.network import DevnetSettings, run_devnet
 
     out = args.out / "network"
     shutil.rmtree(out, ignore_errors=True)

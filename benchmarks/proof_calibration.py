@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from node.model.forward import forward_hidden
-from node.model.loading import load_model
-from node.proofs import PROOF_CHUNK, ChunkResult, ProofThresholds, compare_hidden
+from engine.model.forward import forward_hidden
+from engine.model.loading import load_model
+from engine.proofs import PROOF_CHUNK, ChunkResult, ProofThresholds, compare_hidden
 
 
 def tiny_qwen2(seed: int) -> PreTrainedModel:

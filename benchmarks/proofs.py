@@ -2,7 +2,7 @@
 proof size. Run: `.venv/bin/python benchmarks/proofs.py [--model DIR] [--prompts 16] [--group 4]`.
 
 Generation here is the worker's whole sampling loop (TorchBackend, KV cache); proof building is
-`node.proofs.build_proof` over every row's hidden states; validation is `validator.verify.verify_file`
+`engine.proofs.build_proof` over every row's hidden states; validation is `validator.verify.verify_file`
 on the written file, every check included (format, assignment, rewards, prefill, TOPLOC, sampling).
 Each phase runs `--repeats` times and the median is reported.
 """
@@ -18,16 +18,16 @@ from pathlib import Path
 import toploc
 import torch
 
-from node.generation.generate import Generated, generate_rollouts, sampling_params
-from node.generation.plan import Job, plan_rollouts
-from node.inference.base import GenerationRequest
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import load_model
-from node.model.tiny import TinyModelConfig, init_model
-from node.proofs import PROOF_CHUNK, build_proof, proof_topk, split_proof, verify_proof
-from node.rollouts import encode_rollouts
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.generate import Generated, generate_rollouts, sampling_params
+from engine.inference.base import GenerationRequest
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import load_model
+from engine.model.tiny import TinyModelConfig, init_model
+from engine.proofs import PROOF_CHUNK, build_proof, proof_topk, split_proof, verify_proof
+from protocol.plan import Job, plan_rollouts
+from protocol.rollouts import encode_rollouts
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from validator.config import ValidatorConfig
 from validator.recompute import prefill_outputs
 from validator.verify import Expected, verify_file
@@ -45,7 +45,7 @@ NODE = "0x15d34AAf54267DB7D7c367839AAf71A00a2C6A65"
 
 
 def toploc_verify(hidden: torch.Tensor, proof: bytes) -> object:
-    """toploc's own comparison of one row (what node.proofs used before issue 17)."""
+    """toploc's own comparison of one row (what engine.proofs used before issue 17)."""
     n_out, size = hidden.shape
     chunks = split_proof(proof, n_out, size)
     rows = hidden.detach().to(torch.bfloat16).contiguous()
@@ -95,7 +95,7 @@ def main() -> None:
             lambda: verify_file(data, spec=spec, checkpoint=loaded, config=config, expected=expected, source=source),
             args.repeats,
         )
-        # the proof comparison alone: ours (node.proofs, boundary-aware) against toploc's C++ verify_proofs
+        # the proof comparison alone: ours (engine.proofs, boundary-aware) against toploc's C++ verify_proofs
         recomputed = [hidden for _, hidden, _ in prefill_outputs(loaded.model, generated.rows, 8)]
         pairs = list(zip(recomputed, generated.rows, strict=True))
         ours_s, _ = median_seconds(

@@ -12,7 +12,8 @@ What runs, and why so:
   /proc before and after each phase, so the load generator's CPU never counts as the coordinator's;
 - in this process, N workers on one event loop, each with its own key, its own client session and its own source
   address on loopback (127.0.x.y: the coordinator limits requests per address, and real workers have one each),
-  each going through the worker's protocol with the real client (`node.coordinator.CoordinatorClient`): ask for a
+  each going through the worker's protocol with the real client
+  (`protocol.coordinator.client.CoordinatorClient`): ask for a
   task (the trainer's signed assignment), "generate" for `--file-every` seconds, upload a rollout file made for that
   assignment (node, counter, signature, step) and held back and retried as a worker is (429 with Retry-After, 503
   `no_work`). The files are re-encoded from rows the tiny model generated once before the run: no model runs while
@@ -56,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests/ holds the trainer.toml writer and the rollout factory
 
 from benchmarks.scale_pool import Pool, setup_pool  # noqa: E402
-from node.coordinator import (  # noqa: E402
+from protocol.coordinator.client import (  # noqa: E402
     ClientLimits,
     CoordinatorBusy,
     CoordinatorClient,
@@ -64,13 +65,13 @@ from node.coordinator import (  # noqa: E402
     CoordinatorUnavailable,
     NoWorkYet,
 )
-from node.generation.plan import Job  # noqa: E402
-from node.rollouts import RolloutRow, encode_rollouts, read_rollouts  # noqa: E402
-from node.rollouts.meta import RolloutMeta  # noqa: E402
-from node.signing import Attestation, SigningDomain  # noqa: E402
+from protocol.plan import Job  # noqa: E402
+from protocol.rollouts import RolloutRow, encode_rollouts, read_rollouts  # noqa: E402
+from protocol.rollouts.meta import RolloutMeta  # noqa: E402
+from protocol.signing import Attestation, SigningDomain  # noqa: E402
 
 P99_LIMIT = 0.200  # seconds: the goal's p99, and where the ramp stops
-PROMPTS, GROUP = 8, 8  # an assignment's shape: a pool's default terms (node.terms), 64 completions a file
+PROMPTS, GROUP = 8, 8  # an assignment's shape: a pool's default terms (protocol.terms), 64 completions a file
 TASKS, UPLOAD, ATTEST = "POST /v1/tasks", "PUT /v1/rollouts", "POST /v1/attestations"
 HELD = "503 no_work"  # the coordinator holding a worker over its step's assignments: by design, not an error
 T = TypeVar("T")
@@ -91,10 +92,10 @@ class FileMaker:
     @classmethod
     def generate(cls, root: Path) -> FileMaker:
         """Generates one file with the tiny model (the only time a model runs), returns its maker."""
-        from node.model.loading import load_model
-        from node.model.tiny import init_model
-        from node.tasks.sources import open_source
-        from node.tasks.spec import load_task_spec
+        from engine.model.loading import load_model
+        from engine.model.tiny import init_model
+        from protocol.tasks.sources import open_source
+        from protocol.tasks.spec import load_task_spec
         from tests.network_trainer import TASK
         from tests.trainer.rollout_factory import make_file
 

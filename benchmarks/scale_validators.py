@@ -44,10 +44,10 @@ sys.path.insert(0, str(REPO))  # tests/ holds the trainer.toml writer and the ro
 from ledger.accounts import dev_account  # noqa: E402
 from ledger.chain import LocalChain, free_port  # noqa: E402
 from ledger.client import Ledger  # noqa: E402
-from node.coordinator import CoordinatorClient  # noqa: E402
-from node.p2p import peer_id_of  # noqa: E402
-from node.relay.client import new_session  # noqa: E402
-from node.signing import SigningDomain  # noqa: E402
+from p2p import peer_id_of  # noqa: E402
+from protocol.coordinator.client import CoordinatorClient  # noqa: E402
+from protocol.signing import SigningDomain  # noqa: E402
+from shardcast.client import new_session  # noqa: E402
 
 WINDOW = 3600  # the pool's challenge window, seconds
 OWNER, FIRST_VALIDATOR, MEMBERS = 0, 2, ((1, 5), (4, 6), (7, 9))  # dev accounts: owner, validators, (provider, node)
@@ -88,11 +88,11 @@ def generate_files(root: Path, count: int, prompts: int, group_size: int, pool_i
     made once per pool and domain."""
     if (pool_id, domain) in _GENERATED:
         return _GENERATED[(pool_id, domain)]
-    from node.model.loading import load_model
-    from node.model.tiny import init_model
-    from node.rollouts import read_rollouts, work_units
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
+    from engine.model.loading import load_model
+    from engine.model.tiny import init_model
+    from protocol.rollouts import read_rollouts, work_units
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
     from tests.network_trainer import TASK
     from tests.trainer.rollout_factory import make_file
 
@@ -143,7 +143,7 @@ def _wait(condition: Any, what: str, processes: list[subprocess.Popen[bytes]], t
 
 
 def _metrics(state: Path) -> dict[str, float]:
-    from node.metrics import scrape
+    from core.metrics import scrape
 
     return scrape(json.loads((state / "endpoints.json").read_text())["metrics"])
 
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         args.cache = root / "files"
         args.cache.mkdir()
-        from node.model.tiny import init_model
+        from engine.model.tiny import init_model
 
         model = init_model(root / "files" / "tiny", seed=0)
         for k in sizes:

@@ -8,7 +8,7 @@ this disk takes to write and fsync N copies at once (each N of `--clients`): no 
 copies can beat it, and the ratio table gives shardcast's time over it (N > 1), and the raw GET's (N = 1, the raw
 client never fsyncs), as the disk's bound. The CPU's bound is the same comparison against our processes' CPU seconds
 spread over all cores with no wait: a goal above it needs less CPU per byte, not better overlap. `--trace` prints each
-of our processes' timeline (node/relay/trace.py) and CPU for the median runs. `--disk-mbps 400` (root, cgroup v1)
+of our processes' timeline (shardcast/trace.py) and CPU for the median runs. `--disk-mbps 400` (root, cgroup v1)
 paces the disk's writes at 400 MB/s for the run, and `--dirty-mib 256` lets at most 256 MiB of the page cache wait
 for the disk (a machine with little memory): the slow-writing machine of issue 23 on a fast one.
 
@@ -79,7 +79,7 @@ import blake3
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the anvil deployment is the tests' (tests/anvil_deployment.py)
 
-from node.relay import trace  # noqa: E402
+from shardcast import trace  # noqa: E402
 from tests.anvil_deployment import write_anvil_deployment  # noqa: E402
 
 SHARDCAST = "shardcast==0.3.2"
@@ -835,7 +835,7 @@ def main() -> int:
     parser.add_argument(
         "--relay-memory-mib", type=int, help="our relays' --memory-mib (default: theirs; 0 writes shards as they land)"
     )
-    parser.add_argument("--trace", action="store_true", help="print where our time went, hop by hop (node.relay.trace)")
+    parser.add_argument("--trace", action="store_true", help="print where our time went, hop by hop (shardcast.trace)")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs (printed path)")
     parser.add_argument(
         "--disk-mbps",

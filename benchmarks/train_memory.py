@@ -49,8 +49,8 @@ def run_way(way: str, file: Path, model: Path, steps: int, files_per_step: int, 
     import torch
 
     from core.heap import heap_bytes, release_free_memory
-    from node.model.loading import load_model
-    from node.rollouts import read_rollouts
+    from engine.model.loading import load_model
+    from protocol.rollouts import read_rollouts
     from trainer.learner import Learner, LearnerConfig
     from trainer.precision import resolve_precision
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="train-memory-") as folder:
         root = Path(folder)
-        from node.model.tiny import init_model
+        from engine.model.tiny import init_model
 
         model = init_model(root / "tiny", seed=0)
         file = args.file

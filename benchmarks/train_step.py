@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from trainer.data import Sample, collate, collate_units, prompt_units, recompute_logprobs, shared_logprobs
 from trainer.grpo import GRPOConfig, grpo_token_loss
 from trainer.packing import pack_first_fit_decreasing

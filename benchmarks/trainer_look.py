@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from node.protocol.rollouts import AttestationRecord
+from protocol.coordinator.rollouts import AttestationRecord
 from trainer.inbox import RolloutInbox, named_work_key
 from trainer.run import AttestedUploads, EveryUpload
 from trainer.verdicts import VerdictStore

@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.proofs import NODE, SIZES  # noqa: E402
-from node.generation.generate import generate_rollouts  # noqa: E402
-from node.generation.plan import Job  # noqa: E402
-from node.inference.torch_backend import TorchBackend  # noqa: E402
-from node.model.forward import forward_hidden  # noqa: E402
-from node.model.loading import load_model  # noqa: E402
-from node.model.tiny import init_model  # noqa: E402
-from node.rollouts import RolloutRow, encode_rollouts  # noqa: E402
-from node.tasks.sources import open_source  # noqa: E402
-from node.tasks.spec import load_task_spec  # noqa: E402
+from engine.generate import generate_rollouts  # noqa: E402
+from engine.inference.torch_backend import TorchBackend  # noqa: E402
+from engine.model.forward import forward_hidden  # noqa: E402
+from engine.model.loading import load_model  # noqa: E402
+from engine.model.tiny import init_model  # noqa: E402
+from protocol.plan import Job  # noqa: E402
+from protocol.rollouts import RolloutRow, encode_rollouts  # noqa: E402
+from protocol.tasks.sources import open_source  # noqa: E402
+from protocol.tasks.spec import load_task_spec  # noqa: E402
 from validator.config import ValidatorConfig  # noqa: E402
 from validator.recompute import prefill_outputs  # noqa: E402
 from validator.verify import Expected, verify_file  # noqa: E402

@@ -1,4 +1,6 @@
-"""The core package's exception tree; every error it raises derives from `CoreError`."""
+"""The two roots of the project's exceptions: `CoreError` (the utilities', a person's bad input) and `NodeError`
+(everything above the ledger: the protocol kernel, the engine, SHARDCAST, p2p, and the roles, whose own trees
+derive from it, so every command prints them as one line)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ class ParseError(InputError):
     def __init__(self, message: str, *, text: str) -> None:
         super().__init__(message)
         self.text = text
+
+
+class NodeError(Exception):
+    """Base of every error raised above the ledger: protocol, engine, shardcast, p2p, node, validator, trainer."""
 
 
 def one_line(exc: BaseException) -> str:

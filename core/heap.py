@@ -4,7 +4,7 @@ glibc keeps what a thread frees in that thread's arena for its next allocation, 
 large peak (a training step's activations, a flood of 60 MiB bodies) keeps its RSS long after the memory is free.
 `release_free_memory` (`malloc_trim(0)`) returns the free pages of every arena; `heap_bytes` (`mallinfo2`) tells
 what is in use and what is kept. Elsewhere than glibc both say so (False, None) and do nothing. Used by the
-trainer after each step (trainer/memory.py) and by the coordinator after large bodies (node/bodies.py).
+trainer after each step (trainer/memory.py) and by the coordinator after large bodies (core/bodies.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`NodeConfig`: what `prime-node start` reads from node.toml's `[worker]` table and its flags.
 
 Every key is declared once here (core.config), with its type, default, bounds and flag, but for those every daemon
-shares (state and where the pool's parts are: node.pool_spec.DaemonSettings); configs/node.toml shows them. The
+shares (state and where the pool's parts are: protocol.pool_spec.DaemonSettings); configs/node.toml shows them. The
 file overrides the defaults and a flag overrides the file; relative paths in the file are resolved against its
 folder; unknown keys, wrong types and values out of bounds are refused naming the file and the key, or the flag.
 The worker's own defaults (batch size, submit batch and pace, claim pace, backend, device) are `WorkerSettings`'
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from core.config import setting
+from engine.inference.select import BACKENDS, DEVICES
 from node.daemon.worker import WorkerSettings
-from node.inference.select import BACKENDS, DEVICES
-from node.pool_spec import DaemonSettings, state_setting
+from protocol.pool_spec import DaemonSettings, state_setting
 
 MAX_PORT = 65535
 

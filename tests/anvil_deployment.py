@@ -2,7 +2,7 @@
 
 Anvil's account 0 deploys StakeToken, NodeRegistry, ComputePool and WorkLedger in that order, so their addresses are
 always these; the EIP-712 domain needs only the chain id and the ComputePool address, so nothing need answer at
-`rpc_url` (tests/node/relay/test_shardcast_network.py, benchmarks/shardcast.py).
+`rpc_url` (tests/shardcast/test_shardcast_network.py, benchmarks/shardcast.py).
 """
 
 from __future__ import annotations

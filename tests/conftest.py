@@ -73,7 +73,7 @@ def ledger_for(chain: LocalChain, deployment: Deployment) -> Callable[[int], Led
 
 def docker_or_skip() -> Any:
     """A Docker client. Without an engine the test skips, except under CI=true, where the engine must exist."""
-    from node.sandbox import SandboxUnavailable, connect
+    from protocol.sandbox import SandboxUnavailable, connect
 
     try:
         return connect()

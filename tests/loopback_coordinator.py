@@ -1,7 +1,7 @@
 """A real coordinator on loopback: `CoordinatorService` behind `CoordinatorApi` (aiohttp) on a free port, as the
 tests and benchmarks that move files through one start it (tests/trainer/test_api.py,
 tests/validator/test_large_honest_files.py, benchmarks/large_files.py), started as the trainer starts it
-(`node.serving.serve`).
+(`core.serving.serve`).
 
 `python -m tests.loopback_coordinator` runs one in a process of its own (`coordinator_process`), so that a test or a
 benchmark can hold it to a descriptor limit and read its memory, descriptors and log lines from outside
@@ -29,8 +29,8 @@ from typing import Any
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from node.serving import ConnectionLimits, serve
-from node.signing import SigningDomain
+from core.serving import ConnectionLimits, serve
+from protocol.signing import SigningDomain
 from trainer.api import CoordinatorApi
 from trainer.coordinator import ApiConfig, CoordinatorService, PoolState
 from trainer.inbox import RolloutInbox

@@ -1,5 +1,5 @@
 """Node.js programs that tests run as a second implementation of a standard we speak: js-libp2p dials our libp2p
-host (tests/node/p2p/js), ethers.js checks our EIP-712 messages and signs requests to our servers
+host (tests/p2p/js), ethers.js checks our EIP-712 messages and signs requests to our servers
 (tests/interop/ethers). Each folder pins its packages in package.json and package-lock.json, and `npm ci` installs
 them there the first time a test needs them. Without Node.js a test skips, and fails instead under CI=true."""
 

@@ -1,10 +1,10 @@
 """The coordinator API the trainer serves (DESIGN section 8): the aiohttp layer over `CoordinatorService`.
 
-The routes are `node.protocol.routes`'s (its table says who may call each and what it answers); the messages are
-`node.protocol`'s schemas, the same the nodes' client (`node/coordinator.py`) reads and writes. What is decided
-here: which route a request takes, reading its body within a limit, who signed it, and how an answer or a
-refusal is written. What the coordinator does with a request (assignments and their limits, uploads and the
-quota, verdicts) is `trainer/coordinator.py`'s.
+The routes are `protocol.coordinator.routes`'s (its table says who may call each and what it answers); the messages are
+`protocol.coordinator`'s schemas, the same the nodes' client (`protocol/coordinator/client.py`) reads and writes. What
+is decided here: which route a request takes, reading its body within a limit, who signed it, and how an answer or a
+refusal is written. What the coordinator does with a request (assignments and their limits, uploads and the quota,
+verdicts) is `trainer/coordinator.py`'s.
 
 Every signed request carries the EIP-712 `Request` headers (DESIGN section 5), and the client's declared sha256 of
 its body (`X-Prime-Body-Sha256`, which the signature covers): so a request is authenticated before a byte of its
@@ -14,11 +14,11 @@ address, within a budget), for an upload the signer's quota for its declared siz
 only then is the body streamed, against its size limit and its time (`ConnectionLimits.body_deadline`), and its
 sha256 compared with the declared one (`body_mismatch`; an upload's path names it: `hash_mismatch`). A request
 refused after its nonce was recorded gives the nonce back, so a refused request consumes none, and the nonces are
-kept in a window per signer (`node.signing.NonceCache`). An upload from a client that does not declare the hash is
+kept in a window per signer (`protocol.signing.NonceCache`). An upload from a client that does not declare the hash is
 still authenticated first, by the sha256 its path names; a JSON request without it is read first, as before, but
 only a few such bodies at a time per address and in all (429 `busy` past them). A refusal whose body was not read
 closes the connection. Each refusal is a 4xx JSON body `{"error": code, "message": text}` with its own code
-(`node.protocol.errors`); one worth retrying later has a Retry-After.
+(`protocol.coordinator.errors`); one worth retrying later has a Retry-After.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from node.bodies import HeapTrim, read_body
-from node.metrics import Registry, metrics_response
-from node.protocol import routes
-from node.protocol.errors import STATUS, ErrorBody, ErrorCode, ProtocolError
-from node.protocol.rollouts import AttestationBody, Recorded
-from node.ratelimit import RateLimiter
-from node.safejson import loads_bounded
-from node.signing import (
+from core.bodies import HeapTrim, read_body
+from core.metrics import Registry, metrics_response
+from core.ratelimit import RateLimiter
+from core.safejson import loads_bounded
+from protocol.coordinator import routes
+from protocol.coordinator.errors import STATUS, ErrorBody, ErrorCode, ProtocolError
+from protocol.coordinator.rollouts import AttestationBody, Recorded
+from protocol.signing import (
     HEADER_BODY_HASH,
     NonceCache,
     RequestAuthError,

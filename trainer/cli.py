@@ -17,13 +17,13 @@ import typer
 from core.trace import configure_tracing
 from ledger.cli.common import (
     JsonOption,
+    cli_errors,
     configure_daemon_logging,
     configure_logging,
     print_json,
     stderr_console,
     stdout_console,
 )
-from node.cli.errors import node_cli_errors
 from trainer.precision import Device, Dtype
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ def init_model_command(
 ) -> None:
     """Create the embedded default model: a tiny Qwen2 with a character-level tokenizer, random from the seed."""
     configure_logging()
-    with node_cli_errors():
-        from node.model.loading import model_hash_of, parameter_count
-        from node.model.tiny import init_model
+    with cli_errors():
+        from engine.model.loading import model_hash_of, parameter_count
+        from engine.model.tiny import init_model
 
         started = time.perf_counter()
         path = init_model(out, seed=seed, overwrite=overwrite).resolve()
@@ -100,13 +100,13 @@ def sft_command(
 ) -> None:
     """Warm-start MODEL on the task's worked answers, then report the pass rate before and after."""
     configure_logging()
-    with node_cli_errors():
+    with cli_errors():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from node.model.loading import load_model
-        from node.model.tiny import save_model_dir
-        from node.tasks.sources import open_source
-        from node.tasks.spec import load_task_spec
+        from engine.model.loading import load_model
+        from engine.model.tiny import save_model_dir
+        from protocol.tasks.sources import open_source
+        from protocol.tasks.spec import load_task_spec
         from trainer.evaluate import pass_rate
         from trainer.precision import resolve_precision
         from trainer.sft import SFTConfig, SFTStep, held_out_ids, run_sft
@@ -191,7 +191,7 @@ def run_command(
     It resumes from the newest full state in the run folder. Each step appends a line to metrics.jsonl. Under
     torchrun every rank trains, sharded with FSDP2; rank 0 alone serves, runs the workers and writes the run folder.
     """
-    with node_cli_errors():
+    with cli_errors():
         configure_daemon_logging()
         configure_tracing("trainer")
         from trainer.config import load_run_config
@@ -340,7 +340,7 @@ def replay_command(
     under torchrun every rank trains and rank 0 alone writes there.
     """
     configure_logging()
-    with node_cli_errors():
+    with cli_errors():
         from trainer.distributed import init_distributed, shutdown
         from trainer.learner import LearnerConfig
         from trainer.replay import ReplayConfig, replay
@@ -404,7 +404,7 @@ def plot_command(
 ) -> None:
     """Draw a run's reward curve to PNG: reward and pass rate per step and smoothed, held-out evaluations as points."""
     configure_logging()
-    with node_cli_errors():
+    with cli_errors():
         import warnings
 
         from ledger.cli.common import warn
@@ -458,7 +458,7 @@ def eval_command(
 ) -> None:
     """Held-out pass rate of MODEL: K samples of each of the task's last N problems at the task's sampling."""
     configure_logging()
-    with node_cli_errors():
+    with cli_errors():
         from trainer.evaluate import held_out_pass_rate
 
         if threads:
@@ -506,12 +506,12 @@ def filter_command(
 ) -> None:
     """Keep the problems whose pass rate under MODEL lies in [--min, --max]; write them as a new task spec."""
     configure_logging()
-    with node_cli_errors():
+    with cli_errors():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from node.model.loading import load_model
-        from node.tasks.sources import open_source
-        from node.tasks.spec import load_task_spec, spec_hash
+        from engine.model.loading import load_model
+        from protocol.tasks.sources import open_source
+        from protocol.tasks.spec import load_task_spec, spec_hash
         from trainer.offline_filter import (
             PassBand,
             check_outputs,

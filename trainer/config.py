@@ -12,11 +12,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from node.relay.manifest import FORMAT_VERSION, FORMATS
-from node.tasks.errors import TaskSpecError
-from node.tasks.fields import Fields
-from node.tasks.spec import load_task_spec, spec_hash
-from node.terms import (
+from protocol.tasks.errors import TaskSpecError
+from protocol.tasks.fields import Fields
+from protocol.tasks.spec import load_task_spec, spec_hash
+from protocol.terms import (
     DEFAULT_ASYNC_LEVEL,
     DEFAULT_GROUP_SIZE,
     DEFAULT_MAX_FILE_BYTES,
@@ -24,6 +23,7 @@ from node.terms import (
     MAX_FILE_BYTES,
     PoolTerms,
 )
+from shardcast.manifest import FORMAT_VERSION, FORMATS
 from trainer.api import ApiConfig
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig
@@ -109,7 +109,7 @@ class RunConfig:
 def load_run_config(path: str | Path, *, terms: PoolTerms | None = None, **overrides: Any) -> RunConfig:
     """Reads trainer.toml; `overrides` (command-line flags, None = not given) replace RunConfig fields.
 
-    With `terms` (network mode: the pool's, `node.terms`), a setting that is one of the pool's terms (the async
+    With `terms` (network mode: the pool's, `protocol.terms`), a setting that is one of the pool's terms (the async
     level, the file-size limit, the group shape, the task) takes the pool's value when the TOML leaves it out, and
     one that contradicts the pool is refused naming the key: a trainer with a narrower window than the validators
     would drop files the pool paid for, one with another task would hand out assignments validators refuse.

@@ -1,14 +1,14 @@
 """The coordinator's service (DESIGN section 8): assignments, uploads, verdicts and the pool's published steps.
 
 Plain objects with no HTTP in them: `trainer/api.py` reads the bodies, checks the request signatures and calls
-`CoordinatorService` with the signer, typed messages of `node.protocol` in and out. A refusal is a `Refused`
-carrying its `node.protocol.ErrorCode`; the API answers it with the code's status.
+`CoordinatorService` with the signer, typed messages of `protocol.coordinator` in and out. A refusal is a `Refused`
+carrying its `protocol.coordinator.ErrorCode`; the API answers it with the code's status.
 
 An assignment is answered with the trainer's EIP-712 signature over `Assignment(poolId, node, step, counter,
 prompts, groupSize, taskSpecHash, issuedAt)`, `issuedAt` being the trainer's clock when it signs: the worker writes
 it into the file, and validators refuse a file whose work was not handed out in exactly that shape (one generation
 re-sliced into many files, or a counter never issued), and judge its staleness by that signed time and the chain's
-block time of its submission (node.terms.AssignmentTiming), never by `GET /v1/steps`.
+block time of its submission (protocol.terms.AssignmentTiming), never by `GET /v1/steps`.
 
 Assignments are capped per node and policy step (`files_per_node_per_step`). A request over the cap is held until
 the trainer publishes the next step (at most `hold_seconds`), then answered with that step's assignment, or with
@@ -58,12 +58,12 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 from eth_utils import is_checksum_address
 
-from node.protocol.errors import ErrorCode
-from node.protocol.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
-from node.protocol.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
-from node.serving import ConnectionLimits
-from node.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
-from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window
+from core.serving import ConnectionLimits
+from protocol.coordinator.errors import ErrorCode
+from protocol.coordinator.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
+from protocol.coordinator.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
+from protocol.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
+from protocol.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
 from trainer.in_flight import FilesInFlight
 from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
@@ -80,7 +80,7 @@ _PARSE_CODES = {ErrorCode.MALFORMED_FILE, ErrorCode.TOO_LARGE, ErrorCode.PARSE_T
 class ApiConfig:
     """Limits of the coordinator API."""
 
-    max_upload_bytes: int = DEFAULT_MAX_FILE_BYTES  # the pool's file-size limit (node.terms)
+    max_upload_bytes: int = DEFAULT_MAX_FILE_BYTES  # the pool's file-size limit (protocol.terms)
     max_json_bytes: int = 64 * 1024
     max_skew: float = 300.0  # seconds a signed request's timestamp may be off (DESIGN section 5)
     prompts_per_task: int = 8
@@ -99,15 +99,17 @@ class ApiConfig:
     # derives both from the pool's pace); past either an upload gets 429 quota
     max_stored_bytes_per_node: int = 0
     max_stored_files_per_node: int = 0
-    # the pool's window k (node.terms): a file stops counting k + 1 steps after the step it came at
+    # the pool's window k (protocol.terms): a file stops counting k + 1 steps after the step it came at
     async_level: int = DEFAULT_ASYNC_LEVEL
     parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
-    # the server's connections, header and body timeouts (node.serving); and the bodies read before their signature
+    # the server's connections, header and body timeouts (core.serving); and the bodies read before their signature
     # is checked (from clients that do not declare X-Prime-Body-Sha256), at once per address and in all; 429 above
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     unsigned_bodies_per_address: int = 2
     unsigned_bodies: int = 32
-    max_nonces: int = 100_000  # signed requests' nonces held at once, all signers together (node.signing.NonceCache)
+    max_nonces: int = (
+        100_000  # signed requests' nonces held at once, all signers together (protocol.signing.NonceCache)
+    )
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:

@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from node.rollouts.writer import publish_atomically
+from protocol.rollouts.writer import publish_atomically
 from trainer.errors import TrainerError
 
 COMPACT_AFTER = 100_000  # lines past one per node before the file is rewritten: about 5 MB, an hour of 1,000 nodes

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from node.rollouts import RolloutFile, RolloutFormatError, read_rollouts
-from node.terms import DEFAULT_MAX_FILE_BYTES, step_window
+from protocol.rollouts import RolloutFile, RolloutFormatError, read_rollouts
+from protocol.terms import DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
 from trainer.grpo import keep_group
 

@@ -1,11 +1,11 @@
 """The trainer package's exception tree: every error it raises derives from `TrainerError`.
 
-It is a `NodeError` so that every command's `node_cli_errors` prints a trainer failure as one line.
+It is a `NodeError` so that every command's `cli_errors` prints a trainer failure as one line.
 """
 
 from __future__ import annotations
 
-from node.errors import NodeError
+from core.errors import NodeError
 
 
 class TrainerError(NodeError):

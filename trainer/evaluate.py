@@ -6,15 +6,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.generation.generate import sampling_params
-from node.generation.plan import completion_text, prompt_tokens
-from node.inference.base import GenerationRequest
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel
-from node.tasks.prompts import build_messages, target_length_for
-from node.tasks.rewards import RewardBreakdown, score_completion
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from engine.generate import sampling_params
+from engine.inference.base import GenerationRequest
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel
+from protocol.plan import completion_text, prompt_tokens
+from protocol.tasks.prompts import build_messages, target_length_for
+from protocol.tasks.rewards import RewardBreakdown, score_completion
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,9 @@ def pass_rate(
 def held_out_pass_rate(model: Path, task: Path, *, problems: int, samples: int, seed: int) -> PassRate:
     """`pass_rate` of the model folder on the task's last `problems` problems: the ones SFT holds out, and the
     measure `prime-train eval`, `prime-devnet up` and `benchmarks/learning.py` compare before and after RL."""
-    from node.model.loading import load_model
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
+    from engine.model.loading import load_model
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
 
     spec = load_task_spec(task)
     source = open_source(spec)

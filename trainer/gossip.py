@@ -2,7 +2,7 @@
 
 After the origin publishes a version, `announce` publishes `Checkpoint(poolId, step, manifestHash)` on
 `/prime/<pool>/checkpoints`, signed with the trainer's key under the pool's domain: the same message, and the
-same signature, as the manifest's `X-Shardcast-Signature` (node/relay/trust.py). Workers that hear it prefetch
+same signature, as the manifest's `X-Shardcast-Signature` (shardcast/trust.py). Workers that hear it prefetch
 the step before the coordinator hands it out.
 
 The host also subscribes to the pool's relay, attestation and validator topics. It does nothing with those messages
@@ -19,8 +19,8 @@ import logging
 
 from eth_account.signers.local import LocalAccount
 
-from node.metrics import Registry
-from node.p2p import (
+from core.metrics import Registry
+from p2p import (
     P2PConfig,
     P2PError,
     P2PNode,
@@ -30,9 +30,9 @@ from node.p2p import (
     relays_topic,
     validators_topic,
 )
-from node.relay.manifest import Manifest
-from node.relay.trust import checkpoint_message
-from node.signing import SigningDomain
+from protocol.signing import SigningDomain
+from shardcast.manifest import Manifest
+from shardcast.trust import checkpoint_message
 
 log = logging.getLogger(__name__)
 

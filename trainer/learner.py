@@ -31,8 +31,8 @@ import torch.distributed as dist
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from node.rollouts import RolloutFile
-from node.terms import DEFAULT_ASYNC_LEVEL, step_window
+from protocol.rollouts import RolloutFile
+from protocol.terms import DEFAULT_ASYNC_LEVEL, step_window
 from trainer.data import (
     PromptUnit,
     Sample,
@@ -63,7 +63,7 @@ class LearnerConfig:
     grad_clip: float = 1.0  # max global L2 norm of the gradient
     vector_lr_scale: float = 1.0  # lr multiplier for 1-D parameters (norm gains, biases); 1: one lr for all
     micro_batch_tokens: int = 8192  # tokens per micro-batch before padding (a group's shared prompt counts once)
-    async_level: int = DEFAULT_ASYNC_LEVEL  # k: files from steps >= s - k are trained on at step s (node.terms)
+    async_level: int = DEFAULT_ASYNC_LEVEL  # k: files from steps >= s - k are trained on at step s (protocol.terms)
     temperature: float = 1.0  # the sampling temperature: log-probs are taken of logits / temperature
     loss: GRPOConfig = field(default_factory=GRPOConfig)
     seed: int = 0

@@ -33,13 +33,13 @@ import torch
 
 from core import trace
 from core.heap import release_free_memory
-from node.model.loading import LoadedModel
-from node.model.tiny import save_model_dir
-from node.rollouts import RolloutFile, RolloutFormatError, inspect_rollouts, read_rollouts
-from node.rollouts.writer import write_atomically
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
-from node.terms import DEFAULT_MAX_FILE_BYTES, step_window
+from engine.model.loading import LoadedModel
+from engine.model.tiny import save_model_dir
+from protocol.rollouts import RolloutFile, RolloutFormatError, inspect_rollouts, read_rollouts
+from protocol.rollouts.writer import write_atomically
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
+from protocol.terms import DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
 from trainer.evaluate import pass_rate
 from trainer.inbox import named_work_key

@@ -5,7 +5,7 @@ advantage, no gradient. Measuring each problem's pass rate once, before training
 [low, high] spends the pool's rollouts where there is signal.
 
 The result is a new task spec: a copy of the TOML with `[source] problems = "<name>.problems.txt"` and that list
-of ids beside it. The list is part of the spec hash (node/tasks/filtered_source.py, docs/offline-filter.md), so
+of ids beside it. The list is part of the spec hash (protocol/tasks/filtered_source.py, docs/offline-filter.md), so
 workers and validators that assign problems from it agree, or fail loudly on the hash.
 """
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.model.loading import LoadedModel
-from node.tasks.filtered_source import list_bytes
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec, load_task_spec
+from engine.model.loading import LoadedModel
+from protocol.tasks.problem_list import list_bytes
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec, load_task_spec
 from trainer.errors import TrainerError
 from trainer.evaluate import sample_rewards
 

@@ -1,7 +1,7 @@
 """Parsing uploads off the coordinator's event loop: in child processes with a memory limit and a timeout.
 
 Decoding a rollout file is CPU-bound and its cost is set by a stranger. On the event loop, a 4 KB Parquet bomb held
-every request for 6 s and took 1.3 GB; `read_rollouts` now bounds decoding (node/rollouts/bounds.py), and this
+every request for 6 s and took 1.3 GB; `read_rollouts` now bounds decoding (protocol/rollouts/bounds.py), and this
 module keeps whatever risk is left out of the coordinator's process:
 
 - each parse runs in one of `workers` long-lived child processes (`python -m trainer.parsing`), awaited through
@@ -12,7 +12,7 @@ module keeps whatever risk is left out of the coordinator's process:
 
 The child runs `inspect_rollouts`: every check of `read_rollouts`, without building Python rows, and answers with
 the file's metadata only. Every failure is an `UnparsedUpload` with a code the API answers with (one of
-`node.protocol.ErrorCode`'s).
+`protocol.coordinator.ErrorCode`'s).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from core.exhaustion import Resource, exhausted
-from node.rollouts.meta import RolloutMeta, encode_meta, parse_meta
-from node.rollouts.reader import inspect_rollouts
-from node.rollouts.schema import RolloutFormatError
+from protocol.rollouts.meta import RolloutMeta, encode_meta, parse_meta
+from protocol.rollouts.reader import inspect_rollouts
+from protocol.rollouts.schema import RolloutFormatError
 from trainer.errors import TrainerError
 
 _REQUEST = struct.Struct("<QQ")  # max_bytes, then the body's length; the body follows

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.rollouts.writer import publish_atomically
+from protocol.rollouts.writer import publish_atomically
 from trainer.errors import TrainerError
 
 if TYPE_CHECKING:

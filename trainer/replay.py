@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
-from node.terms import step_window
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
+from protocol.terms import step_window
 from trainer.errors import TrainerError
 from trainer.learner import LearnerConfig, World
 from trainer.loop import RunPaths

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from node.ratelimit import TokenBucket
+from core.ratelimit import TokenBucket
 
 if TYPE_CHECKING:
     from ledger.client import Ledger

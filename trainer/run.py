@@ -33,10 +33,10 @@ from eth_account.signers.local import LocalAccount
 from core import trace
 from core.heap import heap_bytes
 from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
-from node.coordinator import PublishedStep
-from node.signing import SigningDomain
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
+from protocol.coordinator.client import PublishedStep
+from protocol.signing import SigningDomain
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec, spec_hash
 from trainer.api import CoordinatorApi
 from trainer.config import RunConfig, TrainerConfigError
 from trainer.coordinator import STEP_HISTORY, CoordinatorService, PoolState
@@ -53,7 +53,7 @@ from trainer.sharded import open_loop
 from trainer.verdicts import VerdictStore
 
 if TYPE_CHECKING:
-    from node.terms import PoolTerms
+    from protocol.terms import PoolTerms
     from trainer.gossip import TrainerGossip
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class Network:
     pool_id: int
     roles: Roles
     accepted: Uploads  # which files of the inbox may be trained on
-    terms: PoolTerms | None = None  # network mode: the pool's terms (node.terms), which the run's config must keep
+    terms: PoolTerms | None = None  # network mode: the pool's terms (protocol.terms), which the run's config must keep
 
 
 class Uploads(Protocol):
@@ -370,10 +370,10 @@ async def _serve_and_train(
     on_ready: Callable[[str, str], None] | None,
     control: Control | None,
 ) -> RunSummary:
-    from node.relay.origin import Origin
-    from node.relay.server import ShardServer
-    from node.relay.store import ShardStore
-    from node.serving import serve
+    from core.serving import serve
+    from shardcast.origin import Origin
+    from shardcast.server import ShardServer
+    from shardcast.store import ShardStore
 
     paths = RunPaths(config.run_dir)
     world = World() if control is None else control.world
@@ -605,7 +605,7 @@ def follow_training(config: RunConfig, control: Control) -> int:
 def network_from_pool(config: RunConfig, dev_key: int | None) -> Network:
     """Network mode: the pool's ComputePool decides membership; validators' attestations decide acceptance."""
     from ledger.signers import open_ledger
-    from node.pool_spec import read_terms
+    from protocol.pool_spec import read_terms
     from trainer.roles import LedgerRoles
 
     pool = config.pool

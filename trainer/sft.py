@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from node.generation.plan import prompt_tokens
-from node.model.loading import LoadedModel
-from node.tasks.prompts import build_messages
-from node.tasks.sources import Problem, TaskSource
-from node.tasks.spec import TaskSpec
+from engine.model.loading import LoadedModel
+from protocol.plan import prompt_tokens
+from protocol.tasks.prompts import build_messages
+from protocol.tasks.sources import Problem, TaskSource
+from protocol.tasks.spec import TaskSpec
 from trainer.precision import Precision, PrecisionError
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.model.loading import LoadedModel, load_model
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from engine.model.loading import LoadedModel, load_model
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
 from trainer.learner import Learner, LearnerConfig, World
 from trainer.loop import RunPaths, TrainingLoop
 from trainer.precision import Precision

@@ -28,9 +28,9 @@ import sys
 import threading
 from pathlib import Path
 
-from node.protocol.errors import ProtocolError
-from node.protocol.rollouts import AttestationRecord
-from node.safejson import loads_bounded
+from core.safejson import loads_bounded
+from protocol.coordinator.errors import ProtocolError
+from protocol.coordinator.rollouts import AttestationRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The checkpoints a validator holds: a few recent steps, loaded, fetched through SHARDCAST on demand (LRU).
 
 A file is verified with the checkpoint of the step its rows claim. Fetching goes through the pool's sources
-(origin and relays) with the trainer's signature checked (`node.relay.client.fetch_checkpoint`). When a step
+(origin and relays) with the trainer's signature checked (`shardcast.client.fetch_checkpoint`). When a step
 cannot be fetched, it matters why: if every source answered and none offers the step, the trainer has pruned it
 and files of that step can never be verified here (`CheckpointGone`: not the worker's fault, never slashed);
 anything else (a source down, a bad shard) is worth another try later.
@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from core import trace
-from node.model.loading import LoadedModel, load_model
-from node.relay import DownloadFailed, SourceError
-from node.relay.client import STEP_DIR_PREFIX, Source, fetch_checkpoint, list_versions, new_session
-from node.relay.manifest import Manifest, manifest_hash
-from node.relay.trust import TrustPolicy
+from engine.model.loading import LoadedModel, load_model
+from shardcast import DownloadFailed, SourceError
+from shardcast.client import STEP_DIR_PREFIX, Source, fetch_checkpoint, list_versions, new_session
+from shardcast.manifest import Manifest, manifest_hash
+from shardcast.trust import TrustPolicy
 from validator.errors import CheckpointGone
 
 log = logging.getLogger(__name__)

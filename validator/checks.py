@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from core.exhaustion import exhausted
+from engine.inference.sampler import SamplingParams
 from ledger.types import Reason
-from node.generation.plan import Job, PlannedPrompt, completion_text, plan_rollouts
-from node.inference.sampler import SamplingParams
-from node.rollouts import (
+from protocol.plan import Job, PlannedPrompt, completion_text, plan_rollouts
+from protocol.rollouts import (
     NO_TARGET_LENGTH,
     RolloutFile,
     RolloutFormatError,
@@ -27,12 +27,12 @@ from node.rollouts import (
     read_rollouts,
     work_units,
 )
-from node.signing import Assignment, SignatureError, SigningDomain, UntimedAssignment, recover
-from node.tasks.errors import AssignmentError
-from node.tasks.rewards import score_completion
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
-from node.terms import AssignmentTiming, step_window
+from protocol.signing import Assignment, SignatureError, SigningDomain, UntimedAssignment, recover
+from protocol.tasks.errors import AssignmentError
+from protocol.tasks.rewards import score_completion
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
+from protocol.terms import AssignmentTiming, step_window
 from validator.config import ValidatorConfig
 from validator.errors import CouldNotJudge
 from validator.verdict import Verdict, reject
@@ -75,7 +75,7 @@ def parse_file(data: bytes, config: ValidatorConfig) -> RolloutFile | Verdict:
     """The parsed file, or a reason-2 verdict naming the format problem (truncated, corrupt, schema, ...).
 
     The reader calls everything pyarrow raises undecodable data, its own allocation failures included. It bounds
-    what decoding may allocate from the footer and page headers first (node/rollouts/bounds.py), so an allocation
+    what decoding may allocate from the footer and page headers first (protocol/rollouts/bounds.py), so an allocation
     that fails after that is this validator short of memory (or descriptors), never the file: CouldNotJudge.
     """
     try:
@@ -141,7 +141,7 @@ def _bad_meta(detail: str, name: str, expected: Any, found: Any) -> Verdict:
 
 def check_deadline(meta: RolloutMeta, step: int, submitted_at: int, timing: AssignmentTiming) -> Verdict | None:
     """Stale on signed facts alone (reason 4, slashable): the submission's block is stamped later than the issue time
-    the trainer signed plus the pool's assignment lifetime and clock slack (`node.terms.AssignmentTiming`).
+    the trainer signed plus the pool's assignment lifetime and clock slack (`protocol.terms.AssignmentTiming`).
 
     Call it only once the file's assignment signature has checked out: that makes `step` and the issue time the
     trainer's word. A file without a signed issue time (rollout format 2) is never stale by this rule."""
@@ -237,7 +237,7 @@ def plan_for(
 
 def signed_grant(meta: RolloutMeta, step: int, shape: tuple[int, int]) -> Assignment | UntimedAssignment:
     """The assignment message a file claims the trainer signed, rebuilt from the file: with its issue time from
-    format 3 on, without one in format 2 (`node.signing.UntimedAssignment`)."""
+    format 3 on, without one in format 2 (`protocol.signing.UntimedAssignment`)."""
     fields = (meta.pool_id, meta.node, step, meta.counter, shape[0], shape[1], meta.task_spec_hash)
     if meta.assignment_issued_at is None:
         return UntimedAssignment(*fields)

@@ -23,6 +23,7 @@ import click
 import typer
 from rich.text import Text
 
+from core.errors import NodeError
 from core.trace import configure_tracing
 from ledger.cli.common import (
     DEFAULT_DEPLOYMENT,
@@ -33,6 +34,7 @@ from ledger.cli.common import (
     JsonOption,
     KeystoreOption,
     RpcUrlOption,
+    cli_errors,
     configure_daemon_logging,
     configure_logging,
     debug_enabled,
@@ -43,15 +45,13 @@ from ledger.cli.common import (
     stderr_console,
     stdout_console,
 )
-from node.cli.errors import node_cli_errors
-from node.errors import NodeError
-from node.terms import DEFAULT_ASYNC_LEVEL
+from protocol.terms import DEFAULT_ASYNC_LEVEL
 
 if TYPE_CHECKING:
+    from engine.proofs import ProofThresholds
     from ledger.client import Ledger
-    from node.proofs import ProofThresholds
-    from node.tasks.spec import TaskSpec
-    from node.terms import PoolTerms
+    from protocol.tasks.spec import TaskSpec
+    from protocol.terms import PoolTerms
     from validator.config import ValidatorConfig
     from validator.daemon import PoolSetup
     from validator.settings import ValidatorSettings
@@ -124,7 +124,7 @@ def main() -> None:
 
 @contextmanager
 def bad_input_errors() -> Iterator[None]:
-    """Like `node.cli.errors.node_cli_errors`, but exit 2: here exit 1 means "the file was rejected"."""
+    """Like `ledger.cli.common.cli_errors`, but exit 2: here exit 1 means "the file was rejected"."""
     try:
         yield
     except BAD_INPUT_ERRORS as exc:
@@ -206,10 +206,10 @@ def file_command(
         key = parse_bytes32(work_key, what="--work-key") if work_key is not None else None
         import torch
 
-        from node.model.loading import load_model
-        from node.proofs import ProofThresholds
-        from node.tasks.sources import open_source
-        from node.tasks.spec import load_task_spec
+        from engine.model.loading import load_model
+        from engine.proofs import ProofThresholds
+        from protocol.tasks.sources import open_source
+        from protocol.tasks.spec import load_task_spec
         from validator.verify import Expected, verify_file
 
         spec = load_task_spec(task)
@@ -233,7 +233,7 @@ def file_command(
 
 
 def _preset(thresholds: ThresholdPreset) -> ProofThresholds:
-    from node.proofs import ProofThresholds
+    from engine.proofs import ProofThresholds
 
     presets = {
         ThresholdPreset.CPU_FP32: ProofThresholds.cpu_fp32,
@@ -252,7 +252,7 @@ def _precision_config(
 ) -> ValidatorConfig:
     """The config of the task's precision on the chosen device: the tolerances calibrated for it, the preset's
     TOPLOC limits when one is named. A dtype that is not the task's is refused: nothing is calibrated for it."""
-    from node.inference.select import resolve_device
+    from engine.inference.select import resolve_device
     from validator.config import ValidatorConfig
 
     wanted = spec.sampling.dtype
@@ -342,11 +342,11 @@ def run_command(
     configs/validator.toml shows them; a flag overrides the file."""
     configure_daemon_logging()
     configure_tracing("validator")
-    with node_cli_errors():
+    with cli_errors():
         import asyncio
 
+        from core.signals import run_until_signalled
         from ledger.cli.common import open_ledger
-        from node.daemon.signals import run_until_signalled
         from validator.daemon import ValidatorDaemon
         from validator.settings import ValidatorSettings
 
@@ -416,9 +416,9 @@ def run_command(
 
 
 def _pool_setup(ledger: Ledger, pool: int, settings: ValidatorSettings) -> tuple[PoolSetup, PoolTerms, tuple[str, ...]]:
-    """The pool's terms (node.terms: from the chain and the pool spec at its specURI), where its parts are (the
+    """The pool's terms (protocol.terms: from the chain and the pool spec at its specURI), where its parts are (the
     flags, else the spec), and its bootstrap peers (the spec's)."""
-    from node.tasks.spec import load_task_spec
+    from protocol.tasks.spec import load_task_spec
     from validator.daemon import PoolSetup
 
     joined = settings.resolve(ledger.pool(pool))
@@ -441,7 +441,7 @@ def rejections_command(
     json_output: JsonOption = False,
 ) -> None:
     """List the files this validator rejected: work key, node, reason, detail, and the invalidation."""
-    with node_cli_errors():
+    with cli_errors():
         from validator.store import ValidatorStore
 
         store = ValidatorStore.open_existing(state)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from node.proofs import ProofThresholds
-from node.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
-from node.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, MAX_ASYNC_LEVEL, MAX_FILE_BYTES
+from engine.proofs import ProofThresholds
+from protocol.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
+from protocol.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, MAX_ASYNC_LEVEL, MAX_FILE_BYTES
 from validator.errors import ValidatorError
 
 MAX_PREFILL_BATCH = 1024
@@ -49,7 +49,7 @@ class ValidatorConfig:
     """How strictly a validator checks files, and how much it is willing to read."""
 
     # Files from steps >= current - async_level are accepted (DESIGN section 8), in [0, MAX_ASYNC_LEVEL].
-    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's term (node.terms)
+    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's term (protocol.terms)
     # TOPLOC limits per 32-token chunk; cpu_fp32 for a float32 CPU validator, gpu_bf16 on a bf16 GPU.
     thresholds: ProofThresholds = field(default_factory=ProofThresholds.cpu_fp32)
     # Gumbel-score slack (logits / T units) when re-checking sampled tokens, in [0, 1]. Float32 CPU decode and
@@ -115,7 +115,7 @@ class ValidatorConfig:
         if not (_is_int(self.async_level) and 0 <= self.async_level <= MAX_ASYNC_LEVEL):
             raise ValidatorConfigError("async_level", self.async_level, f"an integer in [0, {MAX_ASYNC_LEVEL}]")
         if not isinstance(self.thresholds, ProofThresholds):
-            raise ValidatorConfigError("thresholds", self.thresholds, "a node.proofs.ProofThresholds")
+            raise ValidatorConfigError("thresholds", self.thresholds, "a engine.proofs.ProofThresholds")
         if not (_is_number(self.sampling_margin) and 0 <= self.sampling_margin <= 1):
             raise ValidatorConfigError("sampling_margin", self.sampling_margin, "a number in [0, 1]")
         if not (_is_number(self.logprob_atol) and 0 < self.logprob_atol <= 1):

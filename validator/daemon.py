@@ -10,7 +10,7 @@ One loop, one submission at a time (DESIGN section 1, step 5):
 3. verify it (`validator.verify.verify_file`) with the checkpoint of the step its rows claim, fetched through
    SHARDCAST on demand (`validator.checkpoints`). Staleness is judged twice. On signed facts: the file's assignment,
    signed by the trainer with its step and issue time, against the submission's block timestamp and the pool's
-   assignment lifetime (`node.terms.AssignmentTiming`); past that deadline the file is stale and slashed. On the
+   assignment lifetime (`protocol.terms.AssignmentTiming`); past that deadline the file is stale and slashed. On the
    coordinator's word: the pool's step at the time of the submission (the newest step of the coordinator's
    unsigned `GET /v1/steps` published by the submission's block timestamp), so that a validator catching up on a
    backlog judges each file by the window its worker had; outside that window a file is refused (borderline),
@@ -49,27 +49,27 @@ from aiohttp import web
 
 from core import trace
 from core.exhaustion import exhausted
+from core.metrics import Registry, serve_metrics
+from engine.model.loading import LoadedModel
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
 from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted, default_confirmations
 from ledger.tx import with_retries
 from ledger.types import Reason, WorkStatus
 from ledger.validators import ValidatorSet
-from node.coordinator import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
-from node.metrics import Registry, serve_metrics
-from node.model.loading import LoadedModel
-from node.relay.trust import TrustPolicy
-from node.rollouts import read_rollouts
-from node.rollouts.schema import RolloutFormatError
-from node.rollouts.writer import publish_atomically
-from node.signing import Attestation, SigningDomain
-from node.tasks.sources import open_source
-from node.tasks.spec import TaskSpec, spec_hash
-from node.terms import (
+from protocol.coordinator.client import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
+from protocol.rollouts import read_rollouts
+from protocol.rollouts.schema import RolloutFormatError
+from protocol.rollouts.writer import publish_atomically
+from protocol.signing import Attestation, SigningDomain
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import TaskSpec, spec_hash
+from protocol.terms import (
     DEFAULT_TIMING,
     AssignmentTiming,
     challenge_closes_at,
 )
+from shardcast.trust import TrustPolicy
 from validator.checkpoints import Checkpoints
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
@@ -95,8 +95,8 @@ from validator.verdict import Verdict, reject
 from validator.verify import Expected, verify_file
 
 if TYPE_CHECKING:
-    from node.p2p import ValidatorHeartbeat
-    from node.signing import Attestation as SignedAttestation
+    from p2p import ValidatorHeartbeat
+    from protocol.signing import Attestation as SignedAttestation
     from validator.gossip import ValidatorGossip
 
 log = logging.getLogger("validator.daemon")
@@ -115,8 +115,9 @@ class PoolSetup:
     coordinator: str
     checkpoints: tuple[str, ...]  # SHARDCAST sources: the origin and relays
     task: TaskSpec
-    replication: int = 1  # validators that check each key (the pool's term, node.terms.PoolTerms.replication)
-    # the assignments' lifetime and clock slack (the pool's terms, node.terms.PoolTerms.timing): what makes a file stale
+    replication: int = 1  # validators that check each key (the pool's term, protocol.terms.PoolTerms.replication)
+    # the assignments' lifetime and clock slack (the pool's terms, protocol.terms.PoolTerms.timing): what makes a
+    # file stale
     timing: AssignmentTiming = DEFAULT_TIMING
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
+from core.errors import NodeError
 from core.exhaustion import exhausted
-from node.errors import NodeError
 
 
 class ValidatorError(NodeError):

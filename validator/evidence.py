@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.proofs import ProofThresholds
-from node.rollouts.writer import publish_atomically
-from node.signing import SigningDomain
-from node.terms import AssignmentTiming
+from engine.proofs import ProofThresholds
+from protocol.rollouts.writer import publish_atomically
+from protocol.signing import SigningDomain
+from protocol.terms import AssignmentTiming
 from validator.config import ValidatorConfig
 from validator.errors import ValidatorError
 from validator.verdict import Verdict

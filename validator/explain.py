@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from node.model.loading import LoadedModel, load_model
-from node.tasks.spec import load_task_spec, spec_hash
+from engine.model.loading import LoadedModel, load_model
+from protocol.tasks.spec import load_task_spec, spec_hash
 from validator.errors import ValidatorError
 from validator.evidence import Kept
 from validator.verdict import Verdict

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 
 from eth_account.signers.local import LocalAccount
 
-from node.metrics import Registry
-from node.p2p import (
+from core.metrics import Registry
+from p2p import (
     P2PConfig,
     P2PError,
     P2PNode,
@@ -32,8 +32,8 @@ from node.p2p import (
     attestations_topic,
     validators_topic,
 )
-from node.p2p.bootstrap import dial_bootstrap, keep_bootstrapped
-from node.signing import Attestation, SigningDomain
+from p2p.bootstrap import dial_bootstrap, keep_bootstrapped
+from protocol.signing import Attestation, SigningDomain
 
 log = logging.getLogger("validator.daemon")
 

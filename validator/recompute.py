@@ -1,6 +1,6 @@
 """The last and costliest check: recompute every completion with the checkpoint and compare.
 
-One prefill of prompt + completion per row (`node.model.forward.forward_hidden`) gives the hidden states the
+One prefill of prompt + completion per row (`engine.model.forward.forward_hidden`) gives the hidden states the
 TOPLOC proofs commit to and the logits the seeded sampler chose from; a row passes when its proof verifies
 within the thresholds and every sampled token and log-prob is the one those logits give.
 
@@ -24,12 +24,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from engine.inference.sampler import SamplingParams, check_logprobs, check_sampled, claimed_gaps
+from engine.model.forward import forward_hidden
+from engine.model.loading import LoadedModel
+from engine.proofs import ChunkResult, ProofCheck, ProofThresholds, verify_proof
 from ledger.types import Reason
-from node.inference.sampler import SamplingParams, check_logprobs, check_sampled, claimed_gaps
-from node.model.forward import forward_hidden
-from node.model.loading import LoadedModel
-from node.proofs import ChunkResult, ProofCheck, ProofThresholds, verify_proof
-from node.rollouts import RolloutMeta, RolloutRow
+from protocol.rollouts import RolloutMeta, RolloutRow
 from validator.checks import MODEL
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict, reject

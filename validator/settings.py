@@ -1,7 +1,7 @@
 """`ValidatorSettings`: what `prime-validate run` reads from validator.toml's `[validator]` table and its flags.
 
 Every field is declared once here (core.config): its TOML key, type, default, bounds and flag; those every daemon
-shares (state and where the pool's parts are) in node.pool_spec.DaemonSettings. The file overrides the defaults
+shares (state and where the pool's parts are) in protocol.pool_spec.DaemonSettings. The file overrides the defaults
 and a flag overrides the file; relative paths in the file are resolved against its folder; unknown keys, wrong types
 and values out of bounds are refused naming the file and the key, or the flag. A field that is also a
 `ValidatorConfig` field has that field's name (`grace_seconds`, whose TOML key and flag are `grace`) and its default;
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from core.config import setting
-from node.pool_spec import DaemonSettings, state_setting
-from node.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES
+from protocol.pool_spec import DaemonSettings, state_setting
+from protocol.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES
 from validator.config import MAX_GRACE_SECONDS, MAX_JUDGE_ATTEMPTS, MAX_PREFILL_BATCH, ValidatorConfig
 
 THRESHOLD_PRESETS = ("cpu-fp32", "bf16", "gpu-bf16")  # validator.cli.ThresholdPreset's values

@@ -5,7 +5,7 @@ only its share, so K validators check K times the files one could, and none veri
 judged. The split is rendezvous hashing (highest random weight): every validator ranks the appointed
 validators for a key by `sha256(work key || validator address)`, the same ranking on every machine, and the key
 belongs to the first `replication` of them that are alive (`replicas`). The pool's spec fixes `replication`
-(`node.terms.PoolTerms.replication`), so every validator splits alike.
+(`protocol.terms.PoolTerms.replication`), so every validator splits alike.
 
 - **Every key has exactly one primary**, the first live validator of its ranking; with `replication` r, the next
   r - 1 live ones check it too, and the trainer trains on it once `min_attestations` distinct validators accepted.

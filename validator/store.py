@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from node.statedb import connect, open_bound
+from core.statedb import connect, open_bound
 from validator.errors import ValidatorStateError
 from validator.verdict import Verdict
 

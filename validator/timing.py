@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from node.coordinator import PublishedStep
+from protocol.coordinator.client import PublishedStep
 
 T = TypeVar("T")
 MAX_RETRY_SECONDS = 30.0  # longest wait before a row that failed for a passing reason is tried again

@@ -25,13 +25,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from node.generation.generate import sampling_params
-from node.model.loading import LoadedModel
-from node.rollouts import work_units
-from node.signing import SigningDomain
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, spec_hash
-from node.terms import AssignmentTiming
+from engine.generate import sampling_params
+from engine.model.loading import LoadedModel
+from protocol.rollouts import work_units
+from protocol.signing import SigningDomain
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, spec_hash
+from protocol.terms import AssignmentTiming
 from validator import checks, recompute
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.errors import CouldNotJudge, Unjudged

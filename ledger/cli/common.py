@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from core.errors import CoreError, one_line
+from core.errors import CoreError, NodeError, one_line
 from core.errors import InputError as CommandError
 from core.hexids import parse_address, parse_bytes32
 from core.logs import DEBUG_ENV_VAR, configure_daemon_logging, configure_logging, debug_enabled
@@ -77,7 +77,7 @@ DEFAULT_DEPLOYMENT = Path("deployment.json")
 
 # Known errors: the ones a person fixes by changing input, files or flags, not code. `CommandError` (a flag that
 # is missing, malformed or does not fit with another) is core's `InputError`, a `CoreError`.
-KNOWN_ERRORS: tuple[type[Exception], ...] = (CoreError, LedgerError, OSError, ValueError)
+KNOWN_ERRORS: tuple[type[Exception], ...] = (CoreError, NodeError, LedgerError, OSError, ValueError)
 
 
 # --- errors ------------------------------------------------------------------------------------------

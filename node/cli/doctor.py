@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from ledger.cli.common import DEPLOYMENT_ENV_VAR, JsonOption, RpcUrlOption, print_json, stdout_console
-from node.cli.errors import node_cli_errors
+from ledger.cli.common import DEPLOYMENT_ENV_VAR, JsonOption, RpcUrlOption, cli_errors, print_json, stdout_console
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -52,7 +51,7 @@ def doctor(
     json_output: JsonOption = False,
 ) -> None:
     """Check Python, torch, GPU, memory, disk, Docker, ports, chain and relays, then self-test a rollout file."""
-    with node_cli_errors():
+    with cli_errors():
         from node.doctor.checks import DEFAULT_STATE_DIR, DoctorConfig
         from node.doctor.runner import run_checks
 

@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ledger.cli.common import CommandError, JsonOption, parse_address, print_json, stdout_console
-from node.cli.errors import node_cli_errors
+from ledger.cli.common import CommandError, JsonOption, cli_errors, parse_address, print_json, stdout_console
 from node.cli.inference import BackendOption, DeviceOption
 
 generate_app = typer.Typer()
@@ -45,19 +44,19 @@ def generate(
     json_output: JsonOption = False,
 ) -> None:
     """Generate G completions for each of N assigned prompts, score them, prove them, write FILE."""
-    with node_cli_errors():
+    with cli_errors():
         address = parse_address(node, what="--node")
         import torch
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from engine.generate import generate_rollouts
+        from engine.inference.select import choose, open_backend
+        from engine.model.loading import load_model
         from node.daemon.faults import Fault, falsify, on_load_for
-        from node.generation.generate import generate_rollouts
-        from node.generation.plan import Job
-        from node.inference.select import choose, open_backend
-        from node.model.loading import load_model
-        from node.rollouts import write_rollouts
-        from node.tasks.sources import open_source
-        from node.tasks.spec import load_task_spec
+        from protocol.plan import Job
+        from protocol.rollouts import write_rollouts
+        from protocol.tasks.sources import open_source
+        from protocol.tasks.spec import load_task_spec
 
         try:
             fault = Fault(simulate_fault) if simulate_fault is not None else None

@@ -1,10 +1,10 @@
-"""The `--backend` and `--device` options every command that generates takes (node.inference.select)."""
+"""The `--backend` and `--device` options every command that generates takes (engine.inference.select)."""
 
 from __future__ import annotations
 
 import typer
 
-from node.inference.select import BACKENDS, DEVICES
+from engine.inference.select import BACKENDS, DEVICES
 
 BackendOption = typer.Option(
     "--backend",

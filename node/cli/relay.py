@@ -26,20 +26,20 @@ from ledger.cli.common import (
     DeploymentOption,
     DevKeyOption,
     KeystoreOption,
+    cli_errors,
     configure_daemon_logging,
     parse_address,
     require_signer,
     stderr_console,
     stdout_console,
 )
-from node.cli.errors import node_cli_errors
-from node.relay import trace
-from node.relay.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS
-from node.relay.store import RELAY_MEMORY_MIB
+from shardcast import trace
+from shardcast.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS
+from shardcast.store import RELAY_MEMORY_MIB
 
 if TYPE_CHECKING:
-    from node.relay.server import ServerLimits
-    from node.signing import SigningDomain
+    from protocol.signing import SigningDomain
+    from shardcast.server import ServerLimits
 
 relay_app = typer.Typer()
 
@@ -60,14 +60,14 @@ ClientRateOption = Annotated[
 
 def _domain(deployment: Path) -> SigningDomain:
     from ledger.deployment import Deployment
-    from node.signing import SigningDomain
+    from protocol.signing import SigningDomain
 
     loaded = Deployment.load(deployment)
     return SigningDomain(loaded.chain_id, loaded.address("ComputePool"))
 
 
 def _limits(max_connections: int, max_per_client: int, client_rate: float) -> ServerLimits:
-    from node.relay.server import ServerLimits
+    from shardcast.server import ServerLimits
 
     return ServerLimits(
         max_connections=max_connections, max_per_client=max_per_client, client_rate=client_rate * 1_000_000
@@ -128,7 +128,7 @@ def origin(
     client_rate: ClientRateOption = 0.0,
 ) -> None:
     """Serve signed checkpoints: publish every step_<N>/ directory that appears in --watch (rename it in)."""
-    with node_cli_errors():
+    with cli_errors():
         configure_daemon_logging()
         trace.set_role("origin")
         domain = _domain(deployment)
@@ -136,9 +136,9 @@ def origin(
         if not watch.is_dir():
             raise CommandError(f"--watch {watch} is not a directory")
         limits = _limits(max_connections, max_per_client, client_rate)
-        from node.relay.origin import Origin
-        from node.relay.server import ShardServer
-        from node.relay.store import ShardStore
+        from shardcast.origin import Origin
+        from shardcast.server import ShardServer
+        from shardcast.store import ShardStore
 
         async def main() -> None:
             server = ShardServer(ShardStore(data), role="origin", limits=limits)
@@ -200,20 +200,20 @@ def relay(
     ] = "pressed",
 ) -> None:
     """Mirror checkpoints from upstream servers and serve them, each shard verified before it is served."""
-    with node_cli_errors():
+    with cli_errors():
         configure_daemon_logging()
         trace.set_role("relay")
         policy = None
         if trainer is not None:
-            from node.relay.trust import TrustPolicy
+            from shardcast.trust import TrustPolicy
 
             policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"))
         limits = _limits(max_connections, max_per_client, client_rate)
         if memory_when not in ("pressed", "always"):
             raise CommandError(f"--memory-when must be pressed or always, got {memory_when!r}")
-        from node.relay.mirror import Mirror
-        from node.relay.server import ShardServer
-        from node.relay.store import ShardStore, page_cache_pressed
+        from shardcast.mirror import Mirror
+        from shardcast.server import ShardServer
+        from shardcast.store import ShardStore, page_cache_pressed
 
         hold = page_cache_pressed if memory_when == "pressed" else (lambda size: True)
 
@@ -259,18 +259,18 @@ def fetch_weights(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Download a checkpoint from several servers at once, verify it, publish it atomically; print its path."""
-    with node_cli_errors():
+    with cli_errors():
         configure_daemon_logging(logging.WARNING)  # a dropped source is worth a line; progress is the bar
         trace.set_role("client")
         wanted = _parse_step(step)
         if after is not None and wanted is not None:
             raise CommandError("--after waits for the newest version: use it with --step latest")
-        from node.relay.trust import TrustPolicy
+        from shardcast.trust import TrustPolicy
 
         policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"), pool)
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        from node.relay.client import fetch_checkpoint
+        from shardcast.client import fetch_checkpoint
 
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
         fetched: list[tuple[Any, int]] = []  # (manifest, bytes already there) once a download starts

@@ -1,7 +1,7 @@
 """`prime-node start`: the worker daemon (node/daemon/worker.py) from flags, an optional node.toml, and the chain.
 
 Where the pool's parts are (coordinator, checkpoint sources, task) comes from the pool spec at the pool's
-`specURI` on chain (node/pool_spec.py); `--coordinator`, `--checkpoints` and `--task` override it, and are needed
+`specURI` on chain (protocol/pool_spec.py); `--coordinator`, `--checkpoints` and `--task` override it, and are needed
 for a pool without a spec. Flags override the config file (`configs/node.toml` documents every field), which
 overrides the defaults; every setting is declared once, with its default and bounds, in `node.config.NodeConfig`.
 """
@@ -23,12 +23,12 @@ from ledger.cli.common import (
     KeystoreOption,
     RpcUrlOption,
     check_key_flags,
+    cli_errors,
     configure_daemon_logging,
     load_signer,
     open_ledger,
     parse_tokens,
 )
-from node.cli.errors import node_cli_errors
 from node.cli.inference import BackendOption, DeviceOption
 
 if TYPE_CHECKING:
@@ -150,13 +150,13 @@ def start(
     """Work for pool N: fetch the newest policy, generate rollouts with proofs, upload them, submit them on chain."""
     configure_daemon_logging()
     configure_tracing("worker")
-    with node_cli_errors():
+    with cli_errors():
         import asyncio
 
+        from core.signals import run_until_signalled
         from node.config import NodeConfig
         from node.daemon.chain import LedgerWorkChain
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
-        from node.daemon.signals import run_until_signalled
         from node.daemon.worker import WorkerDaemon, WorkerSettings
         from node.dashboard.worker import worker_dashboard
 

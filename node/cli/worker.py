@@ -37,7 +37,7 @@ from ledger.cli.common import (
 )
 from ledger.errors import ContractRevert
 from ledger.types import Ejection, WorkRecord, WorkStatus
-from node.terms import challenge_closes_at, work_state
+from protocol.terms import challenge_closes_at, work_state
 
 if TYPE_CHECKING:
     from ledger.client import Ledger

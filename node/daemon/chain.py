@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from web3.exceptions import TransactionNotFound
 
-from node.signing import SigningDomain
+from protocol.signing import SigningDomain
 
 if TYPE_CHECKING:
     from ledger.client import Ledger

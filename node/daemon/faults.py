@@ -30,18 +30,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from core.errors import NodeError
+from engine.model.loading import LoadedModel
 from node.daemon.state import FileRecord
 from node.daemon.worker import ServeDashboard, WorkerDaemon, WorkerSettings
-from node.errors import NodeError
-from node.model.loading import LoadedModel
-from node.rollouts import RolloutRow
-from node.terms import step_window
+from protocol.rollouts import RolloutRow
+from protocol.terms import step_window
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from node.daemon.chain import WorkChain
-    from node.terms import StepWindow
+    from protocol.terms import StepWindow
 
 DEVNET_CHAIN_ID = 31337
 WRONG_MODEL_NOISE = 0.01  # relative to each tensor's own scale

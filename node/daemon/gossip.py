@@ -1,11 +1,11 @@
 """The worker's gossip: checkpoint announcements to prefetch, relay adverts to fetch from (docs/worker.md).
 
-Service layer over `node.p2p.P2PNode` (DESIGN section 10):
+Service layer over `p2p.P2PNode` (DESIGN section 10):
 - `/prime/<pool>/checkpoints`: an announcement signed by the pool's trainer of a step newer than the weights
   held starts a background `Weights.hold(step)`, so the next assignment of that step finds it loaded. Any
   other signer is ignored (the transport only proved the signer is the sending peer, not that it may sign).
 - `/prime/<pool>/relays`: each advertised http(s) URL is offered to the checkpoint sources' `SourcePool`, which
-  caps, scores and expires learned sources (node/relay/sources.py: a hostile advert costs at most a few failed
+  caps, scores and expires learned sources (shardcast/sources.py: a hostile advert costs at most a few failed
   fetches, never an honest source's ban); with `--relay` this node advertises its own relay every `ADVERT_EVERY_S`.
 
 Gossip only ever helps: every failure here is logged, and the loop of `node.daemon.worker` goes on without it.
@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from node.daemon.weights import Weights
-from node.p2p import P2PError, P2PNode, Received, RelayAdvert, checkpoints_topic, relays_topic
-from node.p2p.bootstrap import dial_bootstrap, keep_bootstrapped
-from node.relay.sources import SourcePool
-from node.signing import Checkpoint, SignatureError
+from p2p import P2PError, P2PNode, Received, RelayAdvert, checkpoints_topic, relays_topic
+from p2p.bootstrap import dial_bootstrap, keep_bootstrapped
+from protocol.signing import Checkpoint, SignatureError
+from shardcast.sources import SourcePool
 
 log = logging.getLogger("node.worker")
 

@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.errors import NodeError
+from core.signals import run_until_signalled
 from core.trace import configure_tracing
 from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
-from node.daemon.signals import run_until_signalled
-from node.errors import NodeError
-from node.signing import SigningDomain
-from node.terms import DEFAULT_ASYNC_LEVEL
+from protocol.signing import SigningDomain
+from protocol.terms import DEFAULT_ASYNC_LEVEL
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount

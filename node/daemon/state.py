@@ -24,8 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.errors import NodeError
-from node.statedb import open_bound
+from core.errors import NodeError
+from core.statedb import open_bound
 
 STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "refused", "expired")
 # The detail of a file a validator refused on chain (`refuseWork`): the chain gives no more.

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from core import trace
-from node.model.loading import LoadedModel, load_model
-from node.relay.client import fetch_checkpoint
-from node.relay.manifest import manifest_hash
-from node.relay.sources import SourcePool
-from node.relay.trust import TrustPolicy
+from engine.model.loading import LoadedModel, load_model
+from shardcast.client import fetch_checkpoint
+from shardcast.manifest import manifest_hash
+from shardcast.sources import SourcePool
+from shardcast.trust import TrustPolicy
 
 
 class Weights:

@@ -9,7 +9,7 @@ One iteration (DESIGN section 1, steps 2 to 4):
 3. generate the file with proofs (the code of `prime-node generate`), write it into the state folder, record it;
 4. upload it (signed; idempotent), record that;
 5. submit uploaded files on chain, `submit_batch` at a time or after `submit_every` seconds, never a file whose
-   assignment has expired by this node's clock or the chain head's (`node.terms.AssignmentTiming.submit_by`:
+   assignment has expired by this node's clock or the chain head's (`protocol.terms.AssignmentTiming.submit_by`:
    validators would reject it as stale and slash the stake) nor one whose step has left the pool's window (nobody
    trains on it): it expires instead;
 6. follow the chain: invalidations of its files (with the reason), and, when `claim` is on, claim the rewards
@@ -43,8 +43,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from core import trace
+from core.errors import NodeError
+from core.metrics import Registry, serve_metrics
+from engine.generate import generate_rollouts
+from engine.inference.select import Engine, choose
+from engine.model.loading import LoadedModel
 from ledger.types import WorkStatus
-from node.coordinator import (
+from node.daemon.state import REFUSED_DETAIL, FileRecord, WorkerState
+from node.daemon.weights import Weights
+from protocol.coordinator.client import (
     CoordinatorBusy,
     CoordinatorClient,
     CoordinatorRefused,
@@ -52,22 +59,13 @@ from node.coordinator import (
     NoWorkYet,
     Upload,
 )
-from node.daemon.state import REFUSED_DETAIL, FileRecord, WorkerState
-from node.daemon.weights import Weights
-from node.errors import NodeError
-from node.generation.generate import generate_rollouts
-from node.generation.plan import Job
-from node.inference.select import Engine, choose
-from node.metrics import Registry, serve_metrics
-from node.model.loading import LoadedModel
-from node.relay.sources import SourcePool
-from node.relay.trust import TrustPolicy
-from node.rollouts import RolloutRow, encode_rollouts
-from node.rollouts.writer import publish_atomically
-from node.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec, spec_hash
-from node.terms import (
+from protocol.plan import Job
+from protocol.rollouts import RolloutRow, encode_rollouts
+from protocol.rollouts.writer import publish_atomically
+from protocol.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec, spec_hash
+from protocol.terms import (
     DEFAULT_ASYNC_LEVEL,
     DEFAULT_CLOCK_SLACK,
     DEFAULT_MAX_FILE_BYTES,
@@ -76,14 +74,16 @@ from node.terms import (
     step_window,
     work_state,
 )
+from shardcast.sources import SourcePool
+from shardcast.trust import TrustPolicy
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from node.daemon.chain import WorkChain
     from node.daemon.gossip import WorkerGossip
-    from node.relay.server import ShardServer
-    from node.terms import StepWindow
+    from protocol.terms import StepWindow
+    from shardcast.server import ShardServer
 
 log = logging.getLogger("node.worker")
 
@@ -109,10 +109,10 @@ class WorkerSettings:
     coordinator: str
     checkpoints: tuple[str, ...]
     task: Path
-    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's terms (node.terms), as `prime-node start` read them
+    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's terms (protocol.terms), as `prime-node start` read them
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     # the pool's terms too: seconds from an assignment's signed issue time to its file on chain (None: from the async
-    # level) and the pool's clock slack (node.terms.AssignmentTiming)
+    # level) and the pool's clock slack (protocol.terms.AssignmentTiming)
     assignment_lifetime: int | None = None
     clock_slack: int = DEFAULT_CLOCK_SLACK
     batch_size: int = 64  # sequences decoded together
@@ -134,7 +134,7 @@ class WorkerSettings:
     p2p_host: str = "127.0.0.1"
     p2p_port: int | None = None  # None: no gossip; else a libp2p host on this port (0: any free one)
     bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs dialled at start (the pool spec's)
-    backend: str = "auto"  # auto | vllm | torch (node.inference.select)
+    backend: str = "auto"  # auto | vllm | torch (engine.inference.select)
     device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self) -> None:
@@ -313,7 +313,7 @@ class WorkerDaemon:
         made, failures = 0, 0
         unreachable_since: float | None = None  # since when the coordinator has not answered
         try:
-            # a session of its own: every call timed and bounded (node.coordinator.ClientLimits)
+            # a session of its own: every call timed and bounded (protocol.coordinator.client.ClientLimits)
             async with CoordinatorClient.connect(
                 settings.coordinator, self.account, domain, pool_id=settings.pool_id
             ) as coordinator:
@@ -642,9 +642,9 @@ class WorkerDaemon:
         """With `relay_port`, mirrors the pool's checkpoint sources into the state folder and serves them on."""
         if self.settings.relay_port is None:
             return None
-        from node.relay.mirror import Mirror
-        from node.relay.server import ShardServer
-        from node.relay.store import RELAY_MEMORY_MIB, ShardStore
+        from shardcast.mirror import Mirror
+        from shardcast.server import ShardServer
+        from shardcast.store import RELAY_MEMORY_MIB, ShardStore
 
         store = ShardStore(self.settings.state_dir / "relay", memory_bytes=RELAY_MEMORY_MIB << 20)
         server = ShardServer(store, role="relay")
@@ -675,7 +675,7 @@ class WorkerDaemon:
         if settings.p2p_port is None:
             return None
         from node.daemon.gossip import WorkerGossip  # libp2p takes a second or two to import
-        from node.p2p import P2PConfig, P2PNode
+        from p2p import P2PConfig, P2PNode
 
         config = P2PConfig(listen_host=settings.p2p_host, listen_port=settings.p2p_port)
         node = P2PNode(self.account, domain, config, registry=self.metrics)

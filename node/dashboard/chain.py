@@ -18,7 +18,7 @@ from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated, WorkRefused
 from ledger.types import Ejection, PoolConfig, WorkRecord, WorkStatus
 from node.dashboard.model import ChainReading
-from node.terms import work_state
+from protocol.terms import work_state
 
 
 class WorkerChain:

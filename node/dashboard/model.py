@@ -25,7 +25,7 @@ from ledger.events import WorkInvalidated, WorkRefused
 from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
 from ledger.units import format_amount
 from node.daemon.state import STAGES, FileRecord
-from node.terms import challenge_closes_at, work_state
+from protocol.terms import challenge_closes_at, work_state
 
 THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate averages over
 MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from core.serving import serve
 from node.dashboard.page import PAGE
-from node.serving import serve
 
 log = logging.getLogger("node.dashboard")
 
@@ -66,5 +66,5 @@ def make_app(source: DashboardSource) -> web.Application:
 
 async def serve_dashboard(source: DashboardSource, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Serves the dashboard on `port` (0: any free one). Returns the runner (`cleanup()` stops it) and its URL."""
-    served = await serve(make_app(source), host, port, name="dashboard")  # bounded connections (node.serving)
+    served = await serve(make_app(source), host, port, name="dashboard")  # bounded connections (core.serving)
     return served.runner, f"http://{host}:{served.port}"

@@ -6,7 +6,7 @@ measured value, and for warn and fail the line that fixes it. The checks, in ord
     python -> torch -> gpu -> vllm -> memory -> disk -> docker -> ports -> chain -> sources -> self-test
 
 The last one runs the worker's real path end to end on the embedded tiny model: generate a rollout file with
-TOPLOC proofs (`node.generation`, as `prime-node generate` does), then hand it to the validator's own command,
+TOPLOC proofs (`engine.generate`, as `prime-node generate` does), then hand it to the validator's own command,
 `python -m validator.cli file`, in a child process. A child process, not an import: imports point
 `ledger <- node <- validator` (DESIGN section 2), so node may not import validator; and a fresh process that
 loads the checkpoint from disk is what a real validator does, so nothing the worker holds in memory can make a

@@ -138,7 +138,7 @@ def check_gpu(config: DoctorConfig) -> Finding:
 def check_vllm(config: DoctorConfig) -> Finding:
     """Which engine `prime-node start` will generate with here (`--backend auto --device auto`), and why."""
     try:
-        from node.inference.select import choose, probe
+        from engine.inference.select import choose, probe
     except ImportError as exc:
         return skip(f"torch does not import (see torch): {one_line(exc)}")
     machine = probe()
@@ -200,8 +200,8 @@ def check_disk(config: DoctorConfig) -> Finding:
 
 
 def check_docker(config: DoctorConfig) -> Finding:
-    from node.sandbox.errors import SandboxUnavailable
-    from node.sandbox.runner import connect
+    from protocol.sandbox.errors import SandboxUnavailable
+    from protocol.sandbox.runner import connect
 
     try:
         client = connect()

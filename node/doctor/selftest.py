@@ -80,13 +80,13 @@ class Verification:
 
 def generate_self_test(work_dir: Path, *, prompts: int = 2, group: int = 4) -> SelfTestFile:
     """Build the tiny model (seed 0) and generate `prompts x group` completions with proofs into work_dir."""
-    from node.generation.generate import generate_file
-    from node.generation.plan import Job
-    from node.inference.torch_backend import TorchBackend
-    from node.model.loading import load_model
-    from node.model.tiny import init_model
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
+    from engine.generate import generate_file
+    from engine.inference.torch_backend import TorchBackend
+    from engine.model.loading import load_model
+    from engine.model.tiny import init_model
+    from protocol.plan import Job
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
 
     task = work_dir / "task.toml"
     task.write_text(SELF_TEST_TASK, encoding="utf-8")
@@ -150,7 +150,7 @@ def judge_self_test(made: SelfTestFile, verification: Verification) -> Finding:
 def check_self_test(config: DoctorConfig) -> Finding:
     if not config.self_test:
         return skip("--skip-self-test")
-    from node.errors import NodeError
+    from core.errors import NodeError
 
     with tempfile.TemporaryDirectory(prefix="prime-doctor-") as tmp:
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from node.model.tiny import init_model
+from engine.model.tiny import init_model
 
 REPO = Path(__file__).resolve().parents[2]
 SLASH = 50 * 10**18
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def test_a_short_devnet_trains_slashes_the_cheater_and_reports(tmp_path: Path) -> None:
     model = init_model(tmp_path / "tiny", seed=0)
     run = tmp_path / "devnet"
-    command = [sys.executable, "-m", "node.cli.devnet", "up", "--workers", "2", "--cheater", "--steps", "3"]
+    command = [sys.executable, "-m", "devnet.cli", "up", "--workers", "2", "--cheater", "--steps", "3"]
     command += ["--dir", str(run), "--model", str(model), "--rollouts-per-step", "16", "--prompts-per-task", "2"]
     command += ["--group-size", "4", "--eval-problems", "16", "--eval-samples", "1", "--band", "0", "1"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)

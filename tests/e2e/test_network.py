@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from engine.model.tiny import init_model
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkSubmitted, invalidations
 from ledger.types import Reason, WorkStatus
-from node.model.tiny import init_model
 from tests.e2e.running import Processes, wait_for
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
+from engine.model.tiny import init_model
 from ledger.accounts import dev_account
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from node.model.tiny import init_model
-from node.p2p import P2PNode, Received, Subscription, attestations_topic, checkpoints_topic
-from node.signing import Attestation, Checkpoint, SigningDomain
+from p2p import P2PNode, Received, Subscription, attestations_topic, checkpoints_topic
+from protocol.signing import Attestation, Checkpoint, SigningDomain
 from tests.e2e.running import Processes, wait_for
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config

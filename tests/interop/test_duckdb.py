@@ -16,7 +16,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from node.rollouts import (
+from protocol.rollouts import (
     NO_TARGET_LENGTH,
     RolloutFormatError,
     RolloutMeta,
@@ -26,7 +26,7 @@ from node.rollouts import (
     read_rollouts,
     work_units,
 )
-from node.rollouts.schema import FormatProblem
+from protocol.rollouts.schema import FormatProblem
 
 MAX_BYTES = 64 * 1024 * 1024
 META = RolloutMeta(

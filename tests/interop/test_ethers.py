@@ -22,8 +22,8 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
-from node.p2p.messages import RelayAdvert, ValidatorHeartbeat
-from node.signing import (
+from p2p.messages import RelayAdvert, ValidatorHeartbeat
+from protocol.signing import (
     Assignment,
     Attestation,
     Checkpoint,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from devnet.lifecycle import LifecycleReport, Role, run_lifecycle
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
@@ -26,7 +27,6 @@ from ledger.hardhat import HardhatChain, find_hardhat
 from ledger.tx import Transactor
 from ledger.types import Reason, WorkStatus
 from ledger.units import parse_amount
-from node.devnet.lifecycle import LifecycleReport, Role, run_lifecycle
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import assert_revert, events, make_pool, onboard, transact_at, work_key
 

@@ -16,16 +16,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from engine.inference.select import choose
 from ledger.chain import LocalChain, free_port
 from ledger.deployment import Deployment
 from node.cli.main import app
 from node.doctor.checks import DoctorConfig, Finding, check_chain, check_disk, check_ports, check_sources
 from node.doctor.runner import run_check
 from node.doctor.selftest import SelfTestFile, generate_self_test, judge_self_test, verify_rollouts
-from node.inference.select import choose
-from node.relay.server import ShardServer
-from node.relay.store import ShardStore
-from node.rollouts import read_rollouts, write_rollouts
+from protocol.rollouts import read_rollouts, write_rollouts
+from shardcast.server import ShardServer
+from shardcast.store import ShardStore
 
 
 @pytest.fixture(scope="module")

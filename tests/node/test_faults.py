@@ -11,6 +11,8 @@ import pytest
 import torch
 from eth_account import Account
 
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
 from node.daemon.faults import (
     Fault,
     FaultRefusedError,
@@ -24,11 +26,9 @@ from node.daemon.faults import (
 from node.daemon.local import LocalWorkChain
 from node.daemon.state import FileRecord
 from node.daemon.worker import WorkerDaemon, WorkerSettings
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.rollouts import RolloutRow
-from node.signing import SigningDomain
-from node.terms import step_window
+from protocol.rollouts import RolloutRow
+from protocol.signing import SigningDomain
+from protocol.terms import step_window
 from tests.network_trainer import TASK
 
 NODE = Account.from_key(b"\x21" * 32)

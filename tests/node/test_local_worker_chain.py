@@ -15,7 +15,7 @@ import pytest
 from ledger.types import WorkStatus
 from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain
 from node.daemon.worker import WorkerDaemon, WorkerSettings
-from node.terms import work_state
+from protocol.terms import work_state
 from tests.network_trainer import TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER
 from tests.trainer.test_upload_quota import coordinator, files, key, serving

@@ -23,6 +23,7 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from engine.model.tiny import init_model
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
@@ -31,12 +32,11 @@ from ledger.events import EventFollower, WorkSubmitted
 from ledger.types import Reason, WorkStatus
 from node.daemon.state import REFUSED_DETAIL
 from node.daemon.worker import WorkerError, check_assignment
-from node.generation.plan import Job
-from node.model.tiny import init_model
-from node.rollouts import read_rollouts, work_units
-from node.signing import Assignment, SigningDomain, UploadReceipt, recover, sign
-from node.tasks.spec import load_task_spec, spec_hash
-from node.terms import AssignmentTiming
+from protocol.plan import Job
+from protocol.rollouts import read_rollouts, work_units
+from protocol.signing import Assignment, SigningDomain, UploadReceipt, recover, sign
+from protocol.tasks.spec import load_task_spec, spec_hash
+from protocol.terms import AssignmentTiming
 from tests.ledger.helpers import fund_provider, make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.promtool import check_metrics, fetch_page
@@ -283,9 +283,9 @@ def attest(pool: Pool, work_keys: list[bytes]) -> None:
     """Accepts files as the pool's validator would, so that the trainer trains on them and moves on."""
     import asyncio
 
-    from node.coordinator import CoordinatorClient
-    from node.relay.client import new_session
-    from node.signing import Attestation, SigningDomain
+    from protocol.coordinator.client import CoordinatorClient
+    from protocol.signing import Attestation, SigningDomain
+    from shardcast.client import new_session
 
     domain = SigningDomain(pool.deployment.chain_id, pool.deployment.address("ComputePool"))
 

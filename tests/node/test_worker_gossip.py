@@ -6,9 +6,9 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from node.daemon.gossip import worth_prefetching
-from node.p2p import Received, checkpoints_topic, peer_id_of, sign_message
-from node.relay.sources import SourcePool
-from node.signing import Attestation, Checkpoint, SigningDomain
+from p2p import Received, checkpoints_topic, peer_id_of, sign_message
+from protocol.signing import Attestation, Checkpoint, SigningDomain
+from shardcast.sources import SourcePool
 
 DOMAIN = SigningDomain(31337, "0x5FbDB2315678afecb367f032d93F642f64180aa3")
 TRAINER, OTHER = Account.create(), Account.create()

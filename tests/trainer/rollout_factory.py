@@ -14,14 +14,14 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from node.generation.generate import generate_rollouts
-from node.generation.plan import Job
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel
-from node.rollouts import RolloutRow, write_rollouts
-from node.signing import Assignment, SigningDomain, sign
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec, spec_hash
+from engine.generate import generate_rollouts
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel
+from protocol.plan import Job
+from protocol.rollouts import RolloutRow, write_rollouts
+from protocol.signing import Assignment, SigningDomain, sign
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec, spec_hash
 
 NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 

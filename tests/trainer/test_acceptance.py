@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from node.protocol.rollouts import AttestationRecord
+from protocol.coordinator.rollouts import AttestationRecord
 from trainer.inbox import RolloutInbox
 from trainer.run import AttestedUploads, EveryUpload
 from trainer.verdicts import VerdictStore

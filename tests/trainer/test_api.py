@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
-from node.metrics import CONTENT_TYPE
-from node.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
-from node.signing import Assignment, Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
+from core.metrics import CONTENT_TYPE
+from protocol.coordinator.client import CoordinatorClient, CoordinatorLostFile, NoWorkYet, PublishedStep, Verdict
+from protocol.rollouts import NO_TARGET_LENGTH, RolloutMeta, RolloutRow, SamplingMeta, encode_rollouts
+from protocol.signing import Assignment, Attestation, SigningDomain, UploadReceipt, recover, sign, sign_request
 from tests.loopback_coordinator import coordinator_service, serving
 from tests.promtool import check_metrics
 from trainer.api import CoordinatorApi

@@ -53,7 +53,7 @@ def test_each_network_node_gets_a_steps_files_and_half_again_unless_told(
 @pytest.mark.parametrize(
     ("workers", "extra", "pending"),
     [
-        # 4 files a step; k = 2 by default (node.terms), the oldest first: the 3 steps the window holds
+        # 4 files a step; k = 2 by default (protocol.terms), the oldest first: the 3 steps the window holds
         (1, "", 12),
         (2, "", 6),
         (3, "", 4),  # shared out, rounded up

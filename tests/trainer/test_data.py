@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from node.inference.base import GenerationRequest
-from node.inference.sampler import SamplingParams
-from node.inference.torch_backend import TorchBackend
-from node.model.tiny import build_model
-from node.rollouts import RolloutMeta, RolloutRow, SamplingMeta, write_rollouts
+from engine.inference.base import GenerationRequest
+from engine.inference.sampler import SamplingParams
+from engine.inference.torch_backend import TorchBackend
+from engine.model.tiny import build_model
+from protocol.rollouts import RolloutMeta, RolloutRow, SamplingMeta, write_rollouts
 from trainer.data import (
     DuplicateRolloutError,
     FutureRolloutError,

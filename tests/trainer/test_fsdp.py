@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from tests.trainer.rollout_factory import make_file
 from trainer.cli import app
 from trainer.distributed import DistributedError, init_distributed

@@ -29,13 +29,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
 from ledger.accounts import PASSWORD_ENV_VAR
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.rollouts import read_rollouts
-from node.rollouts.writer import encode_rollouts
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from protocol.rollouts import read_rollouts
+from protocol.rollouts.writer import encode_rollouts
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from tests.network_trainer import TASK, trainer_toml
 from tests.trainer.rollout_factory import make_file
 from trainer.config import TrainerConfigError, load_run_config

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import aiohttp
 
-from node.serving import ConnectionLimits
-from node.signing import HEADER_BODY_HASH, NonceCache, sign_request
+from core.serving import ConnectionLimits
+from protocol.signing import HEADER_BODY_HASH, NonceCache, sign_request
 from tests.loopback_coordinator import coordinator_process
 from tests.trainer.test_api import (
     DOMAIN,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from node.model.loading import model_hash_of, parameter_count
+from engine.model.loading import model_hash_of, parameter_count
 from trainer.cli import app
 
 runner = CliRunner()

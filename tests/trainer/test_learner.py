@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.model.loading import LoadedModel, load_model
-from node.rollouts import RolloutFile, read_rollouts
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from engine.model.loading import LoadedModel, load_model
+from protocol.rollouts import RolloutFile, read_rollouts
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
 from tests.trainer.rollout_factory import make_file
 from trainer.data import build_samples, collate
 from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss

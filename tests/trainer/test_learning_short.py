@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.model.loading import load_model
-from node.model.tiny import init_model, save_model_dir
-from node.rollouts import read_rollouts
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model, save_model_dir
+from protocol.rollouts import read_rollouts
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from trainer.data import build_samples, collate
 from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss
 from trainer.sft import SFTConfig, run_sft

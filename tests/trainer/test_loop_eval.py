@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from trainer.config import load_run_config
 from trainer.learner import Learner, LearnerConfig
 from trainer.loop import RunPaths, TrainingLoop

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rollout_factory import make_file
 
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from trainer.inbox import RolloutInbox
 from trainer.learner import Learner, LearnerConfig
 from trainer.loop import RunPaths, TrainingLoop
@@ -111,7 +111,7 @@ def test_one_assignment_is_trained_on_once_whatever_files_claim_it(model_dir: Pa
     work: a step takes one of them, and after training neither is taken again, also after a restart."""
     import dataclasses
 
-    from node.rollouts import encode_rollouts, read_rollouts
+    from protocol.rollouts import encode_rollouts, read_rollouts
 
     loaded = load_model(model_dir)
     spec = load_task_spec(TASK)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.tasks import TaskSpecError, load_task_spec, open_source, spec_hash
-from node.tasks.spec import MathJsonlSourceSpec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
+from protocol.tasks import TaskSpecError, load_task_spec, open_source, spec_hash
+from protocol.tasks.spec import MathJsonlSourceSpec
 from trainer.cli import app
 from trainer.offline_filter import (
     OfflineFilterError,

@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 from eth_account import Account
 
-from node.signing import SigningDomain, sign_request
-from tests.node.test_parquet_bomb import bomb_bytes
+from protocol.signing import SigningDomain, sign_request
+from tests.protocol.test_parquet_bomb import bomb_bytes
 from tests.trainer.test_api import rollout_bytes
 from trainer.api import CoordinatorApi
 from trainer.coordinator import ApiConfig, CoordinatorService, PoolState

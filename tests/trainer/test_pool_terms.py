@@ -1,4 +1,4 @@
-"""The trainer follows the pool's terms (node.terms) in network mode: what trainer.toml leaves out it takes from the
+"""The trainer follows the pool's terms (protocol.terms) in network mode: what trainer.toml leaves out it takes from the
 pool, what contradicts the pool it refuses, naming the key, before it serves anything."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from node.tasks.spec import load_task_spec, spec_hash
-from node.terms import PoolTerms
+from protocol.tasks.spec import load_task_spec, spec_hash
+from protocol.terms import PoolTerms
 from tests.ledger.helpers import make_pool
 from tests.network_trainer import TASK, write_trainer_config
 from trainer.cli import app

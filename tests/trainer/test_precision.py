@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from node.model.loading import LoadedModel, load_model
-from node.rollouts import RolloutFile, read_rollouts
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from engine.model.loading import LoadedModel, load_model
+from protocol.rollouts import RolloutFile, read_rollouts
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
 from tests.trainer.rollout_factory import make_file
 from trainer.cli import app
 from trainer.config import TrainerConfigError, load_run_config

@@ -27,13 +27,13 @@ import pytest
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
 from ledger.accounts import PASSWORD_ENV_VAR, load_account
-from node.coordinator import CoordinatorClient
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.relay.client import new_session
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from protocol.coordinator.client import CoordinatorClient
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
+from shardcast.client import new_session
 from tests.network_trainer import TASK, trainer_toml
 from tests.trainer.rollout_factory import make_file
 from trainer.run import LOCAL_DOMAIN, LOCAL_POOL_ID

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from eth_account.signers.local import LocalAccount
 
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
 from ledger.accounts import dev_account
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from node.coordinator import CoordinatorClient, CoordinatorRefused
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.relay.client import new_session
-from node.signing import Attestation, SigningDomain
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from protocol.coordinator.client import CoordinatorClient, CoordinatorRefused
+from protocol.signing import Attestation, SigningDomain
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
+from shardcast.client import new_session
 from tests.ledger.helpers import make_pool, onboard
 from tests.trainer.rollout_factory import make_file
 

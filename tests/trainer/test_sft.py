@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from trainer.cli import app
 from trainer.sft import SFTConfig, SFTStep, collate, encode_example, lr_at, run_sft
 

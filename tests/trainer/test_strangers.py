@@ -14,7 +14,7 @@ import pytest
 from eth_account import Account
 
 from ledger.client import Ledger
-from node.signing import NonceCache
+from protocol.signing import NonceCache
 from tests.ledger.helpers import make_pool, onboard
 from tests.trainer.test_api import POOL, STRANGER, VALIDATOR, WORKER, Client, run
 from trainer.api import CoordinatorApi

@@ -21,12 +21,12 @@ from eth_account import Account
 
 from ledger.client import Ledger
 from ledger.types import WorkStatus
-from node.coordinator import CoordinatorBusy, CoordinatorClient, CoordinatorUnavailable
 from node.daemon.chain import LedgerWorkChain
 from node.daemon.worker import WorkerDaemon, WorkerSettings
-from node.protocol.pool import PublishedStep
-from node.signing import sign_request
-from node.terms import step_window
+from protocol.coordinator.client import CoordinatorBusy, CoordinatorClient, CoordinatorUnavailable
+from protocol.coordinator.pool import PublishedStep
+from protocol.signing import sign_request
+from protocol.terms import step_window
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK as DEFAULT_TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER, Client, rollout_bytes, upload_path
@@ -273,7 +273,7 @@ def test_a_node_at_the_pools_pace_stays_far_below_the_default_quota(tmp_path: Pa
     path = tmp_path / "trainer.toml"
     path.write_text(NETWORK)
     api = load_run_config(path).api
-    assert (api.files_per_node_per_step, api.async_level) == (6, 2)  # the pool's default window (node.terms)
+    assert (api.files_per_node_per_step, api.async_level) == (6, 2)  # the pool's default window (protocol.terms)
     assert (api.max_stored_files_per_node, api.max_stored_bytes_per_node) == (96, 48 * api.max_upload_bytes)
     quota = UploadQuota(api.max_stored_bytes_per_node, api.max_stored_files_per_node)
     most = (0, 0)

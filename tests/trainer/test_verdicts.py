@@ -7,7 +7,7 @@ import json
 import threading
 from pathlib import Path
 
-from node.protocol.rollouts import AttestationRecord
+from protocol.coordinator.rollouts import AttestationRecord
 from trainer.verdicts import VerdictStore
 
 V1, V2, V3 = (f"0x{i:040x}" for i in (1, 2, 3))

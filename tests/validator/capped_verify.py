@@ -46,9 +46,9 @@ def lift_cap() -> None:
 
 
 def scan(file: Path, model: Path, task: Path) -> list[dict[str, Any]]:
-    from node.model.loading import load_model
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
+    from engine.model.loading import load_model
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
     from validator.verify import verify_file
 
     spec = load_task_spec(task)
@@ -72,17 +72,17 @@ def scan(file: Path, model: Path, task: Path) -> list[dict[str, Any]]:
 
 
 def run_cli(file: Path, model: Path, task: Path) -> None:
-    import node.model.loading
+    import engine.model.loading
     from validator.cli import app
 
-    load_model = node.model.loading.load_model
+    load_model = engine.model.loading.load_model
 
     def load_then_cap(*args: Any, **kwargs: Any) -> Any:
         loaded = load_model(*args, **kwargs)
         cap_address_space(0)
         return loaded
 
-    node.model.loading.load_model = load_then_cap  # the command imports it from the module when it runs
+    engine.model.loading.load_model = load_then_cap  # the command imports it from the module when it runs
     app(["file", str(file), "--checkpoint", str(model), "--task", str(task)], prog_name="prime-validate")
 
 

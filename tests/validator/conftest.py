@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from node.generation.generate import Generated, generate_rollouts
-from node.generation.plan import Job
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel, load_model
-from node.model.tiny import init_model, save_model_dir
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from engine.generate import Generated, generate_rollouts
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel, load_model
+from engine.model.tiny import init_model, save_model_dir
+from protocol.plan import Job
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict
 from validator.verify import Expected, verify_file

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from node.relay import DownloadFailed
-from node.relay.origin import Origin
-from node.relay.server import ShardServer
-from node.relay.store import ShardStore
-from node.relay.trust import TrustPolicy
-from node.signing import SigningDomain
+from protocol.signing import SigningDomain
+from shardcast import DownloadFailed
+from shardcast.origin import Origin
+from shardcast.server import ShardServer
+from shardcast.store import ShardStore
+from shardcast.trust import TrustPolicy
 from validator.checkpoints import Checkpoints
 from validator.errors import CheckpointGone
 

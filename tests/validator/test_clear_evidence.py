@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from engine.generate import Generated
+from engine.model.loading import LoadedModel
+from engine.proofs import build_proof, proof_topk
 from ledger.types import Reason
-from node.generation.generate import Generated
-from node.model.loading import LoadedModel
-from node.proofs import build_proof, proof_topk
-from node.rollouts import RolloutRow, encode_rollouts
+from protocol.rollouts import RolloutRow, encode_rollouts
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.recompute import prefill_outputs
 from validator.verdict import Verdict

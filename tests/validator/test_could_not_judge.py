@@ -25,16 +25,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from engine.generate import Generated
+from engine.model.loading import LoadedModel
 from ledger.accounts import dev_account
 from ledger.chain import free_port
 from ledger.types import Reason
-from node.generation.generate import Generated
-from node.model.loading import LoadedModel
-from node.relay.trust import TrustPolicy
-from node.rollouts import encode_rollouts
-from node.signing import SigningDomain
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from protocol.rollouts import encode_rollouts
+from protocol.signing import SigningDomain
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
+from shardcast.trust import TrustPolicy
 from validator.checkpoints import Checkpoints
 from validator.cli import EXIT_COULD_NOT_JUDGE, app
 from validator.errors import CouldNotJudge, Unjudged
@@ -170,7 +170,7 @@ def test_a_checkpoint_that_cannot_be_fetched_or_stored_is_could_not_judge(
 def test_out_of_memory_in_the_model_check_is_could_not_judge(
     monkeypatch: pytest.MonkeyPatch, honest: bytes, checkpoint: LoadedModel, verify: Callable[..., Verdict]
 ) -> None:
-    body = checkpoint.model.get_decoder()  # what the prefill runs (node.model.forward.forward_hidden)
+    body = checkpoint.model.get_decoder()  # what the prefill runs (engine.model.forward.forward_hidden)
     cuda_oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
     monkeypatch.setattr(body, "forward", raising(cuda_oom))
     with pytest.raises(CouldNotJudge) as caught:

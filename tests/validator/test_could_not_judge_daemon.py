@@ -20,14 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from engine.generate import Generated
 from ledger.accounts import dev_account
 from ledger.client import Ledger
 from ledger.types import WorkStatus
-from node.coordinator import CoordinatorClient
-from node.generation.generate import Generated
-from node.rollouts import encode_rollouts, work_units
-from node.signing import SigningDomain
-from node.tasks.spec import load_task_spec
+from protocol.coordinator.client import CoordinatorClient
+from protocol.rollouts import encode_rollouts, work_units
+from protocol.signing import SigningDomain
+from protocol.tasks.spec import load_task_spec
 from tests.ledger.helpers import make_pool, onboard
 from tests.loopback_coordinator import coordinator_service, serving
 from tests.network_trainer import TASK

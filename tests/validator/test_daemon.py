@@ -23,21 +23,21 @@ import pytest
 from eth_account.signers.local import LocalAccount
 from typer.testing import CliRunner
 
+from core.metrics import scrape
+from engine.model.loading import LoadedModel, load_model
+from engine.model.tiny import init_model
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkInvalidated
 from ledger.types import Reason, WorkStatus
-from node.coordinator import CoordinatorClient
-from node.metrics import scrape
-from node.model.loading import LoadedModel, load_model
-from node.model.tiny import init_model
-from node.relay.client import new_session
-from node.rollouts import read_rollouts, work_units
-from node.signing import SigningDomain
-from node.tasks.sources import TaskSource, open_source
-from node.tasks.spec import TaskSpec, load_task_spec
+from protocol.coordinator.client import CoordinatorClient
+from protocol.rollouts import read_rollouts, work_units
+from protocol.signing import SigningDomain
+from protocol.tasks.sources import TaskSource, open_source
+from protocol.tasks.spec import TaskSpec, load_task_spec
+from shardcast.client import new_session
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.promtool import check_metrics, fetch_page

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ledger.types import Reason
-from node.coordinator import PublishedStep
+from protocol.coordinator.client import PublishedStep
 from validator.errors import ValidatorStateError
 from validator.store import (
     ATTESTED,

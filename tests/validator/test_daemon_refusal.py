@@ -18,7 +18,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
 from ledger.types import Ejection, Reason, WorkStatus
-from node.tasks.spec import load_task_spec
+from protocol.tasks.spec import load_task_spec
 from tests.conftest import TOKEN
 from tests.ledger.helpers import make_pool, onboard, work_key
 from tests.network_trainer import TASK

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from node.generation.generate import Generated
-from node.model.loading import LoadedModel
-from node.rollouts import encode_rollouts, work_units
-from node.tasks.spec import TaskSpec, spec_hash
+from engine.generate import Generated
+from engine.model.loading import LoadedModel
+from protocol.rollouts import encode_rollouts, work_units
+from protocol.tasks.spec import TaskSpec, spec_hash
 from validator.cli import app
 from validator.config import ValidatorConfig
 from validator.evidence import Evidence, EvidenceMissing
@@ -112,12 +112,12 @@ def test_explain_re_verifies_a_bfloat16_pools_rejection_in_bfloat16_on_this_mach
     # judged by a bfloat16 validator on a GPU; explained here, where there may be none: the kept precision, this device
     import torch
 
-    from node.generation.generate import generate_rollouts
-    from node.generation.plan import Job
-    from node.inference.torch_backend import TorchBackend
-    from node.model.loading import load_model
-    from node.tasks.sources import open_source
-    from node.tasks.spec import load_task_spec
+    from engine.generate import generate_rollouts
+    from engine.inference.torch_backend import TorchBackend
+    from engine.model.loading import load_model
+    from protocol.plan import Job
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
     from validator.verify import verify_file
 
     text = task_spec.path.read_text()

@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 from eth_account import Account
 
-from node.coordinator import CoordinatorClient
-from node.generation.generate import Generated
-from node.rollouts import encode_rollouts, work_units
-from node.signing import SigningDomain
+from engine.generate import Generated
+from protocol.coordinator.client import CoordinatorClient
+from protocol.rollouts import encode_rollouts, work_units
+from protocol.signing import SigningDomain
 from tests.loopback_coordinator import coordinator_service, serving
 from validator.verdict import Verdict
 

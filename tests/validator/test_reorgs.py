@@ -17,7 +17,7 @@ import pytest
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
-from node.tasks.spec import load_task_spec
+from protocol.tasks.spec import load_task_spec
 from tests.ledger.helpers import make_pool, onboard, work_key
 from tests.network_trainer import TASK
 from validator.config import ValidatorConfig

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from core.config import ConfigError, declared
-from node.pool_spec import load_pool_spec
+from protocol.pool_spec import load_pool_spec
 from validator.cli import DeviceChoice, DtypeChoice, ThresholdPreset, app
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.settings import DEVICES, DTYPES, THRESHOLD_PRESETS, ValidatorSettings

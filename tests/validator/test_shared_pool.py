@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 from eth_account.signers.local import LocalAccount
 
+from engine.model.loading import load_model
+from engine.model.tiny import init_model
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.events import EventFollower, WorkInvalidated
 from ledger.types import Reason, WorkStatus
-from node.model.loading import load_model
-from node.model.tiny import init_model
-from node.p2p import peer_id_of
-from node.signing import SigningDomain
-from node.tasks.sources import open_source
-from node.tasks.spec import load_task_spec
+from p2p import peer_id_of
+from protocol.signing import SigningDomain
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
 from tests.validator.test_daemon import align_chain_time, metrics, pool_file, start, stop, upload, wait_for

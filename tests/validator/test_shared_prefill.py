@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from node.generation.generate import Generated
-from node.model.loading import LoadedModel
-from node.rollouts import RolloutRow
+from engine.generate import Generated
+from engine.model.loading import LoadedModel
+from protocol.rollouts import RolloutRow
 from validator.recompute import prefill_alone, prefill_outputs
 
 

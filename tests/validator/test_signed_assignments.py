@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
+from engine.generate import Generated
 from ledger.types import Reason
-from node.generation.generate import Generated
-from node.rollouts import RolloutRow, encode_rollouts
-from node.signing import Assignment, SigningDomain, UntimedAssignment, sign
-from node.tasks.spec import TaskSpec, spec_hash
+from protocol.rollouts import RolloutRow, encode_rollouts
+from protocol.signing import Assignment, SigningDomain, UntimedAssignment, sign
+from protocol.tasks.spec import TaskSpec, spec_hash
 from validator.store import Submission, ValidatorStore
 from validator.verdict import Verdict
 

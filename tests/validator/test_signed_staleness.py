@@ -5,7 +5,7 @@ T - 2 h, step 5 at T - 1 h" made an honest step-0 file, with a trainer-signed as
 as reason 4 (`the file is from step 0, outside [3, 5]`), not borderline, and it was slashed. Now the assignment
 carries the time the trainer issued it, under its signature, and a file is stale (reason 4, slashable) only when
 the chain's block time of its submission is past that time plus the pool's assignment lifetime and clock slack
-(node.terms.AssignmentTiming). What the coordinator says about its steps can at most refuse a file unpaid: a
+(protocol.terms.AssignmentTiming). What the coordinator says about its steps can at most refuse a file unpaid: a
 borderline rejection, which is never invalidated on chain.
 
 First the validator's real checks on files of the tiny model, at the edges of the deadline; then the real
@@ -24,22 +24,22 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
+from engine.generate import Generated, generate_rollouts
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.types import Reason, WorkStatus
-from node.coordinator import CoordinatorClient
 from node.daemon.worker import check_assignment
-from node.generation.generate import Generated, generate_rollouts
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel
-from node.protocol.pool import PublishedStep
-from node.rollouts import encode_rollouts, work_units
-from node.signing import Assignment, SigningDomain, UntimedAssignment, sign
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec, spec_hash
-from node.terms import AssignmentTiming
+from protocol.coordinator.client import CoordinatorClient
+from protocol.coordinator.pool import PublishedStep
+from protocol.rollouts import encode_rollouts, work_units
+from protocol.signing import Assignment, SigningDomain, UntimedAssignment, sign
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec, spec_hash
+from protocol.terms import AssignmentTiming
 from tests.ledger.helpers import make_pool, onboard
 from tests.loopback_coordinator import coordinator_service, serving
 from trainer.coordinator import ApiConfig, CoordinatorService
@@ -285,7 +285,7 @@ def test_a_file_submitted_past_its_signed_deadline_by_chain_time_is_slashed_as_s
 
 
 def read_issued_at(data: bytes) -> int:
-    from node.rollouts import read_rollouts
+    from protocol.rollouts import read_rollouts
 
     issued_at = read_rollouts(data, max_bytes=len(data)).meta.assignment_issued_at
     assert issued_at is not None and abs(issued_at - time.time()) < 60

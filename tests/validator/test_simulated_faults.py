@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from engine.generate import Generated, generate_rollouts
+from engine.inference.torch_backend import TorchBackend
+from engine.model.loading import LoadedModel, load_model
 from ledger.types import Reason
 from node.daemon.faults import Fault, falsify, perturb_weights
-from node.generation.generate import Generated, generate_rollouts
-from node.generation.plan import Job
-from node.inference.torch_backend import TorchBackend
-from node.model.loading import LoadedModel, load_model
-from node.rollouts import encode_rollouts
-from node.tasks.sources import TaskSource
-from node.tasks.spec import TaskSpec
+from protocol.plan import Job
+from protocol.rollouts import encode_rollouts
+from protocol.tasks.sources import TaskSource
+from protocol.tasks.spec import TaskSpec
 from validator.verdict import Verdict
 
 STEP = 5

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from node.generation.generate import Generated
-from node.rollouts import encode_rollouts, work_units
+from engine.generate import Generated
+from protocol.rollouts import encode_rollouts, work_units
 from validator.cli import app
 
 runner = CliRunner()

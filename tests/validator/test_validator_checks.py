@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from engine.proofs import ProofThresholds
 from ledger.types import Reason
-from node.proofs import ProofThresholds
-from node.rollouts import RolloutRow
+from protocol.rollouts import RolloutRow
 from validator.checks import check_sampling_sanity, check_step, check_work_key, group_shape
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.verdict import Verdict, accept, reject

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.generation.generate import Generated
-from node.model.loading import load_model
-from node.rollouts import encode_rollouts
-from node.tasks.spec import TaskSpec
+from engine.generate import Generated
+from engine.model.loading import load_model
+from protocol.rollouts import encode_rollouts
+from protocol.tasks.spec import TaskSpec
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.verdict import Verdict
 from validator.verify import verify_file

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from node.generation.generate import Generated
-from node.rollouts import encode_rollouts, work_units
+from engine.generate import Generated
+from protocol.rollouts import encode_rollouts, work_units
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from engine.generate import Generated
+from engine.model.loading import LoadedModel
+from engine.proofs import num_chunks
 from ledger.types import Reason
-from node.generation.generate import Generated
-from node.model.loading import LoadedModel
-from node.proofs import num_chunks
-from node.rollouts import RolloutRow, SamplingMeta, encode_rollouts, work_units
-from node.tasks.spec import TaskSpec, spec_hash
+from protocol.rollouts import RolloutRow, SamplingMeta, encode_rollouts, work_units
+from protocol.tasks.spec import TaskSpec, spec_hash
 from validator.checks import names_another_node
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict

@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ledger.types import Reason
-from node.rollouts import read_rollouts, work_units
+from protocol.rollouts import read_rollouts, work_units
 from validator.cli import app
 
 TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"

@@ -1,0 +1,1 @@
+"""The engine: the model, inference, generation and proofs (docs/architecture.md)."""

@@ -1,1 +1,0 @@
-"""Turning (pool, node, step, counter) into a rollout file: the plan both sides derive, and the generation."""

@@ -1,0 +1,1 @@
+"""The protocol kernel: what every role of a pool must agree on (docs/architecture.md)."""
