@@ -8,7 +8,7 @@ NPM_STAMP := contracts/node_modules/.installed
 TORCH     := torch==2.13.0
 TOPLOC    := toploc==0.1.6
 
-.PHONY: install test lint typecheck demo contracts check-contracts gas clean
+.PHONY: install test test-fast lint typecheck demo contracts check-contracts gas clean
 
 install: $(PY_STAMP) $(NPM_STAMP)
 
@@ -37,13 +37,21 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+# The suite runs on TEST_WORKERS pytest-xdist workers: most of its time is processes starting and waiting on each
+# other (anvil, trainers, workers, validators), so three workers on two cores finish sooner than one.
+TEST_WORKERS ?= 3
+
 # Docker runs the code-task sandbox, Chromium loads the dashboards and promtool checks the /metrics pages; without
 # them (a laptop) those tests skip, under CI=true they fail.
 test: lint typecheck
 	-scripts/ensure-docker.sh
 	-scripts/ensure-tool.sh chromium chromium chromium-browser google-chrome
 	-scripts/ensure-tool.sh prometheus promtool
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
+
+# The inner loop: every test not marked slow (no chain-and-processes scenarios, no vLLM engines), no lint.
+test-fast: install
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow" -q
 
 # The whole network on this machine, one worker cheating; about 7 minutes here (3 more the first time, for SFT).
 demo: install

@@ -11,6 +11,9 @@ import sys
 from typing import TextIO
 
 DEBUG_ENV_VAR = "PRIME_DEBUG"
+# The project's packages, lowest layer first (docs/architecture.md): whose logs a command shows, what the worker
+# image copies, what the import-layer test ranks; pyproject.toml's list is checked against this one.
+PACKAGES = ("core", "ledger", "protocol", "engine", "shardcast", "p2p", "node", "validator", "trainer", "devnet")
 
 
 def debug_enabled() -> bool:
@@ -25,7 +28,7 @@ def configure_logging() -> None:
     """
     logging.basicConfig(level=logging.WARNING if debug_enabled() else logging.ERROR, format="%(name)s: %(message)s")
     if debug_enabled():
-        for package in ("ledger", "node"):
+        for package in PACKAGES:
             logging.getLogger(package).setLevel(logging.DEBUG)
 
 
@@ -50,5 +53,5 @@ def configure_daemon_logging(level: int = logging.INFO) -> None:
         handlers=[_Stderr()],
         force=True,
     )
-    for package in ("ledger", "node", "trainer", "validator"):
+    for package in PACKAGES:
         logging.getLogger(package).setLevel(logging.DEBUG if debug_enabled() else level)

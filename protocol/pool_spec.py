@@ -53,6 +53,7 @@ from protocol.terms import (
     MAX_CLOCK_SLACK,
     MAX_FILE_BYTES,
     MAX_REPLICATION,
+    MIN_FILE_BYTES,
     PoolTerms,
     TermsMismatch,
     assignment_timing,
@@ -157,7 +158,9 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
         checkpoints = tuple(_checked_url(uri, "checkpoints", c) for c in checkpoints_raw)
         task = fields.text("task", nonempty=True)
         async_level = fields.integer("async_level", DEFAULT_ASYNC_LEVEL, minimum=0, maximum=MAX_ASYNC_LEVEL)
-        max_file_bytes = fields.integer("max_file_bytes", DEFAULT_MAX_FILE_BYTES, minimum=1024, maximum=MAX_FILE_BYTES)
+        max_file_bytes = fields.integer(
+            "max_file_bytes", DEFAULT_MAX_FILE_BYTES, minimum=MIN_FILE_BYTES, maximum=MAX_FILE_BYTES
+        )
         prompts = fields.integer("prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096)
         group_size = fields.integer("group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024)
         replication = fields.integer("replication", DEFAULT_REPLICATION, minimum=1, maximum=MAX_REPLICATION)

@@ -29,8 +29,11 @@ from core.errors import NodeError
 from ledger.types import PoolInfo, WorkRecord, WorkStatus
 
 DEFAULT_ASYNC_LEVEL = 2  # files from policy steps >= current - 2 count (DESIGN section 8)
-MAX_ASYNC_LEVEL = 1 << 16
+# The widest window any role takes: the origin serves async_level + 2 checkpoint versions, so 64 is already 66 full
+# checkpoints on the trainer's disk; a spec saying more is refused as it loads, by every role alike.
+MAX_ASYNC_LEVEL = 64
 DEFAULT_MAX_FILE_BYTES = 64 << 20  # larger uploads are refused unread (reason 2)
+MIN_FILE_BYTES = 1024  # no pool refuses less than this (a rollout file of one row is larger)
 MAX_FILE_BYTES = 1 << 30  # no pool accepts more than this per upload
 DEFAULT_PROMPTS_PER_TASK = 8  # prompts of one assignment
 DEFAULT_GROUP_SIZE = 8  # samples per prompt
@@ -173,8 +176,10 @@ class PoolTerms:
     def __post_init__(self) -> None:
         if not 0 <= self.async_level <= MAX_ASYNC_LEVEL:
             raise ValueError(f"async_level must be in [0, {MAX_ASYNC_LEVEL}], got {self.async_level}")
-        if not 1 <= self.max_file_bytes <= MAX_FILE_BYTES:
-            raise ValueError(f"max_file_bytes must be in [1, {MAX_FILE_BYTES}], got {self.max_file_bytes}")
+        if not MIN_FILE_BYTES <= self.max_file_bytes <= MAX_FILE_BYTES:
+            raise ValueError(
+                f"max_file_bytes must be in [{MIN_FILE_BYTES}, {MAX_FILE_BYTES}], got {self.max_file_bytes}"
+            )
         if not 1 <= self.replication <= MAX_REPLICATION:
             raise ValueError(f"replication must be in [1, {MAX_REPLICATION}], got {self.replication}")
         assignment_timing(self.async_level, self.assignment_lifetime, self.clock_slack)  # raises on bad values

@@ -13,6 +13,17 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of `make test`'s pytest-xdist workers (Makefile: TEST_WORKERS)
+    # xdist's workers run with COLUMNS=80 and LINES=24 in their environment, which rich (every command's console)
+    # and the processes the tests start take as the terminal's size: tables cut short under -n, whole without it.
+    # The tests see what a pipe sees, with or without workers.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+    # Several workers on few cores: torch's OpenMP threads spin while they wait for a core, and two of them in each
+    # of three workers made a 34 s SFT fixture take over 300 s. One thread each, in the worker and what it starts
+    # (a test that wants more asks for it: torch.set_num_threads, or a role's threads setting).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Loaded only once a vLLM engine is built (`vllm.LLM`); importing vLLM's classes leaves them out.
 VLLM_ENGINE_MODULES = ("vllm.entrypoints.llm", "vllm.v1.engine.llm_engine")
 TOKEN = 10**18  # one whole StakeToken in base units

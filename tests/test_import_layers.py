@@ -11,6 +11,8 @@ from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
+from core.logs import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYER = {
     "core": 0,  # utilities: errors, parsing, logs, serving, metrics, the heap, SQLite
@@ -24,6 +26,10 @@ LAYER = {
     "trainer": 5,
     "devnet": 6,  # starts every role
 }
+
+
+def test_the_layers_rank_every_package_of_the_project() -> None:
+    assert tuple(LAYER) == PACKAGES  # core.logs' list, which pyproject.toml's and the worker image's follow
 
 
 def module_name(path: Path) -> str:

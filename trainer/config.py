@@ -20,7 +20,10 @@ from protocol.terms import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_PROMPTS_PER_TASK,
+    MAX_ASYNC_LEVEL,
     MAX_FILE_BYTES,
+    MAX_REPLICATION,
+    MIN_FILE_BYTES,
     PoolTerms,
 )
 from shardcast.manifest import FORMAT_VERSION, FORMATS
@@ -188,7 +191,9 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
         grad_clip=optim.number("grad_clip", 1.0, minimum=1e-6),
         vector_lr_scale=optim.number("vector_lr_scale", 1.0, minimum=1e-3, maximum=1000),
         micro_batch_tokens=optim.integer("micro_batch_tokens", 8192, minimum=2),
-        async_level=_term(data, "async_level", terms, "async_level", DEFAULT_ASYNC_LEVEL, minimum=0, maximum=64),
+        async_level=_term(
+            data, "async_level", terms, "async_level", DEFAULT_ASYNC_LEVEL, minimum=0, maximum=MAX_ASYNC_LEVEL
+        ),
         temperature=1.0,  # set from the task spec by the run; kept out of the TOML so the two cannot disagree
         loss=grpo,
         seed=run.integer("seed", 0, minimum=0),
@@ -200,7 +205,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
             terms,
             "max_file_bytes",
             DEFAULT_MAX_FILE_BYTES,
-            minimum=1024,
+            minimum=MIN_FILE_BYTES,
             maximum=MAX_FILE_BYTES,
         ),
         max_skew=coord.number("max_skew", 300.0, minimum=1),
@@ -233,7 +238,7 @@ def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: Po
             deployment=_path(base, fields.text("deployment", nonempty=True)),
             rpc_url=fields.text("rpc_url", "") or None,
             keystore=_path(base, keystore) if keystore else None,
-            min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=64),
+            min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=MAX_REPLICATION),
         )
         if terms is not None and pool.min_attestations > terms.replication:  # validators split the keys
             fields.fail(

@@ -1,7 +1,7 @@
 """From verified rollout files to padded micro-batches, and the trainer's log-probs of their completions.
 
-load_accepted (files inside the async window) -> build_samples (advantages per group, online filter)
--> prompt_units (a group's completions share one forward of their prompt) -> pack (trainer.packing)
+attested files inside the async window (the step loop's choice) -> build_samples (advantages per group, online
+filter) -> prompt_units (a group's completions share one forward of their prompt) -> pack (trainer.packing)
 -> collate_units (one micro-batch, what the learner trains on).
 
 `collate` and `recompute_logprobs` lay out and score one row per completion, the plain way: the reference
@@ -13,14 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from protocol.rollouts import RolloutFile, RolloutFormatError, read_rollouts
-from protocol.terms import DEFAULT_MAX_FILE_BYTES, step_window
+from protocol.rollouts import RolloutFile
 from trainer.errors import TrainerError
 from trainer.grpo import keep_group
 
@@ -28,34 +26,6 @@ log = logging.getLogger(__name__)
 
 
 AdvantageFn = Callable[[Sequence[float]], Sequence[float]]  # one group's rewards -> one advantage per completion
-
-
-class UnreadableRolloutError(TrainerError):
-    """A rollout file on the trainer's disk does not read back as a valid rollout file."""
-
-    def __init__(self, path: Path, detail: str) -> None:
-        super().__init__(f"cannot train on {path}: {detail}")
-        self.path = path
-        self.detail = detail
-
-
-class MixedStepError(TrainerError):
-    """A file's rows claim different policy steps; node generation never writes one and validators reject it."""
-
-    def __init__(self, path: Path, steps: list[int]) -> None:
-        super().__init__(f"{path}: rows claim several policy steps {steps[:8]}; a file must come from one step")
-        self.path = path
-        self.steps = steps
-
-
-class FutureRolloutError(TrainerError):
-    """A file claims a policy step the trainer has not reached: no node can hold those weights yet."""
-
-    def __init__(self, path: Path, step: int, current_step: int) -> None:
-        super().__init__(f"{path} claims step {step}, ahead of the trainer's step {current_step}; it is refused")
-        self.path = path
-        self.step = step
-        self.current_step = current_step
 
 
 class DuplicateRolloutError(TrainerError):
@@ -83,56 +53,6 @@ class Sample:
     def n_tokens(self) -> int:
         """Prompt + completion: its columns in a batch and its cost in a packing budget."""
         return len(self.input_tokens) + len(self.output_tokens)
-
-
-@dataclass(frozen=True)
-class StaleFile:
-    path: Path
-    step: int
-
-
-@dataclass(frozen=True)
-class AcceptedRollouts:
-    files: list[RolloutFile]  # to train on, in the order given
-    stale: list[StaleFile]  # older than the window: reported, never trained on
-
-
-def _file_step(path: Path, file: RolloutFile) -> int:
-    steps = sorted({row.step for row in file.rows})
-    if len(steps) != 1:  # the writer does not enforce one step, but node generation writes job.step to every row
-        raise MixedStepError(path, steps)
-    return steps[0]
-
-
-def load_accepted(
-    paths: Sequence[Path | str], *, current_step: int, async_level: int, max_bytes: int = DEFAULT_MAX_FILE_BYTES
-) -> AcceptedRollouts:
-    """Reads the files and keeps those whose step lies in [current_step - async_level, current_step].
-
-    A file's rows share one step (DESIGN section 8; validator.checks rejects mixed files), so the window is
-    decided per file, and a file mixing steps raises MixedStepError. Older files come back in `stale` (and
-    are logged); a file ahead of `current_step` raises FutureRolloutError, an unreadable one
-    UnreadableRolloutError.
-    """
-    if current_step < 0 or async_level < 0:
-        raise ValueError(f"current_step and async_level must be >= 0, got {current_step} and {async_level}")
-    window = step_window(current_step, async_level)
-    accepted: list[RolloutFile] = []
-    stale: list[StaleFile] = []
-    for path in map(Path, paths):
-        try:
-            file = read_rollouts(path, max_bytes=max_bytes)
-        except RolloutFormatError as exc:
-            raise UnreadableRolloutError(path, str(exc)) from exc
-        step = _file_step(path, file)
-        if step > current_step:
-            raise FutureRolloutError(path, step, current_step)
-        if step not in window:
-            log.warning("not training on %s: step %d is older than the window %s", path, step, window)
-            stale.append(StaleFile(path, step))
-        else:
-            accepted.append(file)
-    return AcceptedRollouts(accepted, stale)
 
 
 @dataclass(frozen=True)
@@ -415,14 +335,3 @@ def recompute_logprobs(
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
         picked = logprobs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
         return picked.masked_fill(~batch.loss_mask, 0.0)
-
-
-def with_old_logprobs(samples: Sequence[Sample], batch: Batch, logprobs: torch.Tensor) -> list[Sample]:
-    """The samples of `batch` (in its row order) with old_logprobs taken from a (B, T) recompute_logprobs result."""
-    if len(samples) != batch.loss_mask.shape[0] or logprobs.shape != batch.loss_mask.shape:
-        raise ValueError(
-            f"{len(samples)} samples, {tuple(logprobs.shape)} log-probs for a batch of {tuple(batch.loss_mask.shape)}"
-        )
-    values = logprobs.detach().float().cpu()
-    mask = batch.loss_mask.cpu()
-    return [replace(s, old_logprobs=values[b][mask[b]].tolist()) for b, s in enumerate(samples)]

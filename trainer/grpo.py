@@ -15,7 +15,6 @@ advantage, so one token whose probability exploded could dominate the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -98,11 +97,6 @@ def keep_group(rewards: Tensor) -> bool:
     """
     r = _check_rewards(rewards)
     return bool((r != r[0]).any())
-
-
-def filter_groups(groups: Sequence[Tensor]) -> list[int]:
-    """The online filter: indices of the groups (each (G,) rewards) that `keep_group` keeps, in order."""
-    return [i for i, rewards in enumerate(groups) if keep_group(rewards)]
 
 
 def _check_tokens(name: str, x: Tensor, shape: torch.Size, counted: Tensor) -> Tensor:

@@ -11,7 +11,13 @@ from typing import Any
 
 from engine.proofs import ProofThresholds
 from protocol.rollouts import DEFAULT_MAX_ROWS, DEFAULT_MAX_TOKENS
-from protocol.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, MAX_ASYNC_LEVEL, MAX_FILE_BYTES
+from protocol.terms import (
+    DEFAULT_ASYNC_LEVEL,
+    DEFAULT_MAX_FILE_BYTES,
+    MAX_ASYNC_LEVEL,
+    MAX_FILE_BYTES,
+    MIN_FILE_BYTES,
+)
 from validator.errors import ValidatorError
 
 MAX_PREFILL_BATCH = 1024
@@ -115,13 +121,14 @@ class ValidatorConfig:
         if not (_is_int(self.async_level) and 0 <= self.async_level <= MAX_ASYNC_LEVEL):
             raise ValidatorConfigError("async_level", self.async_level, f"an integer in [0, {MAX_ASYNC_LEVEL}]")
         if not isinstance(self.thresholds, ProofThresholds):
-            raise ValidatorConfigError("thresholds", self.thresholds, "a engine.proofs.ProofThresholds")
+            raise ValidatorConfigError("thresholds", self.thresholds, "an engine.proofs.ProofThresholds")
         if not (_is_number(self.sampling_margin) and 0 <= self.sampling_margin <= 1):
             raise ValidatorConfigError("sampling_margin", self.sampling_margin, "a number in [0, 1]")
         if not (_is_number(self.logprob_atol) and 0 < self.logprob_atol <= 1):
             raise ValidatorConfigError("logprob_atol", self.logprob_atol, "a number in (0, 1]")
-        if not (_is_int(self.max_file_bytes) and 1 <= self.max_file_bytes <= MAX_FILE_BYTES):
-            raise ValidatorConfigError("max_file_bytes", self.max_file_bytes, f"an integer in [1, {MAX_FILE_BYTES}]")
+        if not (_is_int(self.max_file_bytes) and MIN_FILE_BYTES <= self.max_file_bytes <= MAX_FILE_BYTES):
+            bounds = f"an integer in [{MIN_FILE_BYTES}, {MAX_FILE_BYTES}]"
+            raise ValidatorConfigError("max_file_bytes", self.max_file_bytes, bounds)
         for name in ("max_rows", "max_tokens"):
             if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 raise ValidatorConfigError(name, getattr(self, name), "an integer >= 1")

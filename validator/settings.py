@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from core.config import setting
 from protocol.pool_spec import DaemonSettings, state_setting
-from protocol.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES
+from protocol.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES, MIN_FILE_BYTES
 from validator.config import MAX_GRACE_SECONDS, MAX_JUDGE_ATTEMPTS, MAX_PREFILL_BATCH, ValidatorConfig
 
 THRESHOLD_PRESETS = ("cpu-fp32", "bf16", "gpu-bf16")  # validator.cli.ThresholdPreset's values
@@ -61,7 +61,10 @@ class ValidatorSettings(DaemonSettings):
         maximum=MAX_ASYNC_LEVEL,
     )
     max_file_bytes: int | None = setting(
-        "larger files are rejected unread (reason 2); None: the pool's", default=None, minimum=1, maximum=MAX_FILE_BYTES
+        "larger files are rejected unread (reason 2); None: the pool's",
+        default=None,
+        minimum=MIN_FILE_BYTES,
+        maximum=MAX_FILE_BYTES,
     )
     device: str = setting(
         "where checkpoints recompute (auto: CUDA when torch sees a GPU)",

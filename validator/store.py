@@ -299,11 +299,6 @@ class ValidatorStore:
     def open_count(self) -> int:
         return int(self.db.execute(f"SELECT COUNT(*) FROM work WHERE {_OPEN}").fetchone()[0])
 
-    def oldest_open(self) -> int | None:
-        """The submission time (chain) of the oldest open row: how far behind the backlog is."""
-        row = self.db.execute(f"SELECT MIN(submitted_at) FROM work WHERE {_OPEN}").fetchone()
-        return None if row[0] is None else int(row[0])
-
     # --- sharing the pool (validator.sharing) ----------------------------------------------------------
 
     def theirs_count(self) -> int:

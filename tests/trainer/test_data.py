@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,24 +15,18 @@ from engine.inference.base import GenerationRequest
 from engine.inference.sampler import SamplingParams
 from engine.inference.torch_backend import TorchBackend
 from engine.model.tiny import build_model
-from protocol.rollouts import RolloutMeta, RolloutRow, SamplingMeta, write_rollouts
+from protocol.rollouts import RolloutFile, RolloutMeta, RolloutRow, SamplingMeta, read_rollouts, write_rollouts
 from trainer.data import (
     DuplicateRolloutError,
-    FutureRolloutError,
-    MixedStepError,
     PromptUnit,
     Sample,
-    StaleFile,
-    UnreadableRolloutError,
     build_samples,
     collate,
     collate_units,
-    load_accepted,
     prompt_units,
     recompute_logprobs,
     rewards_all_equal,
     shared_logprobs,
-    with_old_logprobs,
 )
 from trainer.errors import TrainerError
 
@@ -81,6 +74,10 @@ def write(path: Path, rows: list[RolloutRow], temperature: float = 1.0) -> Path:
     return path
 
 
+def read(path: Path) -> RolloutFile:
+    return read_rollouts(path, max_bytes=1 << 26)
+
+
 def centred(rewards: Sequence[float]) -> list[float]:
     """A simple stand-in for the GRPO advantage: reward minus the group mean."""
     mean = statistics.fmean(rewards)
@@ -96,54 +93,12 @@ def model() -> PreTrainedModel:
     return build_model(seed=0)
 
 
-# --- the async window -------------------------------------------------------------------------------------
-
-
-def test_window_keeps_steps_back_to_the_async_level_and_reports_older_files(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    paths = [write(tmp_path / f"s{step}.parquet", [make_row(0, 1.0, step=step)]) for step in (2, 3, 4, 5)]
-    with caplog.at_level(logging.WARNING, logger="trainer.data"):
-        result = load_accepted(paths, current_step=5, async_level=2)
-    assert [file.rows[0].step for file in result.files] == [3, 4, 5]  # s - 2 .. s, in the order given
-    assert result.stale == [StaleFile(paths[0], 2)]  # s - 3: reported, never trained on
-    assert "s2.parquet" in caplog.text and "[3, 5]" in caplog.text
-
-
-def test_async_level_zero_accepts_only_the_current_step(tmp_path: Path) -> None:
-    paths = [write(tmp_path / f"s{step}.parquet", [make_row(0, 1.0, step=step)]) for step in (4, 5)]
-    result = load_accepted(paths, current_step=5, async_level=0)
-    assert [file.rows[0].step for file in result.files] == [5]
-    assert [stale.step for stale in result.stale] == [4]
-
-
-def test_a_file_from_a_future_step_is_refused(tmp_path: Path) -> None:
-    path = write(tmp_path / "future.parquet", [make_row(0, 1.0, step=6)])
-    with pytest.raises(FutureRolloutError, match="claims step 6, ahead of the trainer's step 5") as caught:
-        load_accepted([path], current_step=5, async_level=2)
-    assert (caught.value.path, caught.value.step) == (path, 6)
-    assert isinstance(caught.value, TrainerError)
-
-
-def test_a_file_mixing_steps_is_refused(tmp_path: Path) -> None:
-    path = write(tmp_path / "mixed.parquet", [make_row(0, 1.0, step=4), make_row(0, 0.0, step=5)])
-    with pytest.raises(MixedStepError, match=r"several policy steps \[4, 5\]"):
-        load_accepted([path], current_step=5, async_level=2)
-
-
-def test_an_unreadable_file_is_a_trainer_error_naming_the_path(tmp_path: Path) -> None:
-    path = tmp_path / "junk.parquet"
-    path.write_bytes(b"not parquet at all")
-    with pytest.raises(UnreadableRolloutError, match=r"junk\.parquet"):
-        load_accepted([path], current_step=5, async_level=2)
-
-
 # --- samples and the online filter ---------------------------------------------------------------------------
 
 
 def test_groups_whose_rewards_are_all_equal_are_dropped(tmp_path: Path) -> None:
     rows = [make_row(0, 1.0), make_row(0, 0.0), make_row(1, 1.0), make_row(1, 1.0), make_row(2, 0.5)]
-    (file,) = load_accepted([write(tmp_path / "r.parquet", rows)], current_step=5, async_level=0).files
+    file = read(write(tmp_path / "r.parquet", rows))
     built = build_samples([file], centred)
     assert (built.groups_kept, built.groups_dropped) == (1, 2)  # group 1 all 1.0, group 2 a single row
     assert [(s.reward, s.advantage) for s in built.samples] == [(1.0, 0.5), (0.0, -0.5)]
@@ -154,7 +109,7 @@ def test_groups_whose_rewards_are_all_equal_are_dropped(tmp_path: Path) -> None:
 def test_groups_of_two_files_stay_apart_and_keep_file_then_row_order(tmp_path: Path) -> None:
     first = write(tmp_path / "a.parquet", [make_row(0, 1.0), make_row(0, 0.0, prompt=[9])])
     second = write(tmp_path / "b.parquet", [make_row(0, 2.0, prompt=[8]), make_row(0, 0.0, prompt=[7])])
-    files = load_accepted([first, second], current_step=5, async_level=0).files
+    files = [read(first), read(second)]
     built = build_samples(files, centred)
     assert built.groups_kept == 2  # group 0 of each file is its own group
     assert [s.input_tokens for s in built.samples] == [[1, 2, 3], [9], [8], [7]]
@@ -163,7 +118,7 @@ def test_groups_of_two_files_stay_apart_and_keep_file_then_row_order(tmp_path: P
 
 def test_the_same_file_twice_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path / "r.parquet", [make_row(0, 1.0), make_row(0, 0.0)])
-    files = load_accepted([path, path], current_step=5, async_level=0).files
+    files = [read(path), read(path)]
     with pytest.raises(DuplicateRolloutError):
         build_samples(files, centred)
 
@@ -252,16 +207,6 @@ def test_recompute_logprobs_keeps_the_graph_when_asked(model: PreTrainedModel) -
     assert logprobs.requires_grad
 
 
-def test_with_old_logprobs_fills_one_value_per_output_token(model: PreTrainedModel) -> None:
-    samples = [sample([1, 2, 3], [4, 5]), sample([6], [7, 8, 9])]
-    batch = collate(samples, pad_id=PAD)
-    logprobs = recompute_logprobs(model, batch)
-    filled = with_old_logprobs(samples, batch, logprobs)
-    assert [len(s.old_logprobs or []) for s in filled] == [2, 3]
-    again = collate(filled, pad_id=PAD)
-    assert again.old_logprobs is not None and torch.equal(again.old_logprobs, logprobs)
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_recomputed_logprobs_match_what_the_same_model_recorded_while_generating(
     tmp_path: Path, model: PreTrainedModel, temperature: float
@@ -277,7 +222,7 @@ def test_recomputed_logprobs_match_what_the_same_model_recorded_while_generating
         for i, c in enumerate(completions)
     ]  # fmt: skip
     path = write(tmp_path / "generated.parquet", rows, temperature)
-    built = build_samples(load_accepted([path], current_step=5, async_level=0).files, centred)
+    built = build_samples([read(path)], centred)
     assert built.groups_kept == 3
     batch = collate(built.samples, pad_id=config.pad_token_id)
     logprobs = recompute_logprobs(model, batch, temperature=temperature)

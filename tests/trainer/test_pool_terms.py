@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from protocol.tasks.spec import load_task_spec, spec_hash
-from protocol.terms import PoolTerms
+from protocol.terms import MAX_ASYNC_LEVEL, MAX_FILE_BYTES, MAX_REPLICATION, MIN_FILE_BYTES, PoolTerms
 from tests.ledger.helpers import make_pool
 from tests.network_trainer import TASK, write_trainer_config
 from trainer.cli import app
@@ -35,6 +35,29 @@ def test_settings_left_out_take_the_pools_terms(tmp_path: Path) -> None:
     config = load_run_config(path, terms=terms(async_level=3, max_file_bytes=1 << 20, prompts_per_task=4))
     assert (config.learner.async_level, config.api.async_level) == (3, 3)  # what the loop and the quota count with
     assert (config.api.max_upload_bytes, config.api.prompts_per_task, config.api.group_size) == (1 << 20, 4, 8)
+
+
+def test_every_term_the_pool_may_declare_is_one_the_trainer_takes(tmp_path: Path) -> None:
+    """One bound per term (issue 34): the trainer capped the async level at 64 where the pool's terms allowed 65,536,
+    so a spec saying 65 made `prime-train run` refuse a key its TOML never set; now the terms refuse 65 themselves.
+    And the trainer took uploads no smaller than 1,024 bytes where the terms allowed 1."""
+    path = tmp_path / "trainer.toml"
+    path.write_text(NETWORK)
+    widest = terms(
+        async_level=MAX_ASYNC_LEVEL,
+        assignment_lifetime=3600,
+        max_file_bytes=MAX_FILE_BYTES,
+        replication=MAX_REPLICATION,
+    )
+    config = load_run_config(path, terms=widest)
+    assert (config.learner.async_level, config.api.max_upload_bytes) == (MAX_ASYNC_LEVEL, MAX_FILE_BYTES)
+    assert load_run_config(path, terms=terms(max_file_bytes=MIN_FILE_BYTES)).api.max_upload_bytes == MIN_FILE_BYTES
+    with pytest.raises(ValueError, match=r"max_file_bytes must be in \[1024, "):
+        terms(max_file_bytes=MIN_FILE_BYTES - 1)
+    with pytest.raises(ValueError, match=r"async_level must be in \[0, 64\], got 65"):
+        terms(async_level=MAX_ASYNC_LEVEL + 1)
+    path.write_text(NETWORK + f"min_attestations = {MAX_REPLICATION}\n")
+    assert load_run_config(path, terms=widest).pool is not None
 
 
 @pytest.mark.parametrize(

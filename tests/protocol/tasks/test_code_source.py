@@ -19,9 +19,8 @@ from protocol.tasks.code_source import (
     build_program,
     extract_program,
     normalize_output,
-    parse_code_jsonl,
-    parse_code_source,
 )
+from protocol.tasks.code_spec import parse_code_jsonl, parse_code_source
 from protocol.tasks.errors import TaskSpecError, UnknownProblem
 from protocol.tasks.fields import Fields
 from tests.conftest import docker_or_skip
