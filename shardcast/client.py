@@ -16,7 +16,6 @@ a `PartialCheckpoint`, so a killed download resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import mmap
 import os
@@ -43,7 +42,17 @@ from shardcast import (
     trace,
 )
 from shardcast.manifest import Hasher, Manifest, ShardInfo, check_json_depth, parse_manifest
-from shardcast.server import SIGNATURE_HEADER
+from shardcast.protocol import (
+    MAX_MANIFEST_BYTES,
+    MAX_VERSIONS_BYTES,
+    SIGNATURE_HEADER,
+    VERSIONS,
+    VersionList,
+    manifest_url,
+    read_versions,
+    shard_url,
+    versions_url,
+)
 from shardcast.sources import Source, SourcePool
 from shardcast.store import PartialCheckpoint, start_writeback
 from shardcast.trust import TrustPolicy
@@ -51,8 +60,6 @@ from shardcast.trust import TrustPolicy
 log = logging.getLogger(__name__)
 
 CHUNK = 1024 * 1024  # bytes hashed and written at a time
-MAX_VERSIONS_BYTES = 1024 * 1024
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 MAX_ATTEMPTS = 60  # requests for one shard before the download gives up (busy answers included)
 # Transfers in flight to one source. Shards of one source then complete nearly in manifest order, so a relay has
 # its first shard verified (and served on) after about two shards' time, not `parallel` shards' time: with 8 at
@@ -69,23 +76,6 @@ def client_timeout(read: float = 30.0) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=5.0, sock_connect=5.0, sock_read=read)
 
 
-@dataclass(frozen=True)
-class VersionList:
-    latest: int | None
-    complete: frozenset[int]
-    incoming: frozenset[int]
-
-    @property
-    def steps(self) -> frozenset[int]:
-        return self.complete | self.incoming
-
-
-def _step(value: object) -> int:
-    if type(value) is not int or not 0 <= value < 2**64:
-        raise ValueError(f"not a step: {value!r:.40}")
-    return value
-
-
 async def _read_limited(response: aiohttp.ClientResponse, limit: int, what: str, source: str) -> bytes:
     body = await read_body(response.content, limit)
     if len(body) > limit:
@@ -100,22 +90,18 @@ async def list_versions(
     params = {} if after is None else {"after": str(after), "wait": str(wait)}
     try:
         async with session.get(
-            f"{source.url}/versions", params=params, timeout=client_timeout(wait + 10.0)
+            versions_url(source.url), params=params, timeout=client_timeout(wait + 10.0)
         ) as response:
             if response.status != 200:
-                raise SourceError(source.url, f"/versions answered HTTP {response.status}")
-            body = await _read_limited(response, MAX_VERSIONS_BYTES, "/versions", source.url)
+                raise SourceError(source.url, f"{VERSIONS} answered HTTP {response.status}")
+            body = await _read_limited(response, MAX_VERSIONS_BYTES, VERSIONS, source.url)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise SourceError(source.url, f"/versions failed: {exc or type(exc).__name__}") from None
+        raise SourceError(source.url, f"{VERSIONS} failed: {exc or type(exc).__name__}") from None
     try:
         check_json_depth(body, 4)
-        raw = json.loads(body)
-        complete = {_step(v["step"]) for v in raw["versions"] if v["complete"] is True}
-        incoming = {_step(v["step"]) for v in raw["versions"] if v["complete"] is False}
-        latest = None if raw["latest"] is None else _step(raw["latest"])
-    except (ManifestError, ValueError, KeyError, TypeError) as exc:
-        raise SourceError(source.url, f"/versions is malformed: {exc}") from None
-    return VersionList(latest, frozenset(complete), frozenset(incoming))
+        return read_versions(body)
+    except (ManifestError, ValueError) as exc:
+        raise SourceError(source.url, f"{VERSIONS} is malformed: {exc}") from None
 
 
 async def fetch_manifest(
@@ -126,7 +112,7 @@ async def fetch_manifest(
     Raises `SourceError` for transport and format problems, `UntrustedManifest` for a bad signature.
     """
     try:
-        async with session.get(f"{source.url}/v/{step}/manifest.json", timeout=client_timeout()) as response:
+        async with session.get(manifest_url(source.url, step), timeout=client_timeout()) as response:
             if response.status != 200:
                 raise SourceError(source.url, f"manifest of step {step} answered HTTP {response.status}")
             body = await _read_limited(response, MAX_MANIFEST_BYTES, "manifest", source.url)
@@ -439,7 +425,7 @@ class Downloader:
         self, pool: splice.ConnectionPool, source: Source, sink: PartialCheckpoint, transfer: _Transfer, step: int
     ) -> None:
         what = f"shard {transfer.file}[{transfer.index}]"
-        url = f"{source.url}/v/{step}/shards/{transfer.file}/{transfer.index}"
+        url = shard_url(source.url, step, transfer.file, transfer.index)
         headers = {"Range": f"bytes={transfer.received}-"} if transfer.received else {}
         try:
             response = await pool.get(url, headers)
@@ -486,7 +472,7 @@ class Downloader:
     async def _receive_aiohttp(self, source: Source, sink: PartialCheckpoint, transfer: _Transfer, step: int) -> None:
         """Stream the rest of the shard through aiohttp: hashed and written chunk by chunk."""
         what = f"shard {transfer.file}[{transfer.index}]"
-        url = f"{source.url}/v/{step}/shards/{transfer.file}/{transfer.index}"
+        url = shard_url(source.url, step, transfer.file, transfer.index)
         headers = {"Range": f"bytes={transfer.received}-"} if transfer.received else {}
         try:
             async with self.session.get(url, headers=headers, timeout=client_timeout()) as response:

@@ -34,13 +34,12 @@ from core.serving import ConnectionGuard, ConnectionLimits, serve
 from shardcast import LongPollRefused, ManifestError, ShardPending, UnknownShard, VersionNotFound, trace
 from shardcast.manifest import check_name
 from shardcast.polls import LongPolls
+from shardcast.protocol import HEALTH, MANIFEST, METRICS, SHARD, SIGNATURE_HEADER, STEP, VERSIONS, VersionList
 from shardcast.store import ShardStore
 
 log = logging.getLogger(__name__)
 
-SIGNATURE_HEADER = "X-Shardcast-Signature"
 CHUNK = 1024 * 1024
-_STEP = re.compile(r"0|[1-9][0-9]{0,19}")  # canonical decimal: one URL per step
 _RANGE = re.compile(r"bytes=([0-9]{1,20})-([0-9]{0,20})")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -107,7 +106,7 @@ async def _answer(handler: Handler, request: web.Request) -> web.StreamResponse:
 
 def _is_long_poll(request: web.Request) -> bool:
     """A `/versions` request that may wait (the handler validates the query); it goes to the long-poll pool."""
-    return request.path == "/versions" and "after" in request.query and "wait" in request.query
+    return request.path == VERSIONS and "after" in request.query and "wait" in request.query
 
 
 class ShardServer:
@@ -159,11 +158,11 @@ class ShardServer:
         self.app = web.Application(middlewares=[self._limits_middleware])
         self.app.add_routes(
             [
-                web.get("/versions", self._versions),
-                web.get("/v/{step}/manifest.json", self._manifest),
-                web.get("/v/{step}/shards/{file}/{index}", self._shard),
-                web.get("/health", self._health),
-                web.get("/metrics", self._metrics),
+                web.get(VERSIONS, self._versions),
+                web.get(MANIFEST, self._manifest),
+                web.get(SHARD, self._shard),
+                web.get(HEALTH, self._health),
+                web.get(METRICS, self._metrics),
             ]
         )
 
@@ -281,13 +280,12 @@ class ShardServer:
     # --- handlers ------------------------------------------------------------------------------------
 
     def _versions_body(self) -> dict[str, object]:
-        complete = set(self.store.versions())
-        steps = sorted(complete | set(self.store.incoming()))
-        return {"latest": self.latest(), "versions": [{"step": s, "complete": s in complete} for s in steps]}
+        held = VersionList(self.latest(), frozenset(self.store.versions()), frozenset(self.store.incoming()))
+        return held.to_json()
 
     async def _versions(self, request: web.Request) -> web.Response:
         after_text, wait_text = request.query.get("after"), request.query.get("wait", "0")
-        if after_text is not None and after_text != "-1" and not _STEP.fullmatch(after_text):
+        if after_text is not None and after_text != "-1" and not STEP.fullmatch(after_text):
             return _error(400, "after must be a step number, or -1 to wait for any version")
         try:
             wait = min(float(wait_text), self.limits.max_wait)
@@ -311,7 +309,7 @@ class ShardServer:
     @staticmethod
     def _step(request: web.Request) -> int | None:
         text = request.match_info["step"]
-        return int(text) if _STEP.fullmatch(text) else None
+        return int(text) if STEP.fullmatch(text) else None
 
     async def _manifest(self, request: web.Request) -> web.Response:
         step = self._step(request)
@@ -334,7 +332,7 @@ class ShardServer:
             check_name(file)
         except ManifestError:
             return _error(404, "no such file")
-        if not _STEP.fullmatch(index_text):
+        if not STEP.fullmatch(index_text):
             return _error(404, "no such shard")
         asked = time.monotonic()
         try:

@@ -33,7 +33,8 @@ from shardcast.client import (
     wait_for_newer,
 )
 from shardcast.manifest import Manifest, build_manifest, encode_manifest
-from shardcast.server import SIGNATURE_HEADER, ServerLimits, ShardServer
+from shardcast.protocol import SIGNATURE_HEADER
+from shardcast.server import ServerLimits, ShardServer
 from shardcast.store import MemoryBudget, PartialCheckpoint, ShardStore
 from shardcast.trust import TrustPolicy, sign_manifest
 

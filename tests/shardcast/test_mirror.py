@@ -17,7 +17,8 @@ from shardcast.client import fetch_checkpoint
 from shardcast.manifest import Manifest, build_manifest, encode_manifest
 from shardcast.mirror import Mirror
 from shardcast.origin import Origin
-from shardcast.server import SIGNATURE_HEADER, ShardServer
+from shardcast.protocol import SIGNATURE_HEADER
+from shardcast.server import ShardServer
 from shardcast.store import ShardStore
 from shardcast.trust import TrustPolicy, sign_manifest
 

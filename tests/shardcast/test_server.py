@@ -29,7 +29,8 @@ from core.serving import ConnectionLimits
 from protocol.signing import SigningDomain, recover
 from shardcast import UntrustedManifest
 from shardcast.manifest import Manifest, build_manifest, encode_manifest, parse_manifest
-from shardcast.server import SIGNATURE_HEADER, ServerLimits, ShardServer
+from shardcast.protocol import SIGNATURE_HEADER
+from shardcast.server import ServerLimits, ShardServer
 from shardcast.store import ShardStore
 from shardcast.trust import TrustPolicy, checkpoint_message, sign_manifest
 from tests.promtool import check_metrics
