@@ -25,6 +25,7 @@ Run it as `scripts/build-worker-image.sh` (or `python -m node.worker_image`) wit
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -95,7 +96,18 @@ class WorkerImageError(NodeError):
 
 
 def ensure_worker_image(client: docker.DockerClient, *, cache: Path = DEFAULT_CACHE) -> str:
-    """The tag of the CPU worker image for the current sources, building what is missing first."""
+    """The tag of the CPU worker image for the current sources, building what is missing first.
+
+    One build at a time per cache folder (a lock file beside the wheels): a second caller, another command or a
+    test on another worker, waits and then finds the image its inputs name already built, instead of building
+    the same image beside the first."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / "build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        return _ensure_worker_image(client, cache)
+
+
+def _ensure_worker_image(client: docker.DockerClient, cache: Path) -> str:
     base = ensure_base_image(client)
     wheels = ensure_wheels(cache)
     sources = dict(_source_files())  # read once: the tag and the build context come from the same bytes

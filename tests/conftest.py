@@ -106,3 +106,16 @@ def no_vllm_engine_in_the_test_process(request: pytest.FixtureRequest) -> Iterat
     if not before and request.node.get_closest_marker("gpu") is None:
         built = [name for name in VLLM_ENGINE_MODULES if name in sys.modules]
         assert not built, f"{request.node.nodeid} built a vLLM engine in the pytest process ({built[0]} loaded)"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: the worker image (a build of minutes the first time), then those marked slow, then
+    the rest, each group in its collected order. On several workers the long ones then start at once and the short
+    ones fill the gaps, instead of one image build running alone at the end of the run (docs/testing.md)."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("docker") and item.get_closest_marker("slow"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)  # stable: the same order on every worker, as xdist requires

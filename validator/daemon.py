@@ -58,6 +58,7 @@ from ledger.tx import with_retries
 from ledger.types import Reason, WorkStatus
 from ledger.validators import ValidatorSet
 from protocol.coordinator.client import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
+from protocol.coordinator.pool import PublishedStep
 from protocol.rollouts import read_rollouts
 from protocol.rollouts.schema import RolloutFormatError
 from protocol.rollouts.writer import publish_atomically
@@ -498,20 +499,46 @@ class ValidatorDaemon:
     # --- verification -------------------------------------------------------------------------------
 
     async def _verify(self, row: WorkRow) -> None:
-        key, short = row.work_key, _short(row.work_key)
-        try:
-            work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, row.node, key)
-        except LedgerError as exc:
-            self._retry(row, f"reading the work on chain: {exc}")
-            return
-        if work.status == WorkStatus.NONE:  # read from a block a reorganisation replaced
-            self.store.move(row, UNVERIFIABLE, note=GONE)
-            self._gone.inc()
-            log.warning("%s from %s: %s; judged if it is submitted again", short, row.node, GONE)
+        """One submission, from the chain to a recorded verdict: still on chain, not judged by a peer, its file and the
+        coordinator's step history, the checks, the verdict (its evidence kept first when it rejects). A failure on
+        this validator's side is retried or recorded unverifiable in the stage that met it, never a verdict."""
+        if not await self._still_submitted(row):
             return
         if len(self.peers.validators) > 1 and await self._judged_elsewhere(row):
             return
-        trace.record("queue", max(0.0, time.time() - row.first_seen), key=key.hex(), attempts=row.attempts)
+        trace.record("queue", max(0.0, time.time() - row.first_seen), key=row.work_key.hex(), attempts=row.attempts)
+        fetched = await self._fetch(row)
+        if fetched is None:
+            return
+        data, history = fetched
+        expected = self._expected(row, history)
+        judged = await self._judge(row, data, expected)
+        if judged is None:
+            return
+        verdict, seconds = judged
+        await self._record(row, verdict, seconds, data, expected)
+
+    async def _still_submitted(self, row: WorkRow) -> bool:
+        """Whether the chain still holds the submission (a reorganisation may have removed it: judged only if it is
+        submitted again); False too when the chain could not be read (retried)."""
+        try:
+            work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, row.node, row.work_key)
+        except LedgerError as exc:
+            self._retry(row, f"reading the work on chain: {exc}")
+            return False
+        if work.status == WorkStatus.NONE:  # read from a block a reorganisation replaced
+            self.store.move(row, UNVERIFIABLE, note=GONE)
+            self._gone.inc()
+            log.warning("%s from %s: %s; judged if it is submitted again", _short(row.work_key), row.node, GONE)
+            return False
+        return True
+
+    async def _fetch(self, row: WorkRow) -> tuple[bytes, list[PublishedStep]] | None:
+        """The file and the coordinator's step history, or None when the row went elsewhere: retried (the
+        coordinator failed, or has not got the file yet inside the grace period), unverifiable (the coordinator
+        acknowledged the file and lost it: never the worker's fault), or rejected unavailable (reason 8: never
+        uploaded within the grace period)."""
+        key, short = row.work_key, _short(row.work_key)
         try:
             with trace.span("download", key=key.hex()):
                 data = await self.client.download(key, self.config.max_file_bytes)
@@ -520,34 +547,39 @@ class ValidatorDaemon:
             self.store.move(row, UNVERIFIABLE, note=str(exc))
             self._unverifiable.inc()
             log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
-            return
+            return None
         except CoordinatorError as exc:  # not the worker's fault: try again, whatever the grace period
             log.warning("%s: the coordinator failed, trying again: %s", short, exc)
             self._retry(row, str(exc))
-            return
-        if data is None:
-            deadline = row.first_seen + self.config.grace_seconds
-            if time.time() < deadline:
-                self._retry(row, "the coordinator does not have the file yet", before=deadline)
-                return
-            verdict = reject(
-                Reason.FILE_UNAVAILABLE,
-                DOWNLOAD,
-                f"the coordinator did not have the file {self.config.grace_seconds:g} s after the submission was seen",
-                attempts=row.attempts + 1,
-            )
-            self.store.record_verdict(row, verdict, stage=UNAVAILABLE)
-            self._unavailable.inc()
-            log.info("%s from %s: unavailable after %d tries", short, row.node, row.attempts + 1)
-            return
+            return None
+        if data is not None:
+            return data, history
+        deadline = row.first_seen + self.config.grace_seconds
+        if time.time() < deadline:
+            self._retry(row, "the coordinator does not have the file yet", before=deadline)
+            return None
+        verdict = reject(
+            Reason.FILE_UNAVAILABLE,
+            DOWNLOAD,
+            f"the coordinator did not have the file {self.config.grace_seconds:g} s after the submission was seen",
+            attempts=row.attempts + 1,
+        )
+        self.store.record_verdict(row, verdict, stage=UNAVAILABLE)
+        self._unavailable.inc()
+        log.info("%s from %s: unavailable after %d tries", short, row.node, row.attempts + 1)
+        return None
+
+    def _expected(self, row: WorkRow, history: list[PublishedStep]) -> Expected:
+        """What the file must agree with: the chain's record of it, the pool's terms, and the steps the coordinator
+        had published around the submission's block time (unknown steps are never held against the worker)."""
         earliest, current = steps_around(history, row.submitted_at, self.config.clock_slack)
         if current is None:
             log.warning(
                 "%s: the coordinator's step history starts after block %d (time %d): not judging its step",
-                short, row.block, row.submitted_at,
+                _short(row.work_key), row.block, row.submitted_at,
             )  # fmt: skip
-        expected = Expected(
-            work_key=key,
+        return Expected(
+            work_key=row.work_key,
             node=row.node,
             pool_id=self.setup.pool_id,
             units=row.units,
@@ -558,6 +590,11 @@ class ValidatorDaemon:
             submitted_at=row.submitted_at,  # the block's time: past the signed assignment's deadline, it is stale
             timing=self.setup.timing,
         )
+
+    async def _judge(self, row: WorkRow, data: bytes, expected: Expected) -> tuple[Verdict, float] | None:
+        """The checks of validator.verify on the file, in a thread, with the seconds they took; None when this
+        validator could not judge it (a checkpoint gone from every source, or its own failure: never a verdict)."""
+        short = _short(row.work_key)
         loop = asyncio.get_running_loop()
 
         def checkpoint_of(step: int) -> LoadedModel:  # called in the verification thread
@@ -580,18 +617,24 @@ class ValidatorDaemon:
             self.store.move(row, UNVERIFIABLE, note=str(exc))
             self._unverifiable.inc()
             log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
-            return
+            return None
         except Stopped:
             log.info("%s: stopping; its verification is dropped and runs again after a restart", short)
             raise
         except Exception as exc:  # the validator's side failed: never a verdict (validator.errors.CouldNotJudge)
             failure = exc if isinstance(exc, CouldNotJudge) else CouldNotJudge.during("verify", exc, what="verifying")
             self._could_not_judge(row, failure)
-            return
+            return None
         seconds = time.perf_counter() - started
-        trace.record("verify", seconds, key=key.hex(), accepted=verdict.accepted)
+        trace.record("verify", seconds, key=row.work_key.hex(), accepted=verdict.accepted)
         self._verify_seconds.inc(seconds)
         self._last_verify.set(seconds)
+        return verdict, seconds
+
+    async def _record(self, row: WorkRow, verdict: Verdict, seconds: float, data: bytes, expected: Expected) -> None:
+        """Records the verdict (a second file under one assignment counter is rejected here); a rejection's evidence
+        is on disk before the row can go on chain, and a failure to keep it retries the row rather than skip it."""
+        short = _short(row.work_key)
         if verdict.accepted:  # one assignment pays once: a second file under the node's counter is a re-slice
             verdict = self._counter_once(row, verdict)
         if not verdict.accepted:  # the evidence exists before anything can go on chain
@@ -604,6 +647,7 @@ class ValidatorDaemon:
         self.store.record_verdict(row, verdict)
         if verdict.accepted:
             self._accepted.inc()
+            current = expected.current_step
             log.info("%s from %s: accepted in %.2f s (pool step %s then)", short, row.node, seconds, current)
         else:
             assert verdict.reason is not None  # a rejecting verdict has a reason

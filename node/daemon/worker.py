@@ -152,6 +152,21 @@ class WorkerSettings:
         return assignment_timing(self.async_level, self.assignment_lifetime, self.clock_slack)
 
 
+@dataclass
+class _Running:
+    """What `WorkerDaemon.run` opened for its loop, and closes after it."""
+
+    spec: TaskSpec
+    source: TaskSource
+    trainer: str  # the pool's trainer: it signs assignments, receipts and manifests
+    domain: SigningDomain
+    weights: Weights
+    relay: tuple[str, ShardServer, asyncio.Task[None]] | None
+    gossip: WorkerGossip | None
+    metrics: web.AppRunner | None
+    dashboard: web.AppRunner | None
+
+
 class WorkerDaemon:
     """The loop of the module docstring, over a `WorkChain`: the pool's contracts (`LedgerWorkChain`, `prime-node
     start`) or none (`LocalWorkChain`, local mode). Deliberate misbehaviour overrides the three hooks below
@@ -191,6 +206,7 @@ class WorkerDaemon:
         self.metrics.gauge("worker_step", "The policy step of the weights held.", lambda: float(self._held_step))
         self._held_step = -1
         self._idle_logged = -2  # the held step when 'no more work' was last logged
+        self._made = 0  # files this process made (`max_files`)
         self._started_at = time.time()
         self._waiting_since: float | None = None  # when the oldest uploaded, unsubmitted file became ready
         self._last_chain_look = 0.0
@@ -271,72 +287,28 @@ class WorkerDaemon:
     # --- the loop -----------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        """Works until stopped; returns the exit code (0 stopped or done, 1 cannot go on)."""
+        """Works until stopped; returns the exit code (0 stopped or done, 1 cannot go on).
+
+        Each turn of the loop makes one file (`_one_file`); what can go wrong in a turn is handled here, by kind: a
+        refusal or an ejection stops the worker, an untimely assignment or no work yet waits, an unreachable
+        coordinator is retried up to `patience`, anything else up to `max_failures` turns in a row."""
         settings = self.settings
-        await self.check_standing()
-        pool = await asyncio.to_thread(self.chain.pool, settings.pool_id)
-        self._window = pool.config.challenge_window
-        domain = self.chain.domain
-        self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
-        spec = load_task_spec(settings.task)
-        source = open_source(spec)
-        policy = TrustPolicy(domain, pool.config.trainer, settings.pool_id)
-        sources = list(settings.checkpoints)
-        relay = await self._start_relay(policy)
-        if relay is not None:
-            sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
-        device, dtype = self.choice.torch_placement
-        weights = Weights(
-            settings.state_dir / "weights",
-            SourcePool(sources),
-            policy,
-            on_load=self.weights_on_load(),
-            device=device,
-            dtype=dtype,
-        )
-        gossip = await self._start_gossip(domain, pool.config.trainer, weights, relay)
-        runner = await self._serve_metrics()
-        dashboard = await self._serve_dashboard()
-        log.info(
-            "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
-            "generating with %s",
-            self.node,
-            settings.pool_id,
-            pool.config.trainer,
-            settings.coordinator,
-            ", ".join(settings.checkpoints),
-            spec.name,
-            settings.state_dir,
-            self.state.counts(),
-            self.choice.describe(),
-        )
-        made, failures = 0, 0
+        running = await self._open()
+        failures = 0
         unreachable_since: float | None = None  # since when the coordinator has not answered
         try:
             # a session of its own: every call timed and bounded (protocol.coordinator.client.ClientLimits)
             async with CoordinatorClient.connect(
-                settings.coordinator, self.account, domain, pool_id=settings.pool_id
+                settings.coordinator, self.account, running.domain, pool_id=settings.pool_id
             ) as coordinator:
                 self._coordinator = coordinator
                 recovered = False  # what a previous run left written or uploaded goes first
-                while not self.stopping.is_set() and (settings.max_files is None or made < settings.max_files):
+                while not self.stopping.is_set() and (settings.max_files is None or self._made < settings.max_files):
                     try:
                         if not recovered:
                             await self.flush(coordinator, force=True)
                             recovered = True
-                        job = await coordinator.request_task()
-                        check_assignment(job, spec, pool.config.trainer, domain, settings.timing, now=time.time())
-                        with trace.span("hold", step=job.step):  # the loop's wait: nothing when prefetched
-                            loaded = await weights.hold(job.step)
-                        if self._held_step != job.step:
-                            hash_hex = weights.manifest_hash.hex()[:12]
-                            log.info("holding the policy of step %d (manifest 0x%s)", job.step, hash_hex)
-                        self._held_step = job.step
-                        work_key = await self._make_file(job, spec, source, loaded, weights.manifest_hash)
-                        made += 1
-                        await self._upload(coordinator, work_key)
-                        await self.flush(coordinator, force=False)
-                        await self.follow_chain()
+                        await self._one_file(coordinator, running)
                         failures, unreachable_since = 0, None
                     except CoordinatorRefused as exc:
                         await self._explain_refusal(exc)
@@ -347,11 +319,7 @@ class WorkerDaemon:
                         await self._pause()
                     except NoWorkYet as exc:  # this step's share is done: submit what waits, then ask again
                         unreachable_since = None
-                        try:
-                            await self.flush(coordinator, force=True)
-                        except Exception as failure:  # an outage or an RPC error here is retried like any other
-                            self._failures.inc(kind="flush")
-                            log.warning("submitting what waits failed, trying again: %s", failure)
+                        await self._flush_while_idle(coordinator)
                         await self._wait_for_work(exc)
                     except (CoordinatorUnavailable, OSError) as exc:
                         self._failures.inc(kind="unreachable")
@@ -374,22 +342,104 @@ class WorkerDaemon:
                             return 1
                         log.warning("retrying after: %s", exc)
                         await self._pause()
-                try:  # the chain first: a submission a reorganisation removed is submitted again by the flush
-                    await self.follow_chain(force=True)
-                    await self.flush(coordinator, force=True)
-                except Exception as exc:
-                    log.warning("stopping with files left to upload or submit; the next start does it: %s", exc)
+                await self._finish(coordinator)
         finally:
-            if dashboard is not None:
-                await dashboard.cleanup()
-            if runner is not None:
-                await runner.cleanup()
-            if gossip is not None:
-                await gossip.stop()
-            if relay is not None:
-                await self._stop_relay(relay)
-        log.info("stopped after %d files; journal: %s", made, self.state.counts())
+            await self._close(running)
+        log.info("stopped after %d files; journal: %s", self._made, self.state.counts())
         return 0
+
+    async def _open(self) -> _Running:
+        """The pool's record, the task, the weights and what the worker serves (relay, gossip, metrics, dashboard)."""
+        settings = self.settings
+        await self.check_standing()
+        pool = await asyncio.to_thread(self.chain.pool, settings.pool_id)
+        self._window = pool.config.challenge_window
+        domain = self.chain.domain
+        self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
+        spec = load_task_spec(settings.task)
+        policy = TrustPolicy(domain, pool.config.trainer, settings.pool_id)
+        sources = list(settings.checkpoints)
+        relay = await self._start_relay(policy)
+        if relay is not None:
+            sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
+        device, dtype = self.choice.torch_placement
+        weights = Weights(
+            settings.state_dir / "weights",
+            SourcePool(sources),
+            policy,
+            on_load=self.weights_on_load(),
+            device=device,
+            dtype=dtype,
+        )
+        running = _Running(
+            spec=spec,
+            source=open_source(spec),
+            trainer=pool.config.trainer,
+            domain=domain,
+            weights=weights,
+            relay=relay,
+            gossip=await self._start_gossip(domain, pool.config.trainer, weights, relay),
+            metrics=await self._serve_metrics(),
+            dashboard=await self._serve_dashboard(),
+        )
+        log.info(
+            "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
+            "generating with %s",
+            self.node,
+            settings.pool_id,
+            pool.config.trainer,
+            settings.coordinator,
+            ", ".join(settings.checkpoints),
+            spec.name,
+            settings.state_dir,
+            self.state.counts(),
+            self.choice.describe(),
+        )
+        return running
+
+    async def _one_file(self, coordinator: CoordinatorClient, running: _Running) -> None:
+        """One turn: an assignment checked, the policy of its step held, the file made, uploaded, submitted when a
+        batch is due, and the chain followed for verdicts and claims."""
+        job = await coordinator.request_task()
+        check_assignment(job, running.spec, running.trainer, running.domain, self.settings.timing, now=time.time())
+        with trace.span("hold", step=job.step):  # the loop's wait: nothing when prefetched
+            loaded = await running.weights.hold(job.step)
+        if self._held_step != job.step:
+            hash_hex = running.weights.manifest_hash.hex()[:12]
+            log.info("holding the policy of step %d (manifest 0x%s)", job.step, hash_hex)
+        self._held_step = job.step
+        work_key = await self._make_file(job, running.spec, running.source, loaded, running.weights.manifest_hash)
+        self._made += 1  # counted once written: `max_files` bounds the files made, whatever happens to them next
+        await self._upload(coordinator, work_key)
+        await self.flush(coordinator, force=False)
+        await self.follow_chain()
+
+    async def _flush_while_idle(self, coordinator: CoordinatorClient) -> None:
+        """Submits what waits while there is no work; an outage or an RPC error here is retried like any other."""
+        try:
+            await self.flush(coordinator, force=True)
+        except Exception as failure:
+            self._failures.inc(kind="flush")
+            log.warning("submitting what waits failed, trying again: %s", failure)
+
+    async def _finish(self, coordinator: CoordinatorClient) -> None:
+        """At a stop: the chain first (a submission a reorganisation removed is submitted again by the flush), then
+        everything uploaded and submitted; what fails is left to the next start, which does it first."""
+        try:
+            await self.follow_chain(force=True)
+            await self.flush(coordinator, force=True)
+        except Exception as exc:
+            log.warning("stopping with files left to upload or submit; the next start does it: %s", exc)
+
+    async def _close(self, running: _Running) -> None:
+        if running.dashboard is not None:
+            await running.dashboard.cleanup()
+        if running.metrics is not None:
+            await running.metrics.cleanup()
+        if running.gossip is not None:
+            await running.gossip.stop()
+        if running.relay is not None:
+            await self._stop_relay(running.relay)
 
     async def _wait_for_work(self, refusal: NoWorkYet) -> None:
         if self._idle_logged != self._held_step:
