@@ -39,7 +39,7 @@ from protocol.signing import (
 from tests.loopback_coordinator import coordinator_service, serving
 from tests.node_js import node_json, node_script
 
-pytestmark = pytest.mark.timeout(180)  # the first test may run `npm ci` (about 5 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # the first test may run `npm ci` (about 5 s)
 
 JS_DIR = Path(__file__).parent / "ethers"
 DOCS = Path(__file__).parents[2] / "docs" / "signed-messages.md"

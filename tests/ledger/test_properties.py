@@ -988,6 +988,7 @@ class Harness:
             ), work_id
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # passing takes ~30 s; a failure's shrinking may take minutes more
 @settings(
     max_examples=20,

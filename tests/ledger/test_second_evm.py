@@ -31,6 +31,7 @@ from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import assert_revert, events, make_pool, onboard, transact_at, work_key
 
 pytestmark = [
+    pytest.mark.slow,  # a Hardhat Network node per session
     # Hardhat has no eth_maxPriorityFeePerGas; web3 then takes the tip from eth_feeHistory and warns on every send.
     pytest.mark.filterwarnings("ignore:There was an issue with the method eth_maxPriorityFeePerGas:UserWarning"),
 ]

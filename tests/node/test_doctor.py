@@ -56,6 +56,7 @@ def saved(deployment: Deployment, path: Path) -> Path:
 # --- the whole command on this machine ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_doctor_passes_on_this_machine_and_names_the_absent_gpu(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["doctor", "--json", "--state", str(tmp_path / "state")])
     assert result.exit_code == 0, result.output
@@ -174,6 +175,7 @@ def test_source_check_fails_on_a_closed_port() -> None:
 # --- the self-test -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tampered_self_test_file_is_rejected(self_test_file: SelfTestFile, tmp_path: Path) -> None:
     honest = read_rollouts(self_test_file.rollouts, max_bytes=1 << 24)
     row = honest.rows[0]

@@ -23,7 +23,7 @@ from p2p import P2PNode, peer_id_of, sign_message
 from tests.node_js import node_json, node_script
 from tests.p2p.helpers import DOMAIN, TOPIC, WAIT, checkpoint, dropped, next_message, run, started, until
 
-pytestmark = pytest.mark.timeout(120)  # the first js test may run `npm ci` (about 10 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # the first js test may run `npm ci` (about 10 s)
 
 JS_ACCOUNT: LocalAccount = Account.from_key(b"\x31" * 32)
 

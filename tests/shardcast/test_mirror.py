@@ -9,6 +9,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from eth_account import Account
 
@@ -171,6 +172,7 @@ def _bytes_sent(metrics: str) -> float:
     return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("shardcast_bytes_sent"))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_a_manifest_of_hundreds_of_kilobytes_reaches_a_client_through_a_relay(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from core.serving import ConnectionLimits
 from protocol.signing import HEADER_BODY_HASH, NonceCache, sign_request
@@ -99,6 +100,7 @@ def test_a_member_body_slower_than_its_deadline_is_refused_and_its_nonce_given_b
     run(tmp_path, scenario, connections=ConnectionLimits(body_grace=0.5, min_body_rate=1e9))
 
 
+@pytest.mark.slow
 def test_idle_connections_cannot_take_the_descriptors_members_upload_through(tmp_path: Path) -> None:
     """Attack 4: with the server at a 400-descriptor limit, 490 idle connections made 5 of 5 member uploads time out
     and the server logged 469,720 "too many open files" tracebacks in about 25 s."""

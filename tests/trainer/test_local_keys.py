@@ -24,6 +24,8 @@ from ledger.accounts import PASSWORD_ENV_VAR, WrongPasswordError, create_keystor
 from trainer.roles import StaticRoles
 from trainer.run import LocalKeyError, local_network
 
+pytestmark = pytest.mark.slow  # trainers started as processes
+
 REPO = Path(__file__).parents[2]
 TASK = REPO / "configs" / "tasks" / "default.toml"
 PASSWORD = "local-test-password"

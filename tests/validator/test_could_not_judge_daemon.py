@@ -47,6 +47,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0)
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_file_the_validator_cannot_judge_is_retried_then_unverifiable_and_never_invalidated(
     ledger_for: LedgerFor, generate: Callable[..., Generated], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

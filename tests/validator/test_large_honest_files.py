@@ -23,6 +23,8 @@ from protocol.signing import SigningDomain
 from tests.loopback_coordinator import coordinator_service, serving
 from validator.verdict import Verdict
 
+pytestmark = pytest.mark.slow  # a vLLM engine or megabyte files through every role: make test, not test-fast
+
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
 WORKER = Account.from_key(b"\x21" * 32)
 VALIDATOR = Account.from_key(b"\x22" * 32)

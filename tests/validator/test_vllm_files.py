@@ -25,6 +25,8 @@ from ledger.types import Reason
 from protocol.rollouts import read_rollouts, work_units
 from validator.cli import app
 
+pytestmark = pytest.mark.slow  # a vLLM engine or megabyte files through every role: make test, not test-fast
+
 TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 STEP = 4
