@@ -109,9 +109,8 @@ def no_vllm_engine_in_the_test_process(request: pytest.FixtureRequest) -> Iterat
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first: the worker image (a build of minutes the first time), then those marked slow, then
-    the rest, each group in its collected order. On several workers the long ones then start at once and the short
-    ones fill the gaps, instead of one image build running alone at the end of the run (docs/testing.md)."""
+    """The worker image's tests first (a build of minutes when the sources changed: it then overlaps the rest of the
+    run instead of ending it alone, as it did), then those marked slow, then the rest, each in collected order."""
 
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("docker") and item.get_closest_marker("slow"):
