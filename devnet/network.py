@@ -440,11 +440,10 @@ deployment = "deployment.json"
         last: dict[str, float] = {}
         while True:
             self._check_alive()
+            done = self._trainer_done()  # asked before the read: the trainer writes its last record, then says so
             last = self._last_step() or last
             self.on_snapshot(self._snapshot(owner, last, time.monotonic() - started))
-            if last.get("step", 0) < self.settings.steps and self._trainer_done():
-                last = self._last_step() or last  # its last record may have landed since the read above
-            if last.get("step", 0) >= self.settings.steps or self._trainer_done():
+            if done or last.get("step", 0) >= self.settings.steps:
                 return float(last.get("seconds", time.monotonic() - started)), last
             time.sleep(1.0)
 
