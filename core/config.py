@@ -1,25 +1,34 @@
 """Declarative settings: every field of a role's config declared once, with its TOML key, type, default, bounds and a
-one-line doc, then read from one TOML table, the environment (secrets only) and flags, in that order.
+one-line doc, then read from a TOML file, the environment (secrets only) and flags, in that order.
 
-A role declares a frozen dataclass over `Settings` whose fields are `setting(...)`s:
+A role declares a frozen dataclass over `Settings` whose fields are `setting(...)`s, and tables of them `table(...)`s:
 
     @dataclass(frozen=True)
     class ValidatorSettings(Settings):
         TABLE: ClassVar[str] = "validator"
         grace_seconds: float = setting("seconds before reason 8", default=600.0, key="grace", flag="--grace", above=0)
 
-and loads it with `ValidatorSettings.load(path, flags={"grace_seconds": grace})`. The TOML table must hold only
-declared keys, each of its declared type (TOML tells `1` from `1.0` and `true` from `1`, and so does this: a bool
-is never an int), inside its bounds; a relative path is resolved against the file's folder. A flag given (not
-None) replaces the file's value and is checked the same way. Every refusal is a `ConfigError` whose message names
-the file and the key, or the flag. Types: bool, int, float (an int is taken), str, Path, tuple[str, ...], and any
-of them `| None` (None: not set; TOML has no null, so only a default can be None). ruff's RUF009 does not see
-`setting` as a field specifier across modules: a field of a mutable-looking type (Path) takes `# noqa: RUF009`.
+and loads it with `ValidatorSettings.load(path, flags={"grace_seconds": grace})`. A class with a TABLE reads that one
+table of the file; one without reads the whole file, its `table(...)` fields each from the table of their key
+(trainer.toml's [run], [data], ...), nested as deep as the file is. A table must hold only declared keys, each of
+its declared type (TOML tells `1` from `1.0` and `true` from `1`, and so does this: a bool is never an int), inside
+its bounds; a relative path is resolved against the file's folder. A flag given (not None) replaces the file's value
+and is checked the same way; a flag of a nested field is named by its dotted path ("run.device").
+
+The bounds hold for every instance, not only a loaded one: constructing a settings object in code checks each field
+as loading does (a `ConfigError` naming `Class.field`), so no other type need check them again. `to_toml` writes
+an instance back as a file that loads to an equal one, for the tools that write a role's config (the devnet).
+
+Every refusal is a `ConfigError` whose message names the file and the key, or the flag. Types: bool, int, float (an
+int is taken), str, Path, tuple[str, ...], and any of them `| None` (None: not set; TOML has no null, so only a
+default can be None). A field declared `default=REQUIRED` must be given. pyproject.toml tells ruff's RUF009 that `setting`
+and `table` build fields, not shared defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import tomllib
@@ -44,6 +53,16 @@ class ConfigError(InputError):
         self.where = where
 
 
+class _Required:
+    """The default of a setting that has none: the file or the caller must give it."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
 @dataclass(frozen=True)
 class Setting:
     """What one field declares beyond its type and default (`setting` builds it)."""
@@ -57,6 +76,7 @@ class Setting:
     choices: tuple[str, ...] = ()  # a str that must be one of these
     relative: bool = False  # a Path the file gives relative to its own folder
     env: str | None = None  # an environment variable that sets it (secrets only: str fields)
+    table: bool = False  # a nested table: the field's type is a Settings class (`table`)
 
 
 def setting(
@@ -72,12 +92,21 @@ def setting(
     relative: bool = False,
     env: str | None = None,
 ) -> Any:
-    """A dataclass field with its declaration as metadata; `default` must be immutable (a tuple, not a list). Type
-    checkers know it as a field specifier of `Settings` (`dataclass_transform`), so `default=` is a keyword."""
+    """A dataclass field with its declaration as metadata; `default` must be immutable (a tuple, not a list), or
+    REQUIRED. Type checkers know it as a field specifier of `Settings` (`dataclass_transform`)."""
     if isinstance(default, list | dict | set):
         raise TypeError(f"setting {key or doc!r}: a mutable default; use a tuple")
     declared = Setting(doc, key, flag, minimum, above, maximum, choices, relative, env)
     return field(default=default, metadata={_META: declared})
+
+
+def table(doc: str, kind: type[Settings], *, key: str = "", optional: bool = False) -> Any:
+    """A nested table of settings, of type `kind`: its defaults when the file has no such table, or, `optional`,
+    None unless the file has one (an empty table then means every default)."""
+    declared = Setting(doc, key, table=True)
+    if optional:
+        return field(default=None, metadata={_META: declared})
+    return field(default_factory=kind, metadata={_META: declared})
 
 
 @dataclass(frozen=True)
@@ -91,9 +120,15 @@ class Declared:
     setting: Setting
     default: Any
 
+    @property
+    def is_table(self) -> bool:
+        return self.setting.table
+
     def rule(self) -> str:
         """What a value must be, for people: 'an integer in [1, 64]', 'one of auto, cpu, cuda'."""
         s = self.setting
+        if s.table:
+            return "a table"
         if s.choices:
             return "one of " + ", ".join(s.choices)
         noun = _NOUNS.get(self.kind, "a list of strings")
@@ -117,9 +152,13 @@ def _num(value: float | None) -> str:
 
 
 def declared(cls: type) -> tuple[Declared, ...]:
-    """The declared fields of a settings dataclass, in order; a field without `setting(...)` is refused."""
+    """The declared fields of a settings dataclass, in order, tables included; a field without `setting(...)` or
+    `table(...)` is refused."""
+    found = _DECLARED.get(cls)
+    if found is not None:
+        return found
     hints = typing.get_type_hints(cls)
-    found = []
+    items = []
     for f in dataclasses.fields(cls):
         if f.name in _HIDDEN:
             continue
@@ -127,12 +166,20 @@ def declared(cls: type) -> tuple[Declared, ...]:
         if not isinstance(meta, Setting):
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting(...)")
         kind, optional = _unwrap(hints[f.name])
-        if kind not in _NOUNS and kind != _LIST:
+        if meta.table:
+            if not (isinstance(kind, type) and issubclass(kind, Settings)):
+                raise TypeError(f"{cls.__name__}.{f.name}: a table's type must be a Settings class")
+        elif kind not in _NOUNS and kind != _LIST:
             raise TypeError(f"{cls.__name__}.{f.name}: type {kind} is not one the config layer reads")
         if meta.env is not None and kind is not str:
             raise TypeError(f"{cls.__name__}.{f.name}: only a str (a secret) may come from the environment")
-        found.append(Declared(f.name, meta.key or f.name, kind, optional, meta, f.default))
-    return tuple(found)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        items.append(Declared(f.name, meta.key or f.name, kind, optional, meta, default))
+    _DECLARED[cls] = found = tuple(items)
+    return found
+
+
+_DECLARED: dict[type, tuple[Declared, ...]] = {}
 
 
 def _unwrap(hint: Any) -> tuple[Any, bool]:
@@ -144,16 +191,21 @@ def _unwrap(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(setting, field))
+@dataclass_transform(frozen_default=True, field_specifiers=(setting, table, field))
 @dataclass(frozen=True)
 class Settings:
     """Base of a role's declared settings. `origins` maps each field the file, the environment or a flag set to
     where ("FILE: table.key", "$VAR", "--flag"); `file` holds the file's own values by TOML key."""
 
-    TABLE: ClassVar[str] = ""  # the TOML table the role reads ("validator" reads [validator])
+    TABLE: ClassVar[str] = ""  # the TOML table the role reads ("validator" reads [validator]); "": the whole file
 
     origins: Mapping[str, str] = field(default_factory=dict, kw_only=True, compare=False, repr=False)
     file: Mapping[str, Any] = field(default_factory=dict, kw_only=True, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Every field inside its declaration, however the instance was made (`validate`)."""
+        for item in declared(type(self)):
+            validate(item, getattr(self, item.name), f"{type(self).__name__}.{item.name}")
 
     @classmethod
     def load(
@@ -163,46 +215,142 @@ class Settings:
         flags: Mapping[str, Any] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> Self:
-        """The defaults, then `path`'s [TABLE] (None: no file), then the environment, then `flags` (field name ->
-        value; None is a flag not given)."""
-        table = read_table(path, cls.TABLE) if path is not None else {}
+        """The defaults, then `path`'s [TABLE] or whole file (None: no file), then the environment, then `flags`
+        (field name, or dotted path of a nested one -> value; None is a flag not given)."""
+        document = read_toml(path) if path is not None else {}
+        if cls.TABLE:
+            extra = sorted(set(document) - {cls.TABLE})
+            if extra:
+                raise ConfigError(f"{path}: unknown table or key {extra[0]!r}; expected [{cls.TABLE}]", where=str(path))
+            found = document.get(cls.TABLE, {})
+            if not isinstance(found, dict):
+                raise ConfigError(f"{path}: {cls.TABLE} must be a table ([{cls.TABLE}])", where=str(path))
+            document = found
+        return cls.from_table(document, path, prefix=cls.TABLE, flags=flags, environ=environ)
+
+    @classmethod
+    def from_table(
+        cls,
+        values_in: Mapping[str, Any],
+        path: Path | None,
+        *,
+        prefix: str = "",
+        flags: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Self:
+        """These settings from one TOML table (`prefix` is its dotted name, for messages), then the environment and
+        `flags`, as `load` describes."""
+        items = declared(cls)
+        by_key = {d.key: d for d in items}
+        by_name = {d.name: d for d in items}
         values: dict[str, Any] = {}
         origins: dict[str, str] = {}
-        by_key = {d.key: d for d in declared(cls)}
-        for key, raw in table.items():
+        nested: dict[str, dict[str, Any]] = {d.name: {} for d in items if d.is_table}
+        own_flags: dict[str, Any] = {}
+        for name, given in (flags or {}).items():
+            head, dot, rest = name.partition(".")
+            if head not in by_name or (dot and head not in nested):
+                raise TypeError(f"{cls.__name__} declares no field {name!r}")
+            if dot:
+                nested[head][rest] = given
+            else:
+                own_flags[name] = given
+        base = path.parent if path is not None else None
+        for key, raw in values_in.items():
             item = by_key.get(key)
-            where = f"{path}: {cls.TABLE}.{key}"
+            dotted = f"{prefix}.{key}" if prefix else key
+            where = f"{path}: {dotted}"
             if item is None:
-                raise ConfigError(f"{path}: unknown key {cls.TABLE}.{key}; known: {', '.join(by_key)}", where=where)
-            values[item.name] = check(item, raw, where, base=path.parent if path is not None else None)
+                known = ", ".join(d.key for d in items)
+                raise ConfigError(f"{path}: unknown key {dotted}; known: {known}", where=where)
+            if item.is_table:
+                if not isinstance(raw, dict):
+                    raise ConfigError(f"{path}: {dotted} must be a table ([{dotted}])", where=where)
+                values[item.name] = item.kind.from_table(
+                    raw, path, prefix=dotted, flags=nested[item.name], environ=environ
+                )
+            else:
+                values[item.name] = check(item, raw, where, base=base)
             origins[item.name] = where
+        for item in items:  # a table the file leaves out: its defaults, or None, with its flags applied
+            if item.is_table and item.name not in values and (nested[item.name] or not item.optional):
+                dotted = f"{prefix}.{item.key}" if prefix else item.key
+                values[item.name] = item.kind.from_table(
+                    {}, path, prefix=dotted, flags=nested[item.name], environ=environ
+                )
         environ = os.environ if environ is None else environ
-        for item in by_key.values():
+        for item in items:
             if item.setting.env is not None and item.setting.env in environ:
                 where = f"${item.setting.env}"
                 values[item.name] = check(item, environ[item.setting.env], where)
                 origins[item.name] = where
-        for name, given in (flags or {}).items():
+        for name, given in own_flags.items():
             if given is None:
                 continue
-            item = next((d for d in by_key.values() if d.name == name), None)
-            if item is None:
-                raise TypeError(f"{cls.__name__} declares no field {name!r}")
+            item = by_name[name]
+            if item.is_table:
+                raise TypeError(f"{cls.__name__}.{name} is a table: give its fields as {name}.FIELD")
             where = item.setting.flag or f"--{name.replace('_', '-')}"
             values[name] = check(item, _plain(given), where)
             origins[name] = where
-        return cls(**values, origins=origins, file=dict(table))
+        missing = [d for d in items if d.default is REQUIRED and d.name not in values]
+        if missing:
+            d = missing[0]
+            dotted = f"{prefix}.{d.key}" if prefix else d.key
+            raise ConfigError(f"{path}: {dotted} is required ({d.setting.doc})", where=f"{path}: {dotted}")
+        return cls(**values, origins=origins, file=dict(values_in))
 
     def where(self, name: str) -> str | None:
         """Where field `name` was set ("FILE: table.key", "$VAR" or "--flag"); None when it is the default."""
         return self.origins.get(name)
 
+    def to_toml(self) -> str:
+        """These settings as TOML that `load` reads back to equal ones: every field that is not its default (a
+        Path absolute, as written), tables after the keys (a class with a TABLE writes that table)."""
+        lines: list[str] = []
+        for path, keys, explicit in _sections(self, self.TABLE, bool(self.TABLE)):
+            if path and (keys or explicit):
+                lines += ["", f"[{path}]"] if lines else [f"[{path}]"]
+            lines += keys
+        return "\n".join(lines) + "\n"
+
 
 _HIDDEN = frozenset(f.name for f in dataclasses.fields(Settings))
 
 
-def read_table(path: Path, table: str) -> dict[str, Any]:
-    """The `[table]` of the TOML file at `path` ({} when it has none); another top-level table or key is refused."""
+def _sections(settings: Settings, path: str, explicit: bool) -> list[tuple[str, list[str], bool]]:
+    """(table path, its key lines, whether its header must be written) for `settings` and its tables, in order."""
+    own: list[str] = []
+    inner: list[tuple[str, list[str], bool]] = []
+    for item in declared(type(settings)):
+        value = getattr(settings, item.name)
+        if item.is_table:
+            if value is not None:
+                dotted = f"{path}.{item.key}" if path else item.key
+                inner += _sections(value, dotted, item.optional)  # an optional table is there when written
+        elif value is not None and value != item.default:
+            own.append(f"{item.key} = {_toml_value(value)}")
+    return [(path, own, explicit), *inner]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return (
+            repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else f"{'-' if value < 0 else ''}inf")
+        )
+    if isinstance(value, Path):
+        return json.dumps(str(value), ensure_ascii=False)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at `path`, or a ConfigError naming it."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -211,13 +359,7 @@ def read_table(path: Path, table: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})", where=str(path)) from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: not readable TOML: {exc}", where=str(path)) from None
-    extra = sorted(set(raw) - {table})
-    if extra:
-        raise ConfigError(f"{path}: unknown table or key {extra[0]!r}; expected [{table}]", where=str(path))
-    found = raw.get(table, {})
-    if not isinstance(found, dict):
-        raise ConfigError(f"{path}: {table} must be a table ([{table}])", where=str(path))
-    return found
+    return raw
 
 
 def _plain(value: Any) -> Any:
@@ -264,3 +406,24 @@ def check(item: Declared, value: Any, where: str, *, base: Path | None = None) -
         path = Path(value).expanduser()
         return (base / path).resolve() if s.relative and base is not None and not path.is_absolute() else path
     return value
+
+
+def validate(item: Declared, value: Any, where: str) -> None:
+    """Raises a ConfigError naming `where` unless `value` is what field `item` may hold (an instance's check: a Path
+    field holds a Path, a list field a tuple; the bounds as `check`)."""
+    if value is REQUIRED:
+        raise ConfigError(f"{where} is required ({item.setting.doc})", where=where)
+    if value is None and item.optional:
+        return
+    if item.is_table:
+        held = isinstance(value, item.kind)
+    elif item.kind is Path:
+        held = isinstance(value, Path)
+    elif item.kind == _LIST:
+        held = isinstance(value, tuple)
+    else:
+        held = value is not None
+    if not held:
+        raise ConfigError(f"{where} must be {item.rule()}, got {value!r}", where=where)
+    if not item.is_table:
+        check(item, _plain(value), where)

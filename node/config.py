@@ -28,9 +28,7 @@ class NodeConfig(DaemonSettings):
 
     TABLE: ClassVar[str] = "worker"
 
-    state: Path | None = state_setting(  # noqa: RUF009
-        "journal, files and weights; None: ~/.local/share/prime-node/pool-N/ADDRESS"
-    )
+    state: Path | None = state_setting("journal, files and weights; None: ~/.local/share/prime-node/pool-N/ADDRESS")
     # generation
     batch_size: int = setting(
         "sequences decoded together", default=WorkerSettings.batch_size, flag="--batch-size", minimum=1, maximum=4096

@@ -289,16 +289,14 @@ class DaemonSettings(Settings):
     """What every pool daemon (worker, validator) declares first: its state folder, which each role re-declares with
     `state_setting` to say what it holds, and where the pool's parts are, overriding the pool spec's."""
 
-    state: Path | None = state_setting(  # noqa: RUF009
-        "the daemon's folder; None: one in ~/.local/share/prime-node/pool-N/"
-    )
+    state: Path | None = state_setting("the daemon's folder; None: one in ~/.local/share/prime-node/pool-N/")
     coordinator: str | None = setting(
         "the coordinator's URL; None: the pool spec's", default=None, flag="--coordinator"
     )
     checkpoints: tuple[str, ...] = setting(
         "checkpoint sources (URLs); empty: the pool spec's", default=(), flag="--checkpoints"
     )
-    task: Path | None = setting(  # noqa: RUF009
+    task: Path | None = setting(
         "the task spec (TOML); None: the pool spec's", default=None, flag="--task", relative=True
     )
 

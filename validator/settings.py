@@ -49,7 +49,7 @@ class ValidatorSettings(DaemonSettings):
         "judge_attempts",
     )
 
-    state: Path | None = state_setting(  # noqa: RUF009
+    state: Path | None = state_setting(
         "cursor, verdicts and checkpoints; None: ~/.local/share/prime-node/pool-N/validator-ADDRESS"
     )
     # the pool's terms and precision: checked against the pool's at start

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import FrozenInstanceError, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from core.config import ConfigError, Settings, declared, setting
+from core.config import REQUIRED, ConfigError, Settings, declared, setting, table
 from core.errors import InputError
 
 
@@ -16,7 +17,7 @@ from core.errors import InputError
 class Example(Settings):
     TABLE: ClassVar[str] = "example"
 
-    state: Path | None = setting("state folder", default=None, flag="--state", relative=True)  # noqa: RUF009
+    state: Path | None = setting("state folder", default=None, flag="--state", relative=True)
     grace_seconds: float = setting(
         "seconds before giving up", default=600.0, key="grace", flag="--grace", above=0, maximum=3600
     )
@@ -121,3 +122,80 @@ def test_only_declared_immutable_fields_and_string_secrets_are_accepted() -> Non
     with pytest.raises(TypeError, match="only a str"):
         declared(SecretInt)
     assert [d.key for d in declared(Example)][:2] == ["state", "grace"]
+
+
+@dataclass(frozen=True)
+class Optim(Settings):
+    lr: float = setting("learning rate", default=3e-4, above=0, maximum=0.5)
+    warmup: int = setting("warm-up steps", default=3, minimum=0)
+
+
+@dataclass(frozen=True)
+class Gossip(Settings):
+    host: str = setting("address", default="127.0.0.1")
+    port: int = setting("port (0: any)", default=0, minimum=0, maximum=65535)
+
+
+@dataclass(frozen=True)
+class Run(Settings):
+    dir: Path = setting("the run folder", default=REQUIRED, relative=True)
+    steps: int = setting("policy steps", default=20, minimum=1)
+    device: str = setting("where to train", default="auto", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass(frozen=True)
+class Trainer(Settings):
+    """A whole-file settings class: each table of the file is a nested one."""
+
+    seed: int = setting("seed", default=0, minimum=0)
+    run: Run = table("[run]", Run)
+    optim: Optim = table("[optim]", Optim)
+    p2p: Gossip | None = table("[p2p]: gossip, off unless the table is there", Gossip, optional=True)
+
+
+def test_a_whole_file_reads_each_table_into_its_own_settings_and_names_the_dotted_key(tmp_path: Path) -> None:
+    path = write(tmp_path, 'seed = 3\n[run]\ndir = "runs/a"\n[optim]\nlr = 0.01\n')
+    loaded = Trainer.load(path, flags={"run.device": "cpu", "run.steps": None}, environ={})
+    assert loaded.seed == 3 and loaded.run.dir == tmp_path / "runs" / "a" and loaded.run.device == "cpu"
+    assert loaded.run.steps == 20 and loaded.optim == Optim(lr=0.01) and loaded.p2p is None  # no [p2p]: off
+    assert loaded.run.where("dir") == f"{path}: run.dir" and loaded.optim.where("lr") == f"{path}: optim.lr"
+    assert Trainer.load(write(tmp_path, '[run]\ndir = "r"\n[p2p]\n'), environ={}).p2p == Gossip()  # empty: on
+    for text, message in [
+        ('[run]\ndir = "r"\n[optim]\nlr = 1.0\n', "example.toml: optim.lr must be a number in (0, 0.5], got 1.0"),
+        ('[run]\ndir = "r"\n[optim]\nbeta = 1\n', "unknown key optim.beta; known: lr, warmup"),
+        ('optim = 3\n[run]\ndir = "r"\n', "example.toml: optim must be a table ([optim])"),
+        ("[optim]\nlr = 0.1\n", "example.toml: run.dir is required (the run folder)"),
+        ('[run]\ndir = "r"\n[p2p]\nport = -1\n', "p2p.port must be an integer in [0, 65535], got -1"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            Trainer.load(write(tmp_path, text), environ={})
+    with pytest.raises(ConfigError, match=re.escape("--device: must be one of auto, cpu, cuda, got 'tpu'")):
+        Trainer.load(path, flags={"run.device": "tpu"}, environ={})
+    with pytest.raises(TypeError, match=re.escape("Run declares no field 'nope'")):
+        Trainer.load(path, flags={"run.nope": 1}, environ={})
+
+
+def test_an_instance_made_in_code_is_held_to_the_same_declarations() -> None:
+    for make, message in [
+        (lambda: Optim(lr=0.0), "Optim.lr must be a number in (0, 0.5], got 0.0"),
+        (lambda: Optim(warmup=True), "Optim.warmup must be an integer >= 0, got True"),
+        (lambda: Run(), "Run.dir is required (the run folder)"),
+        (lambda: Run(dir="r"), "Run.dir must be a path, got 'r'"),
+        (lambda: Run(dir=Path("r"), device="tpu"), "Run.device must be one of auto, cpu, cuda, got 'tpu'"),
+        (lambda: Example(checkpoints=["a"]), "Example.checkpoints must be a list of strings, got ['a']"),
+        (lambda: Trainer(run=Run(dir=Path("r")), optim=None), "Trainer.optim must be a table, got None"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            make()
+    assert Example(grace_seconds=5) == Example(grace_seconds=5.0)  # an int is a number, as in a file
+
+
+def test_to_toml_writes_what_loads_back_to_equal_settings(tmp_path: Path) -> None:
+    made = Trainer(seed=2, run=Run(dir=tmp_path / "run dir", device="cpu"), optim=Optim(lr=1e-06), p2p=Gossip())
+    text = made.to_toml()
+    assert text.splitlines()[0] == "seed = 2" and "[optim]\nlr = 1e-06\n" in text and text.endswith("[p2p]\n")
+    assert Trainer.load(write(tmp_path, text), environ={}) == made
+    example = Example(grace_seconds=5.5, checkpoints=("http://a", 'q"uote'), claim=True, port=0)
+    assert example.to_toml().startswith("[example]\n")
+    assert Example.load(write(tmp_path, example.to_toml()), environ={}) == example
+    assert Example().to_toml() == "[example]\n"
