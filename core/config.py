@@ -21,8 +21,8 @@ an instance back as a file that loads to an equal one, for the tools that write 
 
 Every refusal is a `ConfigError` whose message names the file and the key, or the flag. Types: bool, int, float (an
 int is taken), str, Path, tuple[str, ...], and any of them `| None` (None: not set; TOML has no null, so only a
-default can be None). A field declared `default=REQUIRED` must be given. pyproject.toml tells ruff's RUF009 that `setting`
-and `table` build fields, not shared defaults.
+default can be None). A field declared `default=REQUIRED` must be given. pyproject.toml tells ruff's RUF009 that
+`setting` and `table` build fields, not shared defaults.
 """
 
 from __future__ import annotations

@@ -266,16 +266,21 @@ class LocalWorkers:
             "TOKENIZERS_PARALLELISM": "false",
             PASSWORD_ENV_VAR: keys.password,  # the environment, not argv: the command line is readable by anyone
         }
+        from node.daemon.local import local_settings
+
         for i, key in enumerate(keys.paths):
+            workers = config.run_dir / "workers"
+            settings = local_settings(
+                workers / f"worker-{i}", api_url, origin_url, config.task, threads=config.worker_threads
+            )
+            settings_file = workers / f"worker-{i}.toml"
+            settings_file.parent.mkdir(parents=True, exist_ok=True)
+            settings_file.write_text(settings.to_toml(), encoding="utf-8")
             command = [
-                sys.executable, "-m", "node.daemon.local",
-                "--coordinator", api_url, "--origin", origin_url,
+                sys.executable, "-m", "node.daemon.local", "--config", str(settings_file),
                 "--trainer", network.account.address, "--pool", str(network.pool_id),
                 "--chain-id", str(network.domain.chain_id), "--contract", network.domain.verifying_contract,
-                "--keystore", str(key), "--task", str(config.task),
-                "--state", str(config.run_dir / "workers" / f"worker-{i}"),
-                "--async-level", str(config.learner.async_level),
-                "--threads", str(config.worker_threads),
+                "--keystore", str(key), "--async-level", str(config.learner.async_level),
             ]  # fmt: skip
             with (logs / f"worker-{i}.log").open("ab") as out:
                 self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env))

@@ -3,11 +3,12 @@
 Where the pool's parts are (coordinator, checkpoint sources, task) comes from the pool spec at the pool's
 `specURI` on chain (protocol/pool_spec.py); `--coordinator`, `--checkpoints` and `--task` override it, and are needed
 for a pool without a spec. Flags override the config file (`configs/node.toml` documents every field), which
-overrides the defaults; every setting is declared once, with its default and bounds, in `node.config.NodeConfig`.
+overrides the defaults; every setting is declared once, with its default and bounds, in `node.config.WorkerSettings`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,7 +34,7 @@ from node.cli.inference import BackendOption, DeviceOption
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
-    from node.config import NodeConfig
+    from node.config import WorkerSettings
 
 start_app = typer.Typer()
 
@@ -60,7 +61,7 @@ def _register(node_ledger: Ledger, keystore: Path | None, dev_key: int | None, s
         ledger.add_node(node)
 
 
-def _dashboard_port(enabled: bool | None, port: int | None, config: NodeConfig) -> int | None:
+def _dashboard_port(enabled: bool | None, port: int | None, config: WorkerSettings) -> int | None:
     """None (no dashboard) unless --dashboard, --dashboard-port or the config's dashboard_port asks for one;
     `port` is the flag, `config.dashboard_port` the flag or else the file's."""
     if enabled is False:
@@ -113,10 +114,10 @@ def start(
         typer.Option(metavar="P", help="The dashboard's port (0: any free one); implies --dashboard."),
     ] = None,
     relay: Annotated[bool, typer.Option("--relay", help="Also serve the checkpoints this node holds.")] = False,
-    relay_port: Annotated[int, typer.Option(min=0, max=65535, help="The relay's port (0: any free one).")] = 0,
-    relay_host: Annotated[str, typer.Option(help="The relay's address; 0.0.0.0 to serve other machines.")] = (
-        "127.0.0.1"
-    ),
+    relay_port: Annotated[int | None, typer.Option(help="The relay's port (0: any free one); implies --relay.")] = None,
+    relay_host: Annotated[
+        str | None, typer.Option(help="The relay's address (default 127.0.0.1); 0.0.0.0 to serve other machines.")
+    ] = None,
     p2p_port: Annotated[
         int | None,
         typer.Option(metavar="P", help="Join the pool's gossip on this port (0: any free one)."),
@@ -154,13 +155,13 @@ def start(
         import asyncio
 
         from core.signals import run_until_signalled
-        from node.config import NodeConfig
+        from node.config import WorkerSettings
         from node.daemon.chain import LedgerWorkChain
         from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
-        from node.daemon.worker import WorkerDaemon, WorkerSettings
+        from node.daemon.worker import WorkerDaemon
         from node.dashboard.worker import worker_dashboard
 
-        config = NodeConfig.load(
+        config = WorkerSettings.load(
             config_file,
             flags={
                 "state": state,
@@ -177,9 +178,12 @@ def start(
                 "metrics_port": metrics_port,
                 "max_files": max_files,
                 "dashboard_port": dashboard_port,
+                "relay_port": 0 if relay and relay_port is None else relay_port,
+                "relay_host": relay_host,
                 "p2p_port": p2p_port,
             },
         )
+        config = replace(config, dashboard_port=_dashboard_port(dashboard, dashboard_port, config))
         fault = None
         if simulate_fault is not None:
             try:
@@ -198,33 +202,6 @@ def start(
         elif provider_keystore is not None or provider_dev_key is not None or stake is not None:
             raise CommandError("--provider-keystore, --provider-dev-key and --stake go with --register")
         joined = config.resolve(ledger.pool(pool))
-        found, terms = joined.endpoints, joined.terms
-        settings = WorkerSettings(
-            pool_id=pool,
-            state_dir=config.state_dir(pool, account.address),
-            coordinator=found.coordinator,
-            checkpoints=found.checkpoints,
-            task=found.task_path,
-            async_level=terms.async_level,
-            max_file_bytes=terms.max_file_bytes,
-            assignment_lifetime=terms.assignment_lifetime,
-            clock_slack=terms.clock_slack,
-            batch_size=config.batch_size,
-            submit_batch=config.submit_batch,
-            submit_every=config.submit_every,
-            claim=config.claim,
-            claim_every=config.claim_every,
-            join=config.join,
-            max_files=config.max_files,
-            metrics_port=config.metrics_port,
-            dashboard_port=_dashboard_port(dashboard, dashboard_port, config),
-            relay_host=relay_host,
-            relay_port=relay_port if relay else None,
-            p2p_port=config.p2p_port,
-            bootstrap=found.bootstrap,
-            backend=config.backend,
-            device=config.device,
-        )
         if config.threads:
             import torch
 
@@ -233,9 +210,9 @@ def start(
         async def main() -> int:
             chain = LedgerWorkChain(ledger)
             daemon = (
-                WorkerDaemon(settings, chain, account, dashboard=worker_dashboard(ledger))
+                WorkerDaemon(config, joined, chain, account, dashboard=worker_dashboard(ledger))
                 if fault is None  # a cheater is the same daemon with its honest hooks replaced (node.daemon.faults)
-                else FaultyWorker(settings, chain, account, fault, dashboard=worker_dashboard(ledger))
+                else FaultyWorker(config, joined, chain, account, fault, dashboard=worker_dashboard(ledger))
             )
             return await run_until_signalled(daemon)
 

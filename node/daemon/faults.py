@@ -33,14 +33,16 @@ import torch
 from core.errors import NodeError
 from engine.model.loading import LoadedModel
 from node.daemon.state import FileRecord
-from node.daemon.worker import ServeDashboard, WorkerDaemon, WorkerSettings
+from node.daemon.worker import ServeDashboard, WorkerDaemon
 from protocol.rollouts import RolloutRow
 from protocol.terms import step_window
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
+    from node.config import WorkerSettings
     from node.daemon.chain import WorkChain
+    from protocol.pool_spec import Pool
     from protocol.terms import StepWindow
 
 DEVNET_CHAIN_ID = 31337
@@ -134,20 +136,21 @@ class FaultyWorker(WorkerDaemon):
     def __init__(
         self,
         settings: WorkerSettings,
+        pool: Pool,
         chain: WorkChain,
         account: LocalAccount,
         fault: Fault,
         *,
         dashboard: ServeDashboard | None = None,
     ) -> None:
-        super().__init__(settings, chain, account, dashboard=dashboard)
+        super().__init__(settings, pool, chain, account, dashboard=dashboard)
         self.fault = fault
 
     def weights_on_load(self) -> Callable[[LoadedModel], None] | None:
-        return on_load_for(self.fault, backend=self.choice.backend, root=self.settings.state_dir / "perturbed")
+        return on_load_for(self.fault, backend=self.choice.backend, root=self.state_dir / "perturbed")
 
     def finish_rows(self, rows: list[RolloutRow], *, vocab_size: int) -> list[RolloutRow]:
-        return falsify(self.fault, rows, vocab_size=vocab_size, async_level=self.settings.async_level)
+        return falsify(self.fault, rows, vocab_size=vocab_size, async_level=self.terms.async_level)
 
     def submittable(self, ready: list[FileRecord], window: StepWindow, *, now: float | None = None) -> list[FileRecord]:
         return ready  # stale files too, and late ones: the validators are there to catch them

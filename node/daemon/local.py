@@ -8,11 +8,13 @@ branches in the loop: the trainer's own workers are always members (each its own
 "submitting" journals the files in memory, nothing is ever invalidated, and the challenge window closes at once
 with nothing to claim (the trainer accepts every upload of its workers; no validator judges them).
 
-Its key is the keystore `--keystore` names, decrypted with the password in PRIME_KEYSTORE_PASSWORD (set by the
-trainer, never on the command line). It exits 0 on SIGTERM or SIGINT (after the file in progress), and when the
-coordinator has been unreachable for `--patience` seconds (the trainer finished); 1 after `--max-failures` failed
-iterations in a row (a policy it cannot fetch or trust, a task it cannot generate), and at once when its keystore
-does not open.
+Its settings are the `[worker]` table of the file `--config` names (`node.config.WorkerSettings`, as node.toml's),
+which the trainer writes from `local_settings`; the pool's terms (its async level) come as flags. Its key is the
+keystore `--keystore` names, decrypted with the password in PRIME_KEYSTORE_PASSWORD (set by the trainer, never on
+the command line). It exits 0 on SIGTERM or SIGINT (after the file in progress), and when the coordinator has been
+unreachable for `patience` seconds (the trainer finished); 1 after `max_failures` failed iterations in a row (a
+policy it cannot fetch or trust, a task it cannot generate), and at once when its keystore or settings do not
+open.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from core.errors import NodeError
+from core.errors import InputError, NodeError
 from core.signals import run_until_signalled
 from core.trace import configure_tracing
 from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
@@ -37,7 +40,8 @@ if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
     from ledger.events import WorkInvalidated
-    from node.daemon.worker import WorkerSettings
+    from node.config import WorkerSettings
+    from protocol.pool_spec import Pool
 
 log = logging.getLogger("node.worker")
 
@@ -131,41 +135,54 @@ class LocalWorkChain:
         return None
 
 
-def settings_from(args: argparse.Namespace) -> WorkerSettings:
-    """The daemon's settings for a local worker: no claims, no relay, no gossip, no dashboard; torch by default."""
-    from node.daemon.worker import WorkerSettings
+def local_settings(
+    state: Path, coordinator: str, origin: str, task: Path, *, threads: int = 1, batch_size: int = 128
+) -> WorkerSettings:
+    """A local worker's settings, as the trainer writes them to its config (`WorkerSettings.to_toml`): the
+    trainer's coordinator and origin, torch on the CPU (no vLLM start-up per worker), a default file decoded in
+    one pass, and none of the chain's or the operator's parts (no claims, relay, gossip, dashboard); it exits when
+    the coordinator has been gone for 10 s (the trainer finished) and retries quickly."""
+    from node.config import WorkerSettings
 
     return WorkerSettings(
-        pool_id=args.pool,
-        state_dir=Path(args.state),
-        coordinator=args.coordinator,
-        checkpoints=(args.origin,),
-        task=Path(args.task),
-        async_level=args.async_level,
-        batch_size=args.batch_size,
-        claim=False,
-        max_failures=args.max_failures,
+        state=state,
+        coordinator=coordinator,
+        checkpoints=(origin,),
+        task=task,
+        batch_size=batch_size,
+        backend="torch",
+        device="cpu",
+        threads=threads,
         retry_seconds=0.5,
-        patience=args.patience,
-        backend=args.backend,
-        device=args.device,
+        patience=10.0,
     )
 
 
-async def run(settings: WorkerSettings, account: LocalAccount, domain: SigningDomain, trainer: str) -> int:
+def local_pool(settings: WorkerSettings, chain: LocalWorkChain, pool_id: int, **terms: Any) -> Pool:
+    """Local mode's pool: no spec, so the terms are the chain record's with the trainer's `terms` (its async level;
+    `protocol.terms.PoolTerms` fields), and the parts are where `settings` name them."""
+    joined = settings.resolve(chain.pool(pool_id))
+    return replace(joined, terms=replace(joined.terms, **terms))
+
+
+async def run(
+    settings: WorkerSettings, account: LocalAccount, domain: SigningDomain, trainer: str, pool_id: int, async_level: int
+) -> int:
     from node.daemon.worker import WorkerDaemon
 
-    chain = LocalWorkChain(domain, settings.pool_id, trainer, account.address)
-    daemon = WorkerDaemon(settings, chain, account)
+    chain = LocalWorkChain(domain, pool_id, trainer, account.address)
+    daemon = WorkerDaemon(settings, local_pool(settings, chain, pool_id, async_level=async_level), chain, account)
     return await run_until_signalled(daemon)
 
 
 def main(argv: list[str] | None = None) -> int:
     from ledger.accounts import PASSWORD_ENV_VAR, AccountError, load_account, resolve_password
+    from node.config import WorkerSettings
 
     parser = argparse.ArgumentParser(prog="python -m node.daemon.local", description=__doc__)
-    parser.add_argument("--coordinator", required=True, help="URL of the trainer's coordinator API")
-    parser.add_argument("--origin", required=True, help="URL of the trainer's SHARDCAST origin")
+    parser.add_argument(
+        "--config", required=True, help="the worker's settings ([worker], as node.toml): the trainer writes them"
+    )
     parser.add_argument("--trainer", required=True, help="address that signs checkpoints, assignments, receipts")
     parser.add_argument("--pool", type=int, required=True, help="local mode's pool id")
     parser.add_argument("--chain-id", type=int, required=True, help="chain id of the signing domain")
@@ -173,20 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keystore", required=True, help=f"this worker's keystore (v3); its password comes from {PASSWORD_ENV_VAR}"
     )
-    parser.add_argument("--task", required=True, help="task spec (TOML)")
-    parser.add_argument("--state", required=True, help="the daemon's state folder: journal, files, weights")
     parser.add_argument("--async-level", type=int, default=DEFAULT_ASYNC_LEVEL, help="the run's async level k")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument(
-        "--batch-size", type=int, default=128, help="sequences decoded together (128: a default file in one pass)"
-    )
-    parser.add_argument("--backend", default="torch", help="auto | vllm | torch")
-    parser.add_argument("--device", default="cpu", help="auto | cpu | cuda")
-    parser.add_argument("--patience", type=float, default=10.0, help="seconds without a coordinator before exiting")
-    parser.add_argument("--max-failures", type=int, default=20, help="failed iterations in a row before exiting 1")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     configure_tracing("worker")
+    try:
+        settings = WorkerSettings.load(Path(args.config))
+    except InputError as exc:
+        log.error("%s", exc)
+        return 1
     try:  # the trainer passes the password in the environment, never on the command line
         account = load_account(Path(args.keystore), resolve_password(prompt=False))
     except AccountError as exc:
@@ -194,13 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import torch  # after the keystore opened: a worker that cannot sign stops in a second
 
-    torch.set_num_threads(args.threads)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    domain = SigningDomain(args.chain_id, args.contract)
     try:
-        settings = settings_from(args)
-    except ValueError as exc:
+        return asyncio.run(run(settings, account, domain, args.trainer, args.pool, args.async_level))
+    except (NodeError, ValueError) as exc:  # a pool or settings it cannot run by, before any work
         log.error("%s", exc)
         return 1
-    return asyncio.run(run(settings, account, SigningDomain(args.chain_id, args.contract), args.trainer))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -65,27 +64,23 @@ from protocol.rollouts.writer import publish_atomically
 from protocol.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
 from protocol.tasks.sources import TaskSource, open_source
 from protocol.tasks.spec import TaskSpec, load_task_spec, spec_hash
-from protocol.terms import (
-    DEFAULT_ASYNC_LEVEL,
-    DEFAULT_CLOCK_SLACK,
-    DEFAULT_MAX_FILE_BYTES,
-    AssignmentTiming,
-    assignment_timing,
-    step_window,
-    work_state,
-)
+from protocol.terms import AssignmentTiming, step_window, work_state
 from shardcast.sources import SourcePool
 from shardcast.trust import TrustPolicy
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
+    from node.config import WorkerSettings
     from node.daemon.chain import WorkChain
     from node.daemon.gossip import WorkerGossip
+    from protocol.pool_spec import Pool
     from protocol.terms import StepWindow
     from shardcast.server import ShardServer
 
 log = logging.getLogger("node.worker")
+
+LOOPBACK = "127.0.0.1"  # where the metrics, the dashboard and the gossip host listen: this machine only
 
 # Serves the operator's page over a running daemon on (host, port), returning it and its URL. `prime-node start`
 # passes `node.dashboard.worker.serve_worker_dashboard`: the dashboard reads the daemon, so the daemon never
@@ -100,56 +95,6 @@ class WorkerError(NodeError):
 class UntimelyAssignment(WorkerError):
     """A signed assignment whose issue time is off this node's clock by more than the pool's clock slack: the
     coordinator's fault (its clock, or a grant held back). Refused before generating; the worker asks again."""
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    pool_id: int
-    state_dir: Path
-    coordinator: str
-    checkpoints: tuple[str, ...]
-    task: Path
-    async_level: int = DEFAULT_ASYNC_LEVEL  # the pool's terms (protocol.terms), as `prime-node start` read them
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    # the pool's terms too: seconds from an assignment's signed issue time to its file on chain (None: from the async
-    # level) and the pool's clock slack (protocol.terms.AssignmentTiming)
-    assignment_lifetime: int | None = None
-    clock_slack: int = DEFAULT_CLOCK_SLACK
-    batch_size: int = 64  # sequences decoded together
-    submit_batch: int = 4  # files per submitWorkBatch transaction
-    submit_every: float = 10.0  # seconds an uploaded file waits at most for a full batch
-    claim: bool = False  # claim rewards whose challenge window has passed
-    claim_every: float = 60.0  # seconds between looks at the chain for invalidations and claims
-    join: bool = False  # join the pool when not a member yet
-    max_files: int | None = None  # stop after this many files (devnets, tests)
-    max_failures: int = 20  # failed iterations in a row before exiting 1
-    retry_seconds: float = 1.0  # wait after an unreachable coordinator or a failed iteration
-    patience: float | None = None  # seconds the coordinator may stay unreachable before exiting 0; None: no limit
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None  # None: no /metrics server; 0: any free port
-    dashboard_host: str = "127.0.0.1"
-    dashboard_port: int | None = None  # None: no dashboard; 0: any free port (node/dashboard)
-    relay_host: str = "127.0.0.1"
-    relay_port: int | None = None  # None: no relay; else mirror the checkpoint sources and serve them here
-    p2p_host: str = "127.0.0.1"
-    p2p_port: int | None = None  # None: no gossip; else a libp2p host on this port (0: any free one)
-    bootstrap: tuple[str, ...] = ()  # libp2p multiaddrs dialled at start (the pool spec's)
-    backend: str = "auto"  # auto | vllm | torch (engine.inference.select)
-    device: str = "auto"  # auto | cpu | cuda
-
-    def __post_init__(self) -> None:
-        # pool 0 is local mode's (node.daemon.local): pools on chain count from 1
-        if self.pool_id < 0 or self.batch_size < 1 or self.submit_batch < 1 or self.max_failures < 1:
-            raise ValueError(f"invalid worker settings: {self}")
-        if self.patience is not None and self.patience < 0:
-            raise ValueError(f"patience must be at least 0 seconds, got {self.patience}")
-        if not self.checkpoints:
-            raise ValueError("the worker needs at least one checkpoint source")
-        assignment_timing(self.async_level, self.assignment_lifetime, self.clock_slack)  # raises on bad values
-
-    @property
-    def timing(self) -> AssignmentTiming:
-        return assignment_timing(self.async_level, self.assignment_lifetime, self.clock_slack)
 
 
 @dataclass
@@ -175,6 +120,7 @@ class WorkerDaemon:
     def __init__(
         self,
         settings: WorkerSettings,
+        pool: Pool,
         chain: WorkChain,
         account: LocalAccount,
         *,
@@ -182,15 +128,18 @@ class WorkerDaemon:
     ) -> None:
         if settings.dashboard_port is not None and dashboard is None:
             raise ValueError("dashboard_port is set but no dashboard was given to serve on it")
+        if not pool.endpoints.checkpoints:
+            raise ValueError("the worker needs at least one checkpoint source")
         self.settings = settings
+        self.terms, self.endpoints = pool.terms, pool.endpoints  # binding, and where the pool's parts are
+        self.pool_id = pool.terms.pool_id
+        self.state_dir = settings.state_dir(self.pool_id, account.address)
         self._dashboard = dashboard
         self.chain = chain
         self.account = account
         self.node = account.address
         self.stopping = asyncio.Event()
-        self.state = WorkerState(
-            settings.state_dir, chain_id=chain.domain.chain_id, pool_id=settings.pool_id, node=self.node
-        )
+        self.state = WorkerState(self.state_dir, chain_id=chain.domain.chain_id, pool_id=self.pool_id, node=self.node)
         self.metrics = Registry()
         self._files = self.metrics.counter("worker_files_total", "Files generated by this process.")
         self._failures = self.metrics.counter("worker_failures_total", "Failed iterations, by kind.")
@@ -215,7 +164,9 @@ class WorkerDaemon:
         self._coordinator: CoordinatorClient | None = None
         # in the pool's precision (its task's sampling.dtype), whatever the device; refuses what this machine cannot
         # run, up front
-        self.choice = choose(settings.backend, settings.device, dtype=load_task_spec(settings.task).sampling.dtype)
+        self.choice = choose(
+            settings.backend, settings.device, dtype=load_task_spec(pool.endpoints.task_path).sampling.dtype
+        )
         self.engine = Engine(self.choice, batch_size=settings.batch_size)
         self._weight_loads = self.metrics.counter(
             "worker_weight_loads_seconds_total", "Seconds spent putting new policies into the inference engine."
@@ -236,7 +187,7 @@ class WorkerDaemon:
         is inside the pool's step window; the others are journaled as expired, never submitted. Past its
         assignment's deadline a file is stale by the trainer's signature and validators must slash it; outside the
         window nobody trains on it, and validators refuse it unpaid."""
-        timing, now = self.settings.timing, time.time() if now is None else now
+        timing, now = self.terms.timing, time.time() if now is None else now
         issued = {r.work_key: r.issued_at for r in ready if r.issued_at is not None}
         late = {key: at for key, at in issued.items() if now > timing.submit_by(at)}
         for key, issued_at in late.items():
@@ -255,7 +206,7 @@ class WorkerDaemon:
 
     async def check_standing(self) -> None:
         """Registered with a provider, a member of the pool (joining when asked), not ejected."""
-        chain, pool_id = self.chain, self.settings.pool_id
+        chain, pool_id = self.chain, self.pool_id
         provider = await asyncio.to_thread(chain.provider_of, self.node)
         if provider is None:
             raise WorkerError(
@@ -299,7 +250,7 @@ class WorkerDaemon:
         try:
             # a session of its own: every call timed and bounded (protocol.coordinator.client.ClientLimits)
             async with CoordinatorClient.connect(
-                settings.coordinator, self.account, running.domain, pool_id=settings.pool_id
+                self.endpoints.coordinator, self.account, running.domain, pool_id=self.pool_id
             ) as coordinator:
                 self._coordinator = coordinator
                 recovered = False  # what a previous run left written or uploaded goes first
@@ -350,21 +301,20 @@ class WorkerDaemon:
 
     async def _open(self) -> _Running:
         """The pool's record, the task, the weights and what the worker serves (relay, gossip, metrics, dashboard)."""
-        settings = self.settings
         await self.check_standing()
-        pool = await asyncio.to_thread(self.chain.pool, settings.pool_id)
+        pool = await asyncio.to_thread(self.chain.pool, self.pool_id)
         self._window = pool.config.challenge_window
         domain = self.chain.domain
         self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
-        spec = load_task_spec(settings.task)
-        policy = TrustPolicy(domain, pool.config.trainer, settings.pool_id)
-        sources = list(settings.checkpoints)
+        spec = load_task_spec(self.endpoints.task_path)
+        policy = TrustPolicy(domain, pool.config.trainer, self.pool_id)
+        sources = list(self.endpoints.checkpoints)
         relay = await self._start_relay(policy)
         if relay is not None:
             sources.insert(0, relay[0])  # once mirrored, the fastest source: loopback
         device, dtype = self.choice.torch_placement
         weights = Weights(
-            settings.state_dir / "weights",
+            self.state_dir / "weights",
             SourcePool(sources),
             policy,
             on_load=self.weights_on_load(),
@@ -386,12 +336,12 @@ class WorkerDaemon:
             "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
             "generating with %s",
             self.node,
-            settings.pool_id,
+            self.pool_id,
             pool.config.trainer,
-            settings.coordinator,
-            ", ".join(settings.checkpoints),
+            self.endpoints.coordinator,
+            ", ".join(self.endpoints.checkpoints),
             spec.name,
-            settings.state_dir,
+            self.state_dir,
             self.state.counts(),
             self.choice.describe(),
         )
@@ -401,7 +351,7 @@ class WorkerDaemon:
         """One turn: an assignment checked, the policy of its step held, the file made, uploaded, submitted when a
         batch is due, and the chain followed for verdicts and claims."""
         job = await coordinator.request_task()
-        check_assignment(job, running.spec, running.trainer, running.domain, self.settings.timing, now=time.time())
+        check_assignment(job, running.spec, running.trainer, running.domain, self.terms.timing, now=time.time())
         with trace.span("hold", step=job.step):  # the loop's wait: nothing when prefetched
             loaded = await running.weights.hold(job.step)
         if self._held_step != job.step:
@@ -468,10 +418,10 @@ class WorkerDaemon:
             generated = generate_rollouts(job, spec, source, loaded, backend, manifest_hash=manifest_hash)
             rows = self.finish_rows(generated.rows, vocab_size=backend.vocab_size)
             data = encode_rollouts(generated.meta, rows)
-            if len(data) > self.settings.max_file_bytes:  # validators would refuse it unread and slash the stake
+            if len(data) > self.terms.max_file_bytes:  # validators would refuse it unread and slash the stake
                 raise WorkerError(
                     f"the file of step {job.step}, counter {job.counter} is {len(data)} bytes, over the pool's "
-                    f"limit of {self.settings.max_file_bytes}: not uploading it"
+                    f"limit of {self.terms.max_file_bytes}: not uploading it"
                 )
             key = hashlib.sha256(data).digest()
             publish_atomically(self.state.path_of(key), data)
@@ -505,7 +455,7 @@ class WorkerDaemon:
         assert self._receipts_from is not None  # set by run() before any upload
         trainer, domain = self._receipts_from
         try:
-            signer = recover(UploadReceipt(self.settings.pool_id, upload.work_key, self.node), upload.receipt, domain)
+            signer = recover(UploadReceipt(self.pool_id, upload.work_key, self.node), upload.receipt, domain)
         except SignatureError:
             signer = None
         if signer != trainer:
@@ -533,7 +483,7 @@ class WorkerDaemon:
         due = due or (bool(ready) and waited >= self.settings.submit_every)
         if not ready or not due:
             return
-        window = step_window(await coordinator.step(), self.settings.async_level)
+        window = step_window(await coordinator.step(), self.terms.async_level)
         # the later of this node's clock and the chain's head: validators judge a submission by its block's time
         now = max(time.time(), await asyncio.to_thread(self.chain.timestamp))
         ready = self.submittable(ready, window, now=now)
@@ -542,7 +492,7 @@ class WorkerDaemon:
         self._waiting_since = None
 
     async def _submit(self, records: list[FileRecord]) -> None:
-        chain, pool_id = self.chain, self.settings.pool_id
+        chain, pool_id = self.chain, self.pool_id
         fresh = []
         for record in records:  # a crash after the transaction but before the journal: the chain knows
             # Records are per node: this reads only this node's own record of the key, never a squatter's (another
@@ -568,7 +518,7 @@ class WorkerDaemon:
             self._update_stage_gauge()
             return
         self._last_chain_look = time.monotonic()
-        chain, pool_id = self.chain, self.settings.pool_id
+        chain, pool_id = self.chain, self.pool_id
         submitted = self.state.in_stage("submitted")
         if submitted:
             now = await asyncio.to_thread(chain.timestamp)
@@ -632,7 +582,7 @@ class WorkerDaemon:
         from ledger.types import Reason
 
         try:
-            verdicts = await self._coordinator.attestations(work_key, self.settings.pool_id)
+            verdicts = await self._coordinator.attestations(work_key, self.pool_id)
         except (CoordinatorRefused, CoordinatorUnavailable) as exc:
             log.debug("no attestations for 0x%s yet: %s", work_key.hex()[:12], exc)
             return
@@ -650,20 +600,20 @@ class WorkerDaemon:
         from ledger.types import Reason
         from ledger.units import format_amount as format_tokens
 
-        event = await asyncio.to_thread(self.chain.invalidation, self.settings.pool_id, self.node, work_key)
+        event = await asyncio.to_thread(self.chain.invalidation, self.pool_id, self.node, work_key)
         if event is None:
             return "invalidated"
         return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.chain.decimals)} tokens slashed"
 
     async def _ejected(self) -> bool:
         try:
-            return await asyncio.to_thread(self.chain.is_ejected, self.settings.pool_id, self.node)
+            return await asyncio.to_thread(self.chain.is_ejected, self.pool_id, self.node)
         except Exception:  # the chain cannot be asked either: not known to be ejected
             return False
 
     async def _voided(self) -> bool:
         try:
-            return await asyncio.to_thread(self.chain.is_voided, self.settings.pool_id, self.node)
+            return await asyncio.to_thread(self.chain.is_voided, self.pool_id, self.node)
         except Exception:  # the chain cannot be asked either: not known to be void
             return False
 
@@ -676,7 +626,7 @@ class WorkerDaemon:
     async def _explain_ejection(self) -> None:
         with contextlib.suppress(Exception):  # the reasons are a courtesy; the ejection is the news
             await self.follow_chain(force=True)
-        log.error("ejected from pool %d: %s", self.settings.pool_id, self._invalidations_summary())
+        log.error("ejected from pool %d: %s", self.pool_id, self._invalidations_summary())
 
     def _invalidations_summary(self) -> str:
         bad = [r for r in self.state.all() if r.stage == "invalidated"]
@@ -696,12 +646,12 @@ class WorkerDaemon:
         from shardcast.server import ShardServer
         from shardcast.store import RELAY_MEMORY_MIB, ShardStore
 
-        store = ShardStore(self.settings.state_dir / "relay", memory_bytes=RELAY_MEMORY_MIB << 20)
+        store = ShardStore(self.state_dir / "relay", memory_bytes=RELAY_MEMORY_MIB << 20)
         server = ShardServer(store, role="relay")
-        mirror = Mirror(server, list(self.settings.checkpoints), policy=policy, keep=self.settings.async_level + 2)
+        mirror = Mirror(server, list(self.endpoints.checkpoints), policy=policy, keep=self.terms.async_level + 2)
         port = await server.start(self.settings.relay_host, self.settings.relay_port)
         url = f"http://{self.settings.relay_host}:{port}"
-        log.info("relay on %s, mirroring %s", url, ", ".join(self.settings.checkpoints))
+        log.info("relay on %s, mirroring %s", url, ", ".join(self.endpoints.checkpoints))
         return url, server, asyncio.create_task(mirror.run())
 
     async def _stop_relay(self, relay: tuple[str, ShardServer, asyncio.Task[None]]) -> None:
@@ -727,17 +677,17 @@ class WorkerDaemon:
         from node.daemon.gossip import WorkerGossip  # libp2p takes a second or two to import
         from p2p import P2PConfig, P2PNode
 
-        config = P2PConfig(listen_host=settings.p2p_host, listen_port=settings.p2p_port)
+        config = P2PConfig(listen_host=LOOPBACK, listen_port=settings.p2p_port)
         node = P2PNode(self.account, domain, config, registry=self.metrics)
         await node.start()
         relay_url, server = (relay[0], relay[1]) if relay is not None else (None, None)
         gossip = WorkerGossip(
             node,
-            settings.pool_id,
+            self.pool_id,
             trainer,
             weights,
             weights.sources,
-            bootstrap=settings.bootstrap,
+            bootstrap=self.endpoints.bootstrap,
             relay_url=relay_url,
             bytes_served=(lambda: server.bytes_sent) if server is not None else None,
         )
@@ -754,7 +704,7 @@ class WorkerDaemon:
         """`/metrics`; the journal's gauge is refreshed at every iteration of the loop."""
         if self.settings.metrics_port is None:
             return None
-        runner, url = await serve_metrics(self.metrics, self.settings.metrics_host, self.settings.metrics_port)
+        runner, url = await serve_metrics(self.metrics, LOOPBACK, self.settings.metrics_port)
         log.info("metrics at %s", url)
         return runner
 
@@ -774,7 +724,7 @@ class WorkerDaemon:
         """The operator's page (node/dashboard): the journal, the chain's word on each file, stake and tokens."""
         if self.settings.dashboard_port is None or self._dashboard is None:
             return None
-        runner, url = await self._dashboard(self, self.settings.dashboard_host, self.settings.dashboard_port)
+        runner, url = await self._dashboard(self, LOOPBACK, self.settings.dashboard_port)
         log.info("dashboard on %s", url)
         return runner
 

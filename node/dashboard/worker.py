@@ -78,7 +78,7 @@ def worker_dashboard(ledger: Ledger) -> ServeDashboard:
             step, started = daemon.held_step, daemon.started_at
             return WorkerLive(stopping=daemon.stopping.is_set(), held_step=step, started_at=started)
 
-        chain = WorkerChain(ledger, daemon.settings.pool_id, daemon.node)
+        chain = WorkerChain(ledger, daemon.pool_id, daemon.node)
         return await serve_dashboard(WorkerDashboard(daemon.state, chain, live), host, port)
 
     return serve

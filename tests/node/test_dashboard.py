@@ -201,13 +201,15 @@ def test_lock_states() -> None:
 def test_the_dashboard_port_comes_from_the_flags_then_the_config() -> None:
     from ledger.cli.common import CommandError
     from node.cli.start import DEFAULT_DASHBOARD_PORT, _dashboard_port
-    from node.config import NodeConfig
+    from node.config import WorkerSettings
 
-    none, file = NodeConfig(), NodeConfig(dashboard_port=9000)
+    none, file = WorkerSettings(), WorkerSettings(dashboard_port=9000)
     assert _dashboard_port(None, None, none) is None
     assert _dashboard_port(True, None, none) == DEFAULT_DASHBOARD_PORT
     assert _dashboard_port(None, None, file) == 9000  # the config alone turns it on
-    assert _dashboard_port(None, 0, NodeConfig(dashboard_port=0)) == 0  # the flag, laid over the file by NodeConfig
+    assert (
+        _dashboard_port(None, 0, WorkerSettings(dashboard_port=0)) == 0
+    )  # the flag, laid over the file by WorkerSettings
     assert _dashboard_port(False, None, file) is None
     with pytest.raises(CommandError, match="do not go together"):
         _dashboard_port(False, 9000, none)

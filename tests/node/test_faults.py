@@ -13,6 +13,7 @@ from eth_account import Account
 
 from engine.model.loading import load_model
 from engine.model.tiny import init_model
+from node.config import WorkerSettings
 from node.daemon.faults import (
     Fault,
     FaultRefusedError,
@@ -23,9 +24,9 @@ from node.daemon.faults import (
     perturb_weights,
     perturb_weights_on_disk,
 )
-from node.daemon.local import LocalWorkChain
+from node.daemon.local import LocalWorkChain, local_pool
 from node.daemon.state import FileRecord
-from node.daemon.worker import WorkerDaemon, WorkerSettings
+from node.daemon.worker import WorkerDaemon
 from protocol.rollouts import RolloutRow
 from protocol.signing import SigningDomain
 from protocol.terms import step_window
@@ -104,12 +105,12 @@ def daemons(tmp_path: Path, fault: Fault) -> tuple[WorkerDaemon, FaultyWorker]:
     made = []
     for name, kind in (("honest", WorkerDaemon), ("cheat", FaultyWorker)):
         settings = WorkerSettings(
-            pool_id=1, state_dir=tmp_path / name, coordinator="http://127.0.0.1:9", checkpoints=("http://127.0.0.1:9",),
-            task=TASK, async_level=2, backend="torch", device="cpu",
+            state=tmp_path / name, coordinator="http://127.0.0.1:9", checkpoints=("http://127.0.0.1:9",), task=TASK,
+            backend="torch", device="cpu",
         )  # fmt: skip
         chain = LocalWorkChain(SigningDomain(31337, "0x" + "00" * 20), 1, NODE.address, NODE.address)
         extra = (fault,) if kind is FaultyWorker else ()
-        made.append(kind(settings, chain, NODE, *extra))
+        made.append(kind(settings, local_pool(settings, chain, 1, async_level=2), chain, NODE, *extra))
     honest, cheat = made
     assert isinstance(cheat, FaultyWorker)
     return honest, cheat

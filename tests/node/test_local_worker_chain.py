@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from ledger.types import WorkStatus
-from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain
-from node.daemon.worker import WorkerDaemon, WorkerSettings
-from protocol.terms import work_state
+from node.config import WorkerSettings
+from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain, local_pool
+from node.daemon.worker import WorkerDaemon
+from protocol.terms import DEFAULT_ASYNC_LEVEL, work_state
 from tests.network_trainer import TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER
 from tests.trainer.test_upload_quota import coordinator, files, key, serving
@@ -25,11 +26,12 @@ def local_chain() -> LocalWorkChain:
     return LocalWorkChain(DOMAIN, POOL, TRAINER.address, WORKER.address)
 
 
-def settings(tmp_path: Path, url: str, **extra: object) -> WorkerSettings:
-    return WorkerSettings(
-        pool_id=POOL, state_dir=tmp_path / "worker", coordinator=url, checkpoints=(url,), task=TASK,
+def local_daemon(tmp_path: Path, url: str, chain: LocalWorkChain, **extra: object) -> WorkerDaemon:
+    settings = WorkerSettings(
+        state=tmp_path / "worker", coordinator=url, checkpoints=(url,), task=TASK,
         backend="torch", device="cpu", **extra,  # type: ignore[arg-type]
     )  # fmt: skip
+    return WorkerDaemon(settings, local_pool(settings, chain, POOL, async_level=DEFAULT_ASYNC_LEVEL), chain, WORKER)
 
 
 def test_a_local_worker_is_a_member_of_its_pool_answering_for_itself_with_no_stake() -> None:
@@ -68,7 +70,7 @@ def test_the_daemon_in_local_mode_uploads_and_journals_its_files_and_leaves_them
         async with serving(api) as client:
             chain = local_chain()
             # max_files 0: generate nothing; upload, submit and follow what the journal holds
-            daemon = WorkerDaemon(settings(tmp_path, client.url, max_files=0), chain, WORKER)
+            daemon = local_daemon(tmp_path, client.url, chain, max_files=0)
             for counter, data in enumerate((first, second)):
                 daemon.state.path_of(key(data)).write_bytes(data)
                 daemon.state.add(key(data), step=0, counter=counter, units=12)
@@ -87,7 +89,7 @@ def test_a_local_worker_stops_with_0_once_its_coordinator_is_gone_for_its_patien
     with socket.socket() as probe:  # a port nothing listens on: the trainer finished
         probe.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    daemon = WorkerDaemon(settings(tmp_path, url, patience=0.5, retry_seconds=0.1), local_chain(), WORKER)
+    daemon = local_daemon(tmp_path, url, local_chain(), patience=0.5, retry_seconds=0.1)
     started = time.monotonic()
     assert asyncio.run(daemon.run()) == 0
     assert 0.5 <= time.monotonic() - started < 30

@@ -231,12 +231,12 @@ def test_a_simulated_fault_needs_a_name_the_worker_knows(pool: Pool) -> None:
 
 def test_the_example_node_config_is_valid_and_shows_the_defaults() -> None:
     from core.config import declared
-    from node.config import NodeConfig
+    from node.config import WorkerSettings
 
     path = Path(__file__).resolve().parents[2] / "configs" / "node.toml"
-    config = NodeConfig.load(path)
-    assert config == NodeConfig() and config.file["submit_batch"] == 4 and "state" not in config.file
-    assert all(f"{d.key} =" in path.read_text() for d in declared(NodeConfig)), "every key is shown in the example"
+    config = WorkerSettings.load(path)
+    assert config == WorkerSettings() and config.file["submit_batch"] == 4 and "state" not in config.file
+    assert all(f"{d.key} =" in path.read_text() for d in declared(WorkerSettings)), "every key is shown in the example"
 
 
 @pytest.mark.parametrize(
@@ -250,11 +250,11 @@ def test_the_example_node_config_is_valid_and_shows_the_defaults() -> None:
 )
 def test_a_bad_node_config_names_the_field(tmp_path: Path, text: str, problem: str) -> None:
     from core.config import ConfigError
-    from node.config import NodeConfig
+    from node.config import WorkerSettings
 
     (tmp_path / "node.toml").write_text(text)
     with pytest.raises(ConfigError, match=problem):
-        NodeConfig.load(tmp_path / "node.toml")
+        WorkerSettings.load(tmp_path / "node.toml")
 
 
 def test_a_bad_flag_of_prime_node_start_is_named_before_any_chain_call(tmp_path: Path) -> None:

@@ -19,9 +19,10 @@ import pytest
 from eth_account import Account
 
 from ledger.accounts import dev_account
+from node.config import WorkerSettings
 from node.daemon.faults import Fault, FaultyWorker
-from node.daemon.local import LocalWorkChain
-from node.daemon.worker import UntimelyAssignment, WorkerDaemon, WorkerSettings, check_assignment
+from node.daemon.local import LocalWorkChain, local_pool
+from node.daemon.worker import UntimelyAssignment, WorkerDaemon, check_assignment
 from protocol.plan import Job
 from protocol.signing import Assignment, SigningDomain, sign
 from protocol.tasks.spec import load_task_spec, spec_hash
@@ -69,10 +70,11 @@ def test_the_daemon_generates_nothing_for_a_coordinator_whose_clock_is_two_hours
     async def main() -> tuple[WorkerDaemon, int]:
         async with serving(service) as (_, url):
             settings = WorkerSettings(
-                pool_id=POOL, state_dir=tmp_path / "worker", coordinator=url, checkpoints=(url,), task=TASK,
+                state=tmp_path / "worker", coordinator=url, checkpoints=(url,), task=TASK,
                 retry_seconds=0.05, max_failures=1, backend="torch", device="cpu",
             )  # fmt: skip
-            daemon = WorkerDaemon(settings, LocalWorkChain(DOMAIN, POOL, TRAINER.address, WORKER.address), WORKER)
+            chain = LocalWorkChain(DOMAIN, POOL, TRAINER.address, WORKER.address)
+            daemon = WorkerDaemon(settings, local_pool(settings, chain, POOL), chain, WORKER)
             running = asyncio.create_task(daemon.run())
             deadline = time.monotonic() + 30
             while refusals(daemon) < 3:
@@ -98,13 +100,13 @@ def daemons(tmp_path: Path) -> tuple[WorkerDaemon, FaultyWorker]:
     made: list[WorkerDaemon] = []
     for name in ("honest", "cheat"):
         settings = WorkerSettings(
-            pool_id=POOL, state_dir=tmp_path / name, coordinator="http://127.0.0.1:9",
-            checkpoints=("http://127.0.0.1:9",), task=TASK, assignment_lifetime=TIMING.lifetime,
-            clock_slack=TIMING.clock_slack, backend="torch", device="cpu",
+            state=tmp_path / name, coordinator="http://127.0.0.1:9", checkpoints=("http://127.0.0.1:9",), task=TASK,
+            backend="torch", device="cpu",
         )  # fmt: skip
         chain = LocalWorkChain(DOMAIN, POOL, TRAINER.address, WORKER.address)
-        made.append(FaultyWorker(settings, chain, WORKER, Fault.STALE_STEP) if name == "cheat" else
-                    WorkerDaemon(settings, chain, WORKER))  # fmt: skip
+        pool = local_pool(settings, chain, POOL, assignment_lifetime=TIMING.lifetime, clock_slack=TIMING.clock_slack)
+        made.append(FaultyWorker(settings, pool, chain, WORKER, Fault.STALE_STEP) if name == "cheat" else
+                    WorkerDaemon(settings, pool, chain, WORKER))  # fmt: skip
     honest, cheat = made
     assert isinstance(cheat, FaultyWorker)
     return honest, cheat

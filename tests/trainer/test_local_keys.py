@@ -21,6 +21,7 @@ import pytest
 from eth_account import Account
 
 from ledger.accounts import PASSWORD_ENV_VAR, WrongPasswordError, create_keystore, load_account, read_keystore
+from node.daemon.local import local_settings
 from trainer.roles import StaticRoles
 from trainer.run import LocalKeyError, local_network
 
@@ -224,11 +225,12 @@ def test_a_local_worker_whose_keystore_does_not_open_exits_1_at_once(tmp_path: P
     env = {k: v for k, v in os.environ.items() if k != PASSWORD_ENV_VAR}
     if password is not None:
         env[PASSWORD_ENV_VAR] = password
+    settings = local_settings(tmp_path / "work", "http://127.0.0.1:9", "http://127.0.0.1:9", TASK)
+    config = tmp_path / "worker.toml"
+    config.write_text(settings.to_toml())
     command = [
-        sys.executable, "-m", "node.daemon.local", "--keystore", str(keystore),
-        "--coordinator", "http://127.0.0.1:9", "--origin", "http://127.0.0.1:9", "--trainer", "0x" + "11" * 20,
-        "--pool", "0", "--chain-id", "31337", "--contract", "0x" + "00" * 20, "--task", str(TASK),
-        "--state", str(tmp_path / "work"),
+        sys.executable, "-m", "node.daemon.local", "--keystore", str(keystore), "--config", str(config),
+        "--trainer", "0x" + "11" * 20, "--pool", "0", "--chain-id", "31337", "--contract", "0x" + "00" * 20,
     ]  # fmt: skip
     done = subprocess.run(
         command,

@@ -21,8 +21,9 @@ from eth_account import Account
 
 from ledger.client import Ledger
 from ledger.types import WorkStatus
+from node.config import WorkerSettings
 from node.daemon.chain import LedgerWorkChain
-from node.daemon.worker import WorkerDaemon, WorkerSettings
+from node.daemon.worker import WorkerDaemon
 from protocol.coordinator.client import CoordinatorBusy, CoordinatorClient, CoordinatorUnavailable
 from protocol.coordinator.pool import PublishedStep
 from protocol.signing import sign_request
@@ -242,10 +243,11 @@ def test_a_worker_over_its_quota_keeps_the_file_and_uploads_it_once_room_comes_b
     async def main() -> None:
         async with serving(api) as client:
             settings = WorkerSettings(
-                pool_id=pool_id, state_dir=tmp_path / "worker", coordinator=client.url,
-                checkpoints=(client.url,), task=DEFAULT_TASK,  # read for its precision; nothing is generated
+                state=tmp_path / "worker", coordinator=client.url, checkpoints=(client.url,),
+                task=DEFAULT_TASK,  # read for its precision; nothing is generated
             )  # fmt: skip
-            daemon = WorkerDaemon(settings, LedgerWorkChain(node_ledger), member)
+            pool = settings.resolve(node_ledger.pool(pool_id))
+            daemon = WorkerDaemon(settings, pool, LedgerWorkChain(node_ledger), member)
             for counter, data in enumerate((first, second)):  # two files generated, waiting in the journal
                 daemon.state.path_of(key(data)).write_bytes(data)
                 daemon.state.add(key(data), step=0, counter=counter, units=12)
