@@ -34,7 +34,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self, dataclass_transform
@@ -100,6 +100,38 @@ def setting(
     return field(default=default, metadata={_META: declared})
 
 
+def setting_of(cls: type, name: str, doc: str, *, default: Any, flag: str | None = None) -> Any:
+    """A setting with the bounds and choices of field `name` of settings class `cls`, another doc and default: a
+    role's way to say "the pool's value unless set" (default None) about a field another type declares, without
+    writing its bounds again."""
+    item = next((d for d in declared(cls) if d.name == name), None)
+    if item is None:
+        raise TypeError(f"{cls.__name__} declares no field {name!r}")
+    s = item.setting
+    return setting(
+        doc,
+        default=default,
+        key=s.key,
+        flag=flag or s.flag,
+        minimum=s.minimum,
+        above=s.above,
+        maximum=s.maximum,
+        choices=s.choices,
+        relative=s.relative,
+    )
+
+
+def held(doc: str, *, default_factory: Callable[[], Any]) -> Any:
+    """A field an instance holds that no file or flag sets (an object of any type, which its class checks): the
+    loader and `to_toml` pass it by, and `doc` says what it is."""
+    return field(default_factory=default_factory, metadata={_META: _Held(doc)})
+
+
+@dataclass(frozen=True)
+class _Held:
+    doc: str
+
+
 def table(doc: str, kind: type[Settings], *, key: str = "", optional: bool = False) -> Any:
     """A nested table of settings, of type `kind`: its defaults when the file has no such table, or, `optional`,
     None unless the file has one (an empty table then means every default)."""
@@ -160,9 +192,9 @@ def declared(cls: type) -> tuple[Declared, ...]:
     hints = typing.get_type_hints(cls)
     items = []
     for f in dataclasses.fields(cls):
-        if f.name in _HIDDEN:
-            continue
         meta = f.metadata.get(_META)
+        if f.name in _HIDDEN or isinstance(meta, _Held):
+            continue
         if not isinstance(meta, Setting):
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting(...)")
         kind, optional = _unwrap(hints[f.name])
@@ -191,7 +223,7 @@ def _unwrap(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(setting, table, field))
+@dataclass_transform(frozen_default=True, field_specifiers=(setting, setting_of, table, held, field))
 @dataclass(frozen=True)
 class Settings:
     """Base of a role's declared settings. `origins` maps each field the file, the environment or a flag set to

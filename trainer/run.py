@@ -269,12 +269,10 @@ class LocalWorkers:
         from node.daemon.local import local_settings
 
         for i, key in enumerate(keys.paths):
-            workers = config.run_dir / "workers"
-            settings = local_settings(
-                workers / f"worker-{i}", api_url, origin_url, config.task, threads=config.worker_threads
-            )
-            settings_file = workers / f"worker-{i}.toml"
-            settings_file.parent.mkdir(parents=True, exist_ok=True)
+            state = config.run_dir / "workers" / f"worker-{i}"
+            settings = local_settings(state, api_url, origin_url, config.task, threads=config.worker_threads)
+            settings_file = state / "worker.toml"
+            state.mkdir(parents=True, exist_ok=True)
             settings_file.write_text(settings.to_toml(), encoding="utf-8")
             command = [
                 sys.executable, "-m", "node.daemon.local", "--config", str(settings_file),

@@ -104,7 +104,7 @@ class Evidence:
             "kept_at": time.time(),
             "kept_until": kept_until,
             "expected": dataclasses.asdict(expected) | {"work_key": "0x" + expected.work_key.hex()},
-            "config": dataclasses.asdict(config),
+            "config": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("origins", "file")},
             "task": None if task is None else str(task),
             "task_hash": "0x" + task_hash.hex(),
             "step": step,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from core.config import ConfigError, declared
 from protocol.pool_spec import load_pool_spec
 from validator.cli import DeviceChoice, DtypeChoice, ThresholdPreset, app
-from validator.config import ValidatorConfig, ValidatorConfigError
+from validator.config import PRECISION_NAMES, PRECISIONS, ValidatorConfig, ValidatorConfigError
 from validator.settings import DEVICES, DTYPES, THRESHOLD_PRESETS, ValidatorSettings
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -28,7 +28,8 @@ def test_the_shipped_example_documents_the_defaults() -> None:
     text = (CONFIGS / "validator.toml").read_text()
     assert "# sampling_margin = 1e-3" in text and "# logprob_atol = 1e-3" in text
     assert ValidatorConfig(**ValidatorSettings().config_fields()) == ValidatorConfig()
-    assert set(ValidatorSettings.TUNING) <= {f.name for f in fields(ValidatorConfig)}
+    assert set(ValidatorSettings().config_fields()) <= {f.name for f in fields(ValidatorConfig)}
+    assert tuple(PRECISIONS) == PRECISION_NAMES
     assert all(f"{d.key} =" in text for d in declared(ValidatorSettings)), "every key is shown in the example"
 
 
