@@ -36,7 +36,8 @@ import torch
 from engine.generate import generate_rollouts
 from engine.inference.torch_backend import TorchBackend
 from engine.model.loading import LoadedModel, load_model
-from engine.model.tiny import TinyModelConfig, init_model
+from engine.model.shapes import ModelShape
+from engine.model.tiny import init_model
 from protocol.plan import Job
 from protocol.rollouts import encode_rollouts
 from protocol.tasks.sources import open_source
@@ -48,8 +49,8 @@ REPO = Path(__file__).resolve().parent.parent
 TASK = REPO / "configs" / "tasks" / "default.toml"
 NODE = "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc"
 SIZES = {
-    "tiny": TinyModelConfig(),
-    "25m": TinyModelConfig(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+    "tiny": ModelShape(),
+    "25m": ModelShape(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
                            intermediate_size=1536),
 }  # fmt: skip
 BATCHES = (1, 16, 64, 256)
@@ -217,7 +218,7 @@ def main() -> None:
     report: dict[str, Any] = {"machine": facts, "pairs": [], "throughput": []}
     batches = tuple(int(b) for b in args.batches.split(","))
     for size in args.sizes.split(","):
-        model_dir = init_model(root / size, seed=0, config=SIZES[size])
+        model_dir = init_model(root / size, seed=0, shape=SIZES[size])
         report["pairs"] += precision_pairs(size, model_dir, args.device, args.files, root)
         report["throughput"] += throughput(size, model_dir, args.device, root, batches)
         args.out.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,8 @@ def one_model(size: str, batches: list[int], files: int) -> None:
     from engine.inference.torch_backend import TorchBackend
     from engine.inference.vllm_backend import VLLMBackend
     from engine.model.loading import load_model
-    from engine.model.tiny import TinyModelConfig, init_model
+    from engine.model.shapes import ModelShape
+    from engine.model.tiny import init_model
     from protocol.plan import Job
     from protocol.rollouts import encode_rollouts
     from protocol.tasks.sources import open_source
@@ -54,7 +55,7 @@ def one_model(size: str, batches: list[int], files: int) -> None:
 
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = init_model(Path(tmp) / size, seed=0, config=TinyModelConfig(**SIZES[size]))  # type: ignore[arg-type]
+        model_dir = init_model(Path(tmp) / size, seed=0, shape=ModelShape(**SIZES[size]))  # type: ignore[arg-type]
         loaded = load_model(model_dir)
         parameters = sum(p.numel() for p in loaded.model.parameters())
         print(json.dumps({"size": size, "parameters": parameters}), flush=True)

@@ -22,7 +22,8 @@ from engine.generate import Generated, generate_rollouts, sampling_params
 from engine.inference.base import GenerationRequest
 from engine.inference.torch_backend import TorchBackend
 from engine.model.loading import load_model
-from engine.model.tiny import TinyModelConfig, init_model
+from engine.model.shapes import ModelShape
+from engine.model.tiny import init_model
 from engine.proofs import PROOF_CHUNK, build_proof, proof_topk, split_proof, verify_proof
 from protocol.plan import Job, plan_rollouts
 from protocol.rollouts import encode_rollouts
@@ -36,8 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 # A proof's cost is per 32-token chunk and independent of the model, while generation grows with it: the
 # embedded 1.2M-parameter model is the worst case, `--size 25m` shows a model where a token costs something.
 SIZES = {
-    "tiny": TinyModelConfig(),
-    "25m": TinyModelConfig(
+    "tiny": ModelShape(),
+    "25m": ModelShape(
         hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
     ),
 }
@@ -74,7 +75,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = args.model or init_model(Path(scratch) / "model", seed=0, config=SIZES[args.size])
+        model_dir = args.model or init_model(Path(scratch) / "model", seed=0, shape=SIZES[args.size])
         loaded = load_model(model_dir)
         spec = load_task_spec(args.task)
         source = open_source(spec)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
-        loaded = load_model(init_model(Path(scratch) / "model", seed=0, config=SIZES[args.size]))
+        loaded = load_model(init_model(Path(scratch) / "model", seed=0, shape=SIZES[args.size]))
         spec = load_task_spec(args.task)
         source = open_source(spec)
         job = Job(pool_id=1, node=NODE, step=0, counter=0, prompts=args.prompts, group_size=args.group)

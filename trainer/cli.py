@@ -16,6 +16,7 @@ import typer
 
 from core.trace import configure_tracing
 from ledger.cli.common import (
+    CommandError,
     JsonOption,
     cli_errors,
     configure_daemon_logging,
@@ -59,25 +60,68 @@ def init_model_command(
         typer.Option("--out", metavar="DIR", help="Directory to create (Hugging Face layout).", show_default=False),
     ],
     seed: Annotated[int, typer.Option("--seed", min=0, metavar="N", help="Seed of the random initialisation.")] = 0,
+    shape: Annotated[
+        str,
+        typer.Option(
+            "--shape",
+            metavar="NAME",
+            help="tiny (1.2M parameters, byte tokenizer) or qwen2.5-0.5b (Qwen2.5-0.5B's configuration, a BPE "
+            "tokenizer trained on the tasks, bfloat16, sharded).",
+        ),
+    ] = "tiny",
+    layers: Annotated[
+        int | None, typer.Option("--layers", min=1, metavar="N", help="A shallower variant of the shape (tests).")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", metavar="T", help="float32 or bfloat16 (default: the shape's).")
+    ] = None,
+    task: Annotated[
+        list[Path] | None,
+        typer.Option("--task", metavar="SPEC", help="A task whose problems the BPE tokenizer learns from (repeat)."),
+    ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace DIR if it holds something.")] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Create the embedded default model: a tiny Qwen2 with a character-level tokenizer, random from the seed."""
+    """Create a model from a seed: the embedded tiny Qwen2 (a byte tokenizer), or a real shape (--shape)."""
     configure_logging()
     with cli_errors():
-        from engine.model.loading import model_hash_of, parameter_count
-        from engine.model.tiny import init_model
+        from dataclasses import replace
 
+        from engine.model.loading import model_hash_of, parameter_count
+        from engine.model.shapes import DTYPES, SHAPES
+        from engine.model.tiny import init_model
+        from protocol.tasks.spec import load_task_spec
+
+        if shape not in SHAPES:
+            raise CommandError(f"--shape {shape!r}: choose one of {', '.join(SHAPES)}")
+        if dtype is not None and dtype not in DTYPES:
+            raise CommandError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        chosen = SHAPES[shape]
+        try:
+            chosen = chosen.with_layers(layers) if layers is not None else chosen
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        chosen = replace(chosen, dtype=dtype) if dtype is not None else chosen
+        specs = [load_task_spec(path) for path in task or ()]
         started = time.perf_counter()
-        path = init_model(out, seed=seed, overwrite=overwrite).resolve()
+        path = init_model(out, seed=seed, shape=chosen, specs=specs, overwrite=overwrite).resolve()
         seconds = time.perf_counter() - started
         parameters = parameter_count(path)
         model_hash = "0x" + model_hash_of(path).hex()
         if json_output:
-            print_json({"path": str(path), "parameters": parameters, "model_hash": model_hash, "seed": seed})
+            print_json(
+                {
+                    "path": str(path),
+                    "parameters": parameters,
+                    "model_hash": model_hash,
+                    "seed": seed,
+                    "shape": chosen.name,
+                    "dtype": chosen.dtype,
+                }
+            )
             return
         console = stdout_console()
-        console.print(f"created the tiny model (seed {seed}) in {seconds:.1f} s")
+        console.print(f"created the {chosen.name} model (seed {seed}, {chosen.dtype}) in {seconds:.1f} s")
         console.print(f"parameters: {parameters:,}")
         console.print(f"model hash: {model_hash}")
         console.print(f"path:       {path}")

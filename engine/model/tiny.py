@@ -1,27 +1,34 @@
-"""The embedded default model: a tiny Qwen2-architecture causal LM, randomly initialised from a seed.
+"""Models built here from a seed: the embedded default (a tiny Qwen2-architecture causal LM) and the real shape a
+pool runs (`engine.model.shapes`), written in Hugging Face layout.
 
-It has the real architecture (GQA attention, RoPE, RMSNorm, SwiGLU, tied embeddings), so every code path that
-serves, proves and trains it serves a real Qwen too, yet it is small enough (1.2M parameters) to train and
-verify on 2 CPU cores. `prime-train init-model` calls `init_model`; `prime-train sft` then warm-starts it.
+The tiny model has the real architecture (GQA attention, RoPE, RMSNorm, SwiGLU, tied embeddings), so every code path
+that serves, proves and trains it serves a real Qwen too, yet it is small enough (1.2M parameters) to train and
+verify on 2 CPU cores. `prime-train init-model` calls `init_model` (`--shape qwen2.5-0.5b` for the real shape);
+`prime-train sft` then warm-starts it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from core.errors import NodeError
 from engine.model.loading import transformers_progress
+from engine.model.shapes import TINY, ModelShape
 from engine.model.tokenizer import IM_END, PAD_TOKEN, build_tokenizer
+from protocol.tasks.spec import TaskSpec
+
+ONE_FILE_BYTES = 64 << 20  # weights up to this are one file; more are two or more and an index, as real checkpoints
+SHARD_BYTES = 512 << 20  # the largest shard (a tensor larger than this has one of its own)
 
 
 class ModelDirExistsError(NodeError):
@@ -32,71 +39,55 @@ class ModelDirExistsError(NodeError):
         self.path = path
 
 
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """Shape of the tiny model. The defaults give 1,216,512 parameters (float32, 4.9 MB on disk)."""
-
-    hidden_size: int = 128  # = the TOPLOC top-k (128), so a proof covers the whole hidden state
-    num_hidden_layers: int = 6
-    num_attention_heads: int = 4  # head_dim = hidden_size / heads = 32
-    num_key_value_heads: int = 2  # grouped-query attention, as in Qwen2
-    intermediate_size: int = 384  # SwiGLU width
-    max_position_embeddings: int = 1024  # prompt + completion, in characters
-    rope_theta: float = 10_000.0
-    rms_norm_eps: float = 1e-6
-    initializer_range: float = 0.02  # std of the normal init of every linear and embedding weight
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TinyModelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads or (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError(
-                f"TinyModelConfig: hidden_size {self.hidden_size} must split into {self.num_attention_heads} "
-                "heads of even size (RoPE rotates pairs)"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"TinyModelConfig: {self.num_attention_heads} attention heads do not share "
-                f"{self.num_key_value_heads} key/value heads evenly"
-            )
-        if self.intermediate_size < 1 or self.max_position_embeddings < 2:
-            raise ValueError("TinyModelConfig: intermediate_size must be >= 1 and max_position_embeddings >= 2")
-        if self.rope_theta <= 0 or self.rms_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError("TinyModelConfig: rope_theta, rms_norm_eps and initializer_range must be positive")
-
-
-def qwen2_config(config: TinyModelConfig) -> Qwen2Config:
-    """The Hugging Face config: the tiny shape plus the tokenizer's vocabulary and special ids."""
-    tokenizer = build_tokenizer()
+def qwen2_config(shape: ModelShape, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+    """The Hugging Face config: the shape plus the tokenizer's special ids, and its vocabulary as the embedding's
+    rows unless the shape pads them (Qwen's 151,936)."""
     pad_id = tokenizer.get_vocab()[PAD_TOKEN]
     eos_id = tokenizer.get_vocab()[IM_END]
+    rows = shape.embedding_rows or len(tokenizer)  # exact by default: the sampler can never pick an undecodable id
+    if rows < len(tokenizer):
+        raise ValueError(f"{shape.name}: {rows} embedding rows cannot hold the tokenizer's {len(tokenizer)} ids")
     return Qwen2Config(
-        vocab_size=len(tokenizer),  # exactly the tokenizer's ids: the sampler can never pick an undecodable one
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        max_position_embeddings=config.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        rms_norm_eps=config.rms_norm_eps,
-        initializer_range=config.initializer_range,
+        vocab_size=rows,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+        rms_norm_eps=shape.rms_norm_eps,
+        initializer_range=shape.initializer_range,
         tie_word_embeddings=True,
         use_sliding_window=False,
         bos_token_id=pad_id,  # as Qwen: no BOS is prepended, <|endoftext|> stands in
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        dtype="float32",
+        dtype=shape.dtype,
     )
 
 
-def build_model(config: TinyModelConfig | None = None, *, seed: int = 0) -> Qwen2ForCausalLM:
-    """A randomly initialised model; the caller's torch RNG state is left as it was."""
-    hf_config = qwen2_config(config or TinyModelConfig())
+def shape_tokenizer(shape: ModelShape, specs: Sequence[TaskSpec] = ()) -> PreTrainedTokenizerFast:
+    """The tokenizer a shape is built with: the byte tokenizer, or a BPE of `shape.bpe_vocab` ids trained on the
+    problems of `specs` and reasoning-gym's (engine.model.bpe)."""
+    if shape.tokenizer == "bytes":
+        return build_tokenizer()
+    from engine.model.bpe import reasoning_texts, task_texts, train_bpe
+
+    return train_bpe(itertools.chain(task_texts(specs), reasoning_texts()), shape.bpe_vocab)
+
+
+def build_model(
+    shape: ModelShape | None = None, *, seed: int = 0, tokenizer: PreTrainedTokenizerFast | None = None
+) -> Qwen2ForCausalLM:
+    """A randomly initialised model of `shape` (default: the tiny one) in the shape's dtype; `tokenizer` defaults
+    to the byte tokenizer. The caller's torch RNG state is left as it was."""
+    shape = shape or TINY
+    hf_config = qwen2_config(shape, tokenizer or build_tokenizer())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(hf_config).float()
+        model = Qwen2ForCausalLM(hf_config).float()  # initialised in float32 whatever it is saved in
+    model = model.to(getattr(torch, shape.dtype))
     # Stop at the end of a chat turn or of a document, pad with <|endoftext|> (Qwen2.5-Instruct's settings).
     model.generation_config = GenerationConfig(
         bos_token_id=hf_config.bos_token_id,
@@ -106,10 +97,19 @@ def build_model(config: TinyModelConfig | None = None, *, seed: int = 0) -> Qwen
     return model.eval()
 
 
-def init_model(out_dir: Path, *, seed: int = 0, config: TinyModelConfig | None = None, overwrite: bool = False) -> Path:
-    """Writes a fresh tiny model to `out_dir` in Hugging Face layout and returns the directory.
+def init_model(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    shape: ModelShape | None = None,
+    specs: Sequence[TaskSpec] = (),
+    overwrite: bool = False,
+) -> Path:
+    """Writes a fresh model of `shape` (default: the tiny one) to `out_dir` in Hugging Face layout and returns the
+    directory; a BPE shape's tokenizer is trained on the problems of `specs` and reasoning-gym's.
 
-    Files: config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
+    Files: config.json, generation_config.json, the weights (model.safetensors, or for a model past
+    ONE_FILE_BYTES model-0000i-of-0000n.safetensors and their index), tokenizer.json, tokenizer_config.json,
     chat_template.jinja. The same seed writes byte-identical weights. The directory appears complete or not
     at all: everything is written to a temporary sibling, flushed to disk, then renamed into place.
 
@@ -117,16 +117,21 @@ def init_model(out_dir: Path, *, seed: int = 0, config: TinyModelConfig | None =
     """
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite=overwrite)
-    return save_model_dir(build_model(config, seed=seed), build_tokenizer(), out_dir, overwrite=overwrite)
+    shape = shape or TINY
+    tokenizer = shape_tokenizer(shape, specs)
+    return save_model_dir(build_model(shape, seed=seed, tokenizer=tokenizer), tokenizer, out_dir, overwrite=overwrite)
 
 
 def save_model_dir(model: PreTrainedModel, tokenizer: Any, out_dir: Path, *, overwrite: bool = False) -> Path:
-    """Writes `model` and `tokenizer` to `out_dir` in Hugging Face layout, complete or not at all."""
+    """Writes `model` and `tokenizer` to `out_dir` in Hugging Face layout, complete or not at all; weights past
+    ONE_FILE_BYTES are split over at least two files and an index, as real checkpoints are."""
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite=overwrite)
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    shard = weight_bytes + 1 if weight_bytes <= ONE_FILE_BYTES else min(SHARD_BYTES, weight_bytes // 2 + 1)
     with _staging_dir(out_dir) as staging:
-        with transformers_progress(False):  # one small shard: a bar would only flash
-            model.save_pretrained(staging)
+        with transformers_progress(False):  # a few shards: a bar would only flash
+            model.save_pretrained(staging, max_shard_size=shard)
         tokenizer.save_pretrained(staging)
         _finish_files(staging)
         _check_target(out_dir, overwrite=overwrite)  # again: it may have appeared while we wrote

@@ -13,6 +13,8 @@ building, EOS handling and answer extraction are one code path for this model an
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
@@ -52,22 +54,26 @@ def byte_symbols() -> dict[int, str]:
     return symbols
 
 
-def vocabulary() -> dict[str, int]:
-    """Token -> id: the 256 bytes at their own values, then the special and markup tokens from 256 on.
+def vocabulary(base: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Token -> id: `base` (default: the 256 bytes at their own values), then the special and markup tokens after
+    it (from 256 on for the bytes).
 
     Fixed by construction: changing it changes what every saved model's ids mean.
     """
-    vocab = {symbol: byte for byte, symbol in byte_symbols().items()}
+    vocab = dict(base) if base is not None else {symbol: byte for byte, symbol in byte_symbols().items()}
     for token in SPECIAL_TOKENS + MARKUP_TOKENS:
         vocab[token] = len(vocab)
     return vocab
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The byte-level tokenizer with Qwen's special tokens and chat template; the same ids on every call."""
+def build_tokenizer(
+    base: Mapping[str, int] | None = None, merges: Sequence[tuple[str, str]] = ()
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with Qwen's special tokens and chat template: by default the byte tokenizer (no
+    merges; the same ids on every call), else `base`'s ids with `merges` (a trained one, `engine.model.bpe`)."""
     tokenizer = Qwen2Tokenizer(
-        vocab=vocabulary(),
-        merges=[],
+        vocab=vocabulary(base),
+        merges=list(merges),  # type: ignore[arg-type]  # pairs, as tokenizers' BPE takes them
         unk_token=None,  # type: ignore[arg-type]  # every byte is in the vocabulary; typed str, accepts None
         bos_token=None,  # as Qwen: nothing is prepended
         eos_token=IM_END,

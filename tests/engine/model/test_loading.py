@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 from core.errors import NodeError
 from engine.model.forward import forward_hidden
 from engine.model.loading import ModelLoadError, load_model, model_hash_of, parameter_count
-from engine.model.tiny import TinyModelConfig, init_model
+from engine.model.shapes import ModelShape
+from engine.model.tiny import init_model
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_load_gives_an_eval_model_with_its_eos_ids_and_hash(pristine: Path) -> N
     assert loaded.eos_token_ids == (loaded.tokenizer.convert_tokens_to_ids("<|im_end|>"), 256)
     assert loaded.model_hash == model_hash_of(pristine)
     assert len(loaded.model_hash) == 32
-    assert loaded.hidden_size == TinyModelConfig().hidden_size
+    assert loaded.hidden_size == ModelShape().hidden_size
     assert loaded.vocab_size == len(loaded.tokenizer)
     assert next(loaded.model.parameters()).dtype == torch.float32
     assert loaded.device == torch.device("cpu")

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from engine.model.forward import forward_hidden
 from engine.model.loading import load_model, parameter_count
-from engine.model.tiny import ModelDirExistsError, TinyModelConfig, build_model, init_model
+from engine.model.shapes import ModelShape
+from engine.model.tiny import ModelDirExistsError, build_model, init_model
 from engine.model.tokenizer import build_tokenizer
 
 HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
@@ -35,7 +36,7 @@ def test_writes_hugging_face_layout_and_nothing_else_next_to_it(seed0: Path) -> 
     assert config["model_type"] == "qwen2"
     assert config["vocab_size"] == len(build_tokenizer())
     assert config["tie_word_embeddings"] is True
-    assert config["hidden_size"] == TinyModelConfig().hidden_size
+    assert config["hidden_size"] == ModelShape().hidden_size
 
 
 def test_generation_config_stops_at_im_end_and_endoftext(seed0: Path) -> None:
@@ -96,8 +97,8 @@ def test_an_empty_existing_directory_is_filled(tmp_path: Path) -> None:
     [{"hidden_size": 130}, {"num_attention_heads": 3}, {"num_key_value_heads": 3}, {"num_hidden_layers": 0}],
 )
 def test_config_rejects_shapes_the_architecture_cannot_take(fields: dict[str, int]) -> None:
-    with pytest.raises(ValueError, match="TinyModelConfig"):
-        TinyModelConfig(**fields)
+    with pytest.raises(ValueError, match="ModelShape"):
+        ModelShape(**fields)
 
 
 def test_forward_hidden_returns_the_lm_head_input_and_the_models_logits(seed0: Path) -> None:
@@ -105,7 +106,7 @@ def test_forward_hidden_returns_the_lm_head_input_and_the_models_logits(seed0: P
     input_ids = torch.tensor([loaded.tokenizer.encode("12+30=42"), loaded.tokenizer.encode("<think>7*6=42</think>")])
     out = forward_hidden(loaded.model, input_ids)
     B, T = input_ids.shape
-    assert out.hidden.shape == (B, T, TinyModelConfig().hidden_size)
+    assert out.hidden.shape == (B, T, ModelShape().hidden_size)
     assert out.logits.shape == (B, T, len(loaded.tokenizer))
     with torch.inference_mode():
         reference = loaded.model(input_ids).logits  # (B, T, V)
