@@ -226,6 +226,35 @@ class TestCheckSampled:
         verdict = check_sampled(logits, forged, self.seed, positions, self.params)
         assert (verdict.ok, verdict.first_bad_position) == (False, 5)
 
+    @pytest.mark.parametrize("top_p", [1.0, 0.999, 0.9, 0.5])
+    @pytest.mark.parametrize("margin", [0.0, 1e-3, 0.3])
+    def test_deciding_without_the_rival_sort_gives_every_verdict_the_exact_gaps_give(
+        self, top_p: float, margin: float
+    ) -> None:
+        """`check_sampled` skips the nucleus sort for rows within the margin of the best of every id; over honest,
+        noisy and forged rows its pass or fail is the one the exact gaps (`_gaps` without the shortcut) give, and a row
+        failing by its gap has the exact one."""
+        from engine.inference.sampler import _gaps
+
+        params = SamplingParams(temperature=0.8, top_p=top_p)
+        generator = torch.Generator().manual_seed(int(top_p * 1000 + margin * 10))
+        for trial in range(12):
+            logits, tokens, positions = self.honest(params)
+            logits = logits + 0.3 * torch.randn(logits.shape, generator=generator) * (trial % 3)  # noise 0, 0.3, 0.6
+            forged = tokens.clone()
+            changed = torch.randint(0, 40, (trial % 5,), generator=generator)
+            forged[changed] = torch.randint(0, 64, changed.shape, generator=generator)
+            exact_gap, exact_best, exact_in = _gaps(logits, forged, self.seed, positions, params, margin)
+            gap, best, in_nucleus = _gaps(logits, forged, self.seed, positions, params, margin, decide_only=True)
+            exact_bad, bad = ~exact_in | (exact_gap > margin), ~in_nucleus | (gap > margin)
+            assert torch.equal(bad, exact_bad) and torch.equal(in_nucleus, exact_in)
+            by_gap = in_nucleus & (gap > margin)  # a row outside the nucleus fails for that, whatever its gap
+            assert torch.equal(gap[by_gap], exact_gap[by_gap]) and torch.equal(best[by_gap], exact_best[by_gap])
+            assert bool((gap >= exact_gap).all())  # a skipped row reports an upper bound
+            verdict = check_sampled(logits, forged, self.seed, positions, params, margin=margin)
+            first = int(torch.nonzero(exact_bad)[0, 0]) if bool(exact_bad.any()) else None
+            assert (verdict.ok, verdict.first_bad_position) == (first is None, first)
+
 
 def test_check_logprobs_accepts_recorded_logprobs_and_rejects_bent_ones() -> None:
     logits = torch.randn(20, 32, generator=torch.Generator().manual_seed(5))
