@@ -2,8 +2,9 @@
 
 Every error raised by `shardcast` derives from `RelayError`; the leaves carry the step, file and shard index a
 person needs to find the offending bytes. The modules: `manifest` (what a checkpoint version is, pure),
-`store` (versions on a relay's disk, and the client-side assembler of a partial download), `server` and `polls`
-(the HTTP side), `sources` and `client` (the downloading side), `origin` and `mirror` (who fills a store).
+`store` (versions on a relay's disk), `partial` (a version being downloaded, the client's or a mirroring relay's),
+`fileio` (the Linux file I/O under both, and a relay's memory budget), `server` and `polls` (the HTTP side), `sources`
+and `client` (the downloading side), `origin` and `mirror` (who fills a store).
 """
 
 from __future__ import annotations

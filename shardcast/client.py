@@ -41,7 +41,9 @@ from shardcast import (
     splice,
     trace,
 )
+from shardcast.fileio import start_writeback
 from shardcast.manifest import Hasher, Manifest, ShardInfo, check_json_depth, parse_manifest
+from shardcast.partial import PartialCheckpoint
 from shardcast.protocol import (
     MAX_MANIFEST_BYTES,
     MAX_VERSIONS_BYTES,
@@ -54,7 +56,6 @@ from shardcast.protocol import (
     versions_url,
 )
 from shardcast.sources import Source, SourcePool
-from shardcast.store import PartialCheckpoint, start_writeback
 from shardcast.trust import TrustPolicy
 
 log = logging.getLogger(__name__)

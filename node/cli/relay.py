@@ -211,9 +211,10 @@ def relay(
         limits = _limits(max_connections, max_per_client, client_rate)
         if memory_when not in ("pressed", "always"):
             raise CommandError(f"--memory-when must be pressed or always, got {memory_when!r}")
+        from shardcast.fileio import page_cache_pressed
         from shardcast.mirror import Mirror
         from shardcast.server import ShardServer
-        from shardcast.store import ShardStore, page_cache_pressed
+        from shardcast.store import ShardStore
 
         hold = page_cache_pressed if memory_when == "pressed" else (lambda size: True)
 

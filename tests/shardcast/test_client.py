@@ -32,10 +32,12 @@ from shardcast.client import (
     resolve_version,
     wait_for_newer,
 )
+from shardcast.fileio import MemoryBudget
 from shardcast.manifest import Manifest, build_manifest, encode_manifest
+from shardcast.partial import PartialCheckpoint
 from shardcast.protocol import SIGNATURE_HEADER
 from shardcast.server import ServerLimits, ShardServer
-from shardcast.store import MemoryBudget, PartialCheckpoint, ShardStore
+from shardcast.store import ShardStore
 from shardcast.trust import TrustPolicy, sign_manifest
 
 MIB = 1024 * 1024

@@ -21,7 +21,8 @@ from shardcast import (
     VersionNotFound,
 )
 from shardcast.manifest import Manifest, build_manifest, encode_manifest
-from shardcast.store import JOURNAL_NAME, PartialCheckpoint, ShardStore
+from shardcast.partial import JOURNAL_NAME, PartialCheckpoint
+from shardcast.store import ShardStore
 
 KIB = 1024
 SHARD = 64 * KIB
@@ -211,7 +212,7 @@ def test_resume_after_sigkill_in_another_process(tmp_path: Path, source: Path, m
 import os, signal
 from pathlib import Path
 from shardcast.manifest import build_manifest
-from shardcast.store import PartialCheckpoint
+from shardcast.partial import PartialCheckpoint
 src = Path({str(source)!r})
 m = build_manifest(src, pool_id=1, step=10, shard_size={SHARD})
 pc = PartialCheckpoint(Path({str(target)!r}), m)
@@ -348,7 +349,7 @@ import resource, signal, sys
 from pathlib import Path
 from shardcast import RelayError
 from shardcast.manifest import parse_manifest
-from shardcast.store import PartialCheckpoint
+from shardcast.partial import PartialCheckpoint
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
 resource.setrlimit(resource.RLIMIT_FSIZE, ({total // 2}, {total // 2}))
 manifest = parse_manifest(Path(sys.argv[1]).read_bytes())

@@ -12,15 +12,10 @@ from eth_account.signers.local import LocalAccount
 
 from protocol.signing import SigningDomain
 from shardcast import ManifestError, RelayError, ShardPending, VersionExists, VersionNotFound
+from shardcast.fileio import page_cache_pressed
 from shardcast.manifest import Manifest, build_manifest, encode_manifest
-from shardcast.store import (
-    JOURNAL_NAME,
-    PARTIAL_MANIFEST_NAME,
-    SIGNATURE_NAME,
-    PartialCheckpoint,
-    ShardStore,
-    page_cache_pressed,
-)
+from shardcast.partial import JOURNAL_NAME, PARTIAL_MANIFEST_NAME, PartialCheckpoint
+from shardcast.store import SIGNATURE_NAME, ShardStore
 from shardcast.trust import TrustPolicy, sign_manifest
 
 KIB = 1024
