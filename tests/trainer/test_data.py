@@ -315,3 +315,38 @@ def test_shared_logprobs_refuse_an_attention_without_custom_masks() -> None:
     batch = collate_units(prompt_units(grouped([1, 2], [[3]], "aa:0"), max_tokens=10), pad_id=PAD)
     with pytest.raises(TrainerError, match="shared-prompt mask"):
         shared_logprobs(model, batch)
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_chunked_logprobs_and_their_gradients_are_the_plain_log_softmaxs(
+    monkeypatch: pytest.MonkeyPatch, entropy: bool
+) -> None:
+    """`chosen_logprobs` takes the logits chunk by chunk under checkpointing (across three chunk boundaries here):
+    the same log-probs, entropies and gradients as one log_softmax over every row."""
+    from trainer import data
+
+    monkeypatch.setattr(data, "LOGPROB_CHUNK_TOKENS", 128)
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(600, 97, generator=g) * 4).requires_grad_()
+    rows = torch.randint(0, 600, (450,), generator=g)
+    targets = torch.randint(0, 97, (450,), generator=g)
+    weights = torch.randn(450, generator=g)
+    picked, spread = data.chosen_logprobs(logits, rows, targets, 0.7, entropy=entropy)
+    ((picked * weights).sum() + (spread.sum() if spread is not None else 0)).backward()
+    chunked_grad, logits.grad = logits.grad, None
+    plain = torch.log_softmax(logits[rows] / 0.7, dim=-1)
+    expected = plain.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    expected_spread = -(plain.exp() * plain).sum(-1)
+    ((expected * weights).sum() + (expected_spread.sum() if entropy else 0)).backward()
+    torch.testing.assert_close(picked, expected, atol=1e-5, rtol=0)
+    if entropy:
+        assert spread is not None
+        torch.testing.assert_close(spread, expected_spread, atol=1e-5, rtol=0)
+    else:
+        assert spread is None
+    torch.testing.assert_close(chunked_grad, logits.grad, atol=1e-4, rtol=1e-5)  # float32 sums in another order
+    with torch.no_grad():  # no graph: the chunks are computed once, not checkpointed
+        again, _ = data.chosen_logprobs(logits, rows, targets, 0.7)
+    torch.testing.assert_close(again, expected.detach(), atol=1e-5, rtol=0)
+    empty, _ = data.chosen_logprobs(logits, rows[:0], targets[:0], 0.7)
+    assert empty.shape == (0,)
