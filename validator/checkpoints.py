@@ -13,18 +13,25 @@ import asyncio
 import logging
 import shutil
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from core import trace
+from engine.memory import Gate, ModelFacts, Plan, validator_plan
 from engine.model.loading import LoadedModel, load_model
 from shardcast import DownloadFailed, SourceError
 from shardcast.client import STEP_DIR_PREFIX, Source, fetch_checkpoint, list_versions, new_session
 from shardcast.manifest import Manifest, manifest_hash
 from shardcast.trust import TrustPolicy
 from validator.errors import CheckpointGone
+
+if TYPE_CHECKING:
+    from protocol.tasks.problem import TaskSource
+    from protocol.tasks.spec import TaskSpec
+    from validator.config import ValidatorConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +48,14 @@ class Checkpoints:
         keep: int,
         device: str = "cpu",
         dtype: str = "float32",
+        before_load: Callable[[Path], object] | None = None,
     ) -> None:
+        """`before_load` sees each checkpoint's directory before it loads, and may refuse it by raising (the memory
+        check, `memory_gate`)."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.root, self.sources, self.policy, self.keep = root, list(sources), policy, keep
+        self.before_load = before_load
         self.device, self.dtype = device, getattr(torch, dtype)
         self._loaded: OrderedDict[int, LoadedModel] = OrderedDict()
 
@@ -74,6 +85,8 @@ class Checkpoints:
                     raise CheckpointGone(step, self.sources) from None
                 raise
             log.info("fetched the checkpoint of step %d", step)
+        if self.before_load is not None:
+            await asyncio.to_thread(self.before_load, path)
         with trace.span("load", step=step):
             self._loaded[step] = await asyncio.to_thread(load_model, path, device=self.device, dtype=self.dtype)
         while len(self._loaded) > self.keep:
@@ -112,3 +125,23 @@ class Checkpoints:
                 log.warning("%s lists step %d but could not deliver it", url, step)
                 return False
         return True
+
+
+def memory_gate(spec: TaskSpec, source: TaskSource, config: ValidatorConfig, *, budget: int | None = None) -> Gate:
+    """What each checkpoint passes before it loads: the validator's plan (engine.memory: `checkpoints_kept` steps in
+    the pool's precision, a prefill batch of `prefill_batch_size` rows, the float64 recheck) against what is free on
+    its device; `budget` replaces what is free (`--memory-budget`)."""
+    memory, _, index = config.device.partition(":")
+
+    def plan(facts: ModelFacts, sequence_tokens: int) -> Plan:
+        return validator_plan(
+            facts,
+            dtype=config.dtype,
+            device="cuda" if memory == "cuda" else "cpu",
+            prefill_batch_size=config.prefill_batch_size,
+            checkpoints_kept=config.checkpoints_kept,
+            sequence_tokens=sequence_tokens,
+            max_tokens=spec.sampling.max_tokens,
+        )
+
+    return Gate(spec, source, plan, budget=budget, device_index=int(index or 0))

@@ -33,6 +33,7 @@ from ledger.cli.common import (
     DevKeyOption,
     JsonOption,
     KeystoreOption,
+    MemoryBudgetOption,
     RpcUrlOption,
     cli_errors,
     configure_daemon_logging,
@@ -335,6 +336,7 @@ def run_command(
     threads: Annotated[
         int | None, typer.Option("--threads", metavar="N", help="torch threads for recomputation (0: default).")
     ] = None,
+    memory_budget: MemoryBudgetOption = None,
 ) -> None:
     """Validate pool N: verify each submitted file, attest, invalidate the bad ones on chain; runs until stopped.
 
@@ -345,6 +347,7 @@ def run_command(
     with cli_errors():
         import asyncio
 
+        from core.hostmemory import parse_size
         from core.signals import run_until_signalled
         from ledger.cli.common import open_ledger
         from validator.daemon import ValidatorDaemon
@@ -373,6 +376,7 @@ def run_command(
             },
         )
         file = settings.file
+        budget = parse_size(memory_budget) if memory_budget is not None else None
         if settings.threads:
             # on a machine whose cores are busy, threads that spin at every barrier made verification 30x slower
             import torch
@@ -409,6 +413,7 @@ def run_command(
                 p2p_port=settings.p2p_port,
                 bootstrap=bootstrap,
                 dashboard_port=settings.dashboard_port,
+                memory_budget=budget,
             )
             await run_until_signalled(daemon)
 

@@ -50,6 +50,7 @@ from aiohttp import web
 from core import trace
 from core.exhaustion import exhausted
 from core.metrics import Registry, serve_metrics
+from engine.memory import MemoryShortfall
 from engine.model.loading import LoadedModel
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
@@ -71,7 +72,7 @@ from protocol.terms import (
     challenge_closes_at,
 )
 from shardcast.trust import TrustPolicy
-from validator.checkpoints import Checkpoints
+from validator.checkpoints import Checkpoints, memory_gate
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
 from validator.errors import CheckpointGone, CouldNotJudge, NotAValidator, ValidatorError
@@ -136,6 +137,7 @@ class ValidatorDaemon:
         bootstrap: tuple[str, ...] = (),
         dashboard_host: str = "127.0.0.1",
         dashboard_port: int | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         if ledger.account is None:
             raise ValidatorError("the validator daemon signs attestations and transactions: give it a key")
@@ -171,6 +173,7 @@ class ValidatorDaemon:
         )
         self.follower = self._follower()
         policy = TrustPolicy(self.domain, setup.trainer, setup.pool_id)
+        self.source = open_source(setup.task)
         self.checkpoints = Checkpoints(
             state_dir / "checkpoints",
             setup.checkpoints,
@@ -178,8 +181,9 @@ class ValidatorDaemon:
             keep=config.checkpoints_kept,
             device=config.device,
             dtype=config.dtype,
+            # a checkpoint this machine cannot hold stops the daemon before it loads (MemoryShortfall, below)
+            before_load=memory_gate(setup.task, self.source, config, budget=memory_budget).check,
         )
-        self.source = open_source(setup.task)
         self.evidence = Evidence(state_dir)
         self.validator_set = ValidatorSet(ledger, setup.pool_id)
         self.peers = Peers(self.account.address, config.takeover_seconds, started=time.time())
@@ -618,7 +622,7 @@ class ValidatorDaemon:
             self._unverifiable.inc()
             log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
             return None
-        except Stopped:
+        except (Stopped, MemoryShortfall):  # a shortfall: no file of the pool could be judged here
             log.info("%s: stopping; its verification is dropped and runs again after a restart", short)
             raise
         except Exception as exc:  # the validator's side failed: never a verdict (validator.errors.CouldNotJudge)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from engine.generate import sampling_params
+from engine.memory import MemoryShortfall
 from engine.model.loading import LoadedModel
 from protocol.rollouts import work_units
 from protocol.signing import SigningDomain
@@ -95,12 +96,14 @@ class _Timer:
 def _judging(check: str, otherwise: Unjudged = Unjudged.INTERNAL) -> Iterator[None]:
     """Whatever escapes `check` is the validator's failure, not the file's: a CouldNotJudge naming the check.
 
-    Only a request to stop passes as it is. A Rust extension's panic is a BaseException (pyo3's PanicException):
-    the tokenizer panics so when it cannot start its thread pool under a memory limit, and must not end a daemon.
+    Only a request to stop passes as it is, and a checkpoint too large for this validator's memory
+    (`MemoryShortfall`, raised before it loads): no file of the pool could be judged here, so the daemon stops. A
+    Rust extension's panic is a BaseException (pyo3's PanicException): the tokenizer panics so when it cannot start
+    its thread pool under a memory limit, and must not end a daemon.
     """
     try:
         yield
-    except (CouldNotJudge, KeyboardInterrupt, SystemExit, GeneratorExit):
+    except (CouldNotJudge, MemoryShortfall, KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
     except BaseException as exc:
         raise CouldNotJudge.during(check, exc, otherwise) from exc

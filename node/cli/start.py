@@ -22,6 +22,7 @@ from ledger.cli.common import (
     DevKeyOption,
     KeyFlags,
     KeystoreOption,
+    MemoryBudgetOption,
     RpcUrlOption,
     check_key_flags,
     cli_errors,
@@ -147,6 +148,7 @@ def start(
             help="Cheat on purpose (local devnets only): wrong-model|tamper-tokens|fake-reward|stale-step",
         ),
     ] = None,
+    memory_budget: MemoryBudgetOption = None,
 ) -> None:
     """Work for pool N: fetch the newest policy, generate rollouts with proofs, upload them, submit them on chain."""
     configure_daemon_logging()
@@ -154,6 +156,7 @@ def start(
     with cli_errors():
         import asyncio
 
+        from core.hostmemory import parse_size
         from core.signals import run_until_signalled
         from node.config import WorkerSettings
         from node.daemon.chain import LedgerWorkChain
@@ -184,6 +187,7 @@ def start(
             },
         )
         config = replace(config, dashboard_port=_dashboard_port(dashboard, dashboard_port, config))
+        budget = parse_size(memory_budget) if memory_budget is not None else None
         fault = None
         if simulate_fault is not None:
             try:
@@ -209,10 +213,11 @@ def start(
 
         async def main() -> int:
             chain = LedgerWorkChain(ledger)
+            serve = worker_dashboard(ledger)
             daemon = (
-                WorkerDaemon(config, joined, chain, account, dashboard=worker_dashboard(ledger))
+                WorkerDaemon(config, joined, chain, account, dashboard=serve, memory_budget=budget)
                 if fault is None  # a cheater is the same daemon with its honest hooks replaced (node.daemon.faults)
-                else FaultyWorker(config, joined, chain, account, fault, dashboard=worker_dashboard(ledger))
+                else FaultyWorker(config, joined, chain, account, fault, dashboard=serve, memory_budget=budget)
             )
             return await run_until_signalled(daemon)
 

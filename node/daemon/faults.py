@@ -142,8 +142,9 @@ class FaultyWorker(WorkerDaemon):
         fault: Fault,
         *,
         dashboard: ServeDashboard | None = None,
+        memory_budget: int | None = None,
     ) -> None:
-        super().__init__(settings, pool, chain, account, dashboard=dashboard)
+        super().__init__(settings, pool, chain, account, dashboard=dashboard, memory_budget=memory_budget)
         self.fault = fault
 
     def weights_on_load(self) -> Callable[[LoadedModel], None] | None:

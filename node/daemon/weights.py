@@ -6,15 +6,23 @@ import asyncio
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from core import trace
+from core.hostmemory import memory_totals
+from engine.memory import Gate, ModelFacts, Plan, worker_plan
 from engine.model.loading import LoadedModel, load_model
 from shardcast.client import fetch_checkpoint
 from shardcast.manifest import manifest_hash
 from shardcast.sources import SourcePool
 from shardcast.trust import TrustPolicy
+
+if TYPE_CHECKING:
+    from engine.inference.select import Choice
+    from protocol.tasks.problem import TaskSource
+    from protocol.tasks.spec import TaskSpec
 
 
 class Weights:
@@ -31,10 +39,14 @@ class Weights:
         policy: TrustPolicy,
         *,
         on_load: Callable[[LoadedModel], None] | None = None,
+        before_load: Callable[[Path], object] | None = None,
         device: str = "cpu",
         dtype: str = "float32",
     ) -> None:
+        """`before_load` sees each fetched checkpoint's directory before it loads, and may refuse it by raising (the
+        worker's memory check, `engine.memory.Gate`); `on_load` sees each model loaded."""
         self.root, self.sources, self.policy, self.on_load = root, sources, policy, on_load
+        self.before_load = before_load
         self.device, self.dtype = device, dtype  # where and in what precision `hold` loads the model
         self.step: int | None = None
         self.loaded: LoadedModel | None = None
@@ -59,6 +71,8 @@ class Weights:
         if hashes:
             sidecar.write_text(hashes[0].hex())
         held_hash = bytes.fromhex(sidecar.read_text().strip())
+        if self.before_load is not None:
+            await asyncio.to_thread(self.before_load, path)
         with trace.span("load", step=step, into="torch"):
             loaded = await asyncio.to_thread(load_model, path, device=self.device, dtype=getattr(torch, self.dtype))
         if self.on_load is not None:
@@ -74,3 +88,33 @@ class Weights:
             else:
                 old.unlink(missing_ok=True)
         return self.loaded
+
+
+def memory_gate(
+    spec: TaskSpec,
+    source: TaskSource,
+    choice: Choice,
+    *,
+    batch_size: int,
+    file_rows: int,
+    prefetch: bool = False,
+    budget: int | None = None,
+) -> Gate:
+    """What each policy passes before it loads (`Weights`' `before_load`, and `prime-node doctor --model`): the
+    worker's plan (engine.memory) for generating with `choice`, `batch_size` sequences at once (never more than a
+    file's `file_rows`), beside a prefetched policy with `prefetch` (gossip), against what is free on the device, or
+    `budget` bytes (`--memory-budget`)."""
+    totals = memory_totals()
+
+    def plan(facts: ModelFacts, sequence_tokens: int) -> Plan:
+        return worker_plan(
+            facts,
+            choice,
+            batch_size=batch_size,
+            file_rows=file_rows,
+            sequence_tokens=sequence_tokens,
+            totals=totals,
+            prefetch=prefetch,
+        )
+
+    return Gate(spec, source, plan, budget=budget)

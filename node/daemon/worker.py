@@ -46,10 +46,11 @@ from core.errors import NodeError
 from core.metrics import Registry, serve_metrics
 from engine.generate import generate_rollouts
 from engine.inference.select import Engine, choose
+from engine.memory import MemoryShortfall
 from engine.model.loading import LoadedModel
 from ledger.types import WorkStatus
 from node.daemon.state import REFUSED_DETAIL, FileRecord, WorkerState
-from node.daemon.weights import Weights
+from node.daemon.weights import Weights, memory_gate
 from protocol.coordinator.client import (
     CoordinatorBusy,
     CoordinatorClient,
@@ -125,7 +126,9 @@ class WorkerDaemon:
         account: LocalAccount,
         *,
         dashboard: ServeDashboard | None = None,
+        memory_budget: int | None = None,
     ) -> None:
+        """`memory_budget` (bytes): plan within it instead of what is free on the device (`--memory-budget`)."""
         if settings.dashboard_port is not None and dashboard is None:
             raise ValueError("dashboard_port is set but no dashboard was given to serve on it")
         if not pool.endpoints.checkpoints:
@@ -135,6 +138,7 @@ class WorkerDaemon:
         self.pool_id = pool.terms.pool_id
         self.state_dir = settings.state_dir(self.pool_id, account.address)
         self._dashboard = dashboard
+        self.memory_budget = memory_budget
         self.chain = chain
         self.account = account
         self.node = account.address
@@ -282,6 +286,8 @@ class WorkerDaemon:
                             break
                         log.warning("coordinator unreachable, retrying: %s", exc)
                         await self._pause()
+                    except MemoryShortfall:  # the pool's model does not fit here: no later turn would fit it
+                        raise
                     except Exception as exc:  # a fetch that failed, a version pruned meanwhile, an RPC error
                         if await self._ejected():  # e.g. submitWork reverted: NotPoolMember
                             await self._explain_ejection()
@@ -307,6 +313,7 @@ class WorkerDaemon:
         domain = self.chain.domain
         self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
         spec = load_task_spec(self.endpoints.task_path)
+        source = open_source(spec)
         policy = TrustPolicy(domain, pool.config.trainer, self.pool_id)
         sources = list(self.endpoints.checkpoints)
         relay = await self._start_relay(policy)
@@ -318,12 +325,22 @@ class WorkerDaemon:
             SourcePool(sources),
             policy,
             on_load=self.weights_on_load(),
+            # a policy this device cannot hold stops the worker before it loads, not mid-file (engine.memory)
+            before_load=memory_gate(
+                spec,
+                source,
+                self.choice,
+                batch_size=self.settings.batch_size,
+                file_rows=self.terms.prompts_per_task * self.terms.group_size,
+                prefetch=self.settings.p2p_port is not None,
+                budget=self.memory_budget,
+            ).check,
             device=device,
             dtype=dtype,
         )
         running = _Running(
             spec=spec,
-            source=open_source(spec),
+            source=source,
             trainer=pool.config.trainer,
             domain=domain,
             weights=weights,

@@ -3,7 +3,7 @@
 Each check measures one thing and returns a `CheckResult`: a status (ok, warn, fail, skip), one line with the
 measured value, and for warn and fail the line that fixes it. The checks, in order:
 
-    python -> torch -> gpu -> vllm -> memory -> disk -> docker -> ports -> chain -> sources -> self-test
+    python -> torch -> gpu -> vllm -> memory -> model -> disk -> docker -> ports -> chain -> sources -> self-test
 
 The last one runs the worker's real path end to end on the embedded tiny model: generate a rollout file with
 TOPLOC proofs (`engine.generate`, as `prime-node generate` does), then hand it to the validator's own command,

@@ -36,10 +36,19 @@ class DoctorConfig:
     self_test: bool = True
     timeout: float = 5.0  # seconds, per network probe
     self_test_timeout: float = 600.0  # seconds, for the validator's child process
+    # the pool's model and task: the memory `prime-node start` will need for them here (check_model)
+    model: Path | None = None  # a model directory: its config.json and safetensors headers are read, not its weights
+    task: Path | None = None
+    backend: str = "auto"  # the engine and device `prime-node start` will be given (engine.inference.select)
+    device: str = "auto"
+    batch_size: int | None = None  # None: the worker's default (node.config.WorkerSettings)
+    memory_budget: int | None = None  # bytes to plan within instead of what is free
 
     def __post_init__(self) -> None:
         if self.timeout <= 0 or self.self_test_timeout <= 0:
             raise ValueError(f"timeouts must be positive, got {self.timeout} and {self.self_test_timeout}")
+        if (self.model is None) != (self.task is None):
+            raise ValueError("--model and --task go together: the task's prompts and max_tokens size the KV cache")
         for port in self.ports:
             if not 1 <= port <= 65535:
                 raise ValueError(f"port {port} is outside 1..65535")
@@ -169,6 +178,36 @@ def check_memory(config: DoctorConfig) -> Finding:
     if available < 4 * GIB:
         return warn(detail, "stop other programs or add memory: a real model's checkpoint needs several GiB")
     return ok(detail)
+
+
+def check_model(config: DoctorConfig) -> Finding:
+    """With --model and --task: what `prime-node start` (with these --backend, --device and --batch-size) will need here
+    for that model and task (engine.memory, through the worker's own gate), against what is free or --memory-budget."""
+    if config.model is None or config.task is None:
+        return skip("no --model given")
+    from core.errors import NodeError
+    from engine.inference.select import choose
+    from engine.memory import changes, fit_line, shortfall
+    from node.config import WorkerSettings
+    from node.daemon.weights import memory_gate
+    from protocol.tasks.sources import open_source
+    from protocol.tasks.spec import load_task_spec
+    from protocol.terms import DEFAULT_GROUP_SIZE, DEFAULT_PROMPTS_PER_TASK
+
+    batch, rows = config.batch_size or WorkerSettings().batch_size, DEFAULT_PROMPTS_PER_TASK * DEFAULT_GROUP_SIZE
+    try:
+        spec = load_task_spec(config.task)
+        choice = choose(config.backend, config.device, dtype=spec.sampling.dtype)
+        budget = config.memory_budget
+        gate = memory_gate(spec, open_source(spec), choice, batch_size=batch, file_rows=rows, budget=budget)
+        plan, fits = gate.assess(config.model)
+    except NodeError as exc:
+        return fail(one_line(exc), "pass --model with a model directory (config.json, *.safetensors, tokenizer.json)")
+    how = f"{choice.backend} on {choice.device} in {choice.dtype}, {min(batch, rows)} sequences at once"
+    for fit in fits:
+        if not fit.ok:
+            return fail(f"{shortfall(fit, plan)} [{how}]", changes(fit, plan))
+    return ok(f"{plan.model}, {how}: " + "; ".join(fit_line(fit) for fit in fits))
 
 
 def _memory() -> tuple[int, int]:

@@ -17,15 +17,18 @@ import torch
 from typer.testing import CliRunner
 
 from engine.inference.select import choose
+from engine.model.tiny import init_model
 from ledger.chain import LocalChain, free_port
 from ledger.deployment import Deployment
 from node.cli.main import app
-from node.doctor.checks import DoctorConfig, Finding, check_chain, check_disk, check_ports, check_sources
+from node.doctor.checks import DoctorConfig, Finding, check_chain, check_disk, check_model, check_ports, check_sources
 from node.doctor.runner import run_check
 from node.doctor.selftest import SelfTestFile, generate_self_test, judge_self_test, verify_rollouts
 from protocol.rollouts import read_rollouts, write_rollouts
 from shardcast.server import ShardServer
 from shardcast.store import ShardStore
+
+TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml"
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,40 @@ def test_chain_check_fails_when_a_contract_has_no_code(
 def test_chain_check_fails_on_a_missing_deployment_file(tmp_path: Path) -> None:
     found = check_chain(DoctorConfig(deployment=tmp_path / "nope.json"))
     assert found.status == "fail" and "no deployment file" in found.detail
+
+
+# --- the pool's model --------------------------------------------------------------------------------
+
+
+def test_doctor_says_whether_the_pools_model_fits_and_fails_it_under_a_small_budget(tmp_path: Path) -> None:
+    model = init_model(tmp_path / "tiny", seed=0)
+    args = ["doctor", "--skip-self-test", "--model", str(model), "--task", str(TASK), "--backend", "torch"]
+    fits = CliRunner().invoke(app, [*args, "--json"])
+    checks = {check["name"]: check for check in json.loads(fits.stdout)["checks"]}
+    found = checks["model"]
+    assert found["status"] == "ok", found
+    assert found["detail"].startswith(f"the model in {model} (1M parameters), torch on cpu in float32, 64 sequences")
+    assert "of RAM (weights 5 MiB + KV cache" in found["detail"]
+    assert found["detail"].endswith(("free (MemAvailable)", "free (the cgroup's memory limit)"))
+
+    short = CliRunner().invoke(app, [*args, "--memory-budget", "100MiB"])
+    assert short.exit_code == 1, short.output
+    lines = short.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("FAIL  model"))
+    assert "needs 2" in lines[at] and "of RAM to generate in float32 here" in lines[at]
+    assert "and 100 MiB is free (--memory-budget) [torch on cpu in float32, 64 sequences at once]" in lines[at]
+    assert lines[at + 1].strip() == (
+        "fix: lower batch_size (now 64), use another device (--device), or work for a bfloat16 pool (half the weights)"
+    )
+    assert checks["memory"]["status"] == "ok"  # the machine's own check is unchanged
+
+
+def test_doctor_without_a_model_skips_the_check_and_a_model_needs_its_task(tmp_path: Path) -> None:
+    assert run_check("model", check_model, DoctorConfig()).status == "skip"
+    alone = CliRunner().invoke(app, ["doctor", "--skip-self-test", "--model", str(tmp_path)])
+    assert alone.exit_code == 1 and "--model and --task go together" in alone.output
+    missing = check_model(DoctorConfig(model=tmp_path / "none", task=TASK))
+    assert missing.status == "fail" and f"cannot load the model in {tmp_path / 'none'}" in missing.detail
 
 
 # --- ports, disk, sources ----------------------------------------------------------------------------

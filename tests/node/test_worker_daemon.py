@@ -223,6 +223,22 @@ def test_a_node_outside_the_pool_is_told_to_join_and_joins_with_the_flag(pool: P
     assert [s for s, _ in journal(pool, dev_key=5).values()] == ["submitted"]
 
 
+def test_a_policy_the_machine_cannot_hold_stops_the_worker_with_one_line_before_it_loads(pool: Pool) -> None:
+    process = start(pool, "--memory-budget", "100MiB", log="memory.log")
+    assert finish(pool, process, "memory.log") == 1
+    log = (pool.root / "memory.log").read_text()
+    weights = Path("state-3") / "weights" / "step_0"  # --state state-3, in the pool's folder
+    refusal = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(refusal) == 1 and "Traceback" not in log, log[-3000:]
+    assert refusal[0].startswith(f"error: the model in {weights} (1M parameters) needs "), refusal
+    assert " of RAM to generate in float32 here (weights 5 MiB + KV cache " in refusal[0]
+    assert refusal[0].endswith(
+        "and 100 MiB is free (--memory-budget): lower batch_size (now 64), use another device (--device), or work for "
+        "a bfloat16 pool (half the weights)"
+    )
+    assert (pool.root / weights).is_dir() and journal(pool) == {} and submissions(pool) == []  # fetched, no file
+
+
 def test_a_simulated_fault_needs_a_name_the_worker_knows(pool: Pool) -> None:
     process = start(pool, "--simulate-fault", "lazy", log="fault.log")
     assert finish(pool, process, "fault.log") == 1
