@@ -77,6 +77,7 @@ class Setting:
     relative: bool = False  # a Path the file gives relative to its own folder
     env: str | None = None  # an environment variable that sets it (secrets only: str fields)
     table: bool = False  # a nested table: the field's type is a Settings class (`table`)
+    below: float | None = None  # value < below
 
 
 def setting(
@@ -91,12 +92,13 @@ def setting(
     choices: tuple[str, ...] = (),
     relative: bool = False,
     env: str | None = None,
+    below: float | None = None,
 ) -> Any:
     """A dataclass field with its declaration as metadata; `default` must be immutable (a tuple, not a list), or
     REQUIRED. Type checkers know it as a field specifier of `Settings` (`dataclass_transform`)."""
     if isinstance(default, list | dict | set):
         raise TypeError(f"setting {key or doc!r}: a mutable default; use a tuple")
-    declared = Setting(doc, key, flag, minimum, above, maximum, choices, relative, env)
+    declared = Setting(doc, key, flag, minimum, above, maximum, choices, relative, env, below=below)
     return field(default=default, metadata={_META: declared})
 
 
@@ -118,6 +120,7 @@ def setting_of(cls: type, name: str, doc: str, *, default: Any, flag: str | None
         maximum=s.maximum,
         choices=s.choices,
         relative=s.relative,
+        below=s.below,
     )
 
 
@@ -165,13 +168,13 @@ class Declared:
             return "one of " + ", ".join(s.choices)
         noun = _NOUNS.get(self.kind, "a list of strings")
         low = f"[{_num(s.minimum)}" if s.minimum is not None else f"({_num(s.above)}" if s.above is not None else None
-        high = f"{_num(s.maximum)}]" if s.maximum is not None else None
+        high = f"{_num(s.maximum)}]" if s.maximum is not None else f"{_num(s.below)})" if s.below is not None else None
         if low and high:
             return f"{noun} in {low}, {high}"
         if low:
             return f"{noun} {'>=' if s.minimum is not None else '>'} {low[1:]}"
         if high:
-            return f"{noun} <= {high[:-1]}"
+            return f"{noun} {'<=' if s.maximum is not None else '<'} {high[:-1]}"
         return noun
 
 
@@ -223,7 +226,9 @@ def _unwrap(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(setting, setting_of, table, held, field))
+# `table` is not among the field specifiers: a type checker then takes a table field for one with a default, which it
+# always has (its table's defaults, or None), where it would take a specifier call without `default=` for a required one
+@dataclass_transform(frozen_default=True, field_specifiers=(setting, setting_of, held, field))
 @dataclass(frozen=True)
 class Settings:
     """Base of a role's declared settings. `origins` maps each field the file, the environment or a flag set to
@@ -423,7 +428,8 @@ def check(item: Declared, value: Any, where: str, *, base: Path | None = None) -
         if isinstance(value, bool) or not number_ok or (isinstance(value, float) and math.isnan(value)):
             fail()
         low_ok = (s.minimum is None or value >= s.minimum) and (s.above is None or value > s.above)
-        if not (low_ok and (s.maximum is None or value <= s.maximum)):
+        high_ok = (s.maximum is None or value <= s.maximum) and (s.below is None or value < s.below)
+        if not (low_ok and high_ok):
             fail()
         return float(value) if kind is float else value
     if kind == _LIST:

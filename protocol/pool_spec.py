@@ -52,8 +52,11 @@ from protocol.terms import (
     MAX_ASYNC_LEVEL,
     MAX_CLOCK_SLACK,
     MAX_FILE_BYTES,
+    MAX_GROUP_SIZE,
+    MAX_PROMPTS_PER_TASK,
     MAX_REPLICATION,
     MIN_FILE_BYTES,
+    MIN_GROUP_SIZE,
     PoolTerms,
     TermsMismatch,
     assignment_timing,
@@ -161,8 +164,8 @@ def load_pool_spec(uri: str, *, cache: Path = DEFAULT_CACHE) -> PoolSpec:
         max_file_bytes = fields.integer(
             "max_file_bytes", DEFAULT_MAX_FILE_BYTES, minimum=MIN_FILE_BYTES, maximum=MAX_FILE_BYTES
         )
-        prompts = fields.integer("prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096)
-        group_size = fields.integer("group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024)
+        prompts = fields.integer("prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=MAX_PROMPTS_PER_TASK)
+        group_size = fields.integer("group_size", DEFAULT_GROUP_SIZE, minimum=MIN_GROUP_SIZE, maximum=MAX_GROUP_SIZE)
         replication = fields.integer("replication", DEFAULT_REPLICATION, minimum=1, maximum=MAX_REPLICATION)
         lifetime = (
             fields.integer("assignment_lifetime", minimum=1, maximum=MAX_ASSIGNMENT_LIFETIME)

@@ -36,7 +36,10 @@ DEFAULT_MAX_FILE_BYTES = 64 << 20  # larger uploads are refused unread (reason 2
 MIN_FILE_BYTES = 1024  # no pool refuses less than this (a rollout file of one row is larger)
 MAX_FILE_BYTES = 1 << 30  # no pool accepts more than this per upload
 DEFAULT_PROMPTS_PER_TASK = 8  # prompts of one assignment
+MAX_PROMPTS_PER_TASK = 4096
 DEFAULT_GROUP_SIZE = 8  # samples per prompt
+MIN_GROUP_SIZE = 2  # GRPO's advantages need two completions of a problem to compare
+MAX_GROUP_SIZE = 1024
 DEFAULT_REPLICATION = 1  # validators that check each work key (validator.sharing splits the pool's keys among them)
 MAX_REPLICATION = 16
 # A generous bound on one policy step of a pool whose spec says nothing: the trainer uses a file while its step is

@@ -12,6 +12,7 @@ import pytest
 
 from core.config import Settings, declared
 from node.config import WorkerSettings
+from trainer.config import TrainerSettings
 from validator.settings import ValidatorSettings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -44,18 +45,14 @@ def declared_keys(cls: type[Settings], prefix: str = "") -> list[str]:
     return keys
 
 
-def roles() -> list[tuple[str, type[Settings]]]:
-    found: list[tuple[str, type[Settings]]] = [("node.toml", WorkerSettings), ("validator.toml", ValidatorSettings)]
-    try:  # trainer.toml joins once its settings are declared on core/config
-        from trainer.config import TrainerSettings  # type: ignore[attr-defined]
-
-        found.append(("trainer.toml", TrainerSettings))
-    except ImportError:
-        pass
-    return found
+ROLES: list[tuple[str, type[Settings]]] = [
+    ("node.toml", WorkerSettings),
+    ("validator.toml", ValidatorSettings),
+    ("trainer.toml", TrainerSettings),
+]
 
 
-@pytest.mark.parametrize(("name", "cls"), roles())
+@pytest.mark.parametrize(("name", "cls"), ROLES)
 def test_every_key_of_the_shipped_file_is_declared_once_and_every_declaration_is_shown(
     name: str, cls: type[Settings]
 ) -> None:

@@ -48,9 +48,9 @@ from protocol.signing import (
     check_request_hash,
     declared_body_hash,
 )
-from trainer.coordinator import ApiConfig, CoordinatorService, Refused
+from trainer.coordinator import CoordinatorService, Refused
 
-__all__ = ["ApiConfig", "CoordinatorApi"]  # ApiConfig is the service's, named here for trainer.config
+__all__ = ["CoordinatorApi"]
 
 
 _SIGNED = web.RequestKey("prime_signed", bool)  # set on a request once its signature checked out

@@ -240,15 +240,15 @@ def run_command(
         configure_tracing("trainer")
         from trainer.config import load_run_config
 
-        flags: dict[str, Any] = dict(
-            local_workers=local_workers,
-            steps=steps,
-            run_dir=run_dir,
-            max_minutes=max_minutes,
-            device=None if device is None else device.value,
-            dtype=None if dtype is None else dtype.value,
-        )
-        loaded = load_run_config(config, **flags)
+        flags: dict[str, Any] = {  # trainer.toml's keys they replace (trainer.config.TrainerSettings)
+            "local.workers": local_workers,
+            "run.steps": steps,
+            "run.dir": run_dir,
+            "run.max_minutes": max_minutes,
+            "run.device": device,
+            "run.dtype": dtype,
+        }
+        loaded = load_run_config(config, flags=flags)
         from trainer.precision import cuda_wanted
 
         cuda_wanted(loaded.device)  # `cuda` without a GPU: one line now, before any keystore is asked for
@@ -287,7 +287,7 @@ def _run_rank0(
         network, keys = local_network(loaded.run_dir, loaded.local_workers, _local_password(loaded))
     else:  # the pool's terms fill what trainer.toml leaves out, and refuse what contradicts them
         network = network_from_pool(loaded, dev_key)
-        loaded = load_run_config(config, terms=network.terms, **flags)
+        loaded = load_run_config(config, terms=network.terms, flags=flags)
     if control is not None:  # the pool's terms are read here alone: every rank trains with these settings
         loaded = control.share_config(loaded)
     console = stderr_console()

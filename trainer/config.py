@@ -1,116 +1,276 @@
-"""`trainer.toml`: every setting of `prime-train run`, validated with one-line errors naming file and field.
+"""`trainer.toml`: every setting of `prime-train run`, declared once (core.config), and the run config they resolve to.
 
-configs/trainer.toml documents each field. Relative paths are resolved against the TOML file's folder, so a
-config and the model and task it names can move together.
+`TrainerSettings` is the whole file: each of its tables is a settings class of its own, and where a table is a
+component's config it is that config's type (`[optim]` is the learner's `OptimConfig`, `[loss]` the `GRPOConfig`);
+a key that sets a field of the coordinator's `ApiConfig` or the learner's `LearnerConfig` takes that field's bounds
+(`setting_of`). configs/trainer.toml shows every key. Relative paths are resolved against the file's folder, so a
+config and the model and task it names can move together; flags (`prime-train run --steps ...`) are given by their
+dotted names ("run.steps") and replace the file's values.
+
+`resolve` turns the settings into the `RunConfig` a run runs by: in network mode the pool's terms fill what the file
+leaves out (protocol.terms) and refuse what contradicts them, and the per-node limits left None are derived from the
+pool's pace (`with_derived_limits`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import tomllib
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from core.config import REQUIRED, ConfigError, Settings, declared, setting, setting_of, table
 from protocol.tasks.errors import TaskSpecError
-from protocol.tasks.fields import Fields
 from protocol.tasks.spec import load_task_spec, spec_hash
-from protocol.terms import (
-    DEFAULT_ASYNC_LEVEL,
-    DEFAULT_GROUP_SIZE,
-    DEFAULT_MAX_FILE_BYTES,
-    DEFAULT_PROMPTS_PER_TASK,
-    MAX_ASYNC_LEVEL,
-    MAX_FILE_BYTES,
-    MAX_REPLICATION,
-    MIN_FILE_BYTES,
-    PoolTerms,
-)
+from protocol.terms import MAX_REPLICATION, PoolTerms, TermsMismatch
 from shardcast.manifest import FORMAT_VERSION, FORMATS
-from trainer.api import ApiConfig
+from trainer.coordinator import ApiConfig
 from trainer.errors import TrainerError
 from trainer.grpo import GRPOConfig
-from trainer.learner import LearnerConfig
+from trainer.learner import LearnerConfig, OptimConfig
 from trainer.loop import FILE_ORDERS, FileOrder
-from trainer.precision import DEVICES, DTYPES, check_choice
+from trainer.precision import DEVICES, DTYPES
 
-AUTO = -1  # a per-node limit not given: derived from rollouts_per_step, the assignment size and the window
+MAX_PORT = 65535
 
 
 class TrainerConfigError(TrainerError, ValueError):
-    """trainer.toml is missing, unreadable, or holds a bad value."""
+    """trainer.toml is missing, unreadable, or holds a bad value; the message names the file and the key."""
+
+
+def _same_as(cls: type[Settings], name: str, doc: str, **given: Any) -> Any:
+    """A setting that is field `name` of `cls`: its bounds and default, with a doc of its own."""
+    default = next(d.default for d in declared(cls) if d.name == name)
+    return setting_of(cls, name, doc, default=default, **given)
 
 
 @dataclass(frozen=True)
-class PoolLink:
-    """`[pool]`: how the trainer finds its pool on chain (network mode): who may upload is asked of ComputePool,
-    files count once attested. Not the pool's on-chain config, which is `ledger.types.PoolConfig`."""
+class RunSettings(Settings):
+    """[run]: what is trained, where, and for how long."""
 
-    id: int
-    deployment: Path
-    rpc_url: str | None = None
-    keystore: Path | None = None  # the trainer's key; `--dev-key` on the command line for a local devnet
-    min_attestations: int = 1  # accepting validator verdicts a file needs (and no rejection) before training
+    dir: Path = setting(
+        "state/, checkpoints/, inbox/, origin/, logs/, metrics.jsonl", default=REQUIRED, flag="--run-dir", relative=True
+    )
+    model: Path = setting("the initial policy, Hugging Face layout", default=REQUIRED, relative=True)
+    task: Path = setting("the task spec workers generate for", default=REQUIRED, relative=True)
+    steps: int = setting("train until this policy step exists", default=20, flag="--steps", minimum=1)
+    max_minutes: float = setting(
+        "> 0: also stop after the first step that ends past this many minutes; 0: no time limit",
+        default=0.0,
+        flag="--max-minutes",
+        minimum=0,
+    )
+    serve_after: bool = setting(
+        "after the last step, keep serving the coordinator API and the origin until SIGTERM or SIGINT", default=False
+    )
+    seed: int = _same_as(LearnerConfig, "seed", "the run's seed")
+    threads: int = setting("torch threads of the trainer; 0: torch's default", default=0, minimum=0, maximum=1024)
+    device: str = setting(
+        "where the trainer trains; auto: CUDA when torch sees a GPU", default="auto", flag="--device", choices=DEVICES
+    )
+    dtype: str = setting(
+        "compute dtype; auto: bfloat16 on CUDA, float32 on the CPU", default="auto", flag="--dtype", choices=DTYPES
+    )
 
 
 @dataclass(frozen=True)
-class GossipConfig:
-    """`[p2p]`: the trainer's libp2p host, which announces every checkpoint and is the pool's bootstrap peer."""
+class DataSettings(Settings):
+    """[data]: which files a step trains on."""
 
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 picks a free port; a bootstrap peer wants a fixed one
+    async_level: int | None = setting_of(
+        LearnerConfig,
+        "async_level",
+        "k: at step s, train on files generated by policies s-k .. s; None: the pool's (protocol.terms' default in "
+        "local mode)",
+        default=None,
+    )
+    rollouts_per_step: int = setting("completions that must be available before a step trains", default=256, minimum=1)
+    max_files_per_step: int = setting("at most this many files in one step", default=256, minimum=1)
+    order: str = setting(
+        "which files of the window a step takes first: oldest (what is handed out is capped so that none goes "
+        "stale) or freshest (the least off-policy)",
+        default="oldest",
+        choices=FILE_ORDERS,
+    )
+
+
+def _limit(name: str, doc: str) -> Any:
+    """A per-node limit of the coordinator, with `ApiConfig`'s bounds; None: derived (`with_derived_limits`)."""
+    return setting_of(ApiConfig, name, doc + "; None: derived from the pool's pace", default=None)
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings(Settings):
+    """[coordinator]: the API of DESIGN section 8. The pool's terms among these are None unless set: the pool's in
+    network mode, `ApiConfig`'s defaults in local mode."""
+
+    host: str = setting("the address the coordinator API listens on", default="127.0.0.1")
+    port: int = setting("the coordinator API's port; 0 picks a free one", default=8600, minimum=0, maximum=MAX_PORT)
+    prompts_per_task: int | None = setting_of(
+        ApiConfig, "prompts_per_task", "problems per assigned file; None: the pool's", default=None
+    )
+    group_size: int | None = setting_of(
+        ApiConfig, "group_size", "completions per problem (a GRPO group); None: the pool's", default=None
+    )
+    files_per_node_per_step: int | None = _limit(
+        "files_per_node_per_step", "assignments a node gets per policy step, then 503 no_work; 0: no limit"
+    )
+    pending_files_per_node: int | None = _limit(
+        "pending_files_per_node", "uploads of a node not yet trained on, past which it waits; 0: no limit"
+    )
+    max_files_in_flight: int | None = _limit(
+        "max_files_in_flight", "the pool's assignments that may still be trained on, past which a node waits"
+    )
+    max_stored_files_per_node: int | None = _limit(
+        "max_stored_files_per_node", "files of a node stored that the trainer may still train on; 0: no limit"
+    )
+    max_stored_bytes_per_node: int | None = _limit(
+        "max_stored_bytes_per_node", "bytes of a node stored that the trainer may still train on; 0: no limit"
+    )
+    max_upload_bytes: int | None = setting_of(
+        ApiConfig, "max_upload_bytes", "larger uploads are refused unread; None: the pool's", default=None
+    )
+    max_skew: float = _same_as(ApiConfig, "max_skew", "seconds a signed request's timestamp may be off")
+
+
+@dataclass(frozen=True)
+class ShardcastSettings(Settings):
+    """[shardcast]: the origin workers and relays fetch checkpoints from."""
+
+    port: int = setting("the origin's port; 0 picks a free one", default=8700, minimum=0, maximum=MAX_PORT)
+    keep: int | None = setting(
+        "checkpoint versions served, at least async_level + 2; None: the larger of 4 and async_level + 2",
+        default=None,
+        minimum=1,
+        maximum=1000,
+    )
+    manifest_format: int = setting(
+        "the SHARDCAST manifest format the origin signs: 2 adds BLAKE3 shard hashes; 1 until every node reads 2",
+        default=FORMAT_VERSION,
+        minimum=min(FORMATS),
+        maximum=max(FORMATS),
+    )
+
+
+@dataclass(frozen=True)
+class EvalSettings(Settings):
+    """[eval]: the held-out pass rate."""
+
+    every: int = setting("steps between held-out evaluations; 0: never", default=0, minimum=0)
+    problems: int = setting("the task's last N problems, one sample each", default=128, minimum=1, maximum=100_000)
+    task: Path | None = setting(
+        "measure this spec's last problems instead (a run on a filtered spec names the unfiltered one); None: the "
+        "run's task",
+        default=None,
+        relative=True,
+    )
+
+
+@dataclass(frozen=True)
+class LocalSettings(Settings):
+    """[local]: local mode, no chain, the trainer's own trusted worker processes."""
+
+    workers: int = setting("local workers; > 0: local mode", default=0, flag="--local-workers", minimum=0, maximum=256)
+    threads: int = setting("torch threads per local worker", default=1, minimum=1, maximum=256)
+
+
+@dataclass(frozen=True)
+class GossipConfig(Settings):
+    """[p2p]: the trainer's libp2p host, which announces every checkpoint and is the pool's bootstrap peer."""
+
+    host: str = setting("an IPv4 address; 0.0.0.0 to accept other machines", default="127.0.0.1")
+    port: int = setting(
+        "0 picks a free port; a bootstrap peer wants a fixed one", default=0, minimum=0, maximum=MAX_PORT
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            ipaddress.IPv4Address(self.host)
+        except ValueError:
+            where = self.where("host") or "GossipConfig.host"
+            raise ConfigError(
+                f"{where} must be an IPv4 address (libp2p listens on one), got {self.host!r}", where=where
+            ) from None
+
+
+@dataclass(frozen=True)
+class PoolLink(Settings):
+    """[pool]: how the trainer finds its pool on chain (network mode): who may upload is asked of ComputePool, files
+    count once attested. Not the pool's on-chain config, which is `ledger.types.PoolConfig`."""
+
+    id: int = setting("the pool's id", default=REQUIRED, minimum=0)
+    deployment: Path = setting("the deployment file (contract addresses)", default=REQUIRED, relative=True)
+    rpc_url: str | None = setting("the chain's RPC URL; None: the deployment's", default=None)
+    keystore: Path | None = setting(
+        "the trainer's key; None: --dev-key I on a local devnet", default=None, relative=True
+    )
+    min_attestations: int = setting(
+        "accepting validators a file needs, with no rejection; at most the pool's replication",
+        default=1,
+        minimum=1,
+        maximum=MAX_REPLICATION,
+    )
+
+
+@dataclass(frozen=True)
+class TrainerSettings(Settings):
+    """trainer.toml, the whole file: each table a settings class; [p2p] and [pool] only when present."""
+
+    run: RunSettings = table("[run]", RunSettings)
+    data: DataSettings = table("[data]", DataSettings)
+    optim: OptimConfig = table("[optim]: AdamW and the micro-batches (the learner's)", OptimConfig)
+    loss: GRPOConfig = table("[loss]: the GRPO loss, DESIGN section 8", GRPOConfig)
+    coordinator: CoordinatorSettings = table("[coordinator]", CoordinatorSettings)
+    shardcast: ShardcastSettings = table("[shardcast]", ShardcastSettings)
+    evaluation: EvalSettings = table("[eval]", EvalSettings, key="eval")
+    local: LocalSettings = table("[local]", LocalSettings)
+    p2p: GossipConfig | None = table("[p2p]: gossip, off unless the table is there", GossipConfig, optional=True)
+    pool: PoolLink | None = table("[pool]: network mode, instead of [local]", PoolLink, optional=True)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    run_dir: Path  # state, checkpoints, inbox, metrics, logs
-    model: Path  # the initial policy (Hugging Face layout)
-    task: Path  # task spec (TOML)
-    steps: int = 20  # train until this policy step exists
-    max_minutes: float | None = None  # or stop after the first step that ends past this many minutes
-    serve_after: bool = False  # after the last step, keep serving the API and the origin until SIGTERM or SIGINT
-    rollouts_per_step: int = 256  # completions that must be available before a step trains
-    max_files_per_step: int = 256
-    order: FileOrder = "oldest"  # which files of the async window a step takes first (trainer.loop.FILE_ORDERS)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    api: ApiConfig = field(default_factory=ApiConfig)
-    host: str = "127.0.0.1"
-    api_port: int = 8600
-    shardcast_port: int = 8700
-    keep_versions: int = 4  # checkpoint versions the origin serves (at least async_level + 2)
-    manifest_format: int = FORMAT_VERSION  # SHARDCAST manifest format the origin signs (1 for a pool of old nodes)
-    eval_every: int = 0  # steps between held-out evaluations; 0 = never
-    eval_problems: int = 128
-    eval_task: Path | None = None  # the spec whose last eval_problems problems are measured; None: the run's task
-    local_workers: int = 0  # > 0: local mode, the trainer starts and trusts its own workers
-    worker_threads: int = 1  # torch threads per local worker
-    train_threads: int = 0  # torch threads of the trainer; 0 = torch's default
-    device: str = "auto"  # where the trainer trains (trainer.precision.DEVICES): auto = CUDA when present
-    dtype: str = "auto"  # compute dtype (trainer.precision.DTYPES): auto = bfloat16 on CUDA, float32 on the CPU
-    pool: PoolLink | None = None  # network mode: the pool on chain
-    p2p: GossipConfig | None = None  # None: no gossip
-    seed: int = 0
+    """What `prime-train run` runs by. Made only by `resolve`, from `TrainerSettings`, where each value is declared
+    with its default and bounds: nothing here has a default of its own."""
 
-    def __post_init__(self) -> None:
-        check_choice("device", self.device, DEVICES)  # the flags reach here without the TOML's checks
-        check_choice("dtype", self.dtype, DTYPES)
-        if self.steps < 1 or self.rollouts_per_step < 1 or self.max_files_per_step < 1:
-            raise ValueError("steps, rollouts_per_step and max_files_per_step must be at least 1")
-        if self.keep_versions < self.learner.async_level + 2:
-            raise ValueError(
-                f"keep_versions ({self.keep_versions}) must be at least async_level + 2 "
-                f"({self.learner.async_level + 2}): workers may still be fetching a policy inside the window"
-            )
-        if self.local_workers == 0 and self.pool is None:
-            raise ValueError("set [local] workers > 0 for local mode, or a [pool] table for the network")
+    run_dir: Path
+    model: Path
+    task: Path
+    steps: int
+    max_minutes: float | None  # None: no time limit
+    serve_after: bool
+    rollouts_per_step: int
+    max_files_per_step: int
+    order: FileOrder
+    learner: LearnerConfig  # [optim], [loss], the window and the seed
+    api: ApiConfig  # [coordinator]'s limits, the pool's terms in and the per-node limits derived
+    host: str
+    api_port: int
+    shardcast_port: int
+    keep_versions: int
+    manifest_format: int
+    eval_every: int
+    eval_problems: int
+    eval_task: Path | None
+    local_workers: int
+    worker_threads: int
+    train_threads: int
+    device: str
+    dtype: str
+    pool: PoolLink | None
+    p2p: GossipConfig | None
 
     @property
     def local(self) -> bool:
         return self.local_workers > 0
 
 
-def load_run_config(path: str | Path, *, terms: PoolTerms | None = None, **overrides: Any) -> RunConfig:
-    """Reads trainer.toml; `overrides` (command-line flags, None = not given) replace RunConfig fields.
+def load_run_config(
+    path: str | Path, *, terms: PoolTerms | None = None, flags: Mapping[str, Any] | None = None
+) -> RunConfig:
+    """Reads trainer.toml, then `flags` (dotted names, "run.steps"; None: not given), and resolves it (`resolve`).
 
     With `terms` (network mode: the pool's, `protocol.terms`), a setting that is one of the pool's terms (the async
     level, the file-size limit, the group shape, the task) takes the pool's value when the TOML leaves it out, and
@@ -119,215 +279,142 @@ def load_run_config(path: str | Path, *, terms: PoolTerms | None = None, **overr
     """
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TrainerConfigError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise TrainerConfigError(f"{path}: not readable TOML ({exc})") from None
-    try:
-        return _parse(path, raw, {k: v for k, v in overrides.items() if v is not None}, terms)
-    except TaskSpecError as exc:
+        return resolve(TrainerSettings.load(path, flags=flags), path, terms)
+    except (ConfigError, TaskSpecError, TermsMismatch) as exc:
         raise TrainerConfigError(str(exc)) from None
-    except ValueError as exc:
-        raise TrainerConfigError(f"{path}: {exc}") from None
+    except ValueError as exc:  # a component's own rule (GRPOError), not named after the file
+        raise TrainerConfigError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
 
 
-def _path(base: Path, text: str) -> Path:
-    candidate = Path(text).expanduser()
-    return candidate if candidate.is_absolute() else (base / candidate).resolve()
-
-
-def _term(table: Fields, key: str, terms: PoolTerms | None, term: str, default: int, **bounds: int) -> int:
-    """An integer setting that is one of the pool's terms: the pool's value unless the TOML says otherwise, and then
-    refused (without `terms`, local mode, the trainer's own choice, `default` when left out)."""
-    pool = default if terms is None else getattr(terms, term)
-    value = table.integer(key, pool, **bounds)
-    if terms is not None and value != pool:
-        table.fail(key, f"is {value}, but {terms.source} says {pool}: the pool's terms bind every role (leave it out)")
-    return value
-
-
-def _check_task(table: Fields, task: Path, terms: PoolTerms | None) -> None:
-    if terms is None or terms.task_hash is None:
-        return
-    own = spec_hash(load_task_spec(task))
-    if own != terms.task_hash:
-        table.fail(
-            "task",
-            f"{task} (hash 0x{own.hex()[:12]}) is not the task of {terms.source}, {terms.task_path} "
-            f"(hash 0x{terms.task_hash.hex()[:12]}): the pool's assignments sign its hash",
+def resolve(settings: TrainerSettings, path: Path, terms: PoolTerms | None = None) -> RunConfig:
+    """The run config of `settings` (read from `path`), with the pool's `terms` in (network mode), see above."""
+    run, data, coordinator, shardcast = settings.run, settings.data, settings.coordinator, settings.shardcast
+    _check_task(run, terms)
+    if settings.pool is not None and terms is not None and settings.pool.min_attestations > terms.replication:
+        where = settings.pool.where("min_attestations") or "pool.min_attestations"
+        raise TrainerConfigError(  # validators split the keys: with fewer checking each, no file would ever count
+            f"{where} is {settings.pool.min_attestations}, but {terms.source} has each key checked by "
+            f"{terms.replication} validator(s) (replication): no file would ever be trained on"
         )
-
-
-def _parse(path: Path, raw: dict[str, Any], overrides: dict[str, Any], terms: PoolTerms | None) -> RunConfig:
-    base = path.resolve().parent
-    top = Fields(path, "", raw)
-    run = Fields(path, "run", top.table("run"))
-    data = Fields(path, "data", top.table("data", required=False))
-    optim = Fields(path, "optim", top.table("optim", required=False))
-    loss = Fields(path, "loss", top.table("loss", required=False))
-    coord = Fields(path, "coordinator", top.table("coordinator", required=False))
-    shardcast = Fields(path, "shardcast", top.table("shardcast", required=False))
-    evaluation = Fields(path, "eval", top.table("eval", required=False))
-    local = Fields(path, "local", top.table("local", required=False))
-    pool_table = top.table("pool", required=False)
-    p2p_table = top.table("p2p", required=False)
-    top.done()
-
-    grpo = GRPOConfig(
-        eps_low=loss.number("eps_low", 0.2, minimum=0, maximum=1),
-        eps_high=loss.number("eps_high", 0.2, minimum=0),
-        delta=loss.number("delta", 4.0, minimum=1),
-        entropy_coef=loss.number("entropy_coef", 0.0, minimum=0),
-        kl_coef=loss.number("kl_coef", 0.0, minimum=0),
-    )
-    learner = LearnerConfig(
-        lr=optim.number("lr", 3e-4, minimum=1e-9, maximum=0.5),
-        warmup_steps=optim.integer("warmup_steps", 3, minimum=0),
-        weight_decay=optim.number("weight_decay", 0.0, minimum=0),
-        beta1=optim.number("beta1", 0.9, minimum=0, maximum=0.9999),
-        beta2=optim.number("beta2", 0.99, minimum=0, maximum=0.9999),
-        eps=optim.number("eps", 1e-8, minimum=1e-12, maximum=0.1),
-        grad_clip=optim.number("grad_clip", 1.0, minimum=1e-6),
-        vector_lr_scale=optim.number("vector_lr_scale", 1.0, minimum=1e-3, maximum=1000),
-        micro_batch_tokens=optim.integer("micro_batch_tokens", 8192, minimum=2),
-        async_level=_term(
-            data, "async_level", terms, "async_level", DEFAULT_ASYNC_LEVEL, minimum=0, maximum=MAX_ASYNC_LEVEL
-        ),
-        temperature=1.0,  # set from the task spec by the run; kept out of the TOML so the two cannot disagree
-        loss=grpo,
-        seed=run.integer("seed", 0, minimum=0),
-    )
+    pool_terms = {
+        "async_level": _term(data, "async_level", terms, "async_level"),
+        "max_upload_bytes": _term(coordinator, "max_upload_bytes", terms, "max_file_bytes"),
+        "prompts_per_task": _term(coordinator, "prompts_per_task", terms, "prompts_per_task"),
+        "group_size": _term(coordinator, "group_size", terms, "group_size"),
+    }
+    given = {name: value for name, value in pool_terms.items() if value is not None}  # else the component's default
+    optim = {d.name: getattr(settings.optim, d.name) for d in declared(OptimConfig)}
+    learner = LearnerConfig(**optim, loss=settings.loss, seed=run.seed, **_only(given, "async_level"))
     api = ApiConfig(
-        max_upload_bytes=_term(
-            coord,
-            "max_upload_bytes",
-            terms,
-            "max_file_bytes",
-            DEFAULT_MAX_FILE_BYTES,
-            minimum=MIN_FILE_BYTES,
-            maximum=MAX_FILE_BYTES,
-        ),
-        max_skew=coord.number("max_skew", 300.0, minimum=1),
-        prompts_per_task=_term(
-            coord, "prompts_per_task", terms, "prompts_per_task", DEFAULT_PROMPTS_PER_TASK, minimum=1, maximum=4096
-        ),
-        group_size=_term(coord, "group_size", terms, "group_size", DEFAULT_GROUP_SIZE, minimum=2, maximum=1024),
+        max_skew=coordinator.max_skew,
         async_level=learner.async_level,
+        **_only(given, "max_upload_bytes", "prompts_per_task", "group_size"),
     )
-    per_node = coord.integer("files_per_node_per_step", AUTO, minimum=AUTO)
-    pending = coord.integer("pending_files_per_node", AUTO, minimum=AUTO)
-    in_flight = coord.integer("max_files_in_flight", AUTO, minimum=AUTO)
-    stored_files = coord.integer("max_stored_files_per_node", AUTO, minimum=AUTO)
-    stored_bytes = coord.integer("max_stored_bytes_per_node", AUTO, minimum=AUTO)
-    order = data.text("order", "")
-    device = run.text("device", "auto")
-    if device not in DEVICES:
-        run.fail("device", f"must be one of {', '.join(DEVICES)}, got {device!r}")
-    dtype = run.text("dtype", "auto")
-    if dtype not in DTYPES:
-        run.fail("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if order and order not in FILE_ORDERS:
-        data.fail("order", f"must be one of {', '.join(FILE_ORDERS)}, got {order!r}")
-    pool = None
-    if pool_table:
-        fields = Fields(path, "pool", pool_table)
-        keystore = fields.text("keystore", "")
-        pool = PoolLink(
-            id=fields.integer("id", minimum=0),
-            deployment=_path(base, fields.text("deployment", nonempty=True)),
-            rpc_url=fields.text("rpc_url", "") or None,
-            keystore=_path(base, keystore) if keystore else None,
-            min_attestations=fields.integer("min_attestations", 1, minimum=1, maximum=MAX_REPLICATION),
+    order = cast(FileOrder, data.order)
+    api = with_derived_limits(api, coordinator, data.rollouts_per_step, order, settings.local.workers)
+    k = learner.async_level
+    keep = max(4, k + 2) if shardcast.keep is None else shardcast.keep
+    if keep < k + 2:
+        raise TrainerConfigError(
+            f"{shardcast.where('keep') or f'{path}: shardcast.keep'} ({keep}) must be at least async_level + 2 "
+            f"({k + 2}): workers may still be fetching a policy inside the window"
         )
-        if terms is not None and pool.min_attestations > terms.replication:  # validators split the keys
-            fields.fail(
-                "min_attestations",
-                f"is {pool.min_attestations}, but {terms.source} has each key checked by {terms.replication} "
-                "validator(s) (replication): no file would ever be trained on",
-            )
-        fields.done()
-    p2p = None
-    if "p2p" in raw:  # an empty [p2p] table turns gossip on with the defaults
-        fields = Fields(path, "p2p", p2p_table)
-        p2p_host = fields.text("host", "127.0.0.1", nonempty=True)
-        try:
-            ipaddress.IPv4Address(p2p_host)
-        except ValueError:
-            fields.fail("host", f"must be an IPv4 address (libp2p listens on one), got {p2p_host!r}")
-        p2p = GossipConfig(host=p2p_host, port=fields.integer("port", 0, minimum=0, maximum=65535))
-        fields.done()
-    task = _path(base, run.text("task", nonempty=True))
-    _check_task(run, task, terms)
-    values: dict[str, Any] = dict(
-        run_dir=_path(base, run.text("dir", nonempty=True)),
-        model=_path(base, run.text("model", nonempty=True)),
-        task=task,
-        steps=run.integer("steps", 20, minimum=1),
-        max_minutes=run.number("max_minutes", 0.0, minimum=0) or None,
-        serve_after=run.boolean("serve_after", False),
-        seed=learner.seed,
-        train_threads=run.integer("threads", 0, minimum=0, maximum=1024),
-        device=device,
-        dtype=dtype,
-        rollouts_per_step=data.integer("rollouts_per_step", 256, minimum=1),
-        max_files_per_step=data.integer("max_files_per_step", 256, minimum=1),
+    if settings.local.workers == 0 and settings.pool is None:
+        raise TrainerConfigError(f"{path}: set [local] workers > 0 for local mode, or a [pool] table for the network")
+    return RunConfig(
+        run_dir=run.dir,
+        model=run.model,
+        task=run.task,
+        steps=run.steps,
+        max_minutes=run.max_minutes or None,
+        serve_after=run.serve_after,
+        rollouts_per_step=data.rollouts_per_step,
+        max_files_per_step=data.max_files_per_step,
+        order=order,
         learner=learner,
         api=api,
-        host=coord.text("host", "127.0.0.1", nonempty=True),
-        api_port=coord.integer("port", 8600, minimum=0, maximum=65535),
-        shardcast_port=shardcast.integer("port", 8700, minimum=0, maximum=65535),
-        keep_versions=shardcast.integer("keep", max(4, learner.async_level + 2), minimum=1, maximum=1000),
-        manifest_format=shardcast.integer(
-            "manifest_format", FORMAT_VERSION, minimum=min(FORMATS), maximum=max(FORMATS)
-        ),
-        eval_every=evaluation.integer("every", 0, minimum=0),
-        eval_problems=evaluation.integer("problems", 128, minimum=1, maximum=100_000),
-        eval_task=_path(base, eval_task) if (eval_task := evaluation.text("task", "")) else None,
-        local_workers=local.integer("workers", 0, minimum=0, maximum=256),
-        worker_threads=local.integer("threads", 1, minimum=1, maximum=256),
-        pool=pool,
-        p2p=p2p,
+        host=coordinator.host,
+        api_port=coordinator.port,
+        shardcast_port=shardcast.port,
+        keep_versions=keep,
+        manifest_format=shardcast.manifest_format,
+        eval_every=settings.evaluation.every,
+        eval_problems=settings.evaluation.problems,
+        eval_task=settings.evaluation.task,
+        local_workers=settings.local.workers,
+        worker_threads=settings.local.threads,
+        train_threads=run.threads,
+        device=run.device,
+        dtype=run.dtype,
+        pool=settings.pool,
+        p2p=settings.p2p,
     )
-    for table in (run, data, optim, loss, coord, shardcast, evaluation, local):
-        table.done()
-    per_file = api.prompts_per_task * api.group_size
-    needed = -(-values["rollouts_per_step"] // per_file)  # files a step trains on
-    workers = overrides.get("local_workers", values["local_workers"])
-    if per_node == AUTO:
+
+
+def with_derived_limits(
+    api: ApiConfig, coordinator: CoordinatorSettings, rollouts_per_step: int, order: FileOrder, workers: int
+) -> ApiConfig:
+    """`api` with the coordinator's per-node limits, each [coordinator]'s value or, left None, derived from the pool's
+    pace: the files a step trains on (`rollouts_per_step` over `api`'s assignment shape), the window `api.async_level`
+    and the mode (`workers` > 0: local)."""
+    needed = -(-rollouts_per_step // (api.prompts_per_task * api.group_size))  # files a step trains on
+    k = api.async_level
+    per_node = coordinator.files_per_node_per_step
+    if per_node is None:
         # a network node alone can fill a step, with half as much again for files lost or late; the trainer's own
         # workers are limited by what it has not trained yet instead
         per_node = 0 if workers else needed + -(-needed // 2)
-    if not order:  # what is handed out is capped below, so no file needs to go stale: first come, first trained
-        order = "oldest"
-    if pending == AUTO:
+    pending = coordinator.pending_files_per_node
+    if pending is None:
         # local workers: the files of the k + 1 steps the window holds, shared out. Each worker then generates
         # while the trainer trains, up to k steps ahead, and makes none that would go stale, as the oldest go first.
         # Were the freshest to go first, a worker more than one step ahead would see its older files wait behind
         # its newer ones until they left the window: then only the step being trained and the next one.
-        k = learner.async_level
         steps_ahead = k + 1 if order == "oldest" else min(k, 1) + 1
         pending = -(-needed * steps_ahead // workers) if workers else 0
-    if in_flight == AUTO:
+    in_flight = coordinator.max_files_in_flight
+    if in_flight is None:
         # a network: the pool's assignments that may still be trained on, at most the files of the k + 1 steps the
         # window holds (trainer.in_flight); local workers are capped by `pending` instead
-        in_flight = 0 if workers else needed * (learner.async_level + 1)
+        in_flight = 0 if workers else needed * (k + 1)
     # An honest node at the pool's pace stores at most its share of each step of the window and of the step it
     # generates for: (k + 2) shares. The quota leaves it 4 times that many files, and twice that many at the size
     # limit; a member that fills it waits for the trainer's next step, like a node over its assignments.
-    share = max(per_node, -(-needed * 3 // 2), pending)
-    honest = (learner.async_level + 2) * share
-    if stored_files == AUTO:
-        stored_files = 4 * honest
-    if stored_bytes == AUTO:
-        stored_bytes = 2 * honest * api.max_upload_bytes
-    values["order"] = order
-    values["api"] = replace(
+    honest = (k + 2) * max(per_node, -(-needed * 3 // 2), pending)
+    stored_files = coordinator.max_stored_files_per_node
+    stored_bytes = coordinator.max_stored_bytes_per_node
+    return replace(
         api,
         files_per_node_per_step=per_node,
         pending_files_per_node=pending,
         max_files_in_flight=in_flight,
-        max_stored_files_per_node=stored_files,
-        max_stored_bytes_per_node=stored_bytes,
+        max_stored_files_per_node=4 * honest if stored_files is None else stored_files,
+        max_stored_bytes_per_node=2 * honest * api.max_upload_bytes if stored_bytes is None else stored_bytes,
     )
-    return RunConfig(**(values | overrides))
+
+
+def _only(values: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    return {name: values[name] for name in names if name in values}
+
+
+def _term(table: Settings, name: str, terms: PoolTerms | None, term: str) -> Any:
+    """A setting that is one of the pool's terms: the pool's value unless the file sets it, and then refused if it
+    is not the pool's (`TermsMismatch`, naming the key); without `terms` (local mode) the file's, or None."""
+    own = getattr(table, name)
+    if terms is None:
+        return own
+    if own is not None:
+        terms.require(table.where(name) or name, own, term)
+    return getattr(terms, term)
+
+
+def _check_task(run: RunSettings, terms: PoolTerms | None) -> None:
+    if terms is None or terms.task_hash is None:
+        return
+    own = spec_hash(load_task_spec(run.task))
+    if own != terms.task_hash:
+        raise TrainerConfigError(
+            f"{run.where('task') or 'run.task'}: {run.task} (hash 0x{own.hex()[:12]}) is not the task of "
+            f"{terms.source}, {terms.task_path} (hash 0x{terms.task_hash.hex()[:12]}): the pool's assignments sign "
+            "its hash"
+        )

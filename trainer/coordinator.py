@@ -58,12 +58,34 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 from eth_utils import is_checksum_address
 
+from core.config import ConfigError, Settings, held, setting
 from core.serving import ConnectionLimits
 from protocol.coordinator.errors import ErrorCode
 from protocol.coordinator.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
 from protocol.coordinator.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
-from protocol.signing import Assignment, Attestation, SignatureError, SigningDomain, UploadReceipt, recover, sign
-from protocol.terms import DEFAULT_ASYNC_LEVEL, DEFAULT_MAX_FILE_BYTES, step_window
+from protocol.signing import (
+    DEFAULT_MAX_SKEW,
+    Assignment,
+    Attestation,
+    SignatureError,
+    SigningDomain,
+    UploadReceipt,
+    recover,
+    sign,
+)
+from protocol.terms import (
+    DEFAULT_ASYNC_LEVEL,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_PROMPTS_PER_TASK,
+    MAX_ASYNC_LEVEL,
+    MAX_FILE_BYTES,
+    MAX_GROUP_SIZE,
+    MAX_PROMPTS_PER_TASK,
+    MIN_FILE_BYTES,
+    MIN_GROUP_SIZE,
+    step_window,
+)
 from trainer.errors import TrainerError
 from trainer.in_flight import FilesInFlight
 from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
@@ -77,61 +99,85 @@ _PARSE_CODES = {ErrorCode.MALFORMED_FILE, ErrorCode.TOO_LARGE, ErrorCode.PARSE_T
 
 
 @dataclass(frozen=True)
-class ApiConfig:
-    """Limits of the coordinator API."""
+class ApiConfig(Settings):
+    """Limits of the coordinator API, each held to its declaration however the config is made. trainer.toml's
+    [coordinator] table sets some of them (trainer.config.CoordinatorSettings, with these bounds), and derives the
+    per-node limits from the pool's pace; the rest are the service's own."""
 
-    max_upload_bytes: int = DEFAULT_MAX_FILE_BYTES  # the pool's file-size limit (protocol.terms)
-    max_json_bytes: int = 64 * 1024
-    max_skew: float = 300.0  # seconds a signed request's timestamp may be off (DESIGN section 5)
-    prompts_per_task: int = 8
-    group_size: int = 8
-    files_per_node_per_step: int = 0  # assignments one node gets at one policy step; 0 = no limit
-    pending_files_per_node: int = 0  # uploads of one node not yet trained on, past which it waits; 0 = no limit
-    max_files_in_flight: int = 0  # the pool's assignments that may still be trained on (trainer.in_flight); 0 = any
-    hold_seconds: float = 10.0  # a node over its limit waits this long for the next step before a 503
+    max_upload_bytes: int = setting(
+        "larger uploads are refused unread (the pool's file-size limit, protocol.terms)",
+        default=DEFAULT_MAX_FILE_BYTES,
+        minimum=MIN_FILE_BYTES,
+        maximum=MAX_FILE_BYTES,
+    )
+    max_json_bytes: int = setting("largest JSON body of a request", default=64 * 1024, minimum=1)
+    max_skew: float = setting(
+        "seconds a signed request's timestamp may be off (DESIGN section 5)", default=float(DEFAULT_MAX_SKEW), minimum=1
+    )
+    prompts_per_task: int = setting(
+        "problems per assigned file (the pool's term)",
+        default=DEFAULT_PROMPTS_PER_TASK,
+        minimum=1,
+        maximum=MAX_PROMPTS_PER_TASK,
+    )
+    group_size: int = setting(
+        "completions per problem, a GRPO group (the pool's term)",
+        default=DEFAULT_GROUP_SIZE,
+        minimum=MIN_GROUP_SIZE,
+        maximum=MAX_GROUP_SIZE,
+    )
+    files_per_node_per_step: int = setting(
+        "assignments one node gets at one policy step; 0: no limit", default=0, minimum=0
+    )
+    pending_files_per_node: int = setting(
+        "uploads of one node not yet trained on, past which it waits; 0: no limit", default=0, minimum=0
+    )
+    max_files_in_flight: int = setting(
+        "the pool's assignments that may still be trained on (trainer.in_flight); 0: no limit", default=0, minimum=0
+    )
+    hold_seconds: float = setting(
+        "a node over its limit waits this long for the next step before a 503", default=10.0, minimum=0
+    )
     # signed requests per second per client address and per signer (token buckets of the bursts); 429 above them
-    requests_per_address_per_s: float = 200.0
-    address_burst: int = 1000
-    requests_per_signer_per_s: float = 50.0
-    signer_burst: int = 200
-    retry_after: float = 1.0  # seconds a node still over its limit is told to wait
-    # what the coordinator stores for one node that the trainer may still train on; 0 = no limit (trainer.config
-    # derives both from the pool's pace); past either an upload gets 429 quota
-    max_stored_bytes_per_node: int = 0
-    max_stored_files_per_node: int = 0
-    # the pool's window k (protocol.terms): a file stops counting k + 1 steps after the step it came at
-    async_level: int = DEFAULT_ASYNC_LEVEL
-    parsing: ParseConfig = field(default_factory=ParseConfig)  # the processes that parse uploads, off the event loop
-    # the server's connections, header and body timeouts (core.serving); and the bodies read before their signature
-    # is checked (from clients that do not declare X-Prime-Body-Sha256), at once per address and in all; 429 above
-    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
-    unsigned_bodies_per_address: int = 2
-    unsigned_bodies: int = 32
-    max_nonces: int = (
-        100_000  # signed requests' nonces held at once, all signers together (protocol.signing.NonceCache)
+    requests_per_address_per_s: float = setting("signed requests a second per address", default=200.0, above=0)
+    address_burst: int = setting("burst of signed requests per address", default=1000, minimum=1)
+    requests_per_signer_per_s: float = setting("signed requests a second per signer", default=50.0, above=0)
+    signer_burst: int = setting("burst of signed requests per signer", default=200, minimum=1)
+    retry_after: float = setting("seconds a node still over its limit is told to wait", default=1.0, above=0)
+    # what the coordinator stores for one node that the trainer may still train on; past either an upload gets 429
+    max_stored_bytes_per_node: int = setting(
+        "bytes of one node's stored uploads the trainer may still train on; 0: no limit", default=0, minimum=0
+    )
+    max_stored_files_per_node: int = setting(
+        "files of one node stored that the trainer may still train on; 0: no limit", default=0, minimum=0
+    )
+    async_level: int = setting(
+        "the pool's window k (protocol.terms): a file stops counting k + 1 steps after the step it came at",
+        default=DEFAULT_ASYNC_LEVEL,
+        minimum=0,
+        maximum=MAX_ASYNC_LEVEL,
+    )
+    parsing: ParseConfig = held("the processes that parse uploads, off the event loop", default_factory=ParseConfig)
+    connections: ConnectionLimits = held(
+        "the server's connections, header and body timeouts (core.serving)", default_factory=ConnectionLimits
+    )
+    # the bodies read before their signature is checked (from clients that do not declare X-Prime-Body-Sha256), at
+    # once per address and in all; 429 above
+    unsigned_bodies_per_address: int = setting("unsigned bodies read at once per address", default=2, minimum=1)
+    unsigned_bodies: int = setting("unsigned bodies read at once in all", default=32, minimum=1)
+    max_nonces: int = setting(
+        "signed requests' nonces held at once, all signers together (protocol.signing.NonceCache)",
+        default=100_000,
+        minimum=1,
     )
 
     def __post_init__(self) -> None:
-        if self.max_upload_bytes < 1 or self.max_json_bytes < 1 or self.max_skew <= 0:
-            raise ValueError("upload and JSON limits and max_skew must be positive")
-        if self.prompts_per_task < 1 or self.group_size < 1:
-            raise ValueError("prompts_per_task and group_size must be at least 1")
-        counts = (self.files_per_node_per_step, self.pending_files_per_node, self.max_files_in_flight)
-        limits: tuple[float, ...] = (*counts, self.hold_seconds)
-        if min(self.requests_per_address_per_s, self.requests_per_signer_per_s) <= 0:
-            raise ValueError("the request rates must be positive")
-        if min(self.address_burst, self.signer_burst) < 1:
-            raise ValueError("the request bursts must be at least 1")
-        if min(limits) < 0 or self.retry_after <= 0:
-            raise ValueError("the per-node limits and hold_seconds must be at least 0, retry_after positive")
-        if min(self.max_stored_bytes_per_node, self.max_stored_files_per_node, self.async_level) < 0:
-            raise ValueError("the stored-upload quota and async_level must be at least 0")
-        if min(self.unsigned_bodies_per_address, self.unsigned_bodies, self.max_nonces) < 1:
-            raise ValueError("unsigned_bodies_per_address, unsigned_bodies and max_nonces must be at least 1")
+        super().__post_init__()
         if 0 < self.max_stored_bytes_per_node < self.max_upload_bytes:
-            raise ValueError(
+            raise ConfigError(
                 f"max_stored_bytes_per_node ({self.max_stored_bytes_per_node}) must be 0 or at least max_upload_bytes "
-                f"({self.max_upload_bytes}): a node could never store a file of the largest size"
+                f"({self.max_upload_bytes}): a node could never store a file of the largest size",
+                where="max_stored_bytes_per_node",
             )
 
 

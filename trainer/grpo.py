@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from core.config import ConfigError, Settings, declared, setting
 from trainer.errors import TrainerError
 
 ADVANTAGE_EPS = 1e-6  # added to the group's std so an almost-uniform group gives small, finite advantages
@@ -30,31 +31,40 @@ class GRPOError(TrainerError, ValueError):
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    """Clipping and regularisation of the GRPO loss (defaults: INTELLECT-2).
+class GRPOConfig(Settings):
+    """Clipping and regularisation of the GRPO loss (defaults: INTELLECT-2): trainer.toml's [loss] table, declared
+    once here. Each field is held to its declaration however the config is made (GRPOError names it)."""
 
-    eps_low, eps_high: the trust band [1 - eps_low, 1 + eps_high] for the ratio (>= 0; eps_low < 1).
-    delta: cap on the ratio in the unclipped term, bounding the loss of negative advantages (> 1).
-    entropy_coef: weight of the entropy bonus subtracted from the loss (>= 0; 0 = off).
-    kl_coef: weight of the k3 KL to the reference policy added to the loss (>= 0; 0 = off).
-    """
-
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    delta: float = 4.0
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
+    eps_low: float = setting("the ratio is clipped below at 1 - eps_low", default=0.2, minimum=0, below=1)
+    eps_high: float = setting("the ratio is clipped above at 1 + eps_high", default=0.2, minimum=0)
+    delta: float = setting(
+        "cap on the ratio in the unclipped term (bounds the loss of negative advantages)", default=4.0, above=1
+    )
+    entropy_coef: float = setting(
+        "weight of the entropy bonus subtracted from the loss; 0: off", default=0.0, minimum=0
+    )
+    kl_coef: float = setting(
+        "weight of the k3 KL to the initial policy added to the loss; 0: off (keeps one more copy of the weights)",
+        default=0.0,
+        minimum=0,
+    )
 
     def __post_init__(self) -> None:
-        values = (self.eps_low, self.eps_high, self.delta, self.entropy_coef, self.kl_coef)
-        if not all(math.isfinite(v) for v in values):
-            raise GRPOError(f"GRPO config values must be finite: {self}")
-        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
-            raise GRPOError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
-        if self.delta <= 1:
-            raise GRPOError(f"delta must exceed 1, got {self.delta}")
-        if self.entropy_coef < 0 or self.kl_coef < 0:
-            raise GRPOError(f"coefficients must be >= 0, got entropy {self.entropy_coef}, kl {self.kl_coef}")
+        try:
+            super().__post_init__()
+            require_finite(self)
+        except ConfigError as exc:
+            raise GRPOError(str(exc)) from None
+
+
+def require_finite(settings: Settings) -> None:
+    """Raises a ConfigError naming the first float field of `settings` that is infinite (a bound of its own says
+    what range a value must lie in; an unbounded one must still be a number)."""
+    for item in declared(type(settings)):
+        value = getattr(settings, item.name)
+        if item.kind is float and isinstance(value, float) and not math.isfinite(value):
+            where = settings.where(item.name) or f"{type(settings).__name__}.{item.name}"
+            raise ConfigError(f"{where} must be a finite number, got {value!r}", where=where)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -31,8 +31,9 @@ import torch.distributed as dist
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from core.config import ConfigError, Settings, held, setting
 from protocol.rollouts import RolloutFile
-from protocol.terms import DEFAULT_ASYNC_LEVEL, step_window
+from protocol.terms import DEFAULT_ASYNC_LEVEL, MAX_ASYNC_LEVEL, step_window
 from trainer.data import (
     PromptUnit,
     Sample,
@@ -43,7 +44,7 @@ from trainer.data import (
     shared_logprobs,
 )
 from trainer.errors import TrainerError
-from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss
+from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss, require_finite
 from trainer.packing import pack_first_fit_decreasing
 from trainer.precision import Precision
 
@@ -53,30 +54,63 @@ class LearnerError(TrainerError):
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
-    lr: float = 3e-4
-    warmup_steps: int = 3  # linear warmup from lr / warmup_steps; constant after
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8  # AdamW's epsilon; larger values damp the steps of coordinates with tiny, noisy gradients
-    grad_clip: float = 1.0  # max global L2 norm of the gradient
-    vector_lr_scale: float = 1.0  # lr multiplier for 1-D parameters (norm gains, biases); 1: one lr for all
-    micro_batch_tokens: int = 8192  # tokens per micro-batch before padding (a group's shared prompt counts once)
-    async_level: int = DEFAULT_ASYNC_LEVEL  # k: files from steps >= s - k are trained on at step s (protocol.terms)
-    temperature: float = 1.0  # the sampling temperature: log-probs are taken of logits / temperature
-    loss: GRPOConfig = field(default_factory=GRPOConfig)
-    seed: int = 0
+class OptimConfig(Settings):
+    """AdamW and the micro-batches: trainer.toml's [optim] table, declared once here."""
+
+    lr: float = setting("AdamW's learning rate, constant after warmup", default=3e-4, minimum=1e-9, maximum=0.5)
+    warmup_steps: int = setting("linear warmup from lr / warmup_steps; 0: none", default=3, minimum=0)
+    weight_decay: float = setting("AdamW's decoupled weight decay", default=0.0, minimum=0)
+    beta1: float = setting("AdamW's first-moment decay", default=0.9, minimum=0, maximum=0.9999)
+    beta2: float = setting("AdamW's second-moment decay", default=0.99, minimum=0, maximum=0.9999)
+    eps: float = setting(
+        "AdamW's epsilon; larger damps the steps of coordinates whose gradients are tiny and noisy",
+        default=1e-8,
+        minimum=1e-12,
+        maximum=0.1,
+    )
+    grad_clip: float = setting("max global L2 norm of the gradient", default=1.0, minimum=1e-6)
+    vector_lr_scale: float = setting(
+        "lr multiplier for 1-D parameters (norm gains, biases); 1: one lr for all", default=1.0, minimum=1e-3,
+        maximum=1000,
+    )  # fmt: skip
+    micro_batch_tokens: int = setting(
+        "prompt + completion tokens per micro-batch before padding (a group's shared prompt counts once)",
+        default=8192,
+        minimum=2,
+    )
 
     def __post_init__(self) -> None:
-        if not 0 < self.lr < 1 or self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip <= 0:
-            raise ValueError(f"invalid optimiser settings: {self}")
-        if not 0 < self.vector_lr_scale <= 1000 or not self.lr * self.vector_lr_scale < 1:
-            raise ValueError(f"vector_lr_scale must lie in (0, 1000] with lr * vector_lr_scale < 1: {self}")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1) or not 0 < self.eps < 1:
-            raise ValueError(f"AdamW betas must lie in [0, 1), got {self.beta1}, {self.beta2}")
-        if self.micro_batch_tokens < 2 or self.async_level < 0 or not self.temperature > 0:
-            raise ValueError(f"invalid micro-batch budget, async level or temperature: {self}")
+        super().__post_init__()
+        require_finite(self)
+        if not self.lr * self.vector_lr_scale < 1:
+            where = self.where("vector_lr_scale") or f"{type(self).__name__}.vector_lr_scale"
+            raise ConfigError(
+                f"{where}: lr * vector_lr_scale must be below 1, got {self.lr} * {self.vector_lr_scale}", where=where
+            )
+
+
+@dataclass(frozen=True)
+class LearnerConfig(OptimConfig):
+    """What one learner step runs by: the optimiser ([optim]), the loss ([loss]), the window and the sampling
+    temperature the log-probs are taken at. Each field is held to its declaration however the config is made."""
+
+    async_level: int = setting(
+        "k: files from steps >= s - k are trained on at step s (the pool's term, protocol.terms)",
+        default=DEFAULT_ASYNC_LEVEL,
+        minimum=0,
+        maximum=MAX_ASYNC_LEVEL,
+    )
+    temperature: float = setting(
+        "the sampling temperature: log-probs are taken of logits / temperature (the task's, never trainer.toml's)",
+        default=1.0,
+        above=0,
+    )
+    loss: GRPOConfig = held("the GRPO loss (trainer.toml's [loss]), which checks itself", default_factory=GRPOConfig)
+    seed: int = setting("the run's seed", default=0, minimum=0)
+
+    def record(self) -> dict[str, Any]:
+        """The config as plain values, for a saved training state (what the file and flags set is not kept)."""
+        return asdict(self, dict_factory=lambda items: {k: v for k, v in items if k not in ("origins", "file")})
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that turns policy `step` into `step + 1`."""
@@ -383,7 +417,7 @@ class Learner:
         return {
             "format": 1,
             "step": self.step,
-            "config": asdict(self.config),
+            "config": self.config.record(),
             "model": model_state,
             "optimizer": optimizer_state,
             "history": {s: [_full(t) for t in snapshot] for s, snapshot in self.history.items() if s != self.step},

@@ -199,3 +199,16 @@ def test_to_toml_writes_what_loads_back_to_equal_settings(tmp_path: Path) -> Non
     assert example.to_toml().startswith("[example]\n")
     assert Example.load(write(tmp_path, example.to_toml()), environ={}) == example
     assert Example().to_toml() == "[example]\n"
+
+
+def test_an_open_upper_bound_refuses_the_bound_itself() -> None:
+    @dataclass(frozen=True)
+    class Band(Settings):
+        low: float = setting("clip below at 1 - low", default=0.2, minimum=0, below=1)
+        under: int = setting("under ten", default=0, below=10)
+
+    assert Band(low=0.999, under=9) == Band(low=0.999, under=9)
+    with pytest.raises(ConfigError, match=re.escape("Band.low must be a number in [0, 1), got 1.0")):
+        Band(low=1.0)
+    with pytest.raises(ConfigError, match=re.escape("Band.under must be an integer < 10, got 10")):
+        Band(under=10)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import GossipConfig, TrainerConfigError, load_run_config
+from core.config import Settings, declared
+from tests.test_settings_declared_once import KEY, TABLE, shown_keys
+from trainer.config import GossipConfig, TrainerConfigError, TrainerSettings, load_run_config
 
 EXAMPLE = Path(__file__).parents[2] / "configs" / "trainer.toml"
 
@@ -14,7 +16,8 @@ EXAMPLE = Path(__file__).parents[2] / "configs" / "trainer.toml"
 def test_the_shipped_config_loads_and_flags_override_it() -> None:
     with pytest.raises(TrainerConfigError, match=r"\[local\] workers > 0"):
         load_run_config(EXAMPLE)  # neither local workers nor a pool: there is nobody to train with
-    config = load_run_config(EXAMPLE, local_workers=3, steps=7, run_dir=Path("/tmp/x"), max_minutes=None)
+    flags = {"local.workers": 3, "run.steps": 7, "run.dir": Path("/tmp/x"), "run.max_minutes": None}
+    config = load_run_config(EXAMPLE, flags=flags)
     assert (config.local_workers, config.steps, config.run_dir) == (3, 7, Path("/tmp/x"))
     assert config.model == (EXAMPLE.parent / ".." / "tiny-sft").resolve()  # relative to the TOML file
     assert config.learner.async_level == 1 and config.max_minutes is None
@@ -77,7 +80,7 @@ def test_each_local_worker_may_be_a_step_ahead_of_the_trainer(
     assert (api.files_per_node_per_step, api.pending_files_per_node) == (0, pending)
     flag = tmp_path / "flag.toml"  # --local-workers counts as the file's value does
     flag.write_text(NETWORK + extra)
-    api = load_run_config(flag, local_workers=workers).api
+    api = load_run_config(flag, flags={"local.workers": workers}).api
     assert (api.files_per_node_per_step, api.pending_files_per_node) == (0, pending)
 
 
@@ -90,7 +93,7 @@ def test_both_modes_take_the_oldest_files_first_under_a_cap_on_what_is_handed_ou
     k = network.learner.async_level
     files = -(-network.rollouts_per_step // (network.api.prompts_per_task * network.api.group_size))
     assert network.api.max_files_in_flight == files * (k + 1)
-    local = load_run_config(path, local_workers=1)
+    local = load_run_config(path, flags={"local.workers": 1})
     assert local.order == "oldest" and local.api.max_files_in_flight == 0  # local workers: pending_files_per_node
     path.write_text(NETWORK + "[data]\norder = 'freshest'\n[coordinator]\nmax_files_in_flight = 0\n")
     assert (load_run_config(path).order, load_run_config(path).api.max_files_in_flight) == ("freshest", 0)
@@ -103,7 +106,7 @@ def test_both_modes_take_the_oldest_files_first_under_a_cap_on_what_is_handed_ou
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[data]\norder='newest'\n[local]\nworkers=1\n", "data.order"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlr=true\n[local]\nworkers=1\n", "optim.lr"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlearning_rate=1\n[local]\nworkers=1\n", "unknown key"),
-        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "keep_versions"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "shardcast.keep"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nmanifest_format=3\n[local]\nworkers=1", "manifest_format"),
         ("[run]\nmodel='m'\ntask='t'\n[local]\nworkers=1\n", "run.dir"),
         ("[run\n", "not readable TOML"),
@@ -139,3 +142,32 @@ def test_gossip_is_off_without_a_p2p_table_and_an_empty_one_takes_the_defaults(t
     assert load_run_config(path).p2p == GossipConfig(host="127.0.0.1", port=0)
     path.write_text(base + "[p2p]\nhost='0.0.0.0'\nport=4001\n")
     assert load_run_config(path).p2p == GossipConfig(host="0.0.0.0", port=4001)
+
+
+def test_every_key_the_shipped_config_shows_is_read_into_exactly_one_declared_field(tmp_path: Path) -> None:
+    """configs/trainer.toml with its commented-out keys and tables uncommented loads, and each key it shows lands on
+    one field of TrainerSettings, named by its dotted key: none is dropped, read twice or left undocumented."""
+    lines = []
+    for line in EXAMPLE.read_text(encoding="utf-8").splitlines():
+        shown = line.startswith("#") and (KEY.match(line) or TABLE.match(line))
+        lines.append(line.lstrip("#").lstrip() if shown else line)
+    path = tmp_path / "trainer.toml"
+    path.write_text("\n".join(lines) + "\n")
+    keys = [key for key in shown_keys(path) if "." in key]  # `run.dir` ..., not the tables themselves
+    assert len(keys) == len(set(keys)) and keys, keys
+
+    def fields_set(settings: Settings, prefix: str) -> list[str]:
+        found = []
+        for item in declared(type(settings)):
+            dotted = f"{prefix}.{item.key}" if prefix else item.key
+            value = getattr(settings, item.name)
+            if item.is_table:
+                found += fields_set(value, dotted)
+            else:
+                assert settings.where(item.name) == f"{path}: {dotted}", f"{dotted} is not read from its key"
+                found.append(dotted)
+        return found
+
+    loaded = TrainerSettings.load(path)
+    assert loaded.p2p is not None and loaded.pool is not None  # the optional tables, shown commented out
+    assert sorted(fields_set(loaded, "")) == sorted(keys)  # every declared key shown, every shown key declared

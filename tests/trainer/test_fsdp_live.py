@@ -172,7 +172,7 @@ def test_two_ranks_train_the_live_loop_like_one_process_stop_on_sigterm_and_resu
     trained = lines(run / "trained.jsonl")
     assert [t["step"] for t in trained] == list(range(1, stopped_at + 3))
     # one process, the same model and settings, trained on exactly the files each step of the torchrun run took
-    one = live_loop(load_run_config(config, run_dir=tmp_path / "one"), World())
+    one = live_loop(load_run_config(config, flags={"run.dir": tmp_path / "one"}), World())
     for entry in trained:
         files = [one.read(run / "inbox" / f"{key[2:]}.parquet", bytes.fromhex(key[2:])) for key in entry["work_keys"]]  # type: ignore[attr-defined]
         stats = one.learner.train_step(files)

@@ -66,12 +66,16 @@ def test_every_term_the_pool_may_declare_is_one_the_trainer_takes(tmp_path: Path
         (
             "[data]\nasync_level = 1\n",
             {"async_level": 2},
-            "data.async_level: is 1, but pool 4's spec file:///pool.toml",
+            "data.async_level is 1, but pool 4's spec file:///pool.toml says 2",
         ),
-        ("[coordinator]\nmax_upload_bytes = 4096\n", {}, "coordinator.max_upload_bytes: is 4096, but pool 4's"),
-        ("[coordinator]\ngroup_size = 4\n", {"group_size": 16}, "coordinator.group_size: is 4, but pool 4's spec"),
+        (
+            "[coordinator]\nmax_upload_bytes = 4096\n",
+            {},
+            "coordinator.max_upload_bytes is 4096, but pool 4's spec .* says 67108864",
+        ),
+        ("[coordinator]\ngroup_size = 4\n", {"group_size": 16}, "coordinator.group_size is 4, but pool 4's .* says 16"),
         # validators split the keys: with one checking each, a file never gets two acceptances
-        ("", {"replication": 1}, r"pool.min_attestations: is 2, but pool 4's .* checked by 1 validator"),
+        ("", {"replication": 1}, r"pool.min_attestations is 2, but pool 4's .* checked by 1 validator"),
     ],
 )
 def test_a_setting_that_contradicts_the_pool_is_refused_by_name(
@@ -108,7 +112,7 @@ def test_prime_train_run_refuses_a_pool_whose_async_level_is_not_its_own(
     result = CliRunner().invoke(app, [*run, "--dev-key", "0"])
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.exit_code == 1 and len(errors) == 1, result.output
-    assert f"data.async_level: is 1, but pool {pool_id}'s spec {spec_file.as_uri()} says 2" in errors[0]
+    assert f"data.async_level is 1, but pool {pool_id}'s spec {spec_file.as_uri()} says 2" in errors[0]
     assert not (tmp_path / "run").exists()  # nothing served, nothing written
     wrong_key = CliRunner().invoke(app, [*run, "--dev-key", "1"])  # not the pool's trainer: refused first
     assert wrong_key.exit_code == 1 and f"pool {pool_id}'s trainer is" in wrong_key.stderr, wrong_key.output
