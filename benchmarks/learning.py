@@ -86,44 +86,30 @@ def training_task(model: Path, args: argparse.Namespace) -> Path:
 
 
 def write_config(path: Path, run_dir: Path, model: Path, task: Path, args: argparse.Namespace) -> None:
-    path.write_text(
-        f"""[run]
-dir = "{run_dir}"
-model = "{model}"
-task = "{task}"
-steps = 100000
-max_minutes = {args.minutes}
-threads = {args.train_threads}
-
-[data]
-async_level = {args.async_level}
-rollouts_per_step = {args.rollouts_per_step}
-
-[optim]
-lr = {args.lr}
-vector_lr_scale = {args.vector_lr_scale}
-warmup_steps = 3
-micro_batch_tokens = 16384
-
-[coordinator]
-port = 0
-prompts_per_task = {args.prompts_per_task}
-group_size = {args.group_size}
-
-[shardcast]
-port = 0
-keep = {args.async_level + 3}
-
-[eval]
-every = {args.eval_every}
-problems = 128
-task = "{TASK}"
-
-[local]
-workers = {args.workers}
-threads = 1
-"""
+    """A local-mode trainer.toml for the run: `TrainerSettings` (trainer/config.py) written with `to_toml`."""
+    from trainer.config import (
+        CoordinatorSettings,
+        DataSettings,
+        EvalSettings,
+        LocalSettings,
+        RunSettings,
+        ShardcastSettings,
+        TrainerSettings,
     )
+    from trainer.learner import OptimConfig
+
+    settings = TrainerSettings(
+        run=RunSettings(
+            dir=run_dir, model=model, task=task, steps=100_000, max_minutes=args.minutes, threads=args.train_threads
+        ),
+        data=DataSettings(async_level=args.async_level, rollouts_per_step=args.rollouts_per_step),
+        optim=OptimConfig(lr=args.lr, vector_lr_scale=args.vector_lr_scale, warmup_steps=3, micro_batch_tokens=16384),
+        coordinator=CoordinatorSettings(port=0, prompts_per_task=args.prompts_per_task, group_size=args.group_size),
+        shardcast=ShardcastSettings(port=0, keep=args.async_level + 3),
+        evaluation=EvalSettings(every=args.eval_every, problems=128, task=TASK),
+        local=LocalSettings(workers=args.workers, threads=1),
+    )
+    path.write_text(settings.to_toml())
 
 
 def main() -> None:

@@ -49,6 +49,15 @@ from ledger.client import Ledger
 from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted
 from ledger.types import PoolConfig, Reason
 from protocol.terms import DEFAULT_ASYNC_LEVEL
+from trainer.config import (
+    CoordinatorSettings,
+    DataSettings,
+    PoolLink,
+    RunSettings,
+    ShardcastSettings,
+    TrainerSettings,
+)
+from trainer.learner import OptimConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TASK = REPO / "configs" / "tasks" / "default.toml"
@@ -393,42 +402,23 @@ class Devnet:
         )
 
     def _write_trainer_config(self, model: Path, api_port: int, origin_port: int) -> None:
-        s = self.settings
-        (self.root / "trainer.toml").write_text(
-            f"""# written by prime-devnet up (configs/trainer.toml documents every field)
-[run]
-dir = "run"
-model = "{model}"
-task = "{self.train_task}"
-steps = {s.steps}
-{"" if s.minutes is None else f"max_minutes = {s.minutes}"}
-serve_after = true
-threads = 1
-
-[data]
-async_level = {s.async_level}
-rollouts_per_step = {s.rollouts_per_step}
-
-[optim]
-lr = {s.lr}
-vector_lr_scale = {s.vector_lr_scale}
-warmup_steps = 3
-micro_batch_tokens = 16384
-
-[coordinator]
-port = {api_port}
-prompts_per_task = {s.prompts_per_task}
-group_size = {s.group_size}
-
-[shardcast]
-port = {origin_port}
-keep = {s.async_level + 3}
-
-[pool]
-id = {self.pool_id}
-deployment = "deployment.json"
-"""
+        s, root = self.settings, self.root
+        run = RunSettings(
+            dir=root / "run", model=model.resolve(), task=self.train_task.resolve(), steps=s.steps,
+            max_minutes=s.minutes or 0.0, serve_after=True, threads=1,
+        )  # fmt: skip
+        settings = TrainerSettings(
+            run=run,
+            data=DataSettings(async_level=s.async_level, rollouts_per_step=s.rollouts_per_step),
+            optim=OptimConfig(lr=s.lr, vector_lr_scale=s.vector_lr_scale, warmup_steps=3, micro_batch_tokens=16384),
+            coordinator=CoordinatorSettings(
+                port=api_port, prompts_per_task=s.prompts_per_task, group_size=s.group_size
+            ),
+            shardcast=ShardcastSettings(port=origin_port, keep=s.async_level + 3),
+            pool=PoolLink(id=self.pool_id, deployment=root / "deployment.json"),
         )
+        header = "# written by prime-devnet up (configs/trainer.toml documents every key)\n"
+        (root / "trainer.toml").write_text(header + settings.to_toml())
 
     # --- watching -----------------------------------------------------------------------------------------
 

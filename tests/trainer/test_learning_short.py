@@ -17,8 +17,17 @@ from engine.model.tiny import init_model, save_model_dir
 from protocol.rollouts import read_rollouts
 from protocol.tasks.sources import open_source
 from protocol.tasks.spec import load_task_spec
+from trainer.config import (
+    CoordinatorSettings,
+    DataSettings,
+    LocalSettings,
+    RunSettings,
+    ShardcastSettings,
+    TrainerSettings,
+)
 from trainer.data import build_samples, collate
 from trainer.grpo import GRPOConfig, group_advantages, grpo_token_loss
+from trainer.learner import OptimConfig
 from trainer.sft import SFTConfig, run_sft
 
 REPO = Path(__file__).parents[2]
@@ -57,29 +66,15 @@ def loss_under(model_dir: Path, files: list[Path], old_dir: Path) -> float:
 
 def test_local_mode_moves_the_weights_and_lowers_the_loss_of_its_last_step(tmp_path: Path, warm_model: Path) -> None:
     config = tmp_path / "trainer.toml"
-    config.write_text(
-        f"""[run]
-dir = "run"
-model = "{warm_model}"
-task = "{TASK}"
-steps = 4
-threads = 1
-[data]
-async_level = 0
-rollouts_per_step = 128
-[optim]
-lr = 1e-4
-warmup_steps = 0
-[coordinator]
-port = 0
-prompts_per_task = 8
-group_size = 8
-[shardcast]
-port = 0
-[local]
-workers = 2
-"""
+    settings = TrainerSettings(
+        run=RunSettings(dir=tmp_path / "run", model=warm_model, task=TASK, steps=4, threads=1),
+        data=DataSettings(async_level=0, rollouts_per_step=128),
+        optim=OptimConfig(lr=1e-4, warmup_steps=0),
+        coordinator=CoordinatorSettings(port=0, prompts_per_task=8, group_size=8),
+        shardcast=ShardcastSettings(port=0),
+        local=LocalSettings(workers=2),
     )
+    config.write_text(settings.to_toml())
     subprocess.run(
         [sys.executable, "-m", "trainer.cli", "run", "--config", str(config), "--json"],
         cwd=tmp_path,

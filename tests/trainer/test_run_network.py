@@ -28,6 +28,7 @@ from protocol.tasks.spec import load_task_spec
 from shardcast.client import new_session
 from tests.ledger.helpers import make_pool, onboard
 from tests.trainer.rollout_factory import make_file
+from trainer.config import CoordinatorSettings, DataSettings, PoolLink, RunSettings, ShardcastSettings, TrainerSettings
 
 TASK = Path(__file__).parents[2] / "configs" / "tasks" / "default.toml"
 
@@ -64,24 +65,14 @@ def test_network_mode_admits_members_and_trains_only_on_attested_files(
         )
         for i, name in enumerate(("attested", "silent"))
     ]
-    (tmp_path / "trainer.toml").write_text(
-        f"""[run]
-dir = "run"
-model = "{model}"
-task = "{TASK}"
-steps = 1
-threads = 1
-[data]
-rollouts_per_step = 16
-[coordinator]
-port = 0
-[shardcast]
-port = 0
-[pool]
-id = {pool_id}
-deployment = "deployment.json"
-"""
+    settings = TrainerSettings(
+        run=RunSettings(dir=tmp_path / "run", model=model, task=TASK, steps=1, threads=1),
+        data=DataSettings(rollouts_per_step=16),
+        coordinator=CoordinatorSettings(port=0),
+        shardcast=ShardcastSettings(port=0),
+        pool=PoolLink(id=pool_id, deployment=tmp_path / "deployment.json"),
     )
+    (tmp_path / "trainer.toml").write_text(settings.to_toml())
     process = subprocess.Popen(
         [sys.executable, "-m", "trainer.cli", "run", "--config", "trainer.toml", "--dev-key", "0", "--json"],
         cwd=tmp_path,
