@@ -13,77 +13,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from core import trace
-from core.heap import heap_bytes
 from ledger.accounts import PASSWORD_ENV_VAR, create_keystore, list_keystores, load_account, read_keystore
-from protocol.coordinator.client import PublishedStep
 from protocol.signing import SigningDomain
 from protocol.tasks.sources import TaskSource, open_source
-from protocol.tasks.spec import TaskSpec, load_task_spec, spec_hash
-from trainer.api import CoordinatorApi
+from protocol.tasks.spec import TaskSpec, load_task_spec
 from trainer.config import RunConfig, TrainerConfigError
-from trainer.coordinator import STEP_HISTORY, CoordinatorService, PoolState
-from trainer.counters import CounterJournal
 from trainer.errors import TrainerError
 from trainer.inbox import RolloutInbox
 from trainer.learner import World
-from trainer.loop import RunPaths, TrainingLoop, assignment_of
+from trainer.loop import RunPaths, Selection, TrainingLoop
 from trainer.memory import TrainingThread
 from trainer.precision import resolve_precision
 from trainer.ranks import STOP_SIGNALS, Control, Decision, follow, resume_loop, save_checkpoint, train
-from trainer.roles import Roles, StaticRoles
+from trainer.roles import StaticRoles
+from trainer.services import Network, Services, open_services
 from trainer.sharded import open_loop
 from trainer.verdicts import VerdictStore
-
-if TYPE_CHECKING:
-    from protocol.terms import PoolTerms
-    from trainer.gossip import TrainerGossip
 
 log = logging.getLogger(__name__)
 
 # local mode has no chain: anvil's chain id and no verifying contract; nothing signed here is valid on a chain
 LOCAL_DOMAIN = SigningDomain(31337, "0x0000000000000000000000000000000000000000")
 LOCAL_POOL_ID = 0
-
-
-@dataclass(frozen=True)
-class Network:
-    """Who the run trusts: its signing key and domain, who may upload, and which uploads count as accepted."""
-
-    account: LocalAccount
-    domain: SigningDomain
-    pool_id: int
-    roles: Roles
-    accepted: Uploads  # which files of the inbox may be trained on
-    terms: PoolTerms | None = None  # network mode: the pool's terms (protocol.terms), which the run's config must keep
-
-
-class Uploads(Protocol):
-    """The uploads the step loop may train on now, less those in `consumed` (trained on, or dropped as stale).
-
-    The loop asks after every upload and attestation, and every 0.5 s while it waits, for the whole run: an
-    answer costs what arrived since the last call plus the uploads still waiting, never all uploads of the run.
-    A consumed upload is left out for good, so `consumed` must only grow.
-    """
-
-    def __call__(self, inbox: RolloutInbox, verdicts: VerdictStore, consumed: AbstractSet[bytes]) -> list[Path]: ...
 
 
 def _stored(inbox: RolloutInbox, keys: AbstractSet[bytes]) -> list[Path]:
@@ -301,29 +269,6 @@ class LocalWorkers:
                 process.wait()
 
 
-def load_published(path: Path) -> list[PublishedStep]:
-    """The last STEP_HISTORY lines of `steps.jsonl`: when each step became current, across restarts."""
-    entries: list[PublishedStep] = []
-    with contextlib.suppress(FileNotFoundError), path.open(encoding="utf-8") as lines:
-        for line in lines:
-            try:
-                record = json.loads(line)
-                entries.append(PublishedStep(int(record["step"]), float(record["at"])))
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut by a crash
-    return entries[-STEP_HISTORY:]
-
-
-def publish_step(state: PoolState, step: int, path: Path) -> None:
-    """Makes `step` current now, recording when in `path` (validators judge a file's staleness by this time)."""
-    entry = state.publish(step, time.time())
-    if entry is not None:
-        with path.open("a", encoding="utf-8") as log_file:
-            log_file.write(json.dumps({"step": entry.step, "at": entry.at}) + "\n")
-            log_file.flush()
-            os.fsync(log_file.fileno())
-
-
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     import torch
@@ -373,164 +318,37 @@ async def _serve_and_train(
     on_ready: Callable[[str, str], None] | None,
     control: Control | None,
 ) -> RunSummary:
-    from core.serving import serve
-    from shardcast.origin import Origin
-    from shardcast.server import ShardServer
-    from shardcast.store import ShardStore
-
-    paths = RunPaths(config.run_dir)
     world = World() if control is None else control.world
     loop = await training.run(live_loop, config, world)
-    learner, spec = loop.learner, loop.spec
     await training.run(resume_loop, loop, control)
-    start_step = learner.step
-    if not paths.checkpoint(learner.step).is_dir():
+    start_step = loop.learner.step
+    if not loop.paths.checkpoint(start_step).is_dir():
         await training.run(save_checkpoint, loop, control)
-
-    counters_file = config.run_dir / "counters.json"  # before trainer/counters.py: read once, then superseded
-    if counters_file.exists():  # handed out after the last saved state: never hand them out again
-        saved = json.loads(counters_file.read_text())
-        for node, counter in saved.items():
-            loop.assignment_counters[node] = max(loop.assignment_counters.get(node, 0), int(counter))
-    journal = CounterJournal.open(config.run_dir / "counters.journal", loop.assignment_counters)
-    loop.assignment_counters.update(journal.counters)
-    state = PoolState(network.pool_id, network.account.address, learner.step, dict(loop.assignment_counters))
-    steps_file = config.run_dir / "steps.jsonl"
-    state.remember(load_published(steps_file))
-
-    def persist_counter(node: str, counter: int) -> Awaitable[None]:
-        loop.assignment_counters[node] = counter + 1
-        return journal.record(node, counter + 1)  # durable before the assignment is answered, fsyncs batched
-
-    arrived = asyncio.Event()
-    uploaded: dict[str, set[bytes]] = {}  # node -> its uploads (since this process started) no published step used
-
-    async def on_upload(work_key: bytes, node: str) -> None:
-        if config.api.pending_files_per_node:  # a rejected file is never consumed: keep none when nobody counts
-            uploaded.setdefault(node, set()).add(work_key)
-        arrived.set()
-
-    inbox = RolloutInbox(config.run_dir / "inbox")
-    verdicts = VerdictStore(config.run_dir / "attestations.jsonl")  # the validators' verdicts, kept across restarts
-    service = CoordinatorService(
-        domain=network.domain,
-        state=state,
-        roles=network.roles,
-        inbox=inbox,
-        verdicts=verdicts,
-        config=config.api,
-        on_upload=on_upload,
-        on_assign=persist_counter,
-        on_attest=lambda _: arrived.set(),  # network mode trains on attested files: look again at once
-        pending=lambda node: len(uploaded.get(node, ())),
-        signer=network.account,  # upload receipts (what a worker shows if the coordinator loses its file), assignments
-        task_spec_hash=spec_hash(spec),
-    )
-    api = CoordinatorApi(service)
-    api.metrics.gauge(
-        "trainer_idle_seconds_total", "Seconds spent waiting for data.", lambda: loop.counters.idle_seconds
-    )
-    for name, index, what in (("in_use", 0, "in use"), ("free", 1, "free and kept in its arenas")):
-        api.metrics.gauge(
-            f"trainer_heap_{name}_bytes", f"malloc's bytes {what} (glibc; 0 elsewhere).", _heap_gauge(index)
-        )
-    last: dict[str, Any] = {}
-
-    def last_value(name: str) -> Callable[[], float]:
-        return lambda: float(last.get(name) or 0.0)
-
-    for name in ("reward_mean", "pass_rate", "loss", "grad_norm", "clipped_fraction", "tokens_per_s"):
-        api.metrics.gauge(f"trainer_{name}", f"{name} of the last step.", last_value(name))
-
-    served = await serve(api.app, config.host, config.api_port, api.config.connections, name="coordinator")
-    runner = served.runner
-    api_url = f"http://{config.host}:{served.port}"
-    server = ShardServer(ShardStore(config.run_dir / "origin"), role="origin")
-    origin_url = f"http://{config.host}:{await server.start(config.host, config.shardcast_port)}"
-    origin = Origin(
-        server,
-        account=network.account,
-        domain=network.domain,
-        pool_id=network.pool_id,
-        keep=config.keep_versions,
-        manifest_format=config.manifest_format,
-    )
-    workers: LocalWorkers | None = None
-    gossip: TrainerGossip | None = None
     started = time.monotonic()
-    try:
-        if config.p2p is not None:
-            from trainer.gossip import TrainerGossip  # libp2p takes a second or two to import
-
-            gossip = TrainerGossip(
-                network.account, network.domain, network.pool_id, host=config.p2p.host, port=config.p2p.port,
-                registry=api.metrics,
-            )  # fmt: skip
-            await gossip.start()
-        manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
-        publish_step(state, learner.step, steps_file)
-        if gossip is not None:
-            await gossip.announce(manifest)
-        log.info("coordinator on %s, origin on %s, policy step %d", api_url, origin_url, learner.step)
-        endpoints = {"coordinator": api_url, "origin": origin_url, "trainer": network.account.address}
-        if gossip is not None:
-            endpoints["p2p"] = gossip.listen_addr
-        (config.run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
+    deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
+    async with open_services(config, network, loop) as services:  # the coordinator, the origin, gossip, /metrics
         if on_ready is not None:
-            on_ready(api_url, origin_url)
+            on_ready(services.api_url, services.origin_url)
+        workers = None
         if worker_keys is not None and worker_keys.paths:
-            workers = LocalWorkers(config, network, worker_keys, api_url, origin_url)
-        deadline = None if config.max_minutes is None else started + 60 * config.max_minutes
-        while learner.step < config.steps and (deadline is None or time.monotonic() < deadline):
-            waited = time.monotonic()
-            while not stopping.is_set():
-                arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
-                # off the event loop: reading new files would hold up uploads
-                selection = await training.run(
-                    lambda: loop.select(network.accepted(inbox, verdicts, loop.counters.consumed))
+            workers = LocalWorkers(config, network, worker_keys, services.api_url, services.origin_url)
+        try:
+            await Steps(config, loop, training, services, stopping, control, workers).run(deadline, on_step)
+            if control is not None:  # the other ranks are done: nothing they do needs the coordinator
+                await asyncio.to_thread(control.send, Decision("stop", loop.learner.step))
+            if config.serve_after and not stopping.is_set():
+                log.info(
+                    "trained to step %d; serving the coordinator and origin until SIGTERM or SIGINT", loop.learner.step
                 )
-                if selection.rows >= config.rollouts_per_step:
-                    break
-                if workers is not None:
-                    workers.check()
-                if control is not None and control.heartbeat_due():
-                    await asyncio.to_thread(control.send, Decision("wait", learner.step))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(arrived.wait(), timeout=0.5)
-            if stopping.is_set():
-                break
-            idle = time.monotonic() - waited
-            trace.record("wait", idle, step=learner.step)
-            record = await training.run(train, loop, control, selection, idle)
-            service.in_flight.settle([assignment_of(f) for f in selection.files])
-            with trace.span("publish", step=learner.step):
-                manifest = await origin.publish(paths.checkpoint(learner.step), learner.step)
-            publish_step(state, learner.step, steps_file)
-            _release(uploaded, loop.counters.consumed)  # before the requests woken by the publication run
-            if gossip is not None:  # after the coordinator serves the step: a worker may act on it at once
-                await gossip.announce(manifest)
-            last.clear()
-            last.update(record)
-            if on_step is not None:
-                on_step(record)
-        if control is not None:  # the other ranks are done: nothing they do needs the coordinator
-            await asyncio.to_thread(control.send, Decision("stop", learner.step))
-        if config.serve_after and not stopping.is_set():
-            log.info("trained to step %d; serving the coordinator and origin until SIGTERM or SIGINT", learner.step)
-            signals.enter_context(_stop_on_signals(stopping))
-            await stopping.wait()
-    finally:
-        if workers is not None:
-            workers.stop()
-        if gossip is not None:
-            await gossip.stop()
-        await runner.cleanup()
-        await server.stop()
-        await journal.close()
+                signals.enter_context(_stop_on_signals(stopping))
+                await stopping.wait()
+        finally:
+            if workers is not None:
+                workers.stop()
     return RunSummary(
         start_step=start_step,
-        final_step=learner.step,
-        steps_trained=learner.step - start_step,
+        final_step=loop.learner.step,
+        steps_trained=loop.learner.step - start_step,
         seconds=time.monotonic() - started,
         idle_seconds=loop.counters.idle_seconds,
         stale_files=loop.counters.stale_files,
@@ -538,16 +356,51 @@ async def _serve_and_train(
     )
 
 
-def _heap_gauge(index: int) -> Callable[[], float]:
-    """A gauge of `core.heap.heap_bytes()[index]`: what a step leaves in malloc shows on /metrics."""
-    return lambda: float((heap_bytes() or (0, 0))[index])
+@dataclass
+class Steps:
+    """Rank 0's step loop of a live run, over the services that feed it and publish what it trains."""
 
+    config: RunConfig
+    loop: TrainingLoop
+    training: TrainingThread  # the thread every step trains in (trainer.memory)
+    services: Services
+    stopping: asyncio.Event  # SIGTERM or SIGINT under torchrun: stop at the next step boundary
+    control: Control | None  # under torchrun: rank 0's word to the other ranks
+    workers: LocalWorkers | None  # local mode's worker processes, watched while the loop waits
 
-def _release(uploaded: dict[str, set[bytes]], consumed: set[bytes]) -> None:
-    """Forget the uploads a step trained on or dropped as stale. Called as a step is published, not as it is
-    trained: a worker whose files were just trained on then gets the new step's assignments, not the old step's."""
-    for node, keys in uploaded.items():
-        uploaded[node] = {k for k in keys if k not in consumed}
+    async def run(self, deadline: float | None, on_step: Callable[[dict[str, Any]], None] | None) -> None:
+        """One policy step a turn until the last step, the deadline or a stop: wait for enough accepted data, train
+        on it (the step, its checkpoint and state, the held-out evaluation when due), publish the new policy, log."""
+        learner = self.loop.learner
+        while learner.step < self.config.steps and (deadline is None or time.monotonic() < deadline):
+            waited = time.monotonic()
+            selection = await self.wait_for_data()
+            if selection is None:
+                return
+            idle = time.monotonic() - waited
+            trace.record("wait", idle, step=learner.step)
+            # the step on every rank, its checkpoint and state, the held-out evaluation when due (TrainingLoop.train)
+            record = await self.training.run(train, self.loop, self.control, selection, idle)
+            await self.services.publish(learner.step, selection.files)
+            self.services.note(record)
+            if on_step is not None:
+                on_step(record)
+
+    async def wait_for_data(self) -> Selection | None:
+        """The files of the next step once they hold `rollouts_per_step` completions; None once told to stop."""
+        while not self.stopping.is_set():
+            self.services.arrived.clear()  # before looking: a file that arrives while we look wakes the wait below
+            # off the event loop: reading new files would hold up uploads
+            selection = await self.training.run(lambda: self.loop.select(self.services.accepted()))
+            if selection.rows >= self.config.rollouts_per_step:
+                return selection
+            if self.workers is not None:
+                self.workers.check()
+            if self.control is not None and self.control.heartbeat_due():
+                await asyncio.to_thread(self.control.send, Decision("wait", self.loop.learner.step))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.services.arrived.wait(), timeout=0.5)
+        return None
 
 
 def _eval_task(path: Path | None) -> tuple[TaskSpec, TaskSource] | None:

@@ -27,7 +27,7 @@ from tests.promtool import check_metrics
 from trainer.api import CoordinatorApi
 from trainer.coordinator import STEP_HISTORY, ApiConfig, PoolState
 from trainer.inbox import RolloutInbox
-from trainer.run import load_published, publish_step
+from trainer.services import load_published, publish_step
 from trainer.verdicts import VerdictStore
 
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
