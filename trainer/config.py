@@ -280,10 +280,10 @@ def load_run_config(
     path = Path(path)
     try:
         return resolve(TrainerSettings.load(path, flags=flags), path, terms)
-    except (ConfigError, TaskSpecError, TermsMismatch) as exc:
-        raise TrainerConfigError(str(exc)) from None
-    except ValueError as exc:  # a component's own rule (GRPOError), not named after the file
-        raise TrainerConfigError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    except (ConfigError, TaskSpecError, TermsMismatch, ValueError) as exc:  # ValueError: GRPOError, TrainerConfigError
+        message = str(exc)
+        named = str(path) in message or getattr(exc, "where", "").startswith("-")  # the file's key, or a flag
+        raise TrainerConfigError(message if named else f"{path}: {message}") from None
 
 
 def resolve(settings: TrainerSettings, path: Path, terms: PoolTerms | None = None) -> RunConfig:

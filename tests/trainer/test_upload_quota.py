@@ -286,5 +286,6 @@ def test_a_node_at_the_pools_pace_stays_far_below_the_default_quota(tmp_path: Pa
         most = max(most, quota.usage(WORKER.address, oldest))
     assert most == (24, 24 * api.max_upload_bytes)  # a quarter of the files and half of the bytes
     path.write_text(NETWORK + "[coordinator]\nmax_stored_bytes_per_node = 65536\n")
-    with pytest.raises(TrainerConfigError, match=r"max_stored_bytes_per_node .* at least max_upload_bytes"):
+    with pytest.raises(TrainerConfigError, match=r"max_stored_bytes_per_node .* at least max_upload_bytes") as caught:
         load_run_config(path)
+    assert str(caught.value).startswith(f"{path}: ")
