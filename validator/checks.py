@@ -35,7 +35,7 @@ from protocol.tasks.spec import TaskSpec
 from protocol.terms import AssignmentTiming, step_window
 from validator.config import ValidatorConfig
 from validator.errors import CouldNotJudge
-from validator.verdict import Verdict, reject
+from validator.verdict import Verdict, borderline, reject
 
 SIZE, WORK_KEY, FORMAT, METADATA, STEP = "size", "work_key", "format", "metadata", "step"
 ASSIGNMENT, SAMPLING_SANITY, REWARDS, MODEL = "assignment", "sampling_sanity", "rewards", "model"
@@ -182,7 +182,7 @@ def check_step(
     window = step_window(current_step, async_level, earliest=earliest_step)
     if step in window:
         return None
-    return reject(
+    return borderline(
         Reason.STALE_STEP,
         STEP,
         f"the file is from step {step}, outside {window} by the coordinator's step history, which is not signed: "
@@ -191,7 +191,6 @@ def check_step(
         current_step=current_step,
         earliest_step=current_step if earliest_step is None else earliest_step,
         async_level=async_level,
-        borderline=True,
     )
 
 

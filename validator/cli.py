@@ -500,6 +500,7 @@ def explain_command(
 
 def _rejection(row: WorkRow) -> dict[str, Any]:
     from ledger.types import Reason
+    from validator.verdict import Outcome
 
     known = {r.value: r.name.lower() for r in Reason}
     return {
@@ -514,7 +515,7 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
         "detail": row.detail,
         "invalidation_tx": row.tx_hash,
         "note": row.note,
-        "borderline": row.borderline,
+        "borderline": row.outcome is Outcome.BORDERLINE,
     }
 
 

@@ -93,7 +93,7 @@ from validator.store import (
     WorkRow,
 )
 from validator.timing import Stopped, interruptible, retry_delay, steps_around
-from validator.verdict import Verdict, reject
+from validator.verdict import Outcome, Sanction, Verdict, reject, sanction
 from validator.verify import Expected, verify_file
 
 if TYPE_CHECKING:
@@ -548,9 +548,7 @@ class ValidatorDaemon:
                 data = await self.client.download(key, self.config.max_file_bytes)
                 history = await self.client.steps() if data is not None else []
         except CoordinatorLostFile as exc:  # stored and acknowledged, then lost there: never the worker's fault
-            self.store.move(row, UNVERIFIABLE, note=str(exc))
-            self._unverifiable.inc()
-            log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
+            self._unjudged(row, str(exc))
             return None
         except CoordinatorError as exc:  # not the worker's fault: try again, whatever the grace period
             log.warning("%s: the coordinator failed, trying again: %s", short, exc)
@@ -618,9 +616,7 @@ class ValidatorDaemon:
                 self.stopping,
             )
         except CheckpointGone as exc:
-            self.store.move(row, UNVERIFIABLE, note=str(exc))
-            self._unverifiable.inc()
-            log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, exc)
+            self._unjudged(row, str(exc))
             return None
         except (Stopped, MemoryShortfall):  # a shortfall: no file of the pool could be judged here
             log.info("%s: stopping; its verification is dropped and runs again after a restart", short)
@@ -673,10 +669,14 @@ class ValidatorDaemon:
             log.warning("%s: could not judge it on this side (%d of %d tries), trying again in %g s: %s",
                         short, failures, self.config.judge_attempts, delay, failure)  # fmt: skip
             return
-        note = f"could not judge it in {failures} tries, the last one: {failure}"
-        self.store.move(row, UNVERIFIABLE, note=note)
+        self._unjudged(row, f"could not judge it in {failures} tries, the last one: {failure}")
+
+    def _unjudged(self, row: WorkRow, note: str) -> None:
+        """The file cannot be judged here, for a reason of this validator's side (`note`): its row ends unverifiable,
+        `Outcome.UNJUDGED`, which is never attested and sends nothing on chain (`validator.verdict.sanction`)."""
+        self.store.record_unjudged(row, note)
         self._unverifiable.inc()
-        log.warning("%s from %s: unverifiable, never invalidated: %s", short, row.node, note)
+        log.warning("%s from %s: unverifiable, never invalidated: %s", _short(row.work_key), row.node, note)
 
     def _counter_once(self, row: WorkRow, verdict: Verdict) -> Verdict:
         """The verdict, or reason 3 when another file of this node already used the file's assignment counter."""
@@ -740,7 +740,7 @@ class ValidatorDaemon:
             self._retry(row, str(exc))
             return
         self.store.move(row, ATTESTED)  # a rejection then goes on chain: invalidated, or refused when borderline
-        if row.borderline:  # refused for training by the attestation, and for payment by refuseWork; never slashed
+        if row.outcome is Outcome.BORDERLINE:  # refused for training by this attestation, for payment by refuseWork
             self._borderline.inc()
             log.warning("%s from %s: borderline: refused for training and payment, not slashed (prime-validate "
                         "explain shows why): %s", _short(row.work_key), row.node, row.detail)  # fmt: skip
@@ -748,24 +748,27 @@ class ValidatorDaemon:
             await self.gossip.publish(attestation)
 
     async def _invalidate(self, row: WorkRow) -> None:
-        """Sends invalidateWork for a rejected file, or refuseWork for a borderline one (not paid, not slashed),
+        """Sends what the row's outcome calls for (`validator.verdict.sanction`): invalidateWork for a slashable
+        rejection, refuseWork for a borderline one (not paid, not slashed), and nothing for any other outcome;
         unless the chain says it is done or too late."""
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
-        assert row.reason is not None  # only rejections, which always carry a reason, reach this stage
+        action = None if row.outcome is None else sanction(row.outcome)
+        if action is None:  # accepted, or never judged: the store hands no such row to this stage
+            return
+        assert row.reason is not None  # a rejection always carries a reason
         reason = Reason(row.reason)
-        send, name = (
-            (ledger.refuse_work, "refuseWork") if row.borderline else (ledger.invalidate_work, "invalidateWork")
-        )
+        send = ledger.invalidate_work if action is Sanction.INVALIDATE else ledger.refuse_work
+        name = str(action)
         if row.slash_after is None and self._wait_for_primary(row):
             return
         try:
-            if await self._settled_on_chain(row):
+            if await self._settled_on_chain(row, action):
                 return
             receipt = await asyncio.to_thread(send, pool_id, row.node, key, reason)
         except ContractRevert as exc:  # judged by another validator meanwhile, or the window closed: ask again
             log.warning("%s: %s reverted: %s", short, name, exc)
             with contextlib.suppress(LedgerError):
-                if await self._settled_on_chain(row):
+                if await self._settled_on_chain(row, action):
                     return
             self._retry(row, str(exc))
             return
@@ -774,7 +777,7 @@ class ValidatorDaemon:
             self._retry(row, str(exc))
             return
         tx = "0x" + bytes(receipt["transactionHash"]).hex()
-        if row.borderline:
+        if action is Sanction.REFUSE:
             self.store.move(row, REFUSED, tx_hash=tx)
             self._refusals.inc()
             log.info("%s: refused (%s, reason %d) in %s; node %s neither paid for it nor slashed", short,
@@ -803,8 +806,8 @@ class ValidatorDaemon:
                      _short(row.work_key), delay)  # fmt: skip
         return delay > 0
 
-    async def _settled_on_chain(self, row: WorkRow) -> bool:
-        """Records and returns True when nothing is left to send: already invalidated (or, for a borderline row,
+    async def _settled_on_chain(self, row: WorkRow, action: Sanction) -> bool:
+        """Records and returns True when nothing is left to send: already invalidated (or, when `action` is a refusal,
         refused), gone, or its window closed. A clear rejection of refused work is still sent: an invalidation
         overrides a refusal inside the window (WorkLedger)."""
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
@@ -813,7 +816,7 @@ class ValidatorDaemon:
             self.store.move(row, INVALIDATED, note="already invalidated on chain")
             log.info("%s: already invalidated on chain; not sending it again", short)
             return True
-        if work.status == WorkStatus.REFUSED and row.borderline:
+        if work.status == WorkStatus.REFUSED and action is Sanction.REFUSE:
             self.store.move(row, REFUSED, note="already refused on chain")
             log.info("%s: already refused on chain; not sending it again", short)
             return True

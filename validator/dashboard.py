@@ -16,6 +16,7 @@ from typing import Any
 
 from ledger.types import Reason
 from validator.store import ValidatorStore, WorkRow
+from validator.verdict import Outcome
 
 log = logging.getLogger("validator.dashboard")
 
@@ -137,7 +138,7 @@ def _file(row: WorkRow) -> dict[str, Any]:
         "detail": row.detail,
         "tx": row.tx_hash,
         "note": row.note,
-        "borderline": row.borderline,
+        "borderline": row.outcome is Outcome.BORDERLINE,
         "last_error": row.last_error,
         "attempts": row.attempts,
     }

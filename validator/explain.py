@@ -18,7 +18,7 @@ from engine.model.loading import LoadedModel, load_model
 from protocol.tasks.spec import load_task_spec, spec_hash
 from validator.errors import ValidatorError
 from validator.evidence import Kept
-from validator.verdict import Verdict
+from validator.verdict import Outcome, Verdict, recorded_outcome
 from validator.verify import verify_file
 
 
@@ -61,7 +61,7 @@ def report(kept: Kept, again: Verdict) -> list[str]:
         f"verdict now   {_outcome(again.to_dict())}: {again.detail}",
         "the re-verification agrees" if same_outcome(kept, again) else "THE RE-VERIFICATION DISAGREES",
     ]
-    if then["evidence"].get("borderline"):
+    if recorded_outcome(then) is Outcome.BORDERLINE:  # the evidence of any version (validator.verdict.to_dict)
         lines.append(
             "borderline: refused for training and payment (refuseWork), never slashed (not clear on the second route)"
         )

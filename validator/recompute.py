@@ -32,7 +32,7 @@ from ledger.types import Reason
 from protocol.rollouts import RolloutMeta, RolloutRow
 from validator.checks import MODEL
 from validator.config import ValidatorConfig
-from validator.verdict import Verdict, reject
+from validator.verdict import Verdict, borderline, reject
 
 _PAD_ID = 0  # any id works: the attention mask hides padding and no output is read at a padded position
 
@@ -262,7 +262,7 @@ def check_model(
 
     Every row is recomputed; failing rows go to the second route (at most `max_rechecked_rows` of them), and the
     first row confirmed there clearly decides a slashable rejection. Failures that none confirm clearly give a
-    borderline verdict (evidence `borderline: true`), which the daemon refuses on chain without a slash (`refuseWork`).
+    borderline verdict (`Outcome.BORDERLINE`), which the daemon refuses on chain without a slash (`refuseWork`).
     """
     if verdict := check_model_hash(meta.model_hash, checkpoint.model_hash):
         return verdict
@@ -317,12 +317,11 @@ def _judge_failures(
             )
     reason = failures[0].reason
     assert reason is not None
-    return reject(
+    return borderline(
         reason,
         MODEL,
         f"borderline: {failures[0].detail}; not clearly confirmed alone in float64, so refused but not slashed",
         **failures[0].evidence,
         **where,
-        borderline=True,
         rechecked=rechecked,
     )

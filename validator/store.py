@@ -19,6 +19,10 @@ key's replicas (validator.sharing); the others wait as `seen`, not mine, until a
 validator covers them, the chain invalidates them, their window closes, or their validator goes silent and
 `reassign` makes them mine.
 
+Each row holds how judging it ended (`outcome`, a `validator.verdict.Outcome`; NULL until then): accepted, slashable,
+borderline, or unjudged (this validator could not judge it). Which rows still have a transaction to send is asked of
+`validator.verdict.sanction`, the same function the daemon asks which transaction it is.
+
 `seen` rows are written together with the cursor that moves past their block, in one transaction, so a crash
 never skips a submission. A crash during verification leaves the row `seen` and a restart verifies it again; a
 verdict once recorded is never recomputed. Before sending invalidateWork the daemon re-reads the work on chain,
@@ -37,7 +41,7 @@ from typing import Any
 
 from core.statedb import connect, open_bound
 from validator.errors import ValidatorStateError
-from validator.verdict import Verdict
+from validator.verdict import Outcome, Verdict, sanction
 
 SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalidated"
 UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED = "unverifiable", "unavailable", "covered", "expired"
@@ -55,7 +59,7 @@ CREATE TABLE IF NOT EXISTS work (
     log_index INTEGER NOT NULL,
     submitted_at INTEGER NOT NULL,   -- that block's timestamp
     stage TEXT NOT NULL,
-    accepted INTEGER,                -- the verdict: NULL until there is one
+    outcome TEXT,                    -- validator.verdict.Outcome: NULL until the file is judged (or found unjudgeable)
     reason INTEGER,
     check_name TEXT,
     detail TEXT,
@@ -63,7 +67,6 @@ CREATE TABLE IF NOT EXISTS work (
     note TEXT,                       -- why the row ended where it did (an attested rejection with a note is done)
     last_error TEXT,                 -- the last transient failure (the row is tried again)
     attempts INTEGER NOT NULL DEFAULT 0,
-    borderline INTEGER NOT NULL DEFAULT 0,  -- a rejection not clear enough to slash: attested, refused, not slashed
     mine INTEGER NOT NULL DEFAULT 1, -- this validator checks it (validator.sharing); 0: another validator's share
     slash_after REAL,                -- a replica's rejection: unix time from which it may send invalidateWork
     unjudged INTEGER NOT NULL DEFAULT 0,  -- verifications that failed on this validator's side (CouldNotJudge)
@@ -97,10 +100,13 @@ _ROW = "WHERE pool_id = ? AND node = ? AND work_key = ?"
 # The note of a row whose submission the chain no longer holds (a reorganisation removed it); final unless the
 # submission is read again.
 GONE = "not on chain: a reorganisation removed the submission"
-# Rows with something left to do: a verdict to reach, an attestation to post, or a rejection to act on.
+_REJECTED = ", ".join(f"'{o}'" for o in (Outcome.SLASHABLE, Outcome.BORDERLINE))
+_SANCTIONED = ", ".join(f"'{o}'" for o in Outcome if sanction(o) is not None)  # what goes on chain
+# Rows with something left to do: a verdict to reach, an attestation to post, or a transaction to send (an attested
+# row with a note was settled without one: the chain had it already, or its window had closed).
 _OPEN = (
     f"mine = 1 AND (stage IN ('{SEEN}', '{VERIFIED}', '{UNAVAILABLE}') "
-    f"OR (stage = '{ATTESTED}' AND accepted = 0 AND note IS NULL))"
+    f"OR (stage = '{ATTESTED}' AND outcome IN ({_SANCTIONED}) AND note IS NULL))"
 )
 _THEIRS = f"mine = 0 AND stage = '{SEEN}'"  # another validator's share, not judged as far as this one knows
 
@@ -123,7 +129,7 @@ class WorkRow(Submission):
     """A submission and how far the validator got with it."""
 
     stage: str
-    accepted: bool | None
+    outcome: Outcome | None  # None until judged
     reason: int | None
     check: str | None
     detail: str | None
@@ -131,12 +137,18 @@ class WorkRow(Submission):
     note: str | None
     last_error: str | None
     attempts: int
-    borderline: bool
     first_seen: float
     next_try: float
     mine: bool = True
     slash_after: float | None = None
     unjudged: int = 0  # verifications that failed on this validator's side
+
+    @property
+    def accepted(self) -> bool | None:
+        """The attestation's answer: None when the file has no verdict (not judged yet, or unjudged)."""
+        if self.outcome is None or self.outcome is Outcome.UNJUDGED:
+            return None
+        return self.outcome is Outcome.ACCEPTED
 
 
 _FIELDS = tuple(f.name for f in fields(WorkRow))
@@ -279,8 +291,8 @@ class ValidatorStore:
         )
         if judge_again and row.tx_hash is None:
             self.db.execute(
-                "UPDATE work SET stage = ?, accepted = NULL, reason = NULL, check_name = NULL, detail = NULL, "
-                f"borderline = 0, note = NULL, next_try = ? {_ROW}",
+                "UPDATE work SET stage = ?, outcome = NULL, reason = NULL, check_name = NULL, detail = NULL, "
+                f"note = NULL, next_try = ? {_ROW}",
                 (SEEN, now, *self._identity(s)),
             )
 
@@ -410,19 +422,27 @@ class ValidatorStore:
             raise ValueError(f"a verdict moves a row to verified or unavailable, not {stage!r}")
         now = time.time()
         self.db.execute(
-            "UPDATE work SET stage = ?, accepted = ?, reason = ?, check_name = ?, detail = ?, borderline = ?, "
+            "UPDATE work SET stage = ?, outcome = ?, reason = ?, check_name = ?, detail = ?, "
             f"next_try = ?, updated = ? {_ROW}",
             (
                 stage,
-                int(verdict.accepted),
+                str(verdict.outcome),
                 None if verdict.reason is None else int(verdict.reason),
                 verdict.check,
                 verdict.detail,
-                int(verdict.borderline),
                 now,
                 now,
                 *self._identity(row),
             ),
+        )
+
+    def record_unjudged(self, row: Submission, note: str) -> None:
+        """This validator could not judge `row`'s file (its step's checkpoint is gone, the coordinator lost the file,
+        or `CouldNotJudge` in every try), for the reason `note`: final, never attested, nothing sent."""
+        now = time.time()
+        self.db.execute(
+            f"UPDATE work SET stage = ?, outcome = ?, note = ?, next_try = ?, updated = ? {_ROW}",
+            (UNVERIFIABLE, str(Outcome.UNJUDGED), note, now, now, *self._identity(row)),
         )
 
     def move(self, row: Submission, stage: str, *, tx_hash: str | None = None, note: str | None = None) -> None:
@@ -461,7 +481,7 @@ class ValidatorStore:
 
     def rejections(self) -> list[WorkRow]:
         """Every file with a rejecting verdict, in chain order."""
-        return self._rows("WHERE accepted = 0 ORDER BY block, log_index", ())
+        return self._rows(f"WHERE outcome IN ({_REJECTED}) ORDER BY block, log_index", ())
 
     def counts(self) -> dict[str, int]:
         rows = self.db.execute("SELECT stage, COUNT(*) FROM work GROUP BY stage").fetchall()
@@ -474,7 +494,8 @@ class ValidatorStore:
     def verdict_counts(self) -> list[tuple[bool, int | None, int]]:
         """(accepted, reason, files) for every verdict given so far, grouped."""
         rows = self.db.execute(
-            "SELECT accepted, reason, COUNT(*) FROM work WHERE accepted IS NOT NULL GROUP BY accepted, reason"
+            f"SELECT outcome = '{Outcome.ACCEPTED}' AS ok, reason, COUNT(*) FROM work "
+            f"WHERE outcome IN ('{Outcome.ACCEPTED}', {_REJECTED}) GROUP BY ok, reason"
         ).fetchall()
         return [(bool(accepted), reason, int(n)) for accepted, reason, n in rows]
 
@@ -496,11 +517,10 @@ class ValidatorStore:
 
 
 def _work_row(row: Sequence[Any]) -> WorkRow:
-    """The columns are WorkRow's fields in order; the key is stored as hex and the verdict as 0/1."""
+    """The columns are WorkRow's fields in order; the key is stored as hex and the outcome as its name."""
     values = dict(zip(_FIELDS, row, strict=True))
     values["work_key"] = bytes.fromhex(values["work_key"])
-    values["accepted"] = None if values["accepted"] is None else bool(values["accepted"])
-    values["borderline"] = bool(values["borderline"])
+    values["outcome"] = None if values["outcome"] is None else Outcome(values["outcome"])
     values["mine"] = bool(values["mine"])
     return WorkRow(**values)
 
@@ -508,11 +528,40 @@ def _work_row(row: Sequence[Any]) -> WorkRow:
 def _add_missing_columns(db: sqlite3.Connection) -> None:
     """A state written before a column existed gets it with its default (CREATE IF NOT EXISTS adds none)."""
     have = {row[1] for row in db.execute("PRAGMA table_info(work)")}
-    if "borderline" not in have:
-        db.execute("ALTER TABLE work ADD COLUMN borderline INTEGER NOT NULL DEFAULT 0")
+    if "outcome" not in have:
+        _outcome_from_flags(db)
     if "mine" not in have:
         db.execute("ALTER TABLE work ADD COLUMN mine INTEGER NOT NULL DEFAULT 1")
     if "slash_after" not in have:
         db.execute("ALTER TABLE work ADD COLUMN slash_after REAL")
     if "unjudged" not in have:
         db.execute("ALTER TABLE work ADD COLUMN unjudged INTEGER NOT NULL DEFAULT 0")
+
+
+def _outcome_from_flags(db: sqlite3.Connection) -> None:
+    """A state from before the `outcome` column held a verdict as `accepted` (NULL, 0 or 1) and `borderline` (0 or 1,
+    since issue 17; a state older than that had no borderline verdicts), and a file it could not judge as an
+    `unverifiable` row whose note is not GONE's. The outcome is derived from them, in one transaction with dropping
+    them: no second copy is left to disagree with it, and a daemon from before this column, given this state, stops
+    at its first query rather than read a rejection without its borderline mark and slash it."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        have = {row[1] for row in db.execute("PRAGMA table_info(work)")}
+        if "outcome" not in have:  # another process may have migrated it while this one waited for the lock
+            borderline = "borderline = 1" if "borderline" in have else "0"
+            db.execute("ALTER TABLE work ADD COLUMN outcome TEXT")
+            db.execute(
+                "UPDATE work SET outcome = CASE "
+                f"WHEN accepted = 1 THEN '{Outcome.ACCEPTED}' "
+                f"WHEN accepted = 0 AND {borderline} THEN '{Outcome.BORDERLINE}' "
+                f"WHEN accepted = 0 THEN '{Outcome.SLASHABLE}' "
+                f"WHEN stage = '{UNVERIFIABLE}' AND note IS NOT ? THEN '{Outcome.UNJUDGED}' END",
+                (GONE,),
+            )
+            db.execute("ALTER TABLE work DROP COLUMN accepted")
+            if "borderline" in have:
+                db.execute("ALTER TABLE work DROP COLUMN borderline")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

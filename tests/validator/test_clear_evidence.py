@@ -16,7 +16,7 @@ from ledger.types import Reason
 from protocol.rollouts import RolloutRow, encode_rollouts
 from validator.config import ValidatorConfig, ValidatorConfigError
 from validator.recompute import prefill_outputs
-from validator.verdict import Verdict
+from validator.verdict import Outcome, Verdict
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def test_a_failure_near_the_threshold_is_borderline_and_not_slashable(
     data = with_row(honest, index, proofs=nudged_proof(honest.rows[index], checkpoint, entries=3, factor=1.06))
     verdict = verify(data)
     assert not verdict.accepted and verdict.reason == Reason.PROOF_INVALID, verdict.to_json()
-    assert verdict.evidence["borderline"] is True and verdict.detail.startswith("borderline:")
+    assert verdict.outcome is Outcome.BORDERLINE and verdict.detail.startswith("borderline:")
+    assert verdict.to_dict()["evidence"]["borderline"] is True  # what the evidence and `prime-validate file` show
     (recheck,) = verdict.evidence["rechecked"]
     assert recheck["row"] == index and recheck["confirmed"] and not recheck["clear"]
     assert 0.1 < recheck["second"]["evidence"]["mant_err_mean"] <= 0.4  # past the limit, within 4x of it
@@ -62,7 +63,7 @@ def test_a_clear_failure_confirmed_alone_in_float64_is_slashable(
     data = encode_rollouts(dataclasses.replace(stale.meta, model_hash=checkpoint.model_hash), stale.rows)
     verdict = verify(data)
     assert not verdict.accepted and verdict.reason in (Reason.PROOF_INVALID, Reason.INVALID_SAMPLING)
-    assert "borderline" not in verdict.evidence, verdict.to_json()
+    assert verdict.outcome is Outcome.SLASHABLE and "borderline" not in verdict.to_dict()["evidence"], verdict.to_json()
     assert verdict.detail.endswith("confirmed alone in float64")
     first = verdict.evidence["rechecked"][0]
     assert first["confirmed"] and first["clear"] and verdict.evidence["failing_rows"] == len(stale.rows)
@@ -77,7 +78,7 @@ def test_a_many_row_failure_with_no_clear_row_stays_borderline_after_max_recheck
     for i in long_rows:
         rows[i] = dataclasses.replace(rows[i], proofs=nudged_proof(rows[i], checkpoint, entries=3, factor=1.06))
     verdict = verify(encode_rollouts(honest.meta, rows), config=ValidatorConfig(max_rechecked_rows=2))
-    assert verdict.evidence["borderline"] is True and verdict.evidence["failing_rows"] == 3
+    assert verdict.outcome is Outcome.BORDERLINE and verdict.evidence["failing_rows"] == 3
     assert [r["row"] for r in verdict.evidence["rechecked"]] == long_rows[:2]
 
 
@@ -98,7 +99,7 @@ def test_a_changed_last_token_is_caught_by_the_sampling_recheck_and_is_clear(
         t for t in range(3, checkpoint.vocab_size) if t != tokens[-1] and t not in checkpoint.eos_token_ids
     )
     verdict = verify(with_row(honest, index, output_tokens=tokens))
-    assert verdict.reason == Reason.INVALID_SAMPLING and "borderline" not in verdict.evidence, verdict.to_json()
+    assert (verdict.reason, verdict.outcome) == (Reason.INVALID_SAMPLING, Outcome.SLASHABLE), verdict.to_json()
     second = verdict.evidence["rechecked"][0]["second"]["evidence"]
     config = ValidatorConfig()
     assert second.get("outside_nucleus") or second["gap"] > config.clear_factor * config.sampling_margin

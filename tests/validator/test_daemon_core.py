@@ -26,7 +26,7 @@ from validator.store import (
     ValidatorStore,
 )
 from validator.timing import Stopped, interruptible, retry_delay, step_at, steps_around
-from validator.verdict import accept, reject
+from validator.verdict import Outcome, accept, borderline, reject
 
 NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
 VALIDATOR = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
@@ -98,20 +98,100 @@ def test_an_attested_rejection_with_a_note_needs_nothing_more(tmp_path: Path) ->
     }  # fmt: skip
 
 
-def test_a_borderline_rejection_is_remembered_as_such_and_a_state_from_before_gets_the_column(tmp_path: Path) -> None:
+def test_each_outcome_is_remembered_in_its_own_column_and_only_rejections_have_a_transaction_left(
+    tmp_path: Path,
+) -> None:
     store = open_store(tmp_path)
-    store.record([submission("near", 10), submission("clear", 11)], next_block=12)
-    store.record_verdict(
-        submission("near"), reject(Reason.PROOF_INVALID, "model", "borderline: row 3", borderline=True)
-    )
+    labels = ("fine", "clear", "near", "lost")
+    store.record([submission(label, 10 + i) for i, label in enumerate(labels)], next_block=20)
+    store.record_verdict(submission("fine"), accept("fine"))
     store.record_verdict(submission("clear"), reject(Reason.PROOF_INVALID, "model", "row 0"))
-    near, clear = store.get(key("near"), NODE), store.get(key("clear"), NODE)
-    assert near is not None and near.borderline and clear is not None and not clear.borderline
-    store.db.execute("ALTER TABLE work DROP COLUMN borderline")  # the schema before issue 17
+    store.record_verdict(submission("near"), borderline(Reason.PROOF_INVALID, "model", "borderline: row 3"))
+    store.record_unjudged(submission("lost"), "could not judge it in 10 tries, the last one: memory")
+    for label in ("fine", "clear", "near"):
+        store.move(submission(label), ATTESTED)
     store.close()
-    reopened = open_store(tmp_path)
-    row = reopened.get(key("near"), NODE)
-    assert row is not None and row.borderline is False and row.detail == "borderline: row 3"
+
+    store = open_store(tmp_path)
+    rows = {label: store.get(key(label), NODE) for label in labels}
+    assert {label: (r.stage, r.outcome, r.accepted) for label, r in rows.items() if r is not None} == {
+        "fine": (ATTESTED, Outcome.ACCEPTED, True),
+        "clear": (ATTESTED, Outcome.SLASHABLE, False),
+        "near": (ATTESTED, Outcome.BORDERLINE, False),
+        "lost": (UNVERIFIABLE, Outcome.UNJUDGED, None),  # no verdict: nothing to attest
+    }
+    assert [r.work_key for r in store.rejections()] == [key("clear"), key("near")]
+    due = []
+    while (row := store.due(now=2e9)) is not None:  # the chain stage's rows, each settled as the daemon would
+        due.append(row.outcome)
+        store.move(row, INVALIDATED if row.outcome is Outcome.SLASHABLE else REFUSED, tx_hash="0x" + "ab" * 32)
+    assert due == [Outcome.SLASHABLE, Outcome.BORDERLINE]
+
+
+def legacy_state(state: Path, rows: dict[str, tuple[str, int | None, int, str | None]], *, borderline: bool) -> None:
+    """A state folder as a validator from before the `outcome` column left it: the verdict as `accepted`, and (from
+    issue 17 on, `borderline`) a borderline mark; `rows` maps a label to (stage, accepted, borderline, note)."""
+    store = open_store(state)
+    store.record([submission(label, 10 + i) for i, label in enumerate(rows)], next_block=30)
+    db = store.db
+    db.execute("ALTER TABLE work ADD COLUMN accepted INTEGER")
+    if borderline:
+        db.execute("ALTER TABLE work ADD COLUMN borderline INTEGER NOT NULL DEFAULT 0")
+    for label, (stage, accepted, marked, note) in rows.items():
+        db.execute(
+            "UPDATE work SET stage = ?, accepted = ?, note = ?, check_name = 'model', reason = ? WHERE work_key = ?",
+            (stage, accepted, note, None if accepted in (None, 1) else 7, key(label).hex()),
+        )
+        if borderline:
+            db.execute("UPDATE work SET borderline = ? WHERE work_key = ?", (marked, key(label).hex()))
+    db.execute("ALTER TABLE work DROP COLUMN outcome")
+    store.close()
+
+
+def test_a_state_from_before_the_outcome_column_gets_it_from_its_flags_and_keeps_no_second_copy(
+    tmp_path: Path,
+) -> None:
+    from validator.store import GONE
+
+    legacy_state(
+        tmp_path,
+        {
+            "new": (SEEN, None, 0, None),
+            "fine": (ATTESTED, 1, 0, None),
+            "clear": (ATTESTED, 0, 0, None),
+            "near": (ATTESTED, 0, 1, None),  # a borderline rejection whose refuseWork is still to go
+            "late": (ATTESTED, 0, 1, "the challenge window closed at 1700086400"),
+            "stuck": (UNVERIFIABLE, None, 0, "could not judge it in 10 tries, the last one: memory"),
+            "gone": (UNVERIFIABLE, None, 0, GONE),  # never judged: the submission left the chain
+        },
+        borderline=True,
+    )
+    store = open_store(tmp_path)
+    outcomes = {label: row.outcome for label in ("new", "fine", "clear", "near", "late", "stuck", "gone")
+                if (row := store.get(key(label), NODE)) is not None}  # fmt: skip
+    assert outcomes == {
+        "new": None,
+        "fine": Outcome.ACCEPTED,
+        "clear": Outcome.SLASHABLE,
+        "near": Outcome.BORDERLINE,
+        "late": Outcome.BORDERLINE,
+        "stuck": Outcome.UNJUDGED,
+        "gone": None,
+    }
+    columns = {row[1] for row in store.db.execute("PRAGMA table_info(work)")}
+    assert "outcome" in columns and not columns & {"accepted", "borderline"}
+    assert store.open_count() == 3  # new, clear and near; late is settled, stuck and gone are final
+    store.close()
+    assert open_store(tmp_path).get(key("near"), NODE).outcome is Outcome.BORDERLINE  # type: ignore[union-attr]
+
+
+def test_a_state_from_before_issue_17_has_no_borderline_rejections_and_is_read_by_the_rejections_command(
+    tmp_path: Path,
+) -> None:
+    legacy_state(tmp_path, {"clear": (ATTESTED, 0, 0, None), "fine": (VERIFIED, 1, 0, None)}, borderline=False)
+    store = ValidatorStore.open_existing(tmp_path)  # what `prime-validate rejections` opens
+    assert [(r.work_key, r.outcome) for r in store.rejections()] == [(key("clear"), Outcome.SLASHABLE)]
+    assert sorted(store.verdict_counts(), key=str) == sorted([(False, 7, 1), (True, None, 1)], key=str)
 
 
 def test_the_newest_files_verdict_groups_and_sent_invalidations_are_read_from_the_store(tmp_path: Path) -> None:

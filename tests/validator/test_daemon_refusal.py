@@ -1,5 +1,5 @@
 """The validator daemon's last stage on a real chain: a borderline rejection goes on chain as `refuseWork` (never
-paid, never slashed), a clear one as `invalidateWork`, also over a refusal made before.
+paid, never slashed), a clear one as `invalidateWork`, also over a refusal made before, and nothing else is ever sent.
 
 The daemon is built for real against anvil, with a closed port for its coordinator; each row is recorded in its
 store as attested, the way `_attest` leaves it, and the stage that acts on chain is run on it.
@@ -26,7 +26,7 @@ from validator.cli import app
 from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
 from validator.store import ATTESTED, INVALIDATED, REFUSED, Submission, WorkRow
-from validator.verdict import Verdict, reject
+from validator.verdict import Outcome, Verdict, accept, borderline, reject
 
 OWNER, PROVIDER, NODE, VALIDATOR = 0, 1, 6, 9
 LedgerFor = Callable[[int], Ledger]
@@ -64,10 +64,6 @@ def attested(validator: ValidatorDaemon, node: Ledger, pool_id: int, label: str,
     return row
 
 
-def borderline(detail: str) -> Verdict:
-    return reject(Reason.PROOF_INVALID, "model", f"borderline: {detail}", borderline=True)
-
-
 def act(validator: ValidatorDaemon, row: WorkRow) -> WorkRow:
     """Runs the daemon's chain stage on `row` (with the chain's validator set read, as `run` does first)."""
 
@@ -87,11 +83,11 @@ def test_a_borderline_rejection_is_refused_on_chain_never_invalidated(
     pool_id, node = pool
     owner = ledger_for(OWNER)
     validator = daemon(ledger_for, pool_id, tmp_path / "state")
-    near = attested(validator, node, pool_id, "near", borderline("row 3 at 2.1x the threshold"))
+    near = attested(validator, node, pool_id, "near", borderline(Reason.PROOF_INVALID, "model", "row 3 at 2.1x"))
 
     after = act(validator, near)
 
-    assert (after.stage, after.borderline) == (REFUSED, True) and after.tx_hash is not None
+    assert (after.stage, after.outcome) == (REFUSED, Outcome.BORDERLINE) and after.tx_hash is not None
     assert owner.get_work(pool_id, node.address, near.work_key).status == WorkStatus.REFUSED
     assert owner.burned() == 0 and owner.is_member(pool_id, node.address)
     assert owner.ejection_of(pool_id, node.address) == Ejection.NONE
@@ -121,3 +117,37 @@ def test_a_clear_rejection_of_refused_work_is_still_invalidated(
     assert owner.get_work(pool_id, node.address, clear.work_key).status == WorkStatus.INVALIDATED
     assert owner.burned() == 50 * TOKEN
     assert owner.ejection_of(pool_id, node.address) == Ejection.BY_INVALIDATION
+
+
+def test_no_outcome_but_a_slashable_one_is_ever_sent_as_invalidate_work(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """Every outcome, each row forced to the stage that acts on chain (an accepted or unjudged row never gets there):
+    the daemon's own decision sends invalidateWork for the slashable row alone. The slashable one goes last, since
+    its invalidation ejects the node."""
+    pool_id, node = pool
+    owner = ledger_for(OWNER)
+    validator = daemon(ledger_for, pool_id, tmp_path / "state")
+    rows = {
+        Outcome.ACCEPTED: attested(validator, node, pool_id, "fine", accept("every check passed")),
+        Outcome.BORDERLINE: attested(validator, node, pool_id, "near", borderline(Reason.PROOF_INVALID, "model", "2x")),
+    }
+    lost = attested(validator, node, pool_id, "lost", accept("about to be overwritten"))
+    validator.store.record_unjudged(lost, "could not judge it in 10 tries, the last one: memory")
+    validator.store.move(lost, ATTESTED)  # a state the store never reaches: the decision must hold even so
+    rows[Outcome.UNJUDGED] = validator.store.get(lost.work_key, lost.node)  # type: ignore[assignment]
+    rows[Outcome.SLASHABLE] = attested(validator, node, pool_id, "clear", reject(Reason.PROOF_INVALID, "model", "9x"))
+
+    on_chain = {}
+    for outcome, row in rows.items():
+        assert row.outcome is outcome
+        act(validator, row)
+        on_chain[outcome] = owner.get_work(pool_id, node.address, row.work_key).status
+    assert on_chain == {
+        Outcome.ACCEPTED: WorkStatus.PENDING,
+        Outcome.BORDERLINE: WorkStatus.REFUSED,
+        Outcome.UNJUDGED: WorkStatus.PENDING,
+        Outcome.SLASHABLE: WorkStatus.INVALIDATED,
+    }
+    assert validator.store.invalidations_sent() == 1 and validator.store.refusals_sent() == 1
+    assert owner.burned() == 50 * TOKEN  # one slash, the slashable file's

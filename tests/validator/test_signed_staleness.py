@@ -46,7 +46,7 @@ from trainer.coordinator import ApiConfig, CoordinatorService
 from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
 from validator.store import SEEN, VERIFIED, WorkRow
-from validator.verdict import Verdict
+from validator.verdict import Outcome, Verdict
 
 TRAINER = Account.from_key(b"\x71" * 32)
 DOMAIN = SigningDomain(31337, "0x9fE46736679d2D9a65F0992F2272dE9f3c7fa6e0")
@@ -238,7 +238,7 @@ def test_a_coordinator_lying_about_its_steps_gets_an_honest_file_refused_but_nev
 
     stake_before = node.stake_of(dev_account(PROVIDER).address)
     row = asyncio.run(scenario())
-    assert (row.accepted, row.reason, row.check, row.borderline) == (False, int(Reason.STALE_STEP), "step", True), row
+    assert (row.outcome, row.reason, row.check) == (Outcome.BORDERLINE, int(Reason.STALE_STEP), "step"), row
     assert row.tx_hash is not None  # refuseWork: the lie can cost the file its reward, never the stake
     work = node.get_work(pool_id, address, row.work_key)
     assert work.status == WorkStatus.REFUSED  # not invalidated
@@ -278,7 +278,7 @@ def test_a_file_submitted_past_its_signed_deadline_by_chain_time_is_slashed_as_s
             return await judged_by_the_daemon(daemon, work_key, address)
 
     row = asyncio.run(scenario())
-    assert (row.accepted, row.reason, row.check, row.borderline) == (False, int(Reason.STALE_STEP), "step", False), row
+    assert (row.outcome, row.reason, row.check) == (Outcome.SLASHABLE, int(Reason.STALE_STEP), "step"), row
     assert "after the trainer signed its assignment" in (row.detail or "")
     assert node.get_work(pool_id, address, row.work_key).status == WorkStatus.INVALIDATED
     assert row.tx_hash is not None

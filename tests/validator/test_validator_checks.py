@@ -13,7 +13,7 @@ from ledger.types import Reason
 from protocol.rollouts import RolloutRow
 from validator.checks import check_sampling_sanity, check_step, check_work_key, group_shape
 from validator.config import ValidatorConfig, ValidatorConfigError
-from validator.verdict import Verdict, accept, reject
+from validator.verdict import Outcome, Verdict, accept, reject
 
 EOS = (7, 8)
 MAX_TOKENS = 5
@@ -112,9 +112,10 @@ def test_inconsistent_rows_fail_sampling_sanity(tokens: list[int], finish: str) 
 
 def test_a_verdict_has_a_reason_exactly_when_it_rejects() -> None:
     with pytest.raises(ValueError, match="reason iff"):
-        Verdict(accepted=True, reason=Reason.BAD_FORMAT, check="format", detail="x")
-    with pytest.raises(ValueError, match="reason iff"):
-        Verdict(accepted=False, reason=None, check="format", detail="x")
+        Verdict(Outcome.ACCEPTED, reason=Reason.BAD_FORMAT, check="format", detail="x")
+    for rejected in (Outcome.SLASHABLE, Outcome.BORDERLINE):
+        with pytest.raises(ValueError, match="reason iff"):
+            Verdict(rejected, reason=None, check="format", detail="x")
 
 
 def test_verdict_json_has_reason_code_name_evidence_and_timings() -> None:
