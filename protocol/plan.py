@@ -17,20 +17,15 @@ from protocol.tasks.assignment import assign_problem_ids, assignment_key
 from protocol.tasks.prompts import build_messages, target_length_for
 from protocol.tasks.sources import Problem, TaskSource
 from protocol.tasks.spec import TaskSpec
+from protocol.work import AssignedWork
 
 _SEED_MASK = (1 << 63) - 1  # seeds are stored as int64
 
 
 @dataclass(frozen=True)
-class Job:
+class Job(AssignedWork):
     """One file's worth of work: which assignment, and how many prompts and samples per prompt."""
 
-    pool_id: int
-    node: str
-    step: int
-    counter: int
-    prompts: int
-    group_size: int
     signature: bytes | None = None  # the coordinator's `Assignment` signature; None for work nobody assigned
     issued_at: int | None = None  # the issue time that signature covers (unix seconds, the trainer's clock)
 

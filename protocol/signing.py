@@ -33,6 +33,7 @@ from eth_utils import is_address, is_checksum_address, keccak, to_checksum_addre
 from eth_utils.exceptions import ValidationError
 
 from core.errors import NodeError
+from protocol.work import AssignedWork
 
 DOMAIN_NAME = "PrimeNode"
 DOMAIN_VERSION = "1"
@@ -249,8 +250,19 @@ class Attestation(TypedMessage):
     )
 
 
+_ASSIGNED_WORK_FIELDS: tuple[tuple[str, str, str], ...] = (  # `AssignedWork`'s, then the task's hash
+    ("pool_id", "poolId", "uint256"),
+    ("node", "node", "address"),
+    ("step", "step", "uint64"),
+    ("counter", "counter", "uint64"),
+    ("prompts", "prompts", "uint32"),
+    ("group_size", "groupSize", "uint32"),
+    ("task_spec_hash", "taskSpecHash", "bytes32"),
+)
+
+
 @dataclass(frozen=True)
-class Assignment(TypedMessage):
+class Assignment(AssignedWork, TypedMessage):
     """The coordinator's grant, signed by the pool's trainer, of one file of work: `node` answers the `prompts` x
     `group_size` assignment `counter` at policy `step` under the task spec `task_spec_hash`, issued at `issued_at`
     (unix seconds, the trainer's clock).
@@ -262,45 +274,24 @@ class Assignment(TypedMessage):
     worker refuses an assignment off its own clock, and a validator compares it with the block time of the
     submission, never with what the coordinator says about its steps."""
 
-    pool_id: int
-    node: str
-    step: int
-    counter: int
-    prompts: int
-    group_size: int
     task_spec_hash: bytes
     issued_at: int
 
     TYPE_NAME: ClassVar[str] = "Assignment"
-    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
-        ("pool_id", "poolId", "uint256"),
-        ("node", "node", "address"),
-        ("step", "step", "uint64"),
-        ("counter", "counter", "uint64"),
-        ("prompts", "prompts", "uint32"),
-        ("group_size", "groupSize", "uint32"),
-        ("task_spec_hash", "taskSpecHash", "bytes32"),
-        ("issued_at", "issuedAt", "uint64"),
-    )
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (*_ASSIGNED_WORK_FIELDS, ("issued_at", "issuedAt", "uint64"))
 
 
 @dataclass(frozen=True)
-class UntimedAssignment(TypedMessage):
+class UntimedAssignment(AssignedWork, TypedMessage):
     """The assignment as trainers signed it before it carried its issue time (rollout format 2, issue 19): the same
     fields but `issuedAt`, under the same type name. Its type hash differs, so a signature over one never verifies
     as the other. A validator still checks the signature of a format-2 file with it; with no signed time, such a
     file is never slashed as stale."""
 
-    pool_id: int
-    node: str
-    step: int
-    counter: int
-    prompts: int
-    group_size: int
     task_spec_hash: bytes
 
     TYPE_NAME: ClassVar[str] = "Assignment"
-    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = Assignment.FIELDS[:-1]
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = _ASSIGNED_WORK_FIELDS
 
 
 @dataclass(frozen=True)

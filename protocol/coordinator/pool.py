@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.coordinator import fields as f
+from protocol.work import AssignedWork
 
 MAX_STEPS_LISTED = 4096  # entries of `GET /v1/steps` a client reads (the trainer keeps 1024)
 
@@ -82,19 +83,13 @@ class StepHistory:
 
 
 @dataclass(frozen=True)
-class TaskGrant:
+class TaskGrant(AssignedWork):
     """`POST /v1/tasks`: assignment `counter` of `node` at policy `step`, `prompts` x `group_size` samples.
 
     With a trainer's key, `signature` is its EIP-712 signature over `protocol.signing.Assignment` of these fields,
     `task_spec_hash` and `issued_at` (unix seconds, the trainer's clock when it signed; the worker writes both into
     the file); a coordinator without one sends none of the three."""
 
-    pool_id: int
-    node: str
-    step: int
-    counter: int
-    prompts: int
-    group_size: int
     task_spec_hash: bytes | None = None
     signature: bytes | None = None
     issued_at: int | None = None
