@@ -12,12 +12,14 @@ a known error prints one red line and exits 1, and `PRIME_DEBUG=1` adds the trac
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -32,6 +34,9 @@ from ledger import signers
 from ledger.errors import AmountError, LedgerError
 from ledger.signers import SIGNER_FLAGS, KeyFlags, check_dev_key_allowed, check_key_flags
 
+if TYPE_CHECKING:
+    from ledger.client import Ledger
+
 __all__ = [
     "DEBUG_ENV_VAR",
     "DEFAULT_DEPLOYMENT",
@@ -40,6 +45,7 @@ __all__ = [
     "KNOWN_ERRORS",
     "NODE_PASSWORD_ENV_VAR",
     "SIGNER_FLAGS",
+    "ChainFlags",
     "CommandError",
     "DeploymentOption",
     "DevKeyOption",
@@ -47,6 +53,7 @@ __all__ = [
     "KeyFlags",
     "KeystoreOption",
     "RpcUrlOption",
+    "chain_flags",
     "check_dev_key_allowed",
     "check_key_flags",
     "cli_errors",
@@ -182,3 +189,52 @@ MemoryBudgetOption = Annotated[
         help="Plan the model within this much memory (512MiB, 8GiB) instead of what is free on the device now.",
     ),
 ]
+
+
+# --- the chain flags of a command --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainFlags:
+    """Which deployment, which endpoint and which signer a command was given (`chain_flags` adds the flags)."""
+
+    deployment: Path
+    rpc_url: str | None
+    keystore: Path | None = None
+    dev_key: int | None = None
+
+    def open_ledger(self, *, need_signer: bool = True) -> Ledger:
+        """The deployment's ledger, signing as the account the key flags name (`ledger.signers.open_ledger`)."""
+        return open_ledger(self.deployment, self.rpc_url, self.keystore, self.dev_key, need_signer=need_signer)
+
+
+_CHAIN_FLAGS = (  # in the order `--help` lists them, after the command's own
+    inspect.Parameter(
+        "deployment", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT_DEPLOYMENT, annotation=DeploymentOption
+    ),
+    inspect.Parameter("rpc_url", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RpcUrlOption),
+    inspect.Parameter("keystore", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=KeystoreOption),
+    inspect.Parameter("dev_key", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DevKeyOption),
+)
+
+
+def chain_flags(*, signer: bool = True) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Gives a command --deployment and --rpc-url, and with `signer` --keystore and --dev-key, listed after its own
+    arguments and options; the command takes them as its first parameter, `chain: ChainFlags`. Put it under the
+    app's `command()` decorator: typer reads the flags from the signature it gives the command."""
+    flags = _CHAIN_FLAGS if signer else _CHAIN_FLAGS[:2]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "chain"]
+
+        @functools.wraps(command)
+        def run(**given: Any) -> None:
+            chain = ChainFlags(**{flag.name: given.pop(flag.name) for flag in flags})
+            command(**given, chain=chain)
+
+        run.__signature__ = signature.replace(parameters=[*own, *flags])  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in (*own, *flags)}
+        return run
+
+    return decorate

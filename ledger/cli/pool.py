@@ -15,18 +15,17 @@ from rich.table import Table
 
 from ledger.cli.common import (
     DEFAULT_DEPLOYMENT,
+    ChainFlags,
     CommandError,
-    DeploymentOption,
     DevKeyOption,
     JsonOption,
     KeystoreOption,
-    RpcUrlOption,
+    chain_flags,
     check_key_flags,
     cli_errors,
     configure_logging,
     format_duration,
     format_tokens,
-    open_ledger,
     parse_address,
     parse_bytes32,
     parse_duration,
@@ -108,7 +107,9 @@ def deploy_command(
 
 
 @app.command()
+@chain_flags()
 def create(
+    chain: ChainFlags,
     name: Annotated[str, typer.Option(help="Pool name.")],
     min_stake: Annotated[str, typer.Option(metavar="TOKENS", help="Stake each member node locks from its provider.")],
     reward_per_unit: Annotated[str, typer.Option(metavar="TOKENS", help="Reward per work unit (output token).")],
@@ -126,17 +127,13 @@ def create(
         int, typer.Option(min=1, max=2**48 - 1, help="Most units (output tokens) one submitted file may claim.")
     ] = 1_000_000,
     json_output: JsonOption = False,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Create a pool owned by the signer and print its id."""
     with cli_errors():
         model = parse_bytes32(model_hash, what="--model-hash")
         window = parse_duration(challenge_window)
         trainer_address = parse_address(trainer, what="--trainer") if trainer is not None else None
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         from ledger.types import PoolConfig
 
         config = PoolConfig(
@@ -159,17 +156,11 @@ def create(
 
 
 @app.command()
-def fund(
-    pool: PoolArgument,
-    amount: AmountArgument,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
+@chain_flags()
+def fund(chain: ChainFlags, pool: PoolArgument, amount: AmountArgument) -> None:
     """Move AMOUNT tokens from the signer into POOL's reward escrow (approving as needed)."""
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         value = parse_tokens(amount, ledger.decimals, what="AMOUNT")
         ledger.fund_rewards(pool, value)
         escrow = format_tokens(ledger.escrow_of(pool), ledger.decimals)
@@ -179,17 +170,15 @@ def fund(
 def _validator_command(allowed: bool, doc: str) -> Callable[..., None]:
     """`prime-pool validator add` (allowed) or `remove`: the same arguments and call, with `doc` as its help."""
 
+    @chain_flags()
     def command(
+        chain: ChainFlags,
         pool: PoolArgument,
         address: Annotated[str, typer.Argument(metavar="ADDRESS", help="Validator address.")],
-        deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-        rpc_url: RpcUrlOption = None,
-        keystore: KeystoreOption = None,
-        dev_key: DevKeyOption = None,
     ) -> None:
         with cli_errors():
             validator = parse_address(address, what="ADDRESS")
-            ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+            ledger = chain.open_ledger()
             ledger.set_validator(pool, validator, allowed)
             stdout_console().print(f"{validator} {'may now' if allowed else 'may no longer'} validate pool {pool}")
 
@@ -204,13 +193,11 @@ validator_app.command("remove")(
 
 
 @app.command()
+@chain_flags()
 def eject(
+    chain: ChainFlags,
     pool: PoolArgument,
     node: Annotated[str, typer.Argument(metavar="NODE", help="Node address.")],
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Remove NODE from POOL and ban it from joining again (pool owner only).
 
@@ -218,7 +205,7 @@ def eject(
     """
     with cli_errors():
         address = parse_address(node, what="NODE")
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         ledger.eject(pool, address)
         stdout_console().print(
             f"ejected {address} from pool {pool}: it submits no more; its earlier work is still paid after its "
@@ -227,33 +214,27 @@ def eject(
 
 
 @app.command()
+@chain_flags()
 def mint(
+    chain: ChainFlags,
     to: Annotated[str, typer.Argument(metavar="TO", help="Recipient address.")],
     amount: AmountArgument,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Mint AMOUNT StakeTokens to TO (the token's owner only; for devnets and testnets)."""
     with cli_errors():
         recipient = parse_address(to, what="TO")
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         ledger.mint(recipient, parse_tokens(amount, ledger.decimals, what="AMOUNT"))
         balance = format_tokens(ledger.balance_of(recipient), ledger.decimals)
         stdout_console().print(f"minted {amount} tokens to {recipient}; balance now {balance}")
 
 
 @app.command()
-def show(
-    pool: PoolArgument,
-    json_output: JsonOption = False,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-) -> None:
+@chain_flags(signer=False)
+def show(chain: ChainFlags, pool: PoolArgument, json_output: JsonOption = False) -> None:
     """Show POOL's configuration, escrow and members (read-only; no key needed)."""
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, None, None, need_signer=False)
+        ledger = chain.open_ledger(need_signer=False)
         info = ledger.pool(pool)
         view = _pool_view(ledger, info)
         if json_output:

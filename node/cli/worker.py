@@ -15,21 +15,17 @@ import typer
 from rich.table import Table
 
 from ledger.cli.common import (
-    DEFAULT_DEPLOYMENT,
     NODE_PASSWORD_ENV_VAR,
+    ChainFlags,
     CommandError,
-    DeploymentOption,
-    DevKeyOption,
     KeyFlags,
-    KeystoreOption,
-    RpcUrlOption,
+    chain_flags,
     check_key_flags,
     cli_errors,
     format_duration,
     format_time,
     format_tokens,
     load_signer,
-    open_ledger,
     parse_address,
     parse_bytes32,
     parse_tokens,
@@ -63,19 +59,17 @@ NodeDevKeyOption = Annotated[
 
 
 @worker_app.command()
+@chain_flags()
 def register(
+    chain: ChainFlags,
     stake: Annotated[str, typer.Option(metavar="TOKENS", help="Tokens to add to the provider's stake (0: none).")],
     node_keystore: NodeKeystoreOption = None,
     node_dev_key: NodeDevKeyOption = None,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Stake as the provider (--keystore/--dev-key) and bind a node to it; safe to run again."""
     with cli_errors():
         check_key_flags(node_keystore, node_dev_key, required=False, flags=NODE_FLAGS)
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         amount = parse_tokens(stake, ledger.decimals, what="--stake")
         node = load_signer(node_keystore, node_dev_key, chain_id=ledger.deployment.chain_id, flags=NODE_FLAGS)
         node = node or ledger.account
@@ -99,16 +93,11 @@ def register(
 
 
 @worker_app.command()
-def join(
-    pool: PoolArgument,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
+@chain_flags()
+def join(chain: ChainFlags, pool: PoolArgument) -> None:
     """Join POOL as the node (--keystore/--dev-key is the NODE key); locks its provider's stake."""
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         ledger.join(pool)
         config = ledger.pool(pool).config
         locked = format_tokens(config.min_stake_per_node, ledger.decimals)
@@ -120,20 +109,15 @@ def join(
 
 
 @worker_app.command()
-def leave(
-    pool: PoolArgument,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
+@chain_flags()
+def leave(chain: ChainFlags, pool: PoolArgument) -> None:
     """Leave POOL as the node (--keystore/--dev-key is the NODE key).
 
     The provider's stake stays locked one challenge window longer, until the last submitted work's window has
     closed; `prime-node release POOL` frees it then.
     """
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         ledger.leave(pool)
         lock = ledger.lock_of(pool, ledger.address)
         stdout_console().print(
@@ -143,23 +127,21 @@ def leave(
 
 
 @worker_app.command()
+@chain_flags()
 def release(
+    chain: ChainFlags,
     pool: PoolArgument,
     node: Annotated[
         list[str] | None,
         typer.Option("--node", metavar="ADDR", help="Release this node's lock (repeat); default: every node's."),
     ] = None,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Free the stake locked in POOL by nodes that left it (or were ejected) once their challenge window closed.
 
     Sign with any key (the provider's, a node's): the stake stays the provider's, it only stops being locked.
     """
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         provider = ledger.provider_of(ledger.address) or ledger.address
         nodes = [parse_address(n, what="--node") for n in node] if node else ledger.nodes_of(provider)
         now, console, released = ledger.timestamp(), stdout_console(), 0
@@ -183,16 +165,11 @@ def release(
 
 
 @worker_app.command()
-def unstake(
-    tokens: TokensArgument,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
+@chain_flags()
+def unstake(chain: ChainFlags, tokens: TokensArgument) -> None:
     """Start unbonding TOKENS of the provider's active stake; `withdraw` them after the unbonding period."""
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         try:
             ledger.request_unstake(parse_tokens(tokens, ledger.decimals, what="TOKENS"))
         except ContractRevert as exc:
@@ -213,15 +190,11 @@ def unstake(
 
 
 @worker_app.command()
-def withdraw(
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
-) -> None:
+@chain_flags()
+def withdraw(chain: ChainFlags) -> None:
     """Withdraw the provider's unbonded stake once its unbonding period has passed."""
     with cli_errors():
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         info = ledger.stake_of(ledger.address)
         amount = format_tokens(info.unbonding, ledger.decimals)
         try:
@@ -242,16 +215,14 @@ def withdraw(
 
 
 @worker_app.command()
+@chain_flags()
 def claim(
+    chain: ChainFlags,
     pool: PoolArgument,
     work_keys: Annotated[
         list[str] | None,
         typer.Option("--work-key", metavar="HEX", help="Claim these works (repeat); default: every claimable one."),
     ] = None,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Claim rewards in POOL for the provider's work whose challenge window has passed, one transaction per node.
 
@@ -259,7 +230,7 @@ def claim(
     """
     with cli_errors():
         keys = [parse_bytes32(key, what="--work-key") for key in work_keys or []]
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
+        ledger = chain.open_ledger()
         provider = ledger.provider_of(ledger.address) or ledger.address  # a node key claims for its provider
         console = stdout_console()
         window, now = ledger.challenge_window(pool), ledger.timestamp()
@@ -304,7 +275,9 @@ def claim(
 
 
 @worker_app.command()
+@chain_flags()
 def status(
+    chain: ChainFlags,
     pool: Annotated[int | None, typer.Option(min=1, help="Also show memberships and work in this pool.")] = None,
     address: Annotated[
         str | None, typer.Option(metavar="ADDR", help="Provider or node to show (read-only; no key needed).")
@@ -313,19 +286,15 @@ def status(
         Path | None,
         typer.Option("--state", metavar="DIR", help="A worker's state folder: adds what validators attested."),
     ] = None,
-    deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
-    rpc_url: RpcUrlOption = None,
-    keystore: KeystoreOption = None,
-    dev_key: DevKeyOption = None,
 ) -> None:
     """Show a provider's (or a node's provider's) stake, balance, nodes, and work in --pool."""
     with cli_errors():
-        if address is None and keystore is None and dev_key is None:
+        if address is None and chain.keystore is None and chain.dev_key is None:
             raise CommandError("say whose status: pass --address ADDR, or --keystore FILE / --dev-key N")
-        if address is not None and (keystore is not None or dev_key is not None):
+        if address is not None and (chain.keystore is not None or chain.dev_key is not None):
             raise CommandError("give --address or a key (--keystore/--dev-key), not both")
         target = parse_address(address, what="--address") if address is not None else None
-        ledger = open_ledger(deployment, rpc_url, keystore, dev_key, need_signer=False)
+        ledger = chain.open_ledger(need_signer=False)
         target = target or ledger.address
         verdicts: dict[bytes, str] = {}
         if state is not None:
