@@ -149,8 +149,24 @@ class CoordinatorClient:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             yield cls(session, url, account, domain, pool_id=pool_id, limits=limits)
 
-    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, sock_connect=min(total, self.limits.connect_timeout))
+    @asynccontextmanager
+    async def _exchange(
+        self, method: str, url: str, total: float, **options: Any
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One request to `url` once a slot is free, its answer read in the block, all within `total` seconds; a
+        timeout or a failed connection, in the block too, is `CoordinatorUnavailable` naming the method and URL."""
+        timeout = aiohttp.ClientTimeout(total=total, sock_connect=min(total, self.limits.connect_timeout))
+        async with self._slots:
+            try:
+                async with (
+                    asyncio.timeout(total),  # the whole exchange, whatever the session's own timeout is
+                    self.session.request(method, url, timeout=timeout, **options) as response,
+                ):
+                    yield response
+            except TimeoutError as exc:
+                raise CoordinatorUnavailable(f"{method} {url}: no answer within {total:g} s") from exc
+            except (aiohttp.ClientError, OSError) as exc:
+                raise CoordinatorUnavailable(f"{method} {url}: {exc or type(exc).__name__}") from exc
 
     async def _call(self, method: str, path: str, body: bytes = b"", *, signed: bool, transfer: bool = False) -> Any:
         """The JSON answer of one call (not yet checked against its schema), or the exception its status means."""
@@ -161,21 +177,10 @@ class CoordinatorClient:
             headers = sign_request(self.account, self.domain, method, path, body, pool_id=self.pool_id, host=self.host)
         total = self.limits.transfer_timeout if transfer else self.limits.call_timeout
         limit = routes.MAX_ANSWER_BYTES
-        async with self._slots:
-            try:
-                async with (
-                    asyncio.timeout(total),  # the whole call, whatever the session's own timeout is
-                    self.session.request(
-                        method, self.url + path, data=body or None, headers=headers, timeout=self._timeout(total)
-                    ) as response,
-                ):
-                    raw = await read_body(response.content, limit)
-                    status = response.status
-                    retry_after = response.headers.get("Retry-After", "")
-            except TimeoutError as exc:
-                raise CoordinatorUnavailable(f"{method} {self.url}{path}: no answer within {total:g} s") from exc
-            except (aiohttp.ClientError, OSError) as exc:
-                raise CoordinatorUnavailable(f"{method} {self.url}{path}: {exc or type(exc).__name__}") from exc
+        async with self._exchange(method, self.url + path, total, data=body or None, headers=headers) as response:
+            raw = await read_body(response.content, limit)
+            status = response.status
+            retry_after = response.headers.get("Retry-After", "")
         if len(raw) > limit:
             raise CoordinatorUnavailable(f"{method} {path}: answer over {limit} bytes")
         try:
@@ -230,17 +235,8 @@ class CoordinatorClient:
         """Whether the coordinator serves the file now (HEAD): False when it never had it (404) or lost it (410)."""
         url = self.url + routes.rollout(work_key)
         total = self.limits.call_timeout if timeout is None else timeout
-        async with self._slots:
-            try:
-                async with (
-                    asyncio.timeout(total),
-                    self.session.head(url, timeout=self._timeout(total)) as response,
-                ):
-                    status = response.status
-            except TimeoutError as exc:
-                raise CoordinatorUnavailable(f"HEAD {url}: no answer within {total:g} s") from exc
-            except (aiohttp.ClientError, OSError) as exc:
-                raise CoordinatorUnavailable(f"HEAD {url}: {exc or type(exc).__name__}") from exc
+        async with self._exchange("HEAD", url, total, allow_redirects=False) as response:  # as session.head
+            status = response.status
         if status in (404, 410):
             return False
         if status >= 500:
@@ -256,27 +252,16 @@ class CoordinatorClient:
         """
         url = self.url + routes.rollout(work_key)
         total = self.limits.transfer_timeout if timeout is None else timeout
-        async with self._slots:
-            try:
-                async with (
-                    asyncio.timeout(total),
-                    self.session.get(url, timeout=self._timeout(total)) as response,
-                ):
-                    if response.status == 404:
-                        return None
-                    if response.status == 410:
-                        raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this file and lost it")
-                    if response.status >= 500:
-                        raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
-                    if response.status != 200:
-                        raise CoordinatorRefused(
-                            response.status, ErrorCode.HTTP, f"GET {url} answered HTTP {response.status}"
-                        )
-                    return await read_body(response.content, max_bytes)
-            except TimeoutError as exc:
-                raise CoordinatorUnavailable(f"GET {url}: no answer within {total:g} s") from exc
-            except (aiohttp.ClientError, OSError) as exc:
-                raise CoordinatorUnavailable(f"GET {url}: {exc or type(exc).__name__}") from exc
+        async with self._exchange("GET", url, total) as response:
+            if response.status == 404:
+                return None
+            if response.status == 410:
+                raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this file and lost it")
+            if response.status >= 500:
+                raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
+            if response.status != 200:
+                raise CoordinatorRefused(response.status, ErrorCode.HTTP, f"GET {url} answered HTTP {response.status}")
+            return await read_body(response.content, max_bytes)
 
     async def request_task(self) -> Job:
         """The next assignment for this node; the coordinator chooses the step and the counter."""
