@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol.coordinator.errors import ProtocolError
 
@@ -20,6 +20,7 @@ UINT8_MAX, UINT32_MAX, UINT64_MAX, UINT256_MAX = 2**8 - 1, 2**32 - 1, 2**64 - 1,
 MAX_UNIX_SECONDS = 2**40  # past the year 36000: no clock of a peer is this far on
 _HEX = re.compile(r"[0-9a-fA-F]*")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+_Sized = TypeVar("_Sized", str, list[Any])
 
 
 def obj(message: str, value: object, field: str = "") -> Mapping[str, Any]:
@@ -62,12 +63,7 @@ def seconds(message: str, raw: Mapping[str, Any], field: str) -> float:
 
 
 def text(message: str, raw: Mapping[str, Any], field: str, max_chars: int) -> str:
-    value = get(message, raw, field)
-    if not isinstance(value, str):
-        raise ProtocolError(message, field, f"must be a string, got {_kind(value)}")
-    if len(value) > max_chars:
-        raise ProtocolError(message, field, f"must be at most {max_chars} characters, got {len(value)}")
-    return value
+    return _sized(message, raw, field, str, max_chars, "be a string", "be at most {} characters")
 
 
 def address(message: str, raw: Mapping[str, Any], field: str) -> str:
@@ -94,11 +90,18 @@ def optional_hex(message: str, raw: Mapping[str, Any], field: str, length: int) 
 
 
 def items(message: str, raw: Mapping[str, Any], field: str, max_items: int) -> list[Any]:
+    return _sized(message, raw, field, list, max_items, "be a JSON list", "hold at most {} entries")
+
+
+def _sized(
+    message: str, raw: Mapping[str, Any], field: str, kind: type[_Sized], limit: int, what: str, at_most: str
+) -> _Sized:
+    """A string or a list of at most `limit` characters or entries; `what` and `at_most` word a refusal."""
     value = get(message, raw, field)
-    if not isinstance(value, list):
-        raise ProtocolError(message, field, f"must be a JSON list, got {_kind(value)}")
-    if len(value) > max_items:
-        raise ProtocolError(message, field, f"must hold at most {max_items} entries, got {len(value)}")
+    if not isinstance(value, kind):
+        raise ProtocolError(message, field, f"must {what}, got {_kind(value)}")
+    if len(value) > limit:
+        raise ProtocolError(message, field, f"must {at_most.format(limit)}, got {len(value)}")
     return value
 
 
