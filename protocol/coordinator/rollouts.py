@@ -9,6 +9,7 @@ records, one JSON line each.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,22 +53,12 @@ class AttestationBody:
     signature: bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "work_key": "0x" + self.work_key.hex(),
-            "accepted": self.accepted,
-            "reason": self.reason,
-            "signature": "0x" + self.signature.hex(),
-        }
+        return {**_verdict_json(self), "signature": "0x" + self.signature.hex()}
 
     @classmethod
     def from_json(cls, value: object) -> AttestationBody:
         name, raw = "AttestationBody", f.obj("AttestationBody", value)
-        return cls(
-            f.hex_bytes(name, raw, "work_key", 32, prefix=False),
-            f.boolean(name, raw, "accepted"),
-            f.uint(name, raw, "reason", f.UINT8_MAX),
-            f.hex_bytes(name, raw, "signature", 65, prefix=False),
-        )
+        return cls(*_read_verdict(name, raw, prefix=False), f.hex_bytes(name, raw, "signature", 65, prefix=False))
 
 
 @dataclass(frozen=True)
@@ -81,24 +72,30 @@ class AttestationRecord:
     signature: bytes
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "work_key": "0x" + self.work_key.hex(),
-            "accepted": self.accepted,
-            "reason": self.reason,
-            "validator": self.validator,
-            "signature": "0x" + self.signature.hex(),
-        }
+        return {**_verdict_json(self), "validator": self.validator, "signature": "0x" + self.signature.hex()}
 
     @classmethod
     def from_json(cls, value: object) -> AttestationRecord:
         name, raw = "AttestationRecord", f.obj("AttestationRecord", value)
         return cls(
-            f.hex_bytes(name, raw, "work_key", 32),
-            f.boolean(name, raw, "accepted"),
-            f.uint(name, raw, "reason", f.UINT8_MAX),
+            *_read_verdict(name, raw, prefix=True),
             f.address(name, raw, "validator"),
             f.hex_bytes(name, raw, "signature", 65),
         )
+
+
+def _verdict_json(verdict: AttestationBody | AttestationRecord) -> dict[str, Any]:
+    """The verdict's own fields, as a posted body and a kept record both begin."""
+    return {"work_key": "0x" + verdict.work_key.hex(), "accepted": verdict.accepted, "reason": verdict.reason}
+
+
+def _read_verdict(name: str, raw: Mapping[str, Any], *, prefix: bool) -> tuple[bytes, bool, int]:
+    """`_verdict_json` read back; `prefix=False`: the work key's 0x may be left out (a posted body)."""
+    return (
+        f.hex_bytes(name, raw, "work_key", 32, prefix=prefix),
+        f.boolean(name, raw, "accepted"),
+        f.uint(name, raw, "reason", f.UINT8_MAX),
+    )
 
 
 @dataclass(frozen=True)
