@@ -57,6 +57,7 @@ __all__ = [
     "check_dev_key_allowed",
     "check_key_flags",
     "cli_errors",
+    "command_app",
     "configure_daemon_logging",
     "configure_logging",
     "debug_enabled",
@@ -102,6 +103,21 @@ def cli_errors(*also: type[Exception]) -> Iterator[None]:
             console.print_exception()
         console.print(Text(f"error: {one_line(exc)}", style="bold red"))
         raise typer.Exit(1) from None
+
+
+# --- apps --------------------------------------------------------------------------------------------
+
+
+def command_app(name: str, help: str) -> typer.Typer:
+    """A command's top-level app: its help when run bare, and logging set up for one-shot commands before any runs
+    (a daemon command sets up its own)."""
+    app = typer.Typer(name=name, no_args_is_help=True, help=help)
+
+    @app.callback()
+    def _setup() -> None:
+        configure_logging()
+
+    return app
 
 
 # --- printing ----------------------------------------------------------------------------------------

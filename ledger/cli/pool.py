@@ -23,7 +23,7 @@ from ledger.cli.common import (
     chain_flags,
     check_key_flags,
     cli_errors,
-    configure_logging,
+    command_app,
     format_duration,
     format_tokens,
     parse_address,
@@ -39,16 +39,7 @@ if TYPE_CHECKING:
     from ledger.client import Ledger
     from ledger.types import PoolInfo
 
-app = typer.Typer(
-    name="prime-pool",
-    no_args_is_help=True,
-    help="Own a compute pool: deploy the contracts, create and fund pools, appoint validators.",
-)
-
-
-@app.callback()
-def _setup() -> None:
-    configure_logging()
+app = command_app("prime-pool", "Own a compute pool: deploy the contracts, create and fund pools, appoint validators.")
 
 
 validator_app = typer.Typer(help="Appoint or remove a pool's validators.", no_args_is_help=True)

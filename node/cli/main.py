@@ -6,9 +6,7 @@ arguments are parsed, so `prime-node --help` stays instant.
 
 from __future__ import annotations
 
-import typer
-
-from ledger.cli.common import configure_logging
+from ledger.cli.common import command_app
 from node.cli.doctor import doctor_app
 from node.cli.generate import generate_app
 from node.cli.keys import keys_app
@@ -16,16 +14,10 @@ from node.cli.relay import relay_app
 from node.cli.start import start_app
 from node.cli.worker import worker_app
 
-app = typer.Typer(
-    name="prime-node",
-    no_args_is_help=True,
-    help="Run a prime-node: keys, stake and node registration, pool membership, rewards, rollouts, checkpoints.",
+app = command_app(
+    "prime-node",
+    "Run a prime-node: keys, stake and node registration, pool membership, rewards, rollouts, checkpoints.",
 )
-
-
-@app.callback()
-def _setup() -> None:
-    configure_logging()
 
 
 # Command groups. The worker's chain commands (register, join, leave, unstake, withdraw, claim, status)
