@@ -194,7 +194,7 @@ def cheating_rows(
 ) -> list[RolloutRow]:
     """Each honest row with one output token changed (never turning a finished row into a malformed one)."""
     changed = []
-    vocab = liar.vocab_size
+    vocab = liar.sampled_vocab_size  # a token the model could have sampled, never an LM-head padding row
     for row in rows:
         last = len(row.output_tokens) - 1
         positions = list(range(last if row.finish_reason == "stop" else last + 1))
@@ -233,7 +233,9 @@ def detection(model_dir: Path, spec: TaskSpec, rows_wanted: int) -> dict[str, tu
             if liar is honest:
                 rows = cheating_rows(rows, honest, honest.eos_token_ids, rng)
             for index, hidden, logits in prefill_outputs(honest.model, rows, config.prefill_batch_size):
-                result = check_row_recomputed(index, rows[index], hidden, logits, params, config)
+                result = check_row_recomputed(
+                    index, rows[index], hidden, logits, params, config, vocab=honest.sampled_vocab_size
+                )
                 caught += not isinstance(result, ProofCheck)
                 total += 1
         results[kind] = (caught, total)

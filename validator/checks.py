@@ -338,6 +338,9 @@ def check_sampling_sanity(
 ) -> Verdict | None:
     """Token ids in the vocabulary, lengths within max_tokens, and EOS where finish_reason says.
 
+    The vocabulary is the `vocab_size` ids the tokenizer has (`LoadedModel.sampled_vocab_size`), which workers
+    sample from: an id past them is outside it even where the LM head has a (padded) row for it.
+
     "stop": the last token is an EOS and no EOS precedes it; "length": exactly max_tokens tokens and no EOS.
     (Prompt ids need no check here: the assignment check made them equal to the planned prompt.)
     """

@@ -157,18 +157,23 @@ def check_row_recomputed(
     logits: torch.Tensor,
     params: SamplingParams,
     config: ValidatorConfig,
+    *,
+    vocab: int,
 ) -> Verdict | ProofCheck:
     """The row's proof against the recomputed hidden states (7), then its tokens and log-probs against the
     recomputed logits under the claimed sampling (5); the passing proof check when all hold.
-    hidden (n_out, H), logits (n_out, V)."""
+    hidden (n_out, H), logits (n_out, V); `vocab` is N, the ids the worker sampled from (the checkpoint's
+    `sampled_vocab_size`): only the first N logits are read, so log-probs are over the worker's distribution."""
     proof = verify_proof(hidden, row.proofs, config.thresholds)
     if not proof.ok:
         return _proof_rejected(index, proof, config.thresholds)
+    logits = logits[:, :vocab]  # (n_out, N): the LM head's padded rows are no tokens
     tokens = torch.tensor(row.output_tokens, dtype=torch.int64, device=logits.device)  # (n_out,)
     positions = torch.arange(len(row.output_tokens), dtype=torch.int64, device=logits.device)  # (n_out,)
     sampled = check_sampled(logits, tokens, row.seed, positions, params, config.sampling_margin)
     measured: dict[str, float | bool] = {}
-    if not sampled.ok and (at := sampled.first_bad_position) is not None:
+    at = sampled.first_bad_position
+    if not sampled.ok and at is not None and 0 <= row.output_tokens[at] < logits.shape[-1]:  # else: outside, clear
         gap = claimed_gaps(logits[at : at + 1], tokens[at : at + 1], row.seed, positions[at : at + 1], params)
         if math.isfinite(float(gap[0])):
             measured["gap"] = float(gap[0])
@@ -247,12 +252,18 @@ def _alone_in_float64(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def second_route(
-    index: int, row: RolloutRow, model64: PreTrainedModel, params: SamplingParams, config: ValidatorConfig
+    index: int,
+    row: RolloutRow,
+    model64: PreTrainedModel,
+    params: SamplingParams,
+    config: ValidatorConfig,
+    *,
+    vocab: int,
 ) -> Verdict | ProofCheck:
     """The row recomputed alone (batch of one, prompt and completion in one forward) in float64, judged by the
-    same thresholds."""
+    same thresholds over the same `vocab` ids."""
     hidden, logits = prefill_alone(model64, row)
-    return check_row_recomputed(index, row, hidden, logits, params, config)
+    return check_row_recomputed(index, row, hidden, logits, params, config, vocab=vocab)
 
 
 def check_model(
@@ -268,10 +279,11 @@ def check_model(
         return verdict
     sampling = meta.sampling
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens)
+    vocab = checkpoint.sampled_vocab_size  # the ids every worker samples from
     headroom = ProofHeadroom()
     failures: list[Verdict] = []
     for index, hidden, logits in prefill_outputs(checkpoint.model, rows, config.prefill_batch_size):
-        result = check_row_recomputed(index, rows[index], hidden, logits, params, config)
+        result = check_row_recomputed(index, rows[index], hidden, logits, params, config, vocab=vocab)
         if isinstance(result, Verdict):
             failures.append(result)
         else:
@@ -294,7 +306,7 @@ def _judge_failures(
     where = {"step": rows[0].step, "model_hash": "0x" + checkpoint.model_hash.hex(), "failing_rows": len(failures)}
     for first in failures[: config.max_rechecked_rows]:
         index = int(first.evidence["row"])
-        second = second_route(index, rows[index], model64, params, config)
+        second = second_route(index, rows[index], model64, params, config, vocab=checkpoint.sampled_vocab_size)
         confirmed = isinstance(second, Verdict)
         clear = isinstance(second, Verdict) and is_clear(second, config)
         if isinstance(second, Verdict):

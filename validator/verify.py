@@ -210,7 +210,7 @@ def _run_checks(
         lambda: checks.check_sampling_sanity(
             rows,
             max_tokens=meta.sampling.max_tokens,
-            vocab_size=checkpoint.vocab_size,
+            vocab_size=checkpoint.sampled_vocab_size,  # the tokenizer's ids: a padded LM-head row is no token
             eos_token_ids=checkpoint.eos_token_ids,
         ),
     ):

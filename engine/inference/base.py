@@ -41,7 +41,7 @@ class Completion:
 class InferenceBackend(Protocol):
     """Batched, seeded generation. Results are in request order and do not depend on how requests are batched."""
 
-    vocab_size: int  # rows of the LM head the sampler draws from
+    vocab_size: int  # N: the sampler draws from the first N logits, the tokenizer's ids (not the LM head's padding)
 
     def generate(
         self,

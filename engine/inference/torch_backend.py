@@ -34,7 +34,10 @@ class TorchBackend:
         pad_token_id: int,
         max_batch_size: int = 16,
         device: str | torch.device | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        """`vocab_size` is N, the ids sampled: the first N columns of the logits (the tokenizer's ids,
+        `LoadedModel.sampled_vocab_size`); None: every row of the LM head."""
         if not eos_token_ids:
             raise InferenceError("TorchBackend needs at least one EOS token id to know when a completion ends")
         if max_batch_size < 1:
@@ -45,18 +48,23 @@ class TorchBackend:
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
-        self.vocab_size = int(torch.nn.Module.get_parameter(model.get_input_embeddings(), "weight").shape[0])
+        rows = int(torch.nn.Module.get_parameter(model.get_input_embeddings(), "weight").shape[0])
+        if vocab_size is not None and not 1 <= vocab_size <= rows:
+            raise InferenceError(f"vocab_size must be in [1, {rows}] (the embedding's rows), got {vocab_size}")
+        self.vocab_size = rows if vocab_size is None else vocab_size  # N: logits[:, :N] are sampled
         self.max_positions = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, max_batch_size: int = 16) -> TorchBackend:
-        """A backend for a model `engine.model.loading.load_model` returned; pads with the tokenizer's pad id."""
+        """A backend for a model `engine.model.loading.load_model` returned; pads with the tokenizer's pad id and
+        samples the tokenizer's ids only."""
         pad = loaded.tokenizer.pad_token_id
         return cls(
             loaded.model,
             loaded.eos_token_ids,
             pad_token_id=int(pad) if pad is not None else loaded.eos_token_ids[0],
             max_batch_size=max_batch_size,
+            vocab_size=loaded.sampled_vocab_size,
         )
 
     def generate(
@@ -126,7 +134,8 @@ class TorchBackend:
         finish: list[FinishReason | None] = [None] * batch
         for step in range(params.max_tokens):
             step_positions = torch.full((len(rows),), step, dtype=torch.int64, device=self.device)
-            sampled, sampled_logprobs = sample_tokens(logits, seeds, step_positions, params)  # (b,), (b,)
+            # the first N columns only: a padded LM-head row is no token, and its logit must never win
+            sampled, sampled_logprobs = sample_tokens(logits[:, : self.vocab_size], seeds, step_positions, params)
             keep: list[int] = []
             for i, (token, logprob) in enumerate(zip(sampled.tolist(), sampled_logprobs.tolist(), strict=True)):
                 row = rows[i]

