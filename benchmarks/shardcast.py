@@ -470,26 +470,32 @@ def measure_shardcast(
     return result
 
 
-def measure_ours(
+@dataclass(frozen=True)
+class Ours:
+    """Our processes of one measurement, started and waiting: a `step_<N>/` directory renamed into `watch` is
+    published by the origin, and client `name` writes it to `work/<name>/step_<N>/`."""
+
+    watch: Path
+    relay_url: str  # the last relay's, which the clients read from
+    clients: list[str]  # the clients' process names
+
+
+def start_ours(
     work: Path,
-    source: Path,
-    expected: str,
     clients: int,
-    shard_size: int | None,
-    settle: float,
     procs: Processes,
     *,
     relays: int = 1,
-    traced: bool = False,
+    shard_size: int | None = None,
+    env: dict[str, str] | None = None,
     parallel: int | None = None,
     memory_mib: int | None = None,
-) -> Result:
+) -> Ours:
+    """Starts `prime-node origin` (watching a folder, `--dev-key 0`), `relays` relays in a chain and `clients`
+    `prime-node fetch-weights --after 0`, and returns once every client's long-poll waits at the last relay."""
     deployment = write_anvil_deployment(work / "deployment.json")  # no chain runs: see tests/anvil_deployment.py
-    staging, watch = work / "staging" / "step_1", work / "checkpoints"
-    staging.mkdir(parents=True)
+    watch = work / "checkpoints"
     watch.mkdir()
-    os.link(source, staging / FILE)  # same file system: the checkpoint appears without a copy
-    env = {trace.ENV: str(work / "trace")} if traced else None
     prime_node = [sys.executable, "-m", "node.cli.main"]
     origin_port = free_port()
     origin_url = f"http://127.0.0.1:{origin_port}"
@@ -510,20 +516,44 @@ def measure_ours(
         procs.start(f"relay-{hop}", relay, REPO, env)
         upstream = f"http://127.0.0.1:{port}"
         procs.wait_until(f"our relay-{hop}'s /health", lambda url=upstream: answers(f"{url}/health"))  # type: ignore[misc]
-    relay_url = upstream
-    names, outputs = [f"client-{i}" for i in range(clients)], []
+    names = [f"client-{i}" for i in range(clients)]
     for name in names:
-        outputs.append(work / name / "step_1" / FILE)
-        fetch = [*prime_node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--after", "0"]
+        fetch = [*prime_node, "fetch-weights", "--source", upstream, "--trainer", TRAINER, "--after", "0"]
         fetch += ["--out", str(work / name), "--deployment", str(deployment), "--pool", str(POOL), "--quiet"]
         fetch += ["--parallel", str(parallel)] if parallel else []
         procs.start(name, fetch, REPO, env)
     # ready: every client's long-poll is waiting at the relay (the /metrics request is in flight too)
-    procs.wait_until("our clients to long-poll the relay", lambda: in_flight(relay_url) > clients)
+    procs.wait_until("our clients to long-poll the relay", lambda: in_flight(upstream) > clients)
+    return Ours(watch, upstream, names)
+
+
+def measure_ours(
+    work: Path,
+    source: Path,
+    expected: str,
+    clients: int,
+    shard_size: int | None,
+    settle: float,
+    procs: Processes,
+    *,
+    relays: int = 1,
+    traced: bool = False,
+    parallel: int | None = None,
+    memory_mib: int | None = None,
+) -> Result:
+    staging = work / "staging" / "step_1"
+    staging.mkdir(parents=True)
+    os.link(source, staging / FILE)  # same file system: the checkpoint appears without a copy
+    env = {trace.ENV: str(work / "trace")} if traced else None
+    ours = start_ours(
+        work, clients, procs, relays=relays, shard_size=shard_size, env=env, parallel=parallel, memory_mib=memory_mib
+    )
+    names = ours.clients
+    outputs = [work / name / "step_1" / FILE for name in names]
     time.sleep(settle)
     procs.check_alive()
     handed = time.time()
-    staging.rename(watch / "step_1")
+    staging.rename(ours.watch / "step_1")
     procs.wait_for_line("origin", "published step 1", stream="err")
     published = time.time()
     procs.mark()
