@@ -65,7 +65,7 @@ def process_rss() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
+        return 0  # no /proc, or a line it cannot read: nothing to say
     return 0
 
 
