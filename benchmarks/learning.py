@@ -39,6 +39,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# the packages first: run as a script, this folder is sys.path[0], and its shardcast.py would shadow the shardcast
+# package that trainer.config imports
+sys.path.insert(0, str(REPO))
 TASK = REPO / "configs" / "tasks" / "default.toml"
 # The trainer's seconds per step (Learner.train_step) in docs/trainer.md's k = 2 runs: 1,211 steps in 430 s busy,
 # local mode, one worker, one training thread, on an idle 2-core machine.
