@@ -151,11 +151,12 @@ class MessageGuard:
         return peer in self.scores.banned
 
     def _drop(self, reason: DropReason, detail: str, topic: str, origin: str, forwarder: str, now: float) -> Verdict:
-        self._dropped.inc(reason=reason.value)
         level = logging.DEBUG if reason is DropReason.BANNED else logging.WARNING
         log.log(level, "dropped gossip from %s (via %s) on %s: %s: %.300s", origin, forwarder, topic, reason, detail)
         blamed = self._blame(reason, origin, forwarder)
         banned = [p for p in blamed if self.scores.penalize(p, PENALTY[reason], now)]
+        # counted once the penalty is in: whoever sees the drop in the metrics sees its cost in the scores
+        self._dropped.inc(reason=reason.value)
         for peer in banned:
             self._bans.inc()
             log.warning(
