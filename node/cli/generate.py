@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ledger.cli.common import CommandError, JsonOption, cli_errors, parse_address, print_json, stdout_console
+from ledger.cli.common import JsonOption, cli_errors, parse_address, print_json, stdout_console
 from node.cli.inference import BackendOption, DeviceOption
 
 generate_app = typer.Typer()
@@ -51,18 +51,15 @@ def generate(
 
         from engine.generate import generate_rollouts
         from engine.inference.select import choose, open_backend
+        from engine.memory import longest_sequence
         from engine.model.loading import load_model
-        from node.daemon.faults import Fault, falsify, on_load_for
+        from node.daemon.faults import falsify, on_load_for, parse_fault
         from protocol.plan import Job
         from protocol.rollouts import write_rollouts
         from protocol.tasks.sources import open_source
         from protocol.tasks.spec import load_task_spec
 
-        try:
-            fault = Fault(simulate_fault) if simulate_fault is not None else None
-        except ValueError:
-            faults = ", ".join(f.value for f in Fault)
-            raise CommandError(f"--simulate-fault {simulate_fault!r}: choose one of {faults}") from None
+        fault = parse_fault(simulate_fault)
         spec = load_task_spec(task)
         source = open_source(spec)
         choice = choose(backend, device, dtype=spec.sampling.dtype)  # the task's precision, on any device
@@ -72,7 +69,8 @@ def generate(
         on_load = on_load_for(fault, backend=choice.backend, root=Path(perturbed.name)) if fault is not None else None
         if on_load is not None:  # wrong-model; vLLM reads weights from disk: it gets the perturbed copy written there
             on_load(loaded)
-        engine = open_backend(choice, loaded, batch_size=batch_size)
+        longest = longest_sequence(spec, source, loaded.tokenizer)  # vLLM's max_model_len: the task's, not 32k
+        engine = open_backend(choice, loaded, batch_size=batch_size, max_model_len=longest)
         job = Job(pool_id=pool, node=address, step=step, counter=counter, prompts=prompts, group_size=group)
         started = time.perf_counter()
         columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -98,6 +96,8 @@ def generate(
             "device": choice.device,
             "dtype": choice.dtype,
             "fault": simulate_fault,
+            # vLLM plans its cache for this many positions: the task's longest sequence, capped by the model's
+            "max_model_len": getattr(engine, "max_model_len", None),
         }
         if json_output:
             print_json(summary)

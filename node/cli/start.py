@@ -160,7 +160,7 @@ def start(
         from core.signals import run_until_signalled
         from node.config import WorkerSettings
         from node.daemon.chain import LedgerWorkChain
-        from node.daemon.faults import Fault, FaultyWorker, check_fault_allowed
+        from node.daemon.faults import FaultyWorker, check_fault_allowed, parse_fault
         from node.daemon.worker import WorkerDaemon
         from node.dashboard.worker import worker_dashboard
 
@@ -188,14 +188,7 @@ def start(
         )
         config = replace(config, dashboard_port=_dashboard_port(dashboard, dashboard_port, config))
         budget = parse_size(memory_budget) if memory_budget is not None else None
-        fault = None
-        if simulate_fault is not None:
-            try:
-                fault = Fault(simulate_fault)
-            except ValueError:
-                raise CommandError(
-                    f"--simulate-fault {simulate_fault!r}: choose one of {', '.join(f.value for f in Fault)}"
-                ) from None
+        fault = parse_fault(simulate_fault)
         ledger = open_ledger(deployment, rpc_url, keystore, dev_key)
         if fault is not None:
             check_fault_allowed(fault, chain_id=ledger.deployment.chain_id, rpc_url=ledger.deployment.rpc_url)

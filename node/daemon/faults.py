@@ -57,7 +57,19 @@ class Fault(StrEnum):
 
 
 class FaultRefusedError(NodeError):
-    """A simulated fault was asked for on a chain that is not a local devnet."""
+    """A simulated fault was asked for on a chain that is not a local devnet, or by a name that is none."""
+
+
+def parse_fault(name: str | None) -> Fault | None:
+    """`--simulate-fault NAME`: None without one; a name that is no fault is refused with the choices."""
+    if name is None:
+        return None
+    try:
+        return Fault(name)
+    except ValueError:
+        raise FaultRefusedError(
+            f"--simulate-fault {name!r}: choose one of {', '.join(f.value for f in Fault)}"
+        ) from None
 
 
 def _loopback(rpc_url: str) -> bool:

@@ -44,9 +44,10 @@ from aiohttp import web
 from core import trace
 from core.errors import NodeError
 from core.metrics import Registry, serve_metrics
+from core.signals import cancel_and_wait
 from engine.generate import generate_rollouts
 from engine.inference.select import Engine, choose
-from engine.memory import MemoryShortfall
+from engine.memory import MemoryShortfall, longest_sequence
 from engine.model.loading import LoadedModel
 from ledger.types import WorkStatus
 from node.daemon.state import REFUSED_DETAIL, FileRecord, WorkerState
@@ -168,10 +169,13 @@ class WorkerDaemon:
         self._coordinator: CoordinatorClient | None = None
         # in the pool's precision (its task's sampling.dtype), whatever the device; refuses what this machine cannot
         # run, up front
-        self.choice = choose(
-            settings.backend, settings.device, dtype=load_task_spec(pool.endpoints.task_path).sampling.dtype
+        spec = load_task_spec(pool.endpoints.task_path)
+        self.choice = choose(settings.backend, settings.device, dtype=spec.sampling.dtype)
+        self.engine = Engine(
+            self.choice,
+            batch_size=settings.batch_size,
+            sequence_tokens=lambda tokenizer: longest_sequence(spec, open_source(spec), tokenizer),
         )
-        self.engine = Engine(self.choice, batch_size=settings.batch_size)
         self._weight_loads = self.metrics.counter(
             "worker_weight_loads_seconds_total", "Seconds spent putting new policies into the inference engine."
         )
@@ -673,9 +677,7 @@ class WorkerDaemon:
 
     async def _stop_relay(self, relay: tuple[str, ShardServer, asyncio.Task[None]]) -> None:
         _, server, task = relay
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])
         await server.stop()
 
     # --- gossip ------------------------------------------------------------------------------------

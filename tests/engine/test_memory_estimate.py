@@ -156,7 +156,9 @@ def test_vllm_takes_its_share_and_refuses_when_the_share_cannot_hold_the_model(r
     assert (on_gpu.memory, on_cpu.memory) == ("cuda", "cpu")
     assert on_gpu.total == gpu // 2  # gpu_memory_utilization 0.5: vLLM takes half the GPU whatever the model needs
     kv = terms(plan)["KV cache"]
-    assert kv == 512 * 32_768  # at least one sequence of max_model_len (vLLM refuses to start without), not 512 x 6,400
+    # the batch of the pool's longest sequences: the worker starts vLLM with max_model_len 100 (the task's), not the
+    # config's 32,768 positions, whose one sequence (512 x 32,768) it would otherwise have to hold
+    assert kv == 512 * 6_400
     assert terms(plan, 1)["torch copy"] == 151_047_936 * 4  # the float32 copy that stays on the CPU
     small = worker_plan(
         facts,

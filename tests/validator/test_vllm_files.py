@@ -21,8 +21,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from engine.memory import longest_sequence
+from engine.model.loading import load_tokenizer
 from ledger.types import Reason
 from protocol.rollouts import read_rollouts, work_units
+from protocol.tasks.sources import open_source
+from protocol.tasks.spec import load_task_spec
 from tests.padded_vocabulary import padded_tiny_model
 from validator.cli import app
 
@@ -73,6 +77,9 @@ def test_an_honest_vllm_file_is_accepted(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "honest.parquet"
     summary = generate(model, out)
     assert (summary["backend"], summary["device"], summary["dtype"]) == ("vllm", "cpu", "float32")
+    spec = load_task_spec(TASK)
+    longest = longest_sequence(spec, open_source(spec), load_tokenizer(model))
+    assert summary["max_model_len"] == longest < 1024  # the task's longest sequence, not the model's positions
     code, verdict = validate(model, out)
     assert (code, verdict["accepted"], verdict["check"]) == (0, True, "all"), verdict
 
