@@ -102,10 +102,18 @@ def setting(
     return field(default=default, metadata={_META: declared})
 
 
+MAX_PORT = 65535
+
+
+def port_setting(doc: str, *, default: int | None = None, flag: str | None = None, key: str = "") -> Any:
+    """A TCP port to listen on, 0 for any free one (None, where that is the default: do not listen)."""
+    return setting(doc, default=default, key=key, flag=flag, minimum=0, maximum=MAX_PORT)
+
+
 def setting_of(cls: type, name: str, doc: str, *, default: Any, flag: str | None = None) -> Any:
     """A setting with the bounds and choices of field `name` of settings class `cls`, another doc and default: a
     role's way to say "the pool's value unless set" (default None) about a field another type declares, without
-    writing its bounds again."""
+    writing its bounds again (`same_as` keeps its default too)."""
     item = next((d for d in declared(cls) if d.name == name), None)
     if item is None:
         raise TypeError(f"{cls.__name__} declares no field {name!r}")
@@ -122,6 +130,15 @@ def setting_of(cls: type, name: str, doc: str, *, default: Any, flag: str | None
         relative=s.relative,
         below=s.below,
     )
+
+
+def same_as(cls: type, name: str, doc: str, *, flag: str | None = None) -> Any:
+    """Field `name` of settings class `cls` used again, its bounds, choices and default alike, with a doc of its own.
+    (Not a field specifier for type checkers, unlike `setting_of`: they take the call for the default it is.)"""
+    item = next((d for d in declared(cls) if d.name == name), None)
+    if item is None:
+        raise TypeError(f"{cls.__name__} declares no field {name!r}")
+    return setting_of(cls, name, doc, default=item.default, flag=flag)
 
 
 def held(doc: str, *, default_factory: Callable[[], Any]) -> Any:

@@ -4,9 +4,10 @@ to stop, which sets its `stopping` event so that it finishes what it is doing an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import Awaitable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Iterable
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T", covariant=True)
 
@@ -25,3 +26,14 @@ async def run_until_signalled(daemon: Stoppable[T]) -> T:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stopping.set)
     return await daemon.run()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancels every one of `tasks`, then waits for each to end: a background loop stops before what it uses (a
+    server, a gossip host) is closed under it. Their cancellations end here; any other error is raised."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -25,6 +25,10 @@ class Generated:
     meta: RolloutMeta
     rows: list[RolloutRow]
 
+    def write(self, out: Path) -> WrittenFile:
+        """The file of these rows, written atomically to `out`."""
+        return write_rollouts(out, self.meta, self.rows)
+
 
 def sampling_params(spec: TaskSpec) -> SamplingParams:
     s = spec.sampling
@@ -93,18 +97,3 @@ def _row(
         step=job.step,
         proofs=build_proof(completion.hidden),
     )
-
-
-def generate_file(
-    out: Path,
-    job: Job,
-    spec: TaskSpec,
-    source: TaskSource,
-    loaded: LoadedModel,
-    backend: InferenceBackend,
-    *,
-    manifest_hash: bytes = ZERO_HASH,
-    progress: Callable[[int], None] | None = None,
-) -> WrittenFile:
-    generated = generate_rollouts(job, spec, source, loaded, backend, manifest_hash=manifest_hash, progress=progress)
-    return write_rollouts(out, generated.meta, generated.rows)

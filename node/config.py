@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from core.config import setting
+from core.config import port_setting, setting
 from engine.inference.select import BACKENDS, DEVICES
 from protocol.pool_spec import DaemonSettings, state_setting
 
-MAX_PORT = 65535
 DAY = 86_400
 
 
@@ -68,26 +67,15 @@ class WorkerSettings(DaemonSettings):
         "seconds the coordinator may stay unreachable before exiting 0; None: no limit", default=None, minimum=0
     )
     # serving
-    metrics_port: int | None = setting(
-        "serve /metrics on 127.0.0.1 (0: any port)", default=None, flag="--metrics-port", minimum=0, maximum=MAX_PORT
+    metrics_port: int | None = port_setting("serve /metrics on 127.0.0.1 (0: any port)", flag="--metrics-port")
+    dashboard_port: int | None = port_setting(
+        "serve the dashboard on 127.0.0.1 (0: any port); None: off unless --dashboard", flag="--dashboard-port"
     )
-    dashboard_port: int | None = setting(
-        "serve the dashboard on 127.0.0.1 (0: any port); None: off unless --dashboard",
-        default=None,
-        flag="--dashboard-port",
-        minimum=0,
-        maximum=MAX_PORT,
-    )
-    relay_port: int | None = setting(
+    relay_port: int | None = port_setting(
         "mirror the checkpoint sources and serve them on this port (0: any); None: no relay unless --relay",
-        default=None,
         flag="--relay-port",
-        minimum=0,
-        maximum=MAX_PORT,
     )
     relay_host: str = setting(
         "the relay's address; 0.0.0.0 to serve other machines", default="127.0.0.1", flag="--relay-host"
     )
-    p2p_port: int | None = setting(
-        "join the pool's gossip on this port (0: any)", default=None, flag="--p2p-port", minimum=0, maximum=MAX_PORT
-    )
+    p2p_port: int | None = port_setting("join the pool's gossip on this port (0: any)", flag="--p2p-port")

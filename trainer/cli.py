@@ -151,7 +151,7 @@ def sft_command(
         from engine.model.tiny import save_model_dir
         from protocol.tasks.sources import open_source
         from protocol.tasks.spec import load_task_spec
-        from trainer.evaluate import pass_rate
+        from trainer.evaluate import PassRate, sample_rewards
         from trainer.precision import resolve_precision
         from trainer.sft import SFTConfig, SFTStep, held_out_ids, run_sft
 
@@ -163,7 +163,7 @@ def sft_command(
         source = open_source(spec)
         loaded = load_model(model, device=precision.device)
         held_out = held_out_ids(source, config)[:eval_problems]
-        before = pass_rate(loaded, spec, source, held_out) if eval_problems else None
+        before = PassRate.of(sample_rewards(loaded, spec, source, held_out, samples=1)) if eval_problems else None
         last_loss = float("nan")
         columns = (
             TextColumn("sft"),
@@ -183,7 +183,7 @@ def sft_command(
             started = time.perf_counter()
             run_sft(loaded, spec, source, config, on_step=on_step, precision=precision)
             seconds = time.perf_counter() - started
-        after = pass_rate(loaded, spec, source, held_out) if eval_problems else None
+        after = PassRate.of(sample_rewards(loaded, spec, source, held_out, samples=1)) if eval_problems else None
         save_model_dir(loaded.model, loaded.tokenizer, out, overwrite=overwrite)
         summary = {
             "path": str(out.resolve()),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
-from core.config import REQUIRED, ConfigError, Settings, declared, setting, setting_of, table
+from core.config import REQUIRED, ConfigError, Settings, declared, port_setting, same_as, setting, setting_of, table
 from protocol.tasks.errors import TaskSpecError
 from protocol.tasks.spec import load_task_spec, spec_hash
 from protocol.terms import MAX_REPLICATION, PoolTerms, TermsMismatch
@@ -32,17 +32,9 @@ from trainer.learner import LearnerConfig, OptimConfig
 from trainer.loop import FILE_ORDERS, FileOrder
 from trainer.precision import DEVICES, DTYPES
 
-MAX_PORT = 65535
-
 
 class TrainerConfigError(TrainerError, ValueError):
     """trainer.toml is missing, unreadable, or holds a bad value; the message names the file and the key."""
-
-
-def _same_as(cls: type[Settings], name: str, doc: str, **given: Any) -> Any:
-    """A setting that is field `name` of `cls`: its bounds and default, with a doc of its own."""
-    default = next(d.default for d in declared(cls) if d.name == name)
-    return setting_of(cls, name, doc, default=default, **given)
 
 
 @dataclass(frozen=True)
@@ -64,7 +56,7 @@ class RunSettings(Settings):
     serve_after: bool = setting(
         "after the last step, keep serving the coordinator API and the origin until SIGTERM or SIGINT", default=False
     )
-    seed: int = _same_as(LearnerConfig, "seed", "the run's seed")
+    seed: int = same_as(LearnerConfig, "seed", "the run's seed")
     threads: int = setting("torch threads of the trainer; 0: torch's default", default=0, minimum=0, maximum=1024)
     device: str = setting(
         "where the trainer trains; auto: CUDA when torch sees a GPU", default="auto", flag="--device", choices=DEVICES
@@ -106,7 +98,7 @@ class CoordinatorSettings(Settings):
     network mode, `ApiConfig`'s defaults in local mode."""
 
     host: str = setting("the address the coordinator API listens on", default="127.0.0.1")
-    port: int = setting("the coordinator API's port; 0 picks a free one", default=8600, minimum=0, maximum=MAX_PORT)
+    port: int = port_setting("the coordinator API's port; 0 picks a free one", default=8600)
     prompts_per_task: int | None = setting_of(
         ApiConfig, "prompts_per_task", "problems per assigned file; None: the pool's", default=None
     )
@@ -131,14 +123,14 @@ class CoordinatorSettings(Settings):
     max_upload_bytes: int | None = setting_of(
         ApiConfig, "max_upload_bytes", "larger uploads are refused unread; None: the pool's", default=None
     )
-    max_skew: float = _same_as(ApiConfig, "max_skew", "seconds a signed request's timestamp may be off")
+    max_skew: float = same_as(ApiConfig, "max_skew", "seconds a signed request's timestamp may be off")
 
 
 @dataclass(frozen=True)
 class ShardcastSettings(Settings):
     """[shardcast]: the origin workers and relays fetch checkpoints from."""
 
-    port: int = setting("the origin's port; 0 picks a free one", default=8700, minimum=0, maximum=MAX_PORT)
+    port: int = port_setting("the origin's port; 0 picks a free one", default=8700)
     keep: int | None = setting(
         "checkpoint versions served, at least async_level + 2; None: the larger of 4 and async_level + 2",
         default=None,
@@ -180,9 +172,7 @@ class GossipConfig(Settings):
     """[p2p]: the trainer's libp2p host, which announces every checkpoint and is the pool's bootstrap peer."""
 
     host: str = setting("an IPv4 address; 0.0.0.0 to accept other machines", default="127.0.0.1")
-    port: int = setting(
-        "0 picks a free port; a bootstrap peer wants a fixed one", default=0, minimum=0, maximum=MAX_PORT
-    )
+    port: int = port_setting("0 picks a free port; a bootstrap peer wants a fixed one", default=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -27,6 +27,13 @@ class PassRate:
     def rate(self) -> float:
         return self.passed / self.total if self.total else 0.0
 
+    @classmethod
+    def of(cls, rewards: Sequence[Sequence[RewardBreakdown]]) -> PassRate:
+        """The completions `sample_rewards` scored, counted: one passes when its task reward is 1."""
+        scored = [r for group in rewards for r in group]
+        passed = sum(r.task_reward >= 1.0 for r in scored)
+        return cls(passed, len(scored), sum(r.reward for r in scored) / max(1, len(scored)))
+
 
 def sample_rewards(
     loaded: LoadedModel,
@@ -63,30 +70,8 @@ def sample_rewards(
     return rewards
 
 
-def pass_rate(
-    loaded: LoadedModel,
-    spec: TaskSpec,
-    source: TaskSource,
-    problem_ids: Sequence[str],
-    *,
-    samples: int = 1,
-    seed: int = 0,
-    batch_size: int = 64,
-) -> PassRate:
-    """Samples `samples` completions per problem with the task's own sampling parameters and scores them."""
-    scored = [
-        r
-        for group in sample_rewards(
-            loaded, spec, source, problem_ids, samples=samples, seed=seed, batch_size=batch_size
-        )
-        for r in group
-    ]
-    passed = sum(r.task_reward >= 1.0 for r in scored)
-    return PassRate(passed, len(scored), sum(r.reward for r in scored) / max(1, len(scored)))
-
-
 def held_out_pass_rate(model: Path, task: Path, *, problems: int, samples: int, seed: int) -> PassRate:
-    """`pass_rate` of the model folder on the task's last `problems` problems: the ones SFT holds out, and the
+    """The pass rate of the model folder on the task's last `problems` problems: the ones SFT holds out, and the
     measure `prime-train eval`, `prime-devnet up` and `benchmarks/learning.py` compare before and after RL."""
     from engine.model.loading import load_model
     from protocol.tasks.sources import open_source
@@ -95,4 +80,4 @@ def held_out_pass_rate(model: Path, task: Path, *, problems: int, samples: int, 
     spec = load_task_spec(task)
     source = open_source(spec)
     ids = list(source.problem_ids())[-problems:]
-    return pass_rate(load_model(model), spec, source, ids, samples=samples, seed=seed)
+    return PassRate.of(sample_rewards(load_model(model), spec, source, ids, samples=samples, seed=seed))

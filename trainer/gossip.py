@@ -14,12 +14,12 @@ node to another.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from eth_account.signers.local import LocalAccount
 
 from core.metrics import Registry
+from core.signals import cancel_and_wait
 from p2p import (
     P2PConfig,
     P2PError,
@@ -66,11 +66,7 @@ class TrainerGossip:
             self._drains.append(asyncio.create_task(_drain(await self.node.subscribe(topic))))
 
     async def stop(self) -> None:
-        for task in self._drains:
-            task.cancel()
-        for task in self._drains:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._drains)
         await self.node.stop()
 
     async def announce(self, manifest: Manifest) -> bool:

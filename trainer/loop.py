@@ -41,7 +41,7 @@ from protocol.tasks.sources import TaskSource
 from protocol.tasks.spec import TaskSpec
 from protocol.terms import DEFAULT_MAX_FILE_BYTES, step_window
 from trainer.errors import TrainerError
-from trainer.evaluate import pass_rate
+from trainer.evaluate import PassRate, sample_rewards
 from trainer.inbox import named_work_key
 from trainer.learner import Learner, StepStats
 
@@ -322,7 +322,10 @@ class TrainingLoop:
         """Pass rate on `eval_problem_ids()`, one sample each at the evaluation task's sampling."""
         self.loaded.model.eval()
         ids = self.eval_problem_ids()
-        return pass_rate(self.loaded, self.eval_spec, self.eval_source, ids, seed=10_000 + self.learner.step).rate
+        rewards = sample_rewards(
+            self.loaded, self.eval_spec, self.eval_source, ids, samples=1, seed=10_000 + self.learner.step
+        )
+        return PassRate.of(rewards).rate
 
     def save_checkpoint(self) -> Path:
         """The current policy as `checkpoints/step_<s>/`; the older ones beyond the last two are removed."""

@@ -66,7 +66,7 @@ def measure_pass_rates(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
     """Each problem's pass rate: the fraction of `samples` completions, drawn with the task's sampling parameters,
-    whose task reward is 1 (as `trainer.evaluate.pass_rate` counts a pass). Keys follow `problem_ids`' order.
+    whose task reward is 1 (as `trainer.evaluate.PassRate.of` counts a pass). Keys follow `problem_ids`' order.
 
     Completion k of problem i uses seed `seed + i * samples + k`, so a run is reproducible; a task with a thinking
     budget asks for the target `target_length_for(spec, id, seed)`, one per problem.

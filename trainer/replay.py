@@ -16,19 +16,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from core.config import REQUIRED, Settings, held, same_as, setting, setting_of
 from protocol.tasks.sources import open_source
 from protocol.tasks.spec import load_task_spec
 from protocol.terms import step_window
+from trainer.config import DataSettings, RunSettings
 from trainer.errors import TrainerError
 from trainer.learner import LearnerConfig, World
 from trainer.loop import RunPaths
-from trainer.precision import DEVICES, DTYPES, check_choice, resolve_precision
+from trainer.precision import resolve_precision
 from trainer.sharded import open_loop
 
 log = logging.getLogger(__name__)
@@ -41,27 +43,26 @@ class ReplayError(TrainerError):
 
 
 @dataclass(frozen=True)
-class ReplayConfig:
-    """What to replay and how; `learner` carries the optimiser, micro-batch and async settings."""
+class ReplayConfig(Settings):
+    """What to replay and how: `prime-train replay`'s flags, each bounded as `prime-train run` declares it
+    (trainer.toml's [run] and [data]); `learner` carries the optimiser, micro-batch and async settings."""
 
-    model: Path  # the initial policy (Hugging Face layout); a resumed run starts from its saved state instead
-    task: Path  # task spec (TOML): its sampling temperature is the one the log-probs are taken at
-    rollouts: Path  # folder of rollout files (*.parquet), e.g. a run's inbox/
-    run_dir: Path  # state, checkpoints, metrics.jsonl, trained.jsonl
-    steps: int | None = None  # train until this policy step exists; None: until the folder runs out
-    rollouts_per_step: int = 256  # completions each step trains on, as `prime-train run`
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    seed: int = 0
-    device: str = "auto"  # trainer.precision.DEVICES; under torchrun pass the same to init_distributed
-    dtype: str = "auto"  # the compute dtype, trainer.precision.DTYPES
-
-    def __post_init__(self) -> None:
-        check_choice("device", self.device, DEVICES)
-        check_choice("dtype", self.dtype, DTYPES)
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps}")
-        if self.rollouts_per_step < 1:
-            raise ValueError(f"rollouts_per_step must be at least 1, got {self.rollouts_per_step}")
+    model: Path = setting(
+        "the initial policy (Hugging Face layout); a resumed run starts from its state", default=REQUIRED
+    )
+    task: Path = setting(
+        "task spec (TOML): its sampling temperature is the one log-probs are taken at", default=REQUIRED
+    )
+    rollouts: Path = setting("folder of rollout files (*.parquet), e.g. a run's inbox/", default=REQUIRED)
+    run_dir: Path = setting("state, checkpoints, metrics.jsonl, trained.jsonl", default=REQUIRED)
+    steps: int | None = setting_of(
+        RunSettings, "steps", "train until this policy step exists; None: until the folder runs out", default=None
+    )
+    rollouts_per_step: int = same_as(DataSettings, "rollouts_per_step", "completions each step trains on")
+    learner: LearnerConfig = held("the optimiser, micro-batch and async settings", default_factory=LearnerConfig)
+    seed: int = same_as(RunSettings, "seed", "the run's seed")
+    device: str = same_as(RunSettings, "device", "where it trains; under torchrun pass the same to init_distributed")
+    dtype: str = same_as(RunSettings, "dtype", "the compute dtype")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from core.config import Settings, setting
 from engine.model.loading import LoadedModel
 from protocol.plan import prompt_tokens
 from protocol.tasks.prompts import build_messages
@@ -26,21 +27,19 @@ from trainer.precision import Precision, PrecisionError
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(Settings):
     """Hyperparameters of the warm start; the defaults land the default task in the RL band on 2 CPU cores."""
 
-    steps: int = 600
-    batch_size: int = 64
-    lr: float = 1.5e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    holdout: int = 256  # the last problems of the source; never trained on, used to measure the pass rate
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or not 0 < self.lr < 1 or self.holdout < 1:
-            raise ValueError(f"invalid SFT config: {self}")
+    steps: int = setting("optimiser steps", default=600, minimum=1)
+    batch_size: int = setting("worked answers a step", default=64, minimum=1)
+    lr: float = setting("peak learning rate (AdamW), after the warm-up", default=1.5e-3, above=0, below=1)
+    warmup_steps: int = setting("steps of linear warm-up to the peak", default=20, minimum=0)
+    weight_decay: float = setting("AdamW's decoupled weight decay", default=0.01, minimum=0)
+    grad_clip: float = setting("largest gradient norm; larger ones are scaled down to it", default=1.0, above=0)
+    seed: int = setting("the order of the worked answers", default=0, minimum=0)
+    holdout: int = setting(
+        "the last problems of the source: never trained on, used to measure the pass rate", default=256, minimum=1
+    )
 
 
 @dataclass(frozen=True)

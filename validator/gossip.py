@@ -14,7 +14,6 @@ fatal, and what a lost message would have said is asked of the coordinator befor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from collections.abc import Callable, Sequence
 from eth_account.signers.local import LocalAccount
 
 from core.metrics import Registry
+from core.signals import cancel_and_wait
 from p2p import (
     P2PConfig,
     P2PError,
@@ -91,11 +91,7 @@ class ValidatorGossip:
             self._tasks.append(asyncio.create_task(self._beat()))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self.node.stop()
 
     async def publish(self, attestation: Attestation) -> bool:

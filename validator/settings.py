@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from core.config import declared, setting, setting_of
+from core.config import declared, port_setting, setting, setting_of
 from protocol.pool_spec import DaemonSettings, state_setting
 from validator.config import Tuning, ValidatorConfig
 
 THRESHOLD_PRESETS = ("cpu-fp32", "bf16", "gpu-bf16")  # validator.cli.ThresholdPreset's values
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
-MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -67,22 +66,10 @@ class ValidatorSettings(DaemonSettings, Tuning):
         ValidatorConfig, "logprob_atol", "largest log-prob difference; None: the precision's calibration", default=None
     )
     # serving
-    metrics_port: int | None = setting(
-        "serve /metrics on 127.0.0.1 (0: any port)", default=None, flag="--metrics-port", minimum=0, maximum=MAX_PORT
-    )
-    dashboard_port: int | None = setting(
-        "serve the dashboard on 127.0.0.1 (0: any port)",
-        default=None,
-        flag="--dashboard-port",
-        minimum=0,
-        maximum=MAX_PORT,
-    )
-    p2p_port: int | None = setting(
-        "gossip attestations and heartbeats on this port (0: any); validators sharing a pool need it",
-        default=None,
-        flag="--p2p-port",
-        minimum=0,
-        maximum=MAX_PORT,
+    metrics_port: int | None = port_setting("serve /metrics on 127.0.0.1 (0: any port)", flag="--metrics-port")
+    dashboard_port: int | None = port_setting("serve the dashboard on 127.0.0.1 (0: any port)", flag="--dashboard-port")
+    p2p_port: int | None = port_setting(
+        "gossip attestations and heartbeats on this port (0: any); validators sharing a pool need it", flag="--p2p-port"
     )
     threads: int = setting(
         "torch threads for recomputation (0: torch's default)", default=0, flag="--threads", minimum=0, maximum=1024

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from core.signals import cancel_and_wait
 from node.daemon.weights import Weights
 from p2p import P2PError, P2PNode, Received, RelayAdvert, checkpoints_topic, relays_topic
 from p2p.bootstrap import dial_bootstrap, keep_bootstrapped
@@ -75,11 +76,7 @@ class WorkerGossip:
             self._tasks.append(asyncio.create_task(self._advertise(self.relay_url)))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self.node.stop()
 
     async def _follow_announcements(self, announcements: AsyncIterator[Received]) -> None:

@@ -8,7 +8,6 @@ there, never in a request). Both daemons serve it on 127.0.0.1 unless told other
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from core.serving import serve
+from core.signals import cancel_and_wait
 from node.dashboard.page import PAGE
 
 log = logging.getLogger("node.dashboard")
@@ -54,9 +54,7 @@ def make_app(source: DashboardSource) -> web.Application:
     async def refreshing(_: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(source.refresh())
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])
 
     app.cleanup_ctx.append(refreshing)
     app.router.add_get("/", _page)

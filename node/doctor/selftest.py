@@ -80,7 +80,7 @@ class Verification:
 
 def generate_self_test(work_dir: Path, *, prompts: int = 2, group: int = 4) -> SelfTestFile:
     """Build the tiny model (seed 0) and generate `prompts x group` completions with proofs into work_dir."""
-    from engine.generate import generate_file
+    from engine.generate import generate_rollouts
     from engine.inference.torch_backend import TorchBackend
     from engine.model.loading import load_model
     from engine.model.tiny import init_model
@@ -95,9 +95,8 @@ def generate_self_test(work_dir: Path, *, prompts: int = 2, group: int = 4) -> S
     loaded = load_model(model_dir)
     job = Job(SELF_TEST_POOL, SELF_TEST_NODE, SELF_TEST_STEP, counter=0, prompts=prompts, group_size=group)
     started = time.perf_counter()
-    written = generate_file(
-        work_dir / "rollouts.parquet", job, spec, open_source(spec), loaded, TorchBackend.from_loaded(loaded)
-    )
+    generated = generate_rollouts(job, spec, open_source(spec), loaded, TorchBackend.from_loaded(loaded))
+    written = generated.write(work_dir / "rollouts.parquet")
     seconds = time.perf_counter() - started
     return SelfTestFile(model_dir, task, written.path, prompts * group, written.units, seconds)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine.generate import generate_file, generate_rollouts
+from engine.generate import generate_rollouts
 from engine.inference.torch_backend import TorchBackend
 from engine.model.loading import LoadedModel, load_model
 from engine.model.tiny import init_model
@@ -46,8 +46,10 @@ def test_same_job_writes_byte_identical_files(
 ) -> None:
     spec, source = task
     job = Job(pool_id=1, node=NODE, step=3, counter=7, prompts=3, group_size=2)
-    first = generate_file(tmp_path / "a.parquet", job, spec, source, loaded, TorchBackend.from_loaded(loaded))
-    second = generate_file(tmp_path / "b.parquet", job, spec, source, loaded, TorchBackend.from_loaded(loaded))
+    first, second = (  # each from a backend of its own
+        generate_rollouts(job, spec, source, loaded, TorchBackend.from_loaded(loaded)).write(tmp_path / name)
+        for name in ("a.parquet", "b.parquet")
+    )
     assert first.work_key == second.work_key
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.generate import generate_file
+from engine.generate import generate_rollouts
 from engine.inference.base import GenerationRequest
 from engine.inference.sampler import SamplingParams, sample_tokens
 from engine.inference.torch_backend import TorchBackend
@@ -83,8 +83,8 @@ def test_a_model_whose_tokenizer_covers_every_row_writes_the_same_file(tiny: Loa
     pad = tiny.tokenizer.pad_token_id
     every_row = TorchBackend(tiny.model, tiny.eos_token_ids, pad_token_id=int(pad) if pad is not None else 0)
     assert every_row.vocab_size == TorchBackend.from_loaded(tiny).vocab_size == IDS
-    ours = generate_file(tmp_path / "a.parquet", job, spec, source, tiny, TorchBackend.from_loaded(tiny))
-    before = generate_file(tmp_path / "b.parquet", job, spec, source, tiny, every_row)
+    ours = generate_rollouts(job, spec, source, tiny, TorchBackend.from_loaded(tiny)).write(tmp_path / "a.parquet")
+    before = generate_rollouts(job, spec, source, tiny, every_row).write(tmp_path / "b.parquet")
     assert ours.work_key == before.work_key
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
 
