@@ -1,0 +1,236 @@
+"""Delta checkpoints: one file of a step as the words that changed since the same file of a base step.
+
+A checkpoint's file is read as words of `word` bytes: the width of its elements (2 for a bfloat16 safetensors file, 4
+for float32: `word_width`), so one changed weight is one changed word, and the header's bytes are words like the
+rest. The file is cut into blocks of `block_words` words; for each block the delta holds a bitmap of the words that
+differ from the base and the new values of those words, each compressed with zstd. The values are absolute, not
+increments: applying a delta gives the new file's exact bytes, however many deltas were chained before it, and the
+caller checks those bytes against the trainer's signed manifest before it loads or serves one of them.
+
+A delta exists only between files of the same size; another size (another shape, another header) is sent whole.
+
+Layout (integers little-endian):
+
+    magic        8 bytes, b"SCDELTA1"
+    word         u8: 1, 2, 4 or 8
+    block_words  u32: 1 .. MAX_BLOCK_WORDS
+    size         u64: the file's bytes, the base's and the new one's, a multiple of `word`
+    blocks       u64: ceil(size / word / block_words)
+    then per block, in order:
+      changed       u32: words of the block that differ (the bitmap's set bits)
+      bitmap_len    u32, then the zstd frame of the bitmap: ceil(words / 8) bytes, bit i (little-endian bit order) set
+                    when word i changed, the bits past the block's words clear
+      values_len    u32, then the zstd frame of the values: changed x word bytes, the new words in order
+
+`apply_delta` reads a delta as input from a peer: every length, count and bit is checked against what the header and
+the base allow before it is used, and no frame may decompress past its exact size.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import zstandard
+
+from shardcast import RelayError
+
+MAGIC = b"SCDELTA1"
+HEADER = struct.Struct("<8sBIQQ")  # magic, word, block_words, size, blocks
+BLOCK_HEAD = struct.Struct("<II")  # changed, bitmap_len
+LENGTH = struct.Struct("<I")  # values_len
+WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+DEFAULT_BLOCK_WORDS = 1 << 22  # 8 MiB of bfloat16 a block: bounded memory whatever the file's size
+MAX_BLOCK_WORDS = 1 << 26
+DEFAULT_LEVEL = 3  # zstd's default: about 300 MB/s a core here, and most of the ratio of level 19
+# safetensors' dtype names and their widths (an unknown one makes the file's word 1 byte: still exact, less compact)
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
+    "F32": 4, "I32": 4, "U32": 4,
+    "F64": 8, "I64": 8, "U64": 8,
+}  # fmt: skip
+MAX_SAFETENSORS_HEADER = 100 << 20
+
+
+class DeltaError(RelayError):
+    """A delta that cannot be applied: malformed, for another base, or one whose result is not the file it names."""
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    """What `encode_delta` wrote: `changed` of `words` words differ; the delta is `bytes` long against `size`."""
+
+    size: int
+    word: int
+    words: int
+    changed: int
+    bytes: int
+
+    @property
+    def changed_fraction(self) -> float:
+        return self.changed / self.words if self.words else 0.0
+
+    @property
+    def ratio(self) -> float:
+        """The delta's bytes over the file's."""
+        return self.bytes / self.size if self.size else 0.0
+
+
+def word_width(path: Path) -> int:
+    """The width of the elements of a safetensors file, when all its tensors share one and every tensor starts on a
+    multiple of it in the file; 1 for any other file."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                return 1
+            (length,) = struct.unpack("<Q", head)
+            if length > MAX_SAFETENSORS_HEADER:
+                return 1
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return 1
+    tensors = [t for k, t in header.items() if k != "__metadata__"] if isinstance(header, dict) else []
+    if not tensors or not all(isinstance(t, dict) for t in tensors):
+        return 1
+    widths = {DTYPE_BYTES.get(t.get("dtype"), 1) for t in tensors}
+    starts = [o[0] if isinstance(o := t.get("data_offsets"), list) and o else None for t in tensors]
+    word = widths.pop() if len(widths) == 1 else 1
+    aligned = all(isinstance(o, int) and o % word == 0 for o in starts)
+    if not aligned or (8 + length) % word or path.stat().st_size % word:
+        return 1
+    return word
+
+
+def _blocks(handle: BinaryIO, size: int, block_bytes: int) -> Iterator[bytes]:
+    for offset in range(0, size, block_bytes):
+        data = handle.read(min(block_bytes, size - offset))
+        if len(data) != min(block_bytes, size - offset):
+            raise DeltaError("a file changed size while its delta was made")
+        yield data
+
+
+def encode_delta(
+    base: Path,
+    new: Path,
+    out: Path,
+    *,
+    word: int | None = None,
+    block_words: int = DEFAULT_BLOCK_WORDS,
+    level: int = DEFAULT_LEVEL,
+) -> DeltaStats | None:
+    """Writes the delta that turns `base` into `new` to `out` (atomically); None, writing nothing, when the two differ
+    in size (send `new` whole). `word`: the element width (default `word_width(new)`)."""
+    size = new.stat().st_size
+    if base.stat().st_size != size:
+        return None
+    word = word or word_width(new)
+    if word not in WORDS or size % word:
+        word = 1
+    if not 1 <= block_words <= MAX_BLOCK_WORDS:
+        raise ValueError(f"block_words must be in [1, {MAX_BLOCK_WORDS}], got {block_words}")
+    kind = WORDS[word]
+    block_bytes = block_words * word
+    blocks = math.ceil(size / block_bytes)
+    compressor = zstandard.ZstdCompressor(level=level)
+    changed_total = 0
+    partial = out.with_name(out.name + ".partial")
+    with base.open("rb") as old_file, new.open("rb") as new_file, partial.open("wb") as sink:
+        sink.write(HEADER.pack(MAGIC, word, block_words, size, blocks))
+        for old_bytes, new_bytes in zip(
+            _blocks(old_file, size, block_bytes), _blocks(new_file, size, block_bytes), strict=True
+        ):
+            old_words, new_words = np.frombuffer(old_bytes, kind), np.frombuffer(new_bytes, kind)
+            differs = old_words != new_words
+            changed = int(np.count_nonzero(differs))
+            bitmap = compressor.compress(np.packbits(differs, bitorder="little").tobytes())
+            values = compressor.compress(new_words[differs].tobytes())
+            sink.write(BLOCK_HEAD.pack(changed, len(bitmap)) + bitmap + LENGTH.pack(len(values)) + values)
+            changed_total += changed
+        sink.flush()
+        os.fsync(sink.fileno())
+    os.replace(partial, out)
+    return DeltaStats(size, word, size // word, changed_total, out.stat().st_size)
+
+
+def _read(handle: BinaryIO, count: int, what: str) -> bytes:
+    data = handle.read(count)
+    if len(data) != count:
+        raise DeltaError(f"the delta ends inside {what}")
+    return data
+
+
+def _frame(handle: BinaryIO, length: int, exact: int, what: str) -> bytes:
+    """A zstd frame of `length` bytes that must decompress to exactly `exact` bytes; never more than `exact` + 1 are
+    produced, whatever size the frame claims."""
+    # zstd's worst case for incompressible input is a few bytes per 128 KiB block; a longer frame is not one of ours
+    if length > exact + exact // 64 + 1024:
+        raise DeltaError(f"{what}: a frame of {length} bytes for {exact} bytes of data")
+    frame = _read(handle, length, what)
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(frame)) as reader:
+            data = reader.read(exact + 1)
+    except zstandard.ZstdError as exc:
+        raise DeltaError(f"{what}: not a zstd frame: {exc}") from None
+    if len(data) != exact:
+        raise DeltaError(f"{what}: {len(data)}{'+' if len(data) > exact else ''} bytes where the header makes {exact}")
+    return data
+
+
+def apply_delta(base: Path, delta: Path, out: Path, *, size: int) -> None:
+    """Writes `base` with `delta` applied to `out` (through `out.partial`, renamed when whole); `size` is what the
+    manifest says the new file holds. Raises DeltaError for a delta that is malformed or made for another size; the
+    caller checks the result's hashes against the manifest before anything reads it."""
+    if base.stat().st_size != size:
+        raise DeltaError(f"the base {base.name} holds {base.stat().st_size} bytes, the delta is for {size}")
+    partial = out.with_name(out.name + ".partial")
+    try:
+        with delta.open("rb") as source, base.open("rb") as old_file, partial.open("wb") as sink:
+            magic, word, block_words, declared, blocks = HEADER.unpack(_read(source, HEADER.size, "the header"))
+            if magic != MAGIC:
+                raise DeltaError("not a SHARDCAST delta (bad magic)")
+            if word not in WORDS or not 1 <= block_words <= MAX_BLOCK_WORDS:
+                raise DeltaError(f"word {word} or block_words {block_words} out of range")
+            if declared != size or size % word:
+                raise DeltaError(f"the delta is for {declared} bytes in words of {word}, the file holds {size}")
+            block_bytes = block_words * word
+            if blocks != math.ceil(size / block_bytes):
+                raise DeltaError(f"{blocks} blocks where {size} bytes make {math.ceil(size / block_bytes)}")
+            kind = WORDS[word]
+            for index, old_bytes in enumerate(_blocks(old_file, size, block_bytes)):
+                words = len(old_bytes) // word
+                changed, bitmap_len = BLOCK_HEAD.unpack(_read(source, BLOCK_HEAD.size, f"block {index}"))
+                if changed > words:
+                    raise DeltaError(f"block {index}: {changed} changed words of {words}")
+                bits = np.unpackbits(
+                    np.frombuffer(
+                        _frame(source, bitmap_len, math.ceil(words / 8), f"block {index}'s bitmap"), np.uint8
+                    ),
+                    bitorder="little",
+                )
+                if bits[words:].any():
+                    raise DeltaError(f"block {index}: the bitmap has bits set past the block's {words} words")
+                if int(np.count_nonzero(bits)) != changed:
+                    raise DeltaError(f"block {index}: the bitmap does not hold {changed} changes in {words} words")
+                (values_len,) = LENGTH.unpack(_read(source, LENGTH.size, f"block {index}"))
+                values = np.frombuffer(_frame(source, values_len, changed * word, f"block {index}'s values"), kind)
+                words_now = np.frombuffer(old_bytes, kind).copy()
+                words_now[bits[:words].astype(bool)] = values
+                sink.write(words_now.tobytes())
+            if source.read(1):
+                raise DeltaError("bytes after the last block")
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
