@@ -22,8 +22,9 @@ the roles of one rollout's path, each measured alone:
   Its time is inside generate's figures; the hidden states' capture during decoding is not separable from it;
 - validate: `validator.verify.verify_file` on the torch file (and on the vLLM file), which must be accepted;
 - train: one GRPO step of the trainer's loop (`trainer.sharded.open_loop`, `TrainingLoop.train`: the learner step,
-  then its float32 checkpoint and training state written) on the torch file. A random model scores 0 on arithmetic,
-  so every group's rewards would be equal and no gradient taken: the file's rewards are replaced, before the step,
+  then its checkpoint in the pool's precision and its training state written) on the torch file. A random model
+  scores 0 on arithmetic, so every group's rewards would be equal and no gradient taken: the file's rewards are
+  replaced, before the step,
   by 1 and 0 in turn within each group (every group then has nonzero advantages). The trainer's memory plan
   (float32 weights, the step's kept policy, gradients, AdamW's two moments, the logits and their gradient, one
   log-prob chunk, activations) is printed beside the measured peak; a plan larger than what is free skips the step.
@@ -373,7 +374,7 @@ def role_train(args: argparse.Namespace, stages: Stages, watch: Stopwatch) -> di
     watch.wrap(torch.Tensor, "backward", "backward")
     watch.wrap(learner.optimizer, "step", "AdamW step")
     stages.wrap(learner, "train_step", "learner step")
-    stages.wrap(loop, "save_checkpoint", "checkpoint (float32)")
+    stages.wrap(loop, "save_checkpoint", "checkpoint (the pool's precision)")
     stages.wrap(loop, "save_state", "training state")
     record = loop.train([file], idle_seconds=0.0)
     if not record["trained_tokens"]:

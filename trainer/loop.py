@@ -328,9 +328,12 @@ class TrainingLoop:
         return PassRate.of(rewards).rate
 
     def save_checkpoint(self) -> Path:
-        """The current policy as `checkpoints/step_<s>/`; the older ones beyond the last two are removed."""
+        """The current policy as `checkpoints/step_<s>/`, in the pool's precision (its task's sampling.dtype: what
+        workers and validators compute in, so a bfloat16 pool publishes half the bytes of the float32 weights the
+        learner keeps); the older ones beyond the last two are removed."""
         target = self.paths.checkpoint(self.learner.step)
-        save_model_dir(self.loaded.model, self.loaded.tokenizer, target, overwrite=True)
+        dtype = self.spec.sampling.dtype
+        save_model_dir(self.loaded.model, self.loaded.tokenizer, target, overwrite=True, dtype=dtype)
         for path in self.paths.checkpoints.glob("step_*"):
             number = path.name.removeprefix("step_")
             if number.isdigit() and int(number) < self.learner.step - 1:

@@ -10,6 +10,7 @@ verify on 2 CPU cores. `prime-train init-model` calls `init_model` (`--shape qwe
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import uuid
@@ -122,21 +123,46 @@ def init_model(
     return save_model_dir(build_model(shape, seed=seed, tokenizer=tokenizer), tokenizer, out_dir, overwrite=overwrite)
 
 
-def save_model_dir(model: PreTrainedModel, tokenizer: Any, out_dir: Path, *, overwrite: bool = False) -> Path:
+def save_model_dir(
+    model: PreTrainedModel, tokenizer: Any, out_dir: Path, *, overwrite: bool = False, dtype: str | None = None
+) -> Path:
     """Writes `model` and `tokenizer` to `out_dir` in Hugging Face layout, complete or not at all; weights past
-    ONE_FILE_BYTES are split over at least two files and an index, as real checkpoints are."""
+    ONE_FILE_BYTES are split over at least two files and an index, as real checkpoints are. `dtype` ("bfloat16"):
+    the weights as that precision holds them, config.json saying so; None: as the model holds them."""
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite=overwrite)
-    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if dtype is not None and getattr(torch, dtype) == model.dtype:
+        dtype = None  # held in it already: written as it is
+    weights = _in_precision(model, dtype)
+    weight_bytes = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in weights.values()}.values())
     shard = weight_bytes + 1 if weight_bytes <= ONE_FILE_BYTES else min(SHARD_BYTES, weight_bytes // 2 + 1)
     with _staging_dir(out_dir) as staging:
         with transformers_progress(False):  # a few shards: a bar would only flash
-            model.save_pretrained(staging, max_shard_size=shard)
+            model.save_pretrained(staging, max_shard_size=shard, state_dict=weights)
+        if dtype is not None:
+            config = json.loads((staging / "config.json").read_text())
+            (staging / "config.json").write_text(
+                json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n"
+            )
         tokenizer.save_pretrained(staging)
         _finish_files(staging)
         _check_target(out_dir, overwrite=overwrite)  # again: it may have appeared while we wrote
         _replace_dir(staging, out_dir)
     return out_dir
+
+
+def _in_precision(model: PreTrainedModel, dtype: str | None) -> dict[str, torch.Tensor]:
+    """The model's state dict, each tensor in `dtype` (None: as held); tensors that share storage (a tied head)
+    still share it, so the head is written once."""
+    state = model.state_dict()
+    if dtype is None:
+        return state
+    kind = getattr(torch, dtype)
+    converted: dict[int, torch.Tensor] = {}
+    for tensor in state.values():
+        if tensor.data_ptr() not in converted:
+            converted[tensor.data_ptr()] = tensor.detach().to(kind)
+    return {name: converted[t.data_ptr()] for name, t in state.items()}
 
 
 def _check_target(out_dir: Path, *, overwrite: bool) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,27 @@ def test_checkpoints_of_a_bfloat16_run_are_float32_in_the_initial_layout(
     for name, tensor in saved.items():
         assert (tensor.dtype, tensor.shape, tensor.device.type) == (torch.float32, initial[name].shape, "cpu"), name
     assert any(not torch.equal(saved[n], initial[n]) for n in saved)
+
+
+def test_a_bfloat16_pool_publishes_its_checkpoints_in_bfloat16_the_master_weights_rounded(
+    tmp_path: Path, model_dir: Path, files: list[RolloutFile], task: tuple[TaskSpec, TaskSource]
+) -> None:
+    spec, source = task
+    pool = dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, dtype="bfloat16"))
+    loaded = load_model(model_dir)
+    learner = learner_on(loaded, resolve_precision("cpu", "float32"))
+    loop = TrainingLoop(learner, loaded, pool, source, RunPaths(tmp_path), rollouts_per_step=16, max_files_per_step=4)
+    loop.train([files[0]], idle_seconds=0.0)
+    saved = load_file(loop.paths.checkpoint(1) / "model.safetensors")
+    master = {n: p.detach() for n, p in learner.model.named_parameters()}
+    assert sorted(saved) == sorted(load_file(model_dir / "model.safetensors"))  # the tied head once, as before
+    for name, tensor in saved.items():  # half the bytes; what every worker and validator computes with
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, master[name].to(torch.bfloat16)), name
+    assert master[next(iter(saved))].dtype == torch.float32  # the learner keeps training the float32 weights
+    config = json.loads((loop.paths.checkpoint(1) / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    reloaded = load_model(loop.paths.checkpoint(1), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in reloaded.model.parameters())
 
 
 def test_the_learner_refuses_bfloat16_master_weights_and_a_model_on_another_device(model_dir: Path) -> None:
