@@ -2,10 +2,16 @@
 
 A checkpoint's file is read as words of `word` bytes: the width of its elements (2 for a bfloat16 safetensors file, 4
 for float32: `word_width`), so one changed weight is one changed word, and the header's bytes are words like the
-rest. The file is cut into blocks of `block_words` words; for each block the delta holds a bitmap of the words that
-differ from the base and the new values of those words, each compressed with zstd. The values are absolute, not
-increments: applying a delta gives the new file's exact bytes, however many deltas were chained before it, and the
-caller checks those bytes against the trainer's signed manifest before it loads or serves one of them.
+rest. The file is cut into blocks of `block_words` words; for each block the delta holds where the words that differ
+from the base are and their new values, each compressed with zstd. The values are absolute, not increments: applying
+a delta gives the new file's exact bytes, however many deltas were chained before it, and the caller checks those
+bytes against the trainer's signed manifest before it loads or serves one of them.
+
+Both arrays are stored byte-plane by byte-plane (all first bytes, then all second bytes, ...), which zstd compresses
+far better than interleaved numbers: the high byte of a bfloat16 weight (sign and exponent) repeats, its low byte
+(mantissa) does not. Where the changes are is a list of gaps (the first change's index, then each one's distance
+from the one before), not a bitmap: at the 2-4% of words one step at a learning rate of 1e-6 changes in bfloat16,
+the gaps take about 0.9% of the file's bytes where a bitmap took 1.4% (benchmarks/delta.py).
 
 A delta exists only between files of the same size; another size (another shape, another header) is sent whole.
 
@@ -17,13 +23,13 @@ Layout (integers little-endian):
     size         u64: the file's bytes, the base's and the new one's, a multiple of `word`
     blocks       u64: ceil(size / word / block_words)
     then per block, in order:
-      changed       u32: words of the block that differ (the bitmap's set bits)
-      bitmap_len    u32, then the zstd frame of the bitmap: ceil(words / 8) bytes, bit i (little-endian bit order) set
-                    when word i changed, the bits past the block's words clear
-      values_len    u32, then the zstd frame of the values: changed x word bytes, the new words in order
+      changed       u32: words of the block that differ
+      gaps_len      u32, then the zstd frame of the gaps: `changed` u32, byte-planed; the first is the index of the
+                    first changed word in the block, every later one at least 1, all of them together below its words
+      values_len    u32, then the zstd frame of the values: `changed` words, byte-planed, the new words in order
 
-`apply_delta` reads a delta as input from a peer: every length, count and bit is checked against what the header and
-the base allow before it is used, and no frame may decompress past its exact size.
+`apply_delta` reads a delta as input from a peer: every length, count and position is checked against what the header
+and the base allow before it is used, and no frame may decompress past its exact size.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from shardcast import RelayError
 
 MAGIC = b"SCDELTA1"
 HEADER = struct.Struct("<8sBIQQ")  # magic, word, block_words, size, blocks
-BLOCK_HEAD = struct.Struct("<II")  # changed, bitmap_len
+BLOCK_HEAD = struct.Struct("<II")  # changed, gaps_len
 LENGTH = struct.Struct("<I")  # values_len
 WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 DEFAULT_BLOCK_WORDS = 1 << 22  # 8 MiB of bfloat16 a block: bounded memory whatever the file's size
@@ -152,14 +158,27 @@ def encode_delta(
             old_words, new_words = np.frombuffer(old_bytes, kind), np.frombuffer(new_bytes, kind)
             differs = old_words != new_words
             changed = int(np.count_nonzero(differs))
-            bitmap = compressor.compress(np.packbits(differs, bitorder="little").tobytes())
-            values = compressor.compress(new_words[differs].tobytes())
-            sink.write(BLOCK_HEAD.pack(changed, len(bitmap)) + bitmap + LENGTH.pack(len(values)) + values)
+            at = np.flatnonzero(differs)
+            gaps = compressor.compress(_planes(np.diff(at, prepend=0).astype(np.uint32)))
+            values = compressor.compress(_planes(new_words[at]))
+            sink.write(BLOCK_HEAD.pack(changed, len(gaps)) + gaps + LENGTH.pack(len(values)) + values)
             changed_total += changed
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(partial, out)
     return DeltaStats(size, word, size // word, changed_total, out.stat().st_size)
+
+
+def _planes(values: np.ndarray) -> bytes:
+    """`values`' bytes plane by plane: every value's first byte, then every value's second, ..."""
+    return np.ascontiguousarray(values.view(np.uint8).reshape(len(values), values.itemsize).T).tobytes()
+
+
+def _unplanes(data: bytes, kind: type[np.unsignedinteger]) -> np.ndarray:
+    """The values `_planes` wrote, as `kind`."""
+    width = np.dtype(kind).itemsize
+    planes = np.frombuffer(data, np.uint8).reshape(width, len(data) // width)
+    return np.ascontiguousarray(planes.T).view(kind).reshape(-1)
 
 
 def _read(handle: BinaryIO, count: int, what: str) -> bytes:
@@ -208,23 +227,19 @@ def apply_delta(base: Path, delta: Path, out: Path, *, size: int) -> None:
             kind = WORDS[word]
             for index, old_bytes in enumerate(_blocks(old_file, size, block_bytes)):
                 words = len(old_bytes) // word
-                changed, bitmap_len = BLOCK_HEAD.unpack(_read(source, BLOCK_HEAD.size, f"block {index}"))
+                changed, gaps_len = BLOCK_HEAD.unpack(_read(source, BLOCK_HEAD.size, f"block {index}"))
                 if changed > words:
                     raise DeltaError(f"block {index}: {changed} changed words of {words}")
-                bits = np.unpackbits(
-                    np.frombuffer(
-                        _frame(source, bitmap_len, math.ceil(words / 8), f"block {index}'s bitmap"), np.uint8
-                    ),
-                    bitorder="little",
-                )
-                if bits[words:].any():
-                    raise DeltaError(f"block {index}: the bitmap has bits set past the block's {words} words")
-                if int(np.count_nonzero(bits)) != changed:
-                    raise DeltaError(f"block {index}: the bitmap does not hold {changed} changes in {words} words")
+                gaps = _unplanes(_frame(source, gaps_len, changed * 4, f"block {index}'s gaps"), np.uint32)
+                if changed and (gaps[1:] == 0).any():
+                    raise DeltaError(f"block {index}: a gap of 0 names one word twice")
+                at = np.cumsum(gaps, dtype=np.uint64)
+                if changed and int(at[-1]) >= words:
+                    raise DeltaError(f"block {index}: a change at word {int(at[-1])} of the block's {words}")
                 (values_len,) = LENGTH.unpack(_read(source, LENGTH.size, f"block {index}"))
-                values = np.frombuffer(_frame(source, values_len, changed * word, f"block {index}'s values"), kind)
+                values = _unplanes(_frame(source, values_len, changed * word, f"block {index}'s values"), kind)
                 words_now = np.frombuffer(old_bytes, kind).copy()
-                words_now[bits[:words].astype(bool)] = values
+                words_now[at.astype(np.int64)] = values
                 sink.write(words_now.tobytes())
             if source.read(1):
                 raise DeltaError("bytes after the last block")

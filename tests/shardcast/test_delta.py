@@ -12,7 +12,18 @@ import torch
 import zstandard
 from safetensors.torch import save_file
 
-from shardcast.delta import BLOCK_HEAD, HEADER, LENGTH, MAGIC, DeltaError, apply_delta, encode_delta, word_width
+from shardcast.delta import (
+    BLOCK_HEAD,
+    HEADER,
+    LENGTH,
+    MAGIC,
+    DeltaError,
+    _planes,
+    _unplanes,
+    apply_delta,
+    encode_delta,
+    word_width,
+)
 
 
 def checkpoint(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
@@ -76,13 +87,13 @@ def _blocks_of(delta: bytes) -> tuple[tuple[bytes, int, int, int, int], list[tup
     head = HEADER.unpack_from(delta)
     at, blocks = HEADER.size, []
     for _ in range(head[4]):
-        changed, bitmap_len = BLOCK_HEAD.unpack_from(delta, at)
+        changed, gaps_len = BLOCK_HEAD.unpack_from(delta, at)
         at += BLOCK_HEAD.size
-        bitmap = delta[at : at + bitmap_len]
-        at += bitmap_len
+        gaps = delta[at : at + gaps_len]
+        at += gaps_len
         (values_len,) = LENGTH.unpack_from(delta, at)
         at += LENGTH.size
-        blocks.append((changed, bitmap, delta[at : at + values_len]))
+        blocks.append((changed, gaps, delta[at : at + values_len]))
         at += values_len
     return head, blocks
 
@@ -95,8 +106,10 @@ def _pack(head: tuple[bytes, int, int, int, int], blocks: list[tuple[int, bytes,
 def hostile_deltas(delta: bytes) -> dict[str, bytes]:
     head, blocks = _blocks_of(delta)
     magic, word, block_words, size, count = head
-    first_changed, first_bitmap, first_values = blocks[0]
-    raw_bitmap = zstandard.ZstdDecompressor().decompress(first_bitmap)
+    first_changed, first_gaps, first_values = blocks[0]
+    raw_gaps = zstandard.ZstdDecompressor().decompress(first_gaps)
+    gaps = _unplanes(raw_gaps, np.uint32)
+    compress = zstandard.ZstdCompressor().compress
     bomb = zstandard.ZstdCompressor().compress(bytes(64 << 20))  # 64 MiB of zeros in a few KiB
     return {
         "truncated": delta[: len(delta) // 2],
@@ -104,28 +117,37 @@ def hostile_deltas(delta: bytes) -> dict[str, bytes]:
         "another size": _pack((magic, word, block_words, size + word, count), blocks),
         "word 3": _pack((magic, 3, block_words, size, count), blocks),
         "block count": _pack((magic, word, block_words, size, count + 1), blocks),
-        "more changes than words": _pack(head, [(block_words + 1, first_bitmap, first_values), *blocks[1:]]),
-        "count off the bitmap": _pack(head, [(first_changed + 1, first_bitmap, first_values), *blocks[1:]]),
-        "bits past the block": _pack(
+        "more changes than words": _pack(head, [(block_words + 1, first_gaps, first_values), *blocks[1:]]),
+        "count off the gaps": _pack(head, [(first_changed + 1, first_gaps, first_values), *blocks[1:]]),
+        "a word named twice": _pack(
             head,
             [
-                *blocks[:-1],
                 (
-                    blocks[-1][0] + 1,
-                    zstandard.ZstdCompressor().compress(
-                        zstandard.ZstdDecompressor().decompress(blocks[-1][1])[:-1] + b"\x80"
-                    ),
-                    blocks[-1][2],
+                    first_changed,
+                    compress(_planes(np.concatenate([gaps[:1], [0], gaps[2:]]).astype(np.uint32))),
+                    first_values,
                 ),
+                *blocks[1:],
             ],
         ),
-        "values too short": _pack(head, [(first_changed, first_bitmap, first_values[:-3]), *blocks[1:]]),
-        "not zstd": _pack(head, [(first_changed, raw_bitmap, first_values), *blocks[1:]]),
-        "decompression bomb": _pack(head, [(first_changed, first_bitmap, bomb), *blocks[1:]]),
+        "a change past the block": _pack(
+            head,
+            [
+                (
+                    first_changed,
+                    compress(_planes(np.concatenate([gaps[:-1], [block_words]]).astype(np.uint32))),
+                    first_values,
+                ),
+                *blocks[1:],
+            ],
+        ),
+        "values too short": _pack(head, [(first_changed, first_gaps, first_values[:-3]), *blocks[1:]]),
+        "not zstd": _pack(head, [(first_changed, raw_gaps, first_values), *blocks[1:]]),
+        "decompression bomb": _pack(head, [(first_changed, first_gaps, bomb), *blocks[1:]]),
         "values too long": _pack(
             head,
             [
-                (first_changed, first_bitmap, zstandard.ZstdCompressor().compress(bytes(first_changed * word + 2))),
+                (first_changed, first_gaps, compress(bytes(first_changed * word + 2))),
                 *blocks[1:],
             ],
         ),
@@ -140,8 +162,9 @@ REFUSALS = {  # each malformed delta and the check that refuses it
     "word 3": "out of range",
     "block count": "blocks where",
     "more changes than words": "changed words of",
-    "count off the bitmap": "does not hold",
-    "bits past the block": "past the block",
+    "count off the gaps": "where the header makes",
+    "a word named twice": "names one word twice",
+    "a change past the block": "of the block's",
     "values too short": "where the header makes",
     "values too long": r"\+ bytes where the header makes",
     "not zstd": "not a zstd frame",
