@@ -118,8 +118,9 @@ def diagnose(rows: list[RolloutRow], model: LoadedModel, config: ValidatorConfig
     """What each threshold saw on these honest rows, and toploc's own verdict on the same hidden states."""
     params = sampling_params(spec)
     th = config.thresholds
-    for index, hidden, logits in prefill_outputs(model.model, rows, config.prefill_batch_size):
+    for index, hidden, full in prefill_outputs(model.model, rows, config.prefill_batch_size):
         row = rows[index]
+        logits = full[..., : model.sampled_vocab_size]  # the ids the sampler draws from, as the validator reads them
         check: ProofCheck = verify_proof(hidden, row.proofs, th)
         for chunk in check.chunks:
             for name in ("exp_mismatches", "mant_err_mean", "mant_err_median", "boundary_skipped"):
