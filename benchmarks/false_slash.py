@@ -235,7 +235,7 @@ def detection(model_dir: Path, spec: TaskSpec, rows_wanted: int) -> dict[str, tu
         caught = total = 0
         counter = itertools.count(10**6)
         while total < rows_wanted:
-            job = Job(1, NODE, 0, next(counter), 16, 8)
+            job = Job(1, NODE, 0, next(counter), min(16, math.ceil(rows_wanted / 8)), 8)  # 128 rows, or fewer
             rows = rows_of(job, spec, source, liar, 128, "torch").rows  # liars perturbed in memory
             if liar is honest:
                 rows = cheating_rows(rows, honest, honest.eos_token_ids, rng)
