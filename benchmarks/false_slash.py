@@ -268,6 +268,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 conditions, about 2,000 honest rows: a smoke run")
     parser.add_argument("--rows", type=int, help="honest rows in all (default 100,000; 2,000 with --quick)")
     parser.add_argument("--cheating-rows", type=int, help="rows per kind of cheating (3,000; quick 500; 0: none)")
+    parser.add_argument(
+        "--no-busy", action="store_true",
+        help="no busy-loop processes beside the two sides (a large model's rows are slow enough already)",
+    )  # fmt: skip
     parser.add_argument("--model", type=Path, help="model directory (default: the devnet's warm-start model)")
     parser.add_argument("--task", type=Path, default=REPO / "configs" / "tasks" / "default.toml")
     parser.add_argument(
@@ -291,7 +295,8 @@ def main() -> None:
         for v in (1, 2)
         for prefetch in (False, True)
     ]
-    conditions = [Condition(1, 2, False, False), Condition(2, 1, True, True)] if args.quick else every
+    quick = [Condition(1, 2, False, False), Condition(2, 1, not args.no_busy, True)]
+    conditions = quick if args.quick else [c for c in every if not (args.no_busy and c.busy)]
     rows = args.rows or (2_000 if args.quick else 100_000)
     cheating = args.cheating_rows if args.cheating_rows is not None else 500 if args.quick else 3_000
     defaults = ValidatorConfig.for_precision(spec.sampling.dtype)
