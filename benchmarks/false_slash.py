@@ -297,7 +297,7 @@ def main() -> None:
     ]
     quick = [Condition(1, 2, False, False), Condition(2, 1, not args.no_busy, True)]
     conditions = quick if args.quick else [c for c in every if not (args.no_busy and c.busy)]
-    rows = args.rows or (2_000 if args.quick else 100_000)
+    rows = args.rows if args.rows is not None else 2_000 if args.quick else 100_000  # 0: detection only
     cheating = args.cheating_rows if args.cheating_rows is not None else 500 if args.quick else 3_000
     defaults = ValidatorConfig.for_precision(spec.sampling.dtype)
     thresholds, margin, atol = defaults.thresholds, defaults.sampling_margin, defaults.logprob_atol
