@@ -42,7 +42,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import zstandard
@@ -53,7 +53,7 @@ MAGIC = b"SCDELTA1"
 HEADER = struct.Struct("<8sBIQQ")  # magic, word, block_words, size, blocks
 BLOCK_HEAD = struct.Struct("<II")  # changed, gaps_len
 LENGTH = struct.Struct("<I")  # values_len
-WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+WORDS: dict[int, type[np.unsignedinteger[Any]]] = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 DEFAULT_BLOCK_WORDS = 1 << 22  # 8 MiB of bfloat16 a block: bounded memory whatever the file's size
 MAX_BLOCK_WORDS = 1 << 26
 DEFAULT_LEVEL = 3  # zstd's default: about 300 MB/s a core here, and most of the ratio of level 19
