@@ -111,7 +111,11 @@ def rows_of(job: Job, spec: TaskSpec, source: TaskSource, loaded: LoadedModel, b
         ENGINES[backend] = Engine(choice, batch_size=batch, sequence_tokens=longest)
     engine = ENGINES[backend]
     engine.batch_size = batch
-    return generate_rollouts(job, spec, source, loaded, engine.backend(loaded))
+    if backend == "torch":
+        return generate_rollouts(job, spec, source, loaded, engine.backend(loaded))
+    # vLLM generates on the engine's own thread, as the worker does: its CPU attention refuses a thread whose OpenMP
+    # count differs from the one it started with, and the conditions change the calling thread's count
+    return engine.thread.submit(lambda: generate_rollouts(job, spec, source, loaded, engine.backend(loaded))).result()
 
 
 def diagnose(rows: list[RolloutRow], model: LoadedModel, config: ValidatorConfig, spec: TaskSpec, tally: Tally) -> None:
