@@ -122,17 +122,13 @@ def open_backend(
     the longest sequence vLLM plans its cache for (`engine.memory.longest_sequence`; None: the model's positions)."""
     if choice.backend == "vllm":
         from engine.inference.vllm_backend import VLLMBackend
+        from engine.model.loading import model_positions
 
-        length = None if max_model_len is None else min(max_model_len, model_positions(loaded) or max_model_len)
+        length = None if max_model_len is None else min(max_model_len, model_positions(loaded.model) or max_model_len)
         return VLLMBackend.from_loaded(loaded, device=choice.device, dtype=choice.dtype, max_model_len=length)
     from engine.inference.torch_backend import TorchBackend
 
     return TorchBackend.from_loaded(loaded, max_batch_size=batch_size)
-
-
-def model_positions(loaded: LoadedModel) -> int:
-    """The longest sequence the model's config allows (0 when it names none)."""
-    return int(getattr(loaded.model.config.get_text_config(), "max_position_embeddings", 0) or 0)
 
 
 class Engine:

@@ -18,6 +18,7 @@ from engine.inference.base import Completion, FinishReason, GenerationRequest
 from engine.inference.errors import InferenceError
 from engine.inference.sampler import SamplingParams, sample_tokens, seed_to_int64
 from engine.model.forward import forward_hidden
+from engine.model.loading import model_positions
 
 if TYPE_CHECKING:
     from engine.model.loading import LoadedModel
@@ -52,7 +53,7 @@ class TorchBackend:
         if vocab_size is not None and not 1 <= vocab_size <= rows:
             raise InferenceError(f"vocab_size must be in [1, {rows}] (the embedding's rows), got {vocab_size}")
         self.vocab_size = rows if vocab_size is None else vocab_size  # N: logits[:, :N] are sampled
-        self.max_positions = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        self.max_positions = model_positions(model)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, max_batch_size: int = 16) -> TorchBackend:

@@ -72,6 +72,11 @@ class LoadedModel:
         return self.model.device
 
 
+def model_positions(model: Any) -> int:
+    """The longest sequence (prompt and completion) the model's config allows; 0 when it names none."""
+    return int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+
+
 def sampled_vocab(tokenizer: Any, head_rows: int) -> int:
     """The ids a model may sample: the tokenizer's (`len`, its added tokens included), never more than the LM head's
     rows. Qwen2.5 pads 151,665 ids to 151,936 rows; a padded row decodes to nothing, yet its logit is a number that
