@@ -11,6 +11,10 @@ pinned on the source that sent them: a shard of one source that fails its hash b
 of several is fetched again whole from one, and only a source whose piece differs from the verified
 bytes is banned. A source that errors backs off, and is dropped after repeated failures. Shards go into
 a `PartialCheckpoint`, so a killed download resumes where it stopped.
+
+A receiver that holds an earlier step rebuilds what it can from deltas (`_rebuild`, format 3): the step's own delta
+when it holds the base, a chain of deltas when that is fewer bytes than the step whole, and then fetches whatever
+did not rebuild and verify, whole. Every rebuilt shard is checked against the signed manifest like a downloaded one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import mmap
 import os
 import random
+import shutil
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,7 +47,15 @@ from shardcast import (
     trace,
 )
 from shardcast.fileio import start_writeback
-from shardcast.manifest import Hasher, Manifest, ShardInfo, check_json_depth, parse_manifest
+from shardcast.manifest import (
+    Hasher,
+    Manifest,
+    ShardInfo,
+    check_json_depth,
+    encode_manifest,
+    manifest_hash,
+    parse_manifest,
+)
 from shardcast.partial import PartialCheckpoint
 from shardcast.protocol import (
     MAX_MANIFEST_BYTES,
@@ -55,6 +68,7 @@ from shardcast.protocol import (
     shard_url,
     versions_url,
 )
+from shardcast.rebuild import SIGNED_MANIFEST_NAME, apply_link, base_files, held_bases
 from shardcast.sources import Source, SourcePool
 from shardcast.trust import TrustPolicy
 
@@ -68,6 +82,7 @@ MAX_ATTEMPTS = 60  # requests for one shard before the download gives up (busy a
 # one transfer ends and the next begins; more sources still get `parallel` transfers in all.
 PER_SOURCE = 2
 STEP_DIR_PREFIX = "step_"
+MAX_CHAIN = 16  # deltas a receiver chains at most from a step it holds
 Progress = Callable[[int], None]  # bytes just verified and written
 ShardDone = Callable[[], Awaitable[None]]
 
@@ -604,6 +619,21 @@ async def resolve_version(
     raise DownloadFailed(step, errors or [f"no source offers a version{newer}"])
 
 
+@dataclass
+class FetchReport:
+    """How `fetch_checkpoint` got a step: which held step its deltas started from, how many it applied, and the bytes
+    that came as deltas, were rebuilt from them, and came whole."""
+
+    step: int | None = None
+    base_step: int | None = None  # None: no delta was used
+    links: int = 0  # deltas applied: 1, the step's own; more, a chain
+    delta_bytes: int = 0  # delta files downloaded (or resumed)
+    rebuilt_bytes: int = 0  # checkpoint bytes rebuilt from deltas and verified
+    whole_bytes: int = 0  # checkpoint bytes downloaded as they are
+    apply_seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)  # why a delta, or part of one, was not used
+
+
 async def fetch_checkpoint(
     sources: Sequence[str] | SourcePool,
     policy: TrustPolicy,
@@ -615,31 +645,51 @@ async def fetch_checkpoint(
     parallel: int = 8,
     on_start: Callable[[Manifest, int], None] | None = None,
     on_progress: Progress | None = None,
+    delta: bool = True,
+    report: FetchReport | None = None,
 ) -> Path:
     """Download a trusted checkpoint to `out_dir/step_<N>/`, atomically; returns that path.
 
-    An existing `step_<N>` is returned as is (it was published only after every byte verified). With
-    `after`, it first waits up to `wait` s for a version newer than `after` and takes the newest such one.
-    `on_start(manifest, bytes_already_done)` is called once the manifest is trusted. With a `SourcePool`, the
-    download starts from the pool's measurements and its outcome scores the pool's learned sources.
+    An existing `step_<N>` is returned as is (it was published only after every byte verified). With `after`, it
+    first waits up to `wait` s for a version newer than `after` and takes the newest such one. With `delta`, a step
+    `out_dir` holds is the base of the step's deltas when they are fewer bytes (`_rebuild`); the folder keeps the
+    signed manifest (`SIGNED_MANIFEST_NAME`) so that it can be a base in turn. `on_start(manifest,
+    bytes_already_done)` is called once the manifest is trusted; `on_progress` counts checkpoint bytes verified, rebuilt
+    or downloaded; `report` is filled in. With a `SourcePool`, the download starts from the pool's measurements and
+    its outcome scores the pool's learned sources.
     """
     pool = sources.checkout() if isinstance(sources, SourcePool) else [Source(url) for url in sources]
     out = Path(out_dir)
+    report = report if report is not None else FetchReport()
     try:
         async with new_session() as session:
             if after is not None:
                 await wait_for_newer(session, pool, after, timeout=wait, policy=policy)
             newer_than = -1 if after is None else after
             manifest, _, having = await resolve_version(session, pool, policy, step, newer_than=newer_than)
+            report.step = manifest.step
             target = out / f"{STEP_DIR_PREFIX}{manifest.step}"
             if target.exists():
                 return target
-            sink = PartialCheckpoint(target, manifest)
-            trace.event("manifest", step=manifest.step, bytes=manifest.total_size)
+            checkpoint = manifest.view(manifest.checkpoint_files)
+            signed = {SIGNED_MANIFEST_NAME: encode_manifest(manifest)}
+            sink = PartialCheckpoint(target, checkpoint, metadata=signed, keep_manifest=False)
+            trace.event("manifest", step=manifest.step, bytes=manifest.checkpoint_size)
+            before = sink.done_bytes
             try:
                 if on_start is not None:
                     on_start(manifest, sink.done_bytes)
-                downloader = Downloader(session, having, parallel=parallel, on_progress=on_progress)
+                if delta and manifest.delta is not None and sink.missing():
+                    await _rebuild(session, having, policy, manifest, sink, parallel=parallel, report=report)
+                    if on_progress is not None and report.rebuilt_bytes:
+                        on_progress(report.rebuilt_bytes)
+
+                def progress(size: int) -> None:
+                    report.whole_bytes += size
+                    if on_progress is not None:
+                        on_progress(size)
+
+                downloader = Downloader(session, having, parallel=parallel, on_progress=progress)
                 for _ in range(2):  # a second round only if a whole-file check sends shards back
                     await downloader.download(sink)
                     try:
@@ -650,7 +700,131 @@ async def fetch_checkpoint(
                         log.warning("re-fetching shards after a failed file check: %s", exc)
                 raise DownloadFailed(manifest.step, downloader.errors)
             finally:
+                trace.event("fetched", step=manifest.step, bytes=sink.done_bytes - before)
                 sink.close()
     finally:
         if isinstance(sources, SourcePool):
             sources.settle(pool)
+
+
+async def _rebuild(
+    session: aiohttp.ClientSession,
+    sources: Sequence[Source],
+    policy: TrustPolicy,
+    manifest: Manifest,
+    sink: PartialCheckpoint,
+    *,
+    parallel: int,
+    report: FetchReport,
+) -> None:
+    """Rebuild what it can of `sink` from deltas, starting at a step the sink's folder holds; the rest stays missing,
+    for the caller to fetch whole. Any failure (no base, a delta that does not download, apply or verify) costs only
+    the bytes already spent on it: it is logged in `report.problems`, never raised."""
+    out = sink.target.parent
+    sizes = {(f.name, s.index): s.size for f in sink.manifest.files for s in f.shards}
+    missing = sum(sizes[key] for key in sink.missing())
+    plan = await _delta_plan(session, sources, policy, out, manifest, budget=missing)
+    if isinstance(plan, str):
+        report.problems.append(plan)
+        log.info("step %d whole: %s", manifest.step, plan)
+        return
+    base_dir, base, links = plan
+    report.base_step, report.links = base.step, len(links)
+    current = base_files(base, base_dir)
+    folders: list[Path] = []
+    try:
+        for i, link in enumerate(links):
+            folder, fetched = await _fetch_deltas(session, sources, out, link, parallel=parallel)
+            folders.append(folder)
+            report.delta_bytes += fetched
+            began = time.monotonic()
+            current, problems = await asyncio.to_thread(apply_link, link, folder, current, verify=i < len(links) - 1)
+            report.problems += problems
+            if i == len(links) - 1:
+                for name, path in current.items():
+                    report.rebuilt_bytes += await asyncio.to_thread(sink.take_file, name, path)
+            report.apply_seconds += time.monotonic() - began
+    except RelayError as exc:  # DownloadFailed included
+        report.problems.append(f"deltas not used: {exc}")
+        log.warning("step %d: deltas not used (%s); fetching what is missing whole", manifest.step, exc)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    trace.event("rebuilt", step=manifest.step, base=base.step, links=len(links), bytes=report.rebuilt_bytes)
+
+
+async def _delta_plan(
+    session: aiohttp.ClientSession,
+    sources: Sequence[Source],
+    policy: TrustPolicy,
+    out: Path,
+    manifest: Manifest,
+    *,
+    budget: int,
+) -> tuple[Path, Manifest, list[Manifest]] | str:
+    """(a held step's folder, its signed manifest, the manifests whose deltas lead from it to `manifest`, oldest
+    first), or why there is none: no held step is the base of the step's delta or of a chain of at most `MAX_CHAIN`
+    deltas whose bytes are under `budget`, or a manifest of the chain is not to be had signed."""
+    held = held_bases(out, STEP_DIR_PREFIX)
+    links = [manifest]
+    spent = manifest.delta_size
+    link = manifest
+    while link.delta is not None and spent < budget and len(links) <= MAX_CHAIN:
+        folder = held.get(link.delta.base_manifest)
+        if folder is not None:
+            base = parse_manifest((folder / SIGNED_MANIFEST_NAME).read_bytes(), max_bytes=MAX_MANIFEST_BYTES)
+            return folder, base, links[::-1]
+        try:
+            older = await _signed_manifest(session, sources, policy, link.delta.base_step)
+        except RelayError as exc:
+            return f"the base of step {link.step}'s delta, step {link.delta.base_step}, is not to be had: {exc}"
+        if manifest_hash(older) != link.delta.base_manifest:
+            return f"step {link.step}'s delta names another manifest of step {older.step} than its sources sign"
+        links.append(older)
+        spent += older.delta_size
+        link = older
+    if link.delta is None:
+        return f"no step held here is a base of step {manifest.step}'s deltas (step {link.step} has none)"
+    return f"a chain of deltas from a step held here is not fewer bytes than step {manifest.step} whole"
+
+
+async def _signed_manifest(
+    session: aiohttp.ClientSession, sources: Sequence[Source], policy: TrustPolicy, step: int
+) -> Manifest:
+    """The trainer-signed manifest of `step` from the first source that has it; `DownloadFailed` if none has."""
+    errors = []
+    for source in sources:
+        if source.banned is not None:
+            continue
+        try:
+            manifest, _ = await fetch_manifest(session, source, step, policy)
+            return manifest
+        except UntrustedManifest as exc:
+            source.convict(str(exc))
+            errors.append(str(exc))
+        except SourceError as exc:
+            errors.append(str(exc))
+    raise DownloadFailed(step, errors)
+
+
+async def _fetch_deltas(
+    session: aiohttp.ClientSession, sources: Sequence[Source], out: Path, link: Manifest, *, parallel: int
+) -> tuple[Path, int]:
+    """Download `link`'s delta files into `<out>/step_<N>.delta.partial/` (resumed if a killed run left them); returns
+    that folder and the delta bytes. Each source is asked through a copy, so that a source that no longer holds an
+    older step is dropped from this download only; what the copies measured and any offence go back to the source."""
+    folder = out / f"{STEP_DIR_PREFIX}{link.step}.delta"
+    deltas = PartialCheckpoint(folder, link.view(link.delta_files), writeback=False)
+    copies = [Source(s.url, throughput=s.throughput) for s in sources if s.banned is None]
+    try:
+        downloader = Downloader(session, copies, parallel=parallel)
+        await downloader.download(deltas)
+    finally:
+        deltas.close()
+        for copy in copies:
+            source = next(s for s in sources if s.url == copy.url)
+            source.received += copy.received
+            source.throughput = copy.throughput or source.throughput
+            if copy.offence is not None:
+                source.convict(copy.offence)
+    return deltas.partial, link.delta_size

@@ -67,6 +67,22 @@ DTYPE_BYTES = {
 MAX_SAFETENSORS_HEADER = 100 << 20
 
 
+@dataclass(frozen=True)
+class DeltaPolicy:
+    """When an origin publishes a step's delta against the step it holds before it (`ShardStore.publish_dir`).
+
+    Every step is published whole too (each step is a keyframe): a receiver without the base, or one for which a chain
+    of deltas is not fewer bytes, fetches it whole, and relays mirror both."""
+
+    min_bytes: int = 64 << 20  # a smaller checkpoint is sent whole: it moves in well under a second on any link
+    max_ratio: float = 0.9  # deltas over this share of the checkpoint's bytes are not published
+    level: int = DEFAULT_LEVEL
+
+    def __post_init__(self) -> None:
+        if self.min_bytes < 0 or not 0 < self.max_ratio <= 1:
+            raise ValueError(f"min_bytes must be >= 0 and max_ratio in (0, 1], got {self.min_bytes}, {self.max_ratio}")
+
+
 class DeltaError(RelayError):
     """A delta that cannot be applied: malformed, for another base, or one whose result is not the file it names."""
 

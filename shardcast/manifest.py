@@ -11,6 +11,13 @@ Two formats are read. Format 1 gives each file and each shard its sha256 (DESIGN
 relay and client must hash every byte before it trusts or serves it, and BLAKE3 does that 3-4x faster than sha256
 on one core (docs/shardcast.md, "The shard hash"). Both are 256-bit hashes under the trainer's signature; the
 sha256 values stay for any verifier that knows only DESIGN section 9.
+
+Format 3 adds a `delta` section (null when there is none): the step expressed against a base step, for a receiver
+that holds the base (docs/shardcast.md, "Delta checkpoints"). It names the base step, the sha256 of the base's
+signed manifest, and the files that have a delta; the delta of file T is the file `T.scdelta` (`delta_name`,
+`shardcast.delta`'s format), listed in `files` like any other, before the checkpoint's own files, so that a relay
+mirrors it first. The checkpoint's files keep their hashes in `files`: what a receiver rebuilds from a delta is
+checked against them.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import blake3
 from core.safejson import json_too_deep
 from shardcast import ManifestError
 
-FORMAT_VERSION = 2  # what build_manifest writes
-FORMATS = (1, 2)  # what parse_manifest reads: 1 = sha256 shards, 2 = sha256 and BLAKE3 shards
+FORMAT_VERSION = 3  # what build_manifest writes
+FORMATS = (1, 2, 3)  # what parse_manifest reads: 1 = sha256 shards, 2 = and BLAKE3 shards, 3 = and a delta section
+DELTA_FORMAT = 3  # the first format with a delta section
+DELTA_SUFFIX = ".scdelta"  # the delta of checkpoint file T is the file T + DELTA_SUFFIX
 # 16 MiB: fewer requests and hash finalisations per byte than 8 MiB (benchmarks/shardcast.py, 512 MiB to 4 clients:
 # 2.25 -> 2.11 s), while a client killed mid-download loses at most --parallel shards in flight
 DEFAULT_SHARD_SIZE = 16 * 1024 * 1024
@@ -86,20 +95,67 @@ class ManifestFile:
     shards: tuple[ShardInfo, ...]
 
 
+def delta_name(target: str) -> str:
+    """The name of the file that holds `target`'s delta."""
+    return target + DELTA_SUFFIX
+
+
+@dataclass(frozen=True)
+class DeltaInfo:
+    """A format-3 manifest's delta section: `targets` (checkpoint files) each have a delta file (`delta_name`) against
+    the same file of `base_step`, whose signed manifest hashes (`manifest_hash`) to `base_manifest`."""
+
+    base_step: int
+    base_manifest: bytes  # 32 raw bytes; hex on the wire
+    targets: tuple[str, ...]  # sorted
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The delta files' names, in the order of `targets`."""
+        return tuple(delta_name(t) for t in self.targets)
+
+
 @dataclass(frozen=True)
 class Manifest:
     pool_id: int  # uint256
     step: int  # uint64
     shard_size: int
-    files: tuple[ManifestFile, ...]
+    files: tuple[ManifestFile, ...]  # in format 3, the delta files first, then the checkpoint's
     format_version: int = FORMAT_VERSION
+    delta: DeltaInfo | None = None  # format 3 only
 
     def file(self, name: str) -> ManifestFile | None:
         return next((f for f in self.files if f.name == name), None)
 
     @property
     def total_size(self) -> int:
+        """Every file's bytes, delta files included: what a relay holds."""
         return sum(f.size for f in self.files)
+
+    @property
+    def checkpoint_files(self) -> tuple[ManifestFile, ...]:
+        """The checkpoint's own files: all of them but the delta files."""
+        deltas = set(self.delta.names) if self.delta is not None else set()
+        return tuple(f for f in self.files if f.name not in deltas)
+
+    @property
+    def delta_files(self) -> tuple[ManifestFile, ...]:
+        names = set(self.delta.names) if self.delta is not None else set()
+        return tuple(f for f in self.files if f.name in names)
+
+    @property
+    def checkpoint_size(self) -> int:
+        """The checkpoint's bytes: what a receiver that fetches it whole downloads."""
+        return sum(f.size for f in self.checkpoint_files)
+
+    @property
+    def delta_size(self) -> int:
+        return sum(f.size for f in self.delta_files)
+
+    def view(self, files: tuple[ManifestFile, ...]) -> Manifest:
+        """The same version restricted to `files`, without a delta section: what one partial download assembles (a
+        receiver's checkpoint, or the delta files it applies). Never signed; the signed manifest stays the whole."""
+        return Manifest(self.pool_id, self.step, self.shard_size, files, self.format_version, None)
 
 
 def check_name(name: str) -> None:
@@ -152,14 +208,19 @@ def build_manifest(
     step: int,
     shard_size: int = DEFAULT_SHARD_SIZE,
     format_version: int = FORMAT_VERSION,
+    delta: DeltaInfo | None = None,
 ) -> Manifest:
     """Manifest of every regular file directly in `checkpoint_dir`, sorted by name, in `format_version` (1: sha256
-    shards only, for a pool whose nodes are not all on format 2 yet; 2: sha256 and BLAKE3 shards).
+    shards only, for a pool whose nodes are not all on format 2 yet; 2: sha256 and BLAKE3 shards; 3: and `delta`,
+    whose files the folder holds beside the checkpoint's and which are listed first).
 
-    Requirements: no subdirectories, symlinks or other non-regular entries, and only safe names (`check_name`).
+    Requirements: no subdirectories, symlinks or other non-regular entries, and only safe names (`check_name`); in
+    format 3, a file named like a delta (`DELTA_SUFFIX`) only as one of `delta`'s.
     """
     if format_version not in FORMATS:
         raise ManifestError(f"format_version must be one of {list(FORMATS)}, got {format_version!r:.80}")
+    if delta is not None and format_version < DELTA_FORMAT:
+        raise ManifestError(f"format {format_version} has no delta section (format {DELTA_FORMAT} has)")
     _check_int("pool_id", pool_id, 0, 2**256 - 1)
     _check_int("step", step, 0, 2**64 - 1)
     _check_int("shard_size", shard_size, MIN_SHARD_SIZE, MAX_SHARD_SIZE)
@@ -171,9 +232,12 @@ def build_manifest(
             if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
                 raise ManifestError(f"{entry.name!r} in {root} is not a regular file (symlink or directory?)")
             files.append(_hash_file(Path(entry.path), entry.name, shard_size, with_blake3=format_version >= 2))
-    return Manifest(
-        pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files), format_version=format_version
-    )
+    deltas = set(delta.names) if delta is not None else set()
+    files.sort(key=lambda f: (f.name not in deltas, f.name))  # the deltas first: a relay mirrors them first
+    manifest = Manifest(pool_id, step, shard_size, tuple(files), format_version, delta)
+    if format_version >= DELTA_FORMAT:
+        _check_delta(manifest)
+    return manifest
 
 
 def _shard_json(s: ShardInfo) -> dict[str, Any]:
@@ -184,7 +248,14 @@ def _shard_json(s: ShardInfo) -> dict[str, Any]:
 
 
 def _to_json(m: Manifest) -> dict[str, Any]:
-    return {
+    delta: dict[str, Any] = {}
+    if m.format_version >= DELTA_FORMAT:
+        delta["delta"] = None if m.delta is None else {
+            "base_step": m.delta.base_step,
+            "base_manifest": m.delta.base_manifest.hex(),
+            "files": list(m.delta.targets),
+        }  # fmt: skip
+    return delta | {
         "format_version": m.format_version,
         "pool_id": m.pool_id,
         "step": m.step,
@@ -204,6 +275,8 @@ def encode_manifest(m: Manifest) -> bytes:
     with_blake3 = m.format_version >= 2
     if any((s.blake3 is not None) != with_blake3 for f in m.files for s in f.shards):
         raise ManifestError(f"format {m.format_version} needs {'a' if with_blake3 else 'no'} BLAKE3 on every shard")
+    if m.delta is not None and m.format_version < DELTA_FORMAT:
+        raise ManifestError(f"format {m.format_version} has no delta section")
     return json.dumps(_to_json(m), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
@@ -275,10 +348,13 @@ def parse_manifest(
         RecursionError,
     ) as e:  # JSONDecodeError and int-digit limits are ValueErrors
         raise ManifestError(f"not JSON: {e}") from None
-    top = _check_obj("manifest", raw, {"format_version", "pool_id", "step", "shard_size", "files"})
-    version = top["format_version"]
+    if not isinstance(raw, dict):
+        raise ManifestError("manifest must be an object")
+    version = raw.get("format_version")
     if type(version) is not int or version not in FORMATS:
         raise ManifestError(f"format_version must be one of {list(FORMATS)}, got {version!r:.80}")
+    keys = {"format_version", "pool_id", "step", "shard_size", "files"}
+    top = _check_obj("manifest", raw, keys | {"delta"} if version >= DELTA_FORMAT else keys)
     pool_id = _check_int("pool_id", top["pool_id"], 0, 2**256 - 1)
     step = _check_int("step", top["step"], 0, 2**64 - 1)
     shard_size = _check_int("shard_size", top["shard_size"], MIN_SHARD_SIZE, MAX_SHARD_SIZE)
@@ -309,7 +385,45 @@ def parse_manifest(
                 _parse_shards(name, obj["shards"], size, shard_size, version),
             )
         )
-    return Manifest(pool_id=pool_id, step=step, shard_size=shard_size, files=tuple(files), format_version=version)
+    delta = _parse_delta(top["delta"], step, max_files) if version >= DELTA_FORMAT else None
+    manifest = Manifest(pool_id, step, shard_size, tuple(files), version, delta)
+    if version >= DELTA_FORMAT:
+        _check_delta(manifest)
+    return manifest
+
+
+def _parse_delta(raw: object, step: int, max_files: int) -> DeltaInfo | None:
+    if raw is None:
+        return None
+    obj = _check_obj("delta", raw, {"base_step", "base_manifest", "files"})
+    base_step = _check_int("delta.base_step", obj["base_step"], 0, step - 1) if step else -1
+    if base_step < 0:
+        raise ManifestError("step 0 has no base step for a delta")
+    targets = obj["files"]
+    if not isinstance(targets, list) or not targets or len(targets) > max_files:
+        raise ManifestError(f"delta.files must be a list of 1 to {max_files} names")
+    if not all(isinstance(t, str) for t in targets) or targets != sorted(set(targets)):
+        raise ManifestError("delta.files must be distinct names, sorted")
+    return DeltaInfo(base_step, _check_hex("delta.base_manifest", obj["base_manifest"]), tuple(targets))
+
+
+def _check_delta(m: Manifest) -> None:
+    """A format-3 manifest's files and delta section agree: every delta names a checkpoint file and has its delta
+    file; every file named like a delta is one; the delta files come first. Shared by build and parse."""
+    names = [f.name for f in m.files]
+    deltas = set(m.delta.names) if m.delta is not None else set()
+    for name in names:
+        if name.endswith(DELTA_SUFFIX) and name not in deltas:
+            raise ManifestError(f"{name!r} is named like a delta but the delta section does not list it")
+    if m.delta is None:
+        return
+    for target in m.delta.targets:
+        if target.endswith(DELTA_SUFFIX) or target not in names:
+            raise ManifestError(f"delta.files names {target!r:.80}, which is not a checkpoint file of the manifest")
+        if delta_name(target) not in names:
+            raise ManifestError(f"no delta file {delta_name(target)!r} for {target!r}")
+    if any(name not in deltas for name in names[: len(deltas)]):
+        raise ManifestError("the delta files must come before the checkpoint's files")
 
 
 def _parse_shards(name: str, raw: object, size: int, shard_size: int, version: int) -> tuple[ShardInfo, ...]:

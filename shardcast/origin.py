@@ -1,9 +1,10 @@
 """The origin: the trainer's side of SHARDCAST. It shards, signs and serves each new checkpoint.
 
-`publish(checkpoint_dir, step)` copies the checkpoint into the store, builds the manifest from the copy,
-signs `Checkpoint(poolId, step, manifestHash)` with the trainer's key, wakes every long-poll, and prunes to
-the last `keep` versions. `watch(folder)` publishes each `step_<N>/` directory that appears in a folder,
-for a trainer that writes checkpoints to disk (it must rename a finished directory into place).
+`publish(checkpoint_dir, step)` copies the checkpoint into the store, adds its delta against the step before it
+(`delta`, format 3), builds the manifest from the copy, signs `Checkpoint(poolId, step, manifestHash)` with the
+trainer's key, wakes every long-poll, and prunes to the last `keep` versions. `watch(folder)` publishes each
+`step_<N>/` directory that appears in a folder, for a trainer that writes checkpoints to disk (it must rename a
+finished directory into place).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from eth_account.signers.local import LocalAccount
 
 from protocol.signing import SigningDomain
 from shardcast import RelayError
+from shardcast.delta import DeltaPolicy
 from shardcast.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS, Manifest
 from shardcast.server import ShardServer
 from shardcast.trust import sign_manifest
@@ -37,13 +39,15 @@ class Origin:
         keep: int = 3,
         shard_size: int = DEFAULT_SHARD_SIZE,
         manifest_format: int = FORMAT_VERSION,
+        delta: DeltaPolicy | None = DeltaPolicy(),
     ) -> None:
-        """`manifest_format` 1 while a pool still has nodes that read only format 1 (docs/shardcast.md)."""
+        """`manifest_format` 1 or 2 while a pool still has nodes that read only those (docs/shardcast.md); `delta`
+        None publishes whole steps only (format 3 needs it)."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         if manifest_format not in FORMATS:
             raise ValueError(f"manifest_format must be one of {list(FORMATS)}, got {manifest_format}")
-        self.manifest_format = manifest_format
+        self.manifest_format, self.delta = manifest_format, delta
         self.server = server
         self.store = server.store
         self.account, self.domain, self.pool_id = account, domain, pool_id
@@ -58,15 +62,18 @@ class Origin:
             step=step,
             shard_size=self.shard_size,
             manifest_format=self.manifest_format,
+            delta=self.delta,
             sign=lambda m: sign_manifest(m, self.account, self.domain),
         )
         pruned = await asyncio.to_thread(self.store.prune, self.keep)
         await self.server.notify()
+        base = manifest.delta and f", a delta against step {manifest.delta.base_step} of {manifest.delta_size} bytes"
         log.info(
-            "published step %d (%d files, %d bytes); pruned %s",
+            "published step %d (%d files, %d bytes%s); pruned %s",
             step,
-            len(manifest.files),
-            manifest.total_size,
+            len(manifest.checkpoint_files),
+            manifest.checkpoint_size,
+            base or "",
             pruned or "nothing",
         )
         return manifest

@@ -10,6 +10,7 @@ which no manifest file can have; they are removed just before the rename.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import shutil
 import threading
@@ -47,6 +48,21 @@ def check_shard(file: str, shard: ShardInfo, data: bytes) -> None:
         raise ShardHashMismatch(file, shard.index, shard.digest.hex(), actual.hex())
 
 
+def bad_shards(path: Path, mf: ManifestFile) -> list[int]:
+    """The shards of `path` that do not hash to the manifest's values (all of them if its size is not the file's)."""
+    if not path.is_file() or path.stat().st_size != mf.size:
+        return [s.index for s in mf.shards]
+    if mf.size == 0:
+        return []
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+        bad = []
+        for shard in mf.shards:
+            with view[shard.offset : shard.offset + shard.size] as piece:
+                if shard.check(piece) is not None:
+                    bad.append(shard.index)
+        return bad
+
+
 class PartialCheckpoint:
     """A checkpoint being downloaded into `<target>.partial/`, resumable, published by `finish()`.
 
@@ -72,7 +88,9 @@ class PartialCheckpoint:
         metadata: Mapping[str, bytes] | None = None,
         writeback: bool = True,
         memory: MemoryBudget | None = None,
+        keep_manifest: bool | None = None,
     ) -> None:
+        """`keep_manifest`: whether the published folder keeps this manifest (default: when there is `metadata`)."""
         self.target = Path(target_dir)
         self.memory = memory if memory is not None and hasattr(os, "memfd_create") else None
         self._placed: dict[tuple[str, int], bool] = {}  # shards whose bytes went somewhere: True = in memory
@@ -84,7 +102,7 @@ class PartialCheckpoint:
         self.partial = self.target.with_name(self.target.name + ".partial")
         self.manifest = manifest
         self.metadata = dict(metadata or {})
-        self._keep_metadata = metadata is not None
+        self._keep_manifest = metadata is not None if keep_manifest is None else keep_manifest
         for name in self.metadata:
             if not name.startswith(".") or "/" in name or name in (JOURNAL_NAME, PARTIAL_MANIFEST_NAME):
                 raise ValueError(f"metadata name {name!r} must be a new dot-name")
@@ -168,6 +186,39 @@ class PartialCheckpoint:
             os.close(fd)
         self._journal_done(file, index)
         return True
+
+    def take_file(self, file: str, path: Path) -> int:
+        """Take the shards of `file` not yet done from a whole copy of it at `path` (a file rebuilt from a delta), each
+        only if it verifies; returns the bytes taken. `path` is gone afterwards. When none of the file's shards is done
+        and no memory holds the version, the copy is moved into place and checked there, without copying a byte."""
+        mf = next((f for f in self.manifest.files if f.name == file), None)
+        if mf is None:
+            raise UnknownShard(file, 0)
+        with self._lock:
+            if self._finished:
+                raise RelayError(f"{self.target} is already finished")
+            untouched = self.memory is None and not any((file, s.index) in self._done for s in mf.shards)
+        taken = 0
+        if untouched and path.stat().st_size == mf.size:
+            os.replace(path, self.partial / file)
+            bad = set(bad_shards(self.partial / file, mf))
+            for shard in mf.shards:
+                if shard.index not in bad:
+                    self._journal_done(file, shard.index)
+                    taken += shard.size
+            return taken
+        try:
+            for shard in mf.shards:
+                if self.has(file, shard.index) or path.stat().st_size < shard.offset + shard.size:
+                    continue
+                try:
+                    if self.write_shard(file, shard.index, pread_exact(path, shard.offset, shard.size)):
+                        taken += shard.size
+                except ShardHashMismatch:
+                    continue
+        finally:
+            path.unlink(missing_ok=True)
+        return taken
 
     @property
     def closed(self) -> bool:
@@ -382,7 +433,7 @@ class PartialCheckpoint:
             if self._journal is not None:
                 self._journal.close()
         (self.partial / JOURNAL_NAME).unlink()
-        if not self._keep_metadata:
+        if not self._keep_manifest:
             (self.partial / PARTIAL_MANIFEST_NAME).unlink()
         fsync_path(self.partial)
         trace.event("finish_fsynced", step=self.manifest.step)

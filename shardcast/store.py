@@ -32,14 +32,20 @@ from shardcast import (
     VersionNotFound,
     trace,
 )
+from shardcast.delta import DeltaPolicy, DeltaStats, encode_delta
 from shardcast.fileio import MemoryBudget, fsync_path, page_cache_pressed, write_durably
 from shardcast.manifest import (
+    DELTA_FORMAT,
+    DELTA_SUFFIX,
     FORMAT_VERSION,
+    DeltaInfo,
     Manifest,
     ManifestFile,
     build_manifest,
     check_name,
+    delta_name,
     encode_manifest,
+    manifest_hash,
     parse_manifest,
 )
 from shardcast.partial import PARTIAL_MANIFEST_NAME, PartialCheckpoint, check_shard
@@ -121,13 +127,16 @@ class ShardStore:
         shard_size: int,
         sign: Signer,
         manifest_format: int = FORMAT_VERSION,
+        delta: DeltaPolicy | None = None,
     ) -> Manifest:
         """Copy a trusted checkpoint directory in, build its manifest (`manifest_format`) from the copy, sign it, and
-        store it.
+        store it. With `delta` (format 3), the version also holds its delta against the newest step stored before it,
+        when the policy finds it worth sending (`_add_deltas`).
 
         One read of the source (a kernel copy) and one hashing pass over the copy: the origin's path. The copy is
         fsynced while it is hashed (both only read it), so publishing waits for the longer of the two, not both.
-        `sign(manifest)` returns the trainer's 65-byte signature.
+        `sign(manifest)` returns the trainer's 65-byte signature. A step already stored with the same checkpoint
+        files is returned as stored, whatever its delta; with other files it is `VersionExists`.
         """
         trace.event("publish_start", step=step)
         tmp = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{step}."))
@@ -137,26 +146,66 @@ class ShardStore:
                 check_name(entry.name)
                 if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
                     raise ManifestError(f"{entry.name!r} in {checkpoint_dir} is not a regular file")
+                if manifest_format >= DELTA_FORMAT and entry.name.endswith(DELTA_SUFFIX):
+                    raise ManifestError(f"{entry.name!r}: names ending in {DELTA_SUFFIX} are the deltas'")
                 shutil.copyfile(entry.path, tmp / entry.name)
                 names.append(entry.name)
             trace.event("publish_copied", step=step)
+            stored = self._versions / str(step)
             with ThreadPoolExecutor(1, thread_name_prefix="publish-fsync") as pool:
                 synced = [pool.submit(fsync_path, tmp / name) for name in names]
+                info = None
+                if delta is not None and manifest_format >= DELTA_FORMAT and not stored.exists():
+                    info = self._add_deltas(tmp, names, step, delta)
                 manifest = build_manifest(
-                    tmp, pool_id=pool_id, step=step, shard_size=shard_size, format_version=manifest_format
+                    tmp, pool_id=pool_id, step=step, shard_size=shard_size, format_version=manifest_format, delta=info
                 )
                 for done in synced:
                     done.result()
             trace.event("publish_hashed", step=step)
-            if self._stored(manifest):
+            if stored.exists():
                 shutil.rmtree(tmp)
-                return manifest
+                held = self.manifest(step)
+                if held.checkpoint_files != manifest.checkpoint_files:
+                    raise VersionExists(step)
+                return held
             self._install(tmp, manifest, sign(manifest))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         trace.event("published", step=step)
         return manifest
+
+    def _add_deltas(self, tmp: Path, names: list[str], step: int, policy: DeltaPolicy) -> DeltaInfo | None:
+        """Write into `tmp` the delta of each file against the same file of the newest step stored before `step`, and
+        return the section naming them; None (and no delta file left) when there is no base, the checkpoint is
+        under `policy.min_bytes`, or the deltas together are over `policy.max_ratio` of it. A file that changed size,
+        is new, or whose delta is not smaller than itself is left out: a receiver fetches it whole."""
+        sizes = {name: (tmp / name).stat().st_size for name in names}
+        older = [s for s in self.versions() if s < step]
+        if not older or sum(sizes.values()) < policy.min_bytes:
+            return None
+        base = self.manifest(older[-1])
+        base_dir = self._versions / str(base.step)
+        base_sizes = {f.name: f.size for f in base.checkpoint_files}
+        pairs = [name for name in names if base_sizes.get(name) == sizes[name]]
+
+        def encode(name: str) -> DeltaStats | None:
+            return encode_delta(base_dir / name, tmp / name, tmp / delta_name(name), level=policy.level)
+
+        with ThreadPoolExecutor(min(len(pairs), os.cpu_count() or 1) or 1, thread_name_prefix="delta") as pool:
+            made = dict(zip(pairs, pool.map(encode, pairs), strict=True))
+        kept = {n: s for n, s in made.items() if s is not None and s.bytes < s.size}
+        for name in set(made) - set(kept):
+            (tmp / delta_name(name)).unlink(missing_ok=True)
+        total = sum(s.bytes for s in kept.values())
+        if not kept or total > policy.max_ratio * sum(sizes.values()):
+            for name in kept:
+                (tmp / delta_name(name)).unlink()
+            trace.event("delta_skipped", step=step, base=base.step, bytes=total)
+            return None
+        trace.event("delta_made", step=step, base=base.step, bytes=total)
+        return DeltaInfo(base.step, manifest_hash(base), tuple(sorted(kept)))
 
     def _stored(self, manifest: Manifest) -> bool:
         """True if this exact version is already stored; `VersionExists` if the step holds another manifest."""

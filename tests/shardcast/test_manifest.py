@@ -49,7 +49,7 @@ def test_build_manifest_hashes_every_shard_and_file(ckpt: Path) -> None:
             assert s.sha256 == hashlib.sha256(piece).digest() and s.blake3 == blake3.blake3(piece).digest()
             assert s.digest == s.blake3 and s.check(piece) is None
             assert s.check(piece[:-1] + bytes([piece[-1] ^ 1])) is not None and s.check(piece[:-1]) is not None
-    assert m.format_version == 2
+    assert m.format_version == 3 and m.delta is None and m.checkpoint_files == m.files
     sizes = {f.name: [s.size for s in f.shards] for f in m.files}
     assert sizes["empty.bin"] == [] and sizes["exact.bin"] == [SHARD, SHARD]
     assert sizes["model.safetensors"][-1] == 123 and len(sizes["model.safetensors"]) == 49
@@ -152,7 +152,7 @@ def test_build_writes_format_1_on_request_with_the_same_sha256s_and_no_blake3(ck
     ]
     assert b"blake3" not in encode_manifest(old) and parse_manifest(encode_manifest(old)) == old
     with pytest.raises(ManifestError, match="format_version must be one of"):
-        build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, format_version=3)
+        build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, format_version=4)
 
 
 def _small(version: int = 2) -> dict[str, Any]:
@@ -162,10 +162,10 @@ def _small(version: int = 2) -> dict[str, Any]:
         {"index": 0, "offset": 0, "size": 1024, "sha256": h},
         {"index": 1, "offset": 1024, "size": 6, "sha256": h},
     ]
-    if version == 2:
+    if version >= 2:
         for shard in shards:
             shard["blake3"] = b
-    return {
+    return ({"delta": None} if version >= 3 else {}) | {
         "format_version": version,
         "pool_id": 1,
         "step": 5,
@@ -260,12 +260,12 @@ BAD_DOCS = {
 }
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_parse_accepts_the_valid_base_document_of_either_format(version: int) -> None:
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_parse_accepts_the_valid_base_document_of_each_format(version: int) -> None:
     m = parse_manifest(json.dumps(_small(version)).encode())
     assert [f.name for f in m.files] == ["model.bin", "empty.json"] and m.total_size == 1030
     assert m.format_version == version
-    assert {s.hash_name for s in m.files[0].shards} == {"blake3" if version == 2 else "sha256"}
+    assert {s.hash_name for s in m.files[0].shards} == {"blake3" if version >= 2 else "sha256"}
     assert parse_manifest(encode_manifest(m)) == m
 
 

@@ -76,4 +76,4 @@ def test_an_origin_signs_the_manifest_format_it_is_given(tmp_path: Path) -> None
     assert manifest.format_version == 1 and all(s.blake3 is None for f in manifest.files for s in f.shards)
     TrustPolicy(DOMAIN, TRAINER.address, pool_id=3).check(manifest, store.signature(1), step=1)
     with pytest.raises(ValueError, match="manifest_format must be one of"):
-        Origin(ShardServer(store, role="origin"), account=TRAINER, domain=DOMAIN, pool_id=3, manifest_format=3)
+        Origin(ShardServer(store, role="origin"), account=TRAINER, domain=DOMAIN, pool_id=3, manifest_format=4)
