@@ -742,7 +742,12 @@ async def _rebuild(
             report.problems += problems
             if i == len(links) - 1:
                 for name, path in current.items():
-                    report.rebuilt_bytes += await asyncio.to_thread(sink.take_file, name, path)
+                    taken = await asyncio.to_thread(sink.take_file, name, path)
+                    report.rebuilt_bytes += taken
+                    left = sum(1 for file, _ in sink.missing() if file == name)
+                    if left:
+                        report.problems.append(f"{name}: {left} shards rebuilt from the delta did not verify")
+                        log.warning("step %d: %s", manifest.step, report.problems[-1])
             report.apply_seconds += time.monotonic() - began
     except RelayError as exc:  # DownloadFailed included
         report.problems.append(f"deltas not used: {exc}")

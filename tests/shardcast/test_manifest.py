@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import pytest
 
 from shardcast import ManifestError
 from shardcast.manifest import (
+    DeltaInfo,
     Manifest,
     ManifestFile,
     ShardInfo,
@@ -214,7 +216,8 @@ def _swap_shards(doc: dict[str, Any]) -> None:
 BAD_DOCS = {
     "missing key": _drop("step"),
     "extra key": _set("signature", "00"),
-    "format version 3": _set("format_version", 3),
+    "format version 3 without its delta key": _set("format_version", 3),
+    "format version 4": _set("format_version", 4),
     "format version 0": _set("format_version", 0),
     "format version as a string": _set("format_version", "2"),
     "format 1 beside blake3 shards": _set("format_version", 1),
@@ -319,3 +322,64 @@ def test_parse_error_carries_the_reason() -> None:
     with pytest.raises(ManifestError) as e:
         parse_manifest(json.dumps(doc).encode())
     assert "../etc/passwd" in e.value.reason
+
+
+def _with_delta() -> dict[str, Any]:
+    """A valid format-3 document of step 5: model.bin has a delta (model.bin.scdelta, listed first) against step 4."""
+    doc = _small(3)
+    h, b = hashlib.sha256(b"x").hexdigest(), blake3.blake3(b"x").hexdigest()
+    shard = {"index": 0, "offset": 0, "size": 10, "sha256": h, "blake3": b}
+    doc["files"].insert(0, {"name": "model.bin.scdelta", "size": 10, "sha256": h, "shards": [shard]})
+    doc["delta"] = {"base_step": 4, "base_manifest": h, "files": ["model.bin"]}
+    return doc
+
+
+def test_a_format_3_delta_section_parses_and_names_its_files() -> None:
+    m = parse_manifest(json.dumps(_with_delta()).encode())
+    assert m.delta == DeltaInfo(4, hashlib.sha256(b"x").digest(), ("model.bin",))
+    assert [f.name for f in m.delta_files] == ["model.bin.scdelta"] and m.delta_size == 10
+    assert [f.name for f in m.checkpoint_files] == ["model.bin", "empty.json"] and m.checkpoint_size == 1030
+    assert parse_manifest(encode_manifest(m)) == m
+    view = m.view(m.checkpoint_files)
+    assert view.delta is None and view.files == m.checkpoint_files and view.step == m.step
+
+
+def _reorder(doc: dict[str, Any]) -> None:
+    doc["files"].append(doc["files"].pop(0))
+
+
+BAD_DELTAS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "in format 2": lambda doc: doc.update(format_version=2),
+    "base step not before the step": _set("delta.base_step", 5),
+    "negative base step": _set("delta.base_step", -1),
+    "base manifest short": _set("delta.base_manifest", "ab"),
+    "no files": _set("delta.files", []),
+    "files not a list": _set("delta.files", "model.bin"),
+    "a file twice": _set("delta.files", ["model.bin", "model.bin"]),
+    "a file that is not one": _set("delta.files", ["absent.bin"]),
+    "a delta of a delta": _set("delta.files", ["model.bin.scdelta"]),
+    "a target without its delta file": _set("delta.files", ["empty.json"]),
+    "a delta file after the checkpoint's": _reorder,
+    "an extra key": _set("delta.extra", 1),
+    "a delta file no section names": _set("delta", None),
+    "not an object": _set("delta", [4]),
+}
+
+
+@pytest.mark.parametrize("mutate", BAD_DELTAS.values(), ids=BAD_DELTAS.keys())
+def test_parse_rejects_a_malformed_delta_section(mutate: Callable[[dict[str, Any]], None]) -> None:
+    doc = _with_delta()
+    mutate(doc)
+    with pytest.raises(ManifestError):
+        parse_manifest(json.dumps(doc).encode())
+
+
+def test_build_refuses_a_delta_in_a_format_without_one_and_encode_never_signs_one(ckpt: Path) -> None:
+    info = DeltaInfo(1, bytes(32), ("model.safetensors",))
+    with pytest.raises(ManifestError, match="no delta section"):
+        build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, format_version=2, delta=info)
+    m = build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, format_version=2)
+    with pytest.raises(ManifestError, match="no delta section"):
+        encode_manifest(dataclasses.replace(m, delta=info))
+    with pytest.raises(ManifestError, match="no delta file"):  # the folder holds no model.safetensors.scdelta
+        build_manifest(ckpt, pool_id=7, step=3, shard_size=SHARD, delta=info)
