@@ -24,6 +24,7 @@ from core.config import REQUIRED, ConfigError, Settings, declared, port_setting,
 from protocol.tasks.errors import TaskSpecError
 from protocol.tasks.spec import load_task_spec, spec_hash
 from protocol.terms import MAX_REPLICATION, PoolTerms, TermsMismatch
+from shardcast.delta import DeltaPolicy
 from shardcast.manifest import FORMAT_VERSION, FORMATS
 from trainer.coordinator import ApiConfig
 from trainer.errors import TrainerError
@@ -138,10 +139,23 @@ class ShardcastSettings(Settings):
         maximum=1000,
     )
     manifest_format: int = setting(
-        "the SHARDCAST manifest format the origin signs: 2 adds BLAKE3 shard hashes; 1 until every node reads 2",
+        "the SHARDCAST manifest format the origin signs: 3 adds deltas, 2 BLAKE3 shard hashes; older until every node"
+        " reads the newer",
         default=FORMAT_VERSION,
         minimum=min(FORMATS),
         maximum=max(FORMATS),
+    )
+    delta: bool = setting("publish each step also as a delta against the step before (format 3)", default=True)
+    delta_min_mib: int = setting(
+        "checkpoints smaller than this are sent whole only (they move in well under a second)",
+        default=DeltaPolicy.min_bytes >> 20,
+        minimum=0,
+    )
+    delta_max_ratio: float = setting(
+        "a step's deltas over this share of its bytes are not published",
+        default=DeltaPolicy.max_ratio,
+        above=0,
+        maximum=1,
     )
 
 
@@ -241,6 +255,7 @@ class RunConfig:
     shardcast_port: int
     keep_versions: int
     manifest_format: int
+    delta: DeltaPolicy | None  # None: whole steps only
     eval_every: int
     eval_problems: int
     eval_task: Path | None
@@ -328,6 +343,7 @@ def resolve(settings: TrainerSettings, path: Path, terms: PoolTerms | None = Non
         shardcast_port=shardcast.port,
         keep_versions=keep,
         manifest_format=shardcast.manifest_format,
+        delta=DeltaPolicy(shardcast.delta_min_mib << 20, shardcast.delta_max_ratio) if shardcast.delta else None,
         eval_every=settings.evaluation.every,
         eval_problems=settings.evaluation.problems,
         eval_task=settings.evaluation.task,

@@ -156,7 +156,7 @@ async def open_services(config: RunConfig, network: Network, loop: TrainingLoop)
     origin_url = f"http://{config.host}:{await server.start(config.host, config.shardcast_port)}"
     origin = Origin(
         server, account=network.account, domain=network.domain, pool_id=network.pool_id, keep=config.keep_versions,
-        manifest_format=config.manifest_format,
+        manifest_format=config.manifest_format, delta=config.delta,
     )  # fmt: skip
     gossip: TrainerGossip | None = None
     try:

@@ -34,6 +34,7 @@ from ledger.cli.common import (
     stdout_console,
 )
 from shardcast import trace
+from shardcast.delta import DeltaPolicy
 from shardcast.manifest import DEFAULT_SHARD_SIZE, FORMAT_VERSION, FORMATS
 from shardcast.store import RELAY_MEMORY_MIB
 
@@ -117,9 +118,21 @@ def origin(
             min=min(FORMATS),
             max=max(FORMATS),
             metavar="N",
-            help="Manifest format to sign: 2 adds BLAKE3 shard hashes; 1 while nodes older than format 2 remain.",
+            help="Manifest format to sign: 3 adds deltas, 2 BLAKE3 shard hashes; older while older nodes remain.",
         ),
     ] = FORMAT_VERSION,
+    delta: Annotated[
+        bool,
+        typer.Option(
+            "--delta/--no-delta", help="Publish each step also as a delta against the step before (format 3)."
+        ),
+    ] = True,
+    delta_min_mib: Annotated[
+        int,
+        typer.Option(
+            "--delta-min-mib", min=0, metavar="MIB", help="Checkpoints smaller than this are sent whole only."
+        ),
+    ] = DeltaPolicy.min_bytes >> 20,
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     keystore: KeystoreOption = None,
     dev_key: DevKeyOption = None,
@@ -152,6 +165,7 @@ def origin(
                 keep=keep,
                 shard_size=shard_size,
                 manifest_format=manifest_format,
+                delta=DeltaPolicy(min_bytes=delta_min_mib << 20) if delta else None,
             )
             try:
                 await source.watch(watch)
@@ -258,8 +272,15 @@ def fetch_weights(
     deployment: DeploymentOption = DEFAULT_DEPLOYMENT,
     parallel: Annotated[int, typer.Option("--parallel", min=1, max=64, help="Shards fetched at once.")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    delta: Annotated[
+        bool,
+        typer.Option("--delta/--no-delta", help="Rebuild from a step held in --out when its deltas are fewer bytes."),
+    ] = True,
 ) -> None:
-    """Download a checkpoint from several servers at once, verify it, publish it atomically; print its path."""
+    """Download a checkpoint from several servers at once, verify it, publish it atomically; print its path.
+
+    A step whose manifest has a delta against a step already in --out is rebuilt from that step and the delta (or a
+    chain of deltas), when that is fewer bytes; every rebuilt byte is checked against the trainer's hashes."""
     with cli_errors():
         configure_daemon_logging(logging.WARNING)  # a dropped source is worth a line; progress is the bar
         trace.set_role("client")
@@ -271,7 +292,7 @@ def fetch_weights(
         policy = TrustPolicy(_domain(deployment), parse_address(trainer, what="--trainer"), pool)
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        from shardcast.client import fetch_checkpoint
+        from shardcast.client import FetchReport, fetch_checkpoint
 
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
         fetched: list[tuple[Any, int]] = []  # (manifest, bytes already there) once a download starts
@@ -281,9 +302,10 @@ def fetch_weights(
 
             def started(manifest: Any, done: int) -> None:
                 fetched.append((manifest, done))
-                bar.update(task, description=f"step {manifest.step}", total=manifest.total_size, completed=done)
+                bar.update(task, description=f"step {manifest.step}", total=manifest.checkpoint_size, completed=done)
 
             _freeze_heap()
+            report = FetchReport()
             path = asyncio.run(
                 fetch_checkpoint(
                     source,
@@ -295,17 +317,26 @@ def fetch_weights(
                     parallel=parallel,
                     on_start=started,
                     on_progress=lambda n: bar.advance(task, n),
+                    delta=delta,
+                    report=report,
                 )
             )
         if not quiet:
             if fetched:
                 manifest, resumed = fetched[0]
                 seconds = time.monotonic() - started_at
-                moved = (manifest.total_size - resumed) / 1e6
+                moved = (report.whole_bytes + report.delta_bytes) / 1e6
                 note = f", {resumed / 1e6:,.1f} MB resumed from an earlier run" if resumed else ""
+                if report.rebuilt_bytes:
+                    links = "its delta" if report.links == 1 else f"a chain of {report.links} deltas"
+                    note += (
+                        f", {report.rebuilt_bytes / 1e6:,.1f} MB rebuilt from step {report.base_step} with {links}"
+                        f" ({report.delta_bytes / 1e6:,.1f} MB)"
+                    )
                 stderr_console().print(
-                    f"step {manifest.step}: {len(manifest.files)} files, {moved:,.1f} MB in {seconds:.2f} s "
-                    f"({moved / max(seconds, 1e-3):,.0f} MB/s){note}; every shard verified, signed by {policy.trainer}"
+                    f"step {manifest.step}: {len(manifest.checkpoint_files)} files, {moved:,.1f} MB moved in"
+                    f" {seconds:.2f} s ({moved / max(seconds, 1e-3):,.0f} MB/s){note}; every shard verified, signed"
+                    f" by {policy.trainer}"
                 )
             else:
                 stderr_console().print(f"{path} is already here (published only after every shard verified)")

@@ -181,10 +181,12 @@ def assert_same_checkpoint(got: Path, want: Path) -> None:
         assert (got / p.name).read_bytes() == p.read_bytes(), p.name
 
 
-def corrupt_shards(net: Network, relay: str, *, first: int, every: int, at: int) -> None:
-    """Flip byte `at` of shards first, first + every, ... of step 1 on `relay`'s disk, after it verified them: from
-    then on it serves those shards wrong."""
-    stored = net.root / relay / "v" / "1" / "model.safetensors"
+def corrupt_shards(
+    net: Network, relay: str, *, first: int, every: int, at: int, step: int = 1, file: str = "model.safetensors"
+) -> None:
+    """Flip byte `at` of shards first, first + every, ... of `file` of `step` on `relay`'s disk, after it verified
+    them: from then on it serves those shards wrong."""
+    stored = net.root / relay / "v" / str(step) / file
     data = bytearray(stored.read_bytes())
     for offset in range(first * SHARD, len(data), every * SHARD):
         data[offset + at] ^= 0xFF
@@ -219,6 +221,41 @@ def test_a_corrupting_relay_is_caught_and_the_checkpoint_is_byte_identical(
     log = net.log("client")
     assert f"dropping source {relay}" in log and f"failed its {shard_hash}" in log
     assert metric(origin, "shardcast_bytes_sent_total") >= 12 * MIB - SHARD  # the origin carried nearly all
+
+
+def test_with_deltas_a_corrupting_relay_is_caught_and_the_client_rebuilds_the_step_byte_identical(net: Network) -> None:
+    """Issue 36 through the processes a pool runs: the origin publishes step 2 whole and as a delta against step 1,
+    a relay mirrors both, its disk then corrupts both step 2's delta and its model, and a client holding step 1
+    fetches step 2 from the relay and the origin: it drops the relay, rebuilds from the origin's copy of the delta,
+    and has the trainer's bytes."""
+    origin = net.origin("--delta-min-mib", "0")
+    source = net.publish(1, 12 * MIB, seed=1)
+    out = net.root / "out"
+    first = net.fetch("first", out, origin, extra=("--step", "1"))
+    assert first.wait(timeout=120) == 0, net.log("first")
+    words = bytearray((source / "model.safetensors").read_bytes())
+    # one byte in 4 changed, to random values: a delta of 3 shards or more, so that the client's 4 transfers (2 at
+    # most a source) take shards of it from both sources
+    words[::4] = os.urandom(len(words[::4]))
+    staging = net.root / "staging_2"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(bytes(words))
+    (staging / "config.json").write_text(json.dumps({"step": 1}))
+    os.rename(staging, net.watch / "step_2")
+    relay, _ = net.relay("relay", origin)
+    wait_complete(relay, 2)
+    delta = "model.safetensors.scdelta"
+    assert 3 * SHARD < (net.root / "relay" / "v" / "2" / delta).stat().st_size < 12 * MIB // 2  # beside the step
+    corrupt_shards(net, "relay", first=0, every=1, at=7, step=2, file=delta)
+    corrupt_shards(net, "relay", first=0, every=1, at=7, step=2)
+
+    before = metric(origin, "shardcast_bytes_sent_total")  # the relay's mirroring included
+    proc = net.fetch("client", out, relay, origin, extra=("--step", "2"))
+    assert proc.wait(timeout=120) == 0, net.log("client")
+    assert_same_checkpoint(out / "step_2", net.watch / "step_2")
+    log = net.log("client")
+    assert f"dropping source {relay}" in log and "failed its blake3" in log
+    assert metric(origin, "shardcast_bytes_sent_total") - before < 12 * MIB // 2  # the delta, not step 2 whole
 
 
 def test_a_manifest_not_signed_by_the_expected_trainer_is_refused(net: Network) -> None:

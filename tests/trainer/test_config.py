@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from core.config import Settings, declared
+from shardcast.delta import DeltaPolicy
 from tests.test_settings_declared_once import KEY, TABLE, shown_keys
 from trainer.config import GossipConfig, TrainerConfigError, TrainerSettings, load_run_config
 
@@ -21,13 +22,15 @@ def test_the_shipped_config_loads_and_flags_override_it() -> None:
     assert (config.local_workers, config.steps, config.run_dir) == (3, 7, Path("/tmp/x"))
     assert config.model == (EXAMPLE.parent / ".." / "tiny-sft").resolve()  # relative to the TOML file
     assert config.learner.async_level == 1 and config.max_minutes is None
-    assert config.manifest_format == 2
+    assert config.manifest_format == 3 and config.delta == DeltaPolicy(64 << 20, 0.9)
 
 
 def test_the_origin_can_be_kept_on_manifest_format_1(tmp_path: Path) -> None:
     path = tmp_path / "trainer.toml"
     path.write_text("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nmanifest_format=1\n[local]\nworkers=1\n")
     assert load_run_config(path).manifest_format == 1
+    path.write_text("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\ndelta=false\n[local]\nworkers=1\n")
+    assert load_run_config(path).delta is None
 
 
 NETWORK = "[run]\ndir='r'\nmodel='m'\ntask='t'\n[pool]\nid=1\ndeployment='d.json'\n"
@@ -107,7 +110,8 @@ def test_both_modes_take_the_oldest_files_first_under_a_cap_on_what_is_handed_ou
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlr=true\n[local]\nworkers=1\n", "optim.lr"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[optim]\nlearning_rate=1\n[local]\nworkers=1\n", "unknown key"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nkeep=2\n[local]\nworkers=1\n", "shardcast.keep"),
-        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nmanifest_format=3\n[local]\nworkers=1", "manifest_format"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\nmanifest_format=4\n[local]\nworkers=1", "manifest_format"),
+        ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[shardcast]\ndelta_max_ratio=0\n[local]\nworkers=1", "delta_max_ratio"),
         ("[run]\nmodel='m'\ntask='t'\n[local]\nworkers=1\n", "run.dir"),
         ("[run\n", "not readable TOML"),
         ("[run]\ndir='r'\nmodel='m'\ntask='t'\n[p2p]\nport=70000\n[local]\nworkers=1\n", "p2p.port"),
