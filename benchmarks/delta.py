@@ -1,6 +1,8 @@
-"""Delta checkpoints, measured: the bytes of one step's delta against the full checkpoint (shardcast/delta.py).
+"""Delta checkpoints, measured: the bytes of one step's delta against the full checkpoint (shardcast/delta.py), and
+the time for a step to reach its clients whole and as a delta.
 
-    .venv/bin/python benchmarks/delta.py [--layers 2] [--steps 3] [--lrs 1e-6 1e-5 1e-4] [--skip-real]
+    .venv/bin/python benchmarks/delta.py [--layers 2] [--steps 3] [--lrs 1e-6 1e-5 1e-4] [--skip-real] [--save DIR]
+    .venv/bin/python benchmarks/delta.py --propagate DIR [--clients 1 4] [--repeats 3]
 
 For each model (the tiny one; Qwen2.5-0.5B's shape with `--layers` of its 24 layers) and each learning rate, the
 trainer's own loop (`trainer.sharded.open_loop`: float32 master weights, AdamW without warm-up, so every step is at
@@ -13,7 +15,16 @@ the first is encoded too (a client that many steps behind: one delta, against th
 
 Per model, precision and rate it prints: the full file's bytes, the mean delta's bytes and its share of the full,
 the share of words changed, the seconds to encode and to apply one delta, and the direct and chained deltas from the
-first step to the last.
+first step to the last. `--save DIR` keeps each model's, precision's and rate's first two policies as checkpoint
+folders (`DIR/<model>-<dtype>-<lr>/step_0`, `step_1`: the model's config.json and the policy's safetensors file).
+
+`--propagate DIR` takes such a pair (`DIR/step_0`, `DIR/step_1`) through the processes a pool runs: `prime-node
+origin` (whole steps only, `--no-delta`; or whole steps and deltas, `--delta-min-mib 0`), one `prime-node relay`, and
+N `prime-node fetch-weights` clients. The clients fetch step 0 first (as step 1), then wait for the next step with
+`--after 1`, and the clock runs from the origin's `published` event of step 2 (step_1) to the last client's exit. It
+prints, per mode and N (medians of `--repeats`): that time, the origin's publish (copy, delta, hashes, signature),
+the bytes each client moved, the seconds each spent applying, and the CPU seconds of the relay and of each client
+while the clock ran (benchmarks/shardcast.py's process harness). Every client's step is compared with step_1.
 """
 
 from __future__ import annotations
@@ -87,7 +98,20 @@ def rollout_file(model_dir: Path, work: Path) -> Any:
     return mixed_rewards(read_rollouts(written.path, max_bytes=MAX_FILE_BYTES))
 
 
-def measure(label: str, model_dir: Path, lrs: list[float], steps: int, work: Path) -> list[Row]:
+def save_pair(model_dir: Path, snapshots: list[Path], out: Path) -> None:
+    """Steps 0 and 1 of one run as checkpoint folders under `out`, for `--propagate`."""
+    import shutil
+
+    for step, snapshot in enumerate(snapshots[:2]):
+        folder = out / f"step_{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(model_dir / "config.json", folder / "config.json")
+        shutil.copyfile(snapshot, folder / "model.safetensors")
+
+
+def measure(
+    label: str, model_dir: Path, lrs: list[float], steps: int, work: Path, save: Path | None = None
+) -> list[Row]:
     from protocol.tasks.sources import open_source
     from protocol.tasks.spec import load_task_spec
     from shardcast.delta import apply_delta, encode_delta
@@ -131,6 +155,8 @@ def measure(label: str, model_dir: Path, lrs: list[float], steps: int, work: Pat
                     raise SystemExit(f"{label} {dtype} lr {lr:g} step {step}: the rebuilt file differs")
                 row.deltas.append(encoded.bytes)
                 row.changed.append(encoded.changed_fraction)
+                if save is not None and step == 1:
+                    save_pair(model_dir, snapshots[dtype], save / f"{label}-{dtype}-{lr:g}")
                 before.unlink() if step > 1 else None  # keep the first for the direct delta
         for dtype in DTYPES:
             direct = encode_delta(snapshots[dtype][0], snapshots[dtype][-1], work / "delta")
@@ -141,6 +167,134 @@ def measure(label: str, model_dir: Path, lrs: list[float], steps: int, work: Pat
         rows += results.values()
         print(f"measured {label} at lr {lr:g}", file=sys.stderr, flush=True)
     return rows
+
+
+@dataclasses.dataclass
+class Spread:
+    """One step's spread to N clients in one mode: medians over the repeats."""
+
+    mode: str
+    clients: int
+    seconds: list[float] = dataclasses.field(default_factory=list)  # from published to the last client's exit
+    publish: list[float] = dataclasses.field(default_factory=list)  # the origin's publish_start -> published
+    moved: list[float] = dataclasses.field(default_factory=list)  # bytes each client downloaded (mean)
+    apply: list[float] = dataclasses.field(default_factory=list)  # seconds each client spent applying (mean)
+    relay_cpu: list[float] = dataclasses.field(default_factory=list)
+    client_cpu: list[float] = dataclasses.field(default_factory=list)  # per client (mean)
+
+
+def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float) -> dict[str, float]:
+    """Step 0 then step 1 of `pair` through an origin, a relay and `clients` clients; the second step measured."""
+    import os
+
+    from benchmarks.shardcast import POOL, TRAINER, Processes, answers, free_port, in_flight
+    from shardcast import trace
+    from tests.anvil_deployment import write_anvil_deployment
+
+    logs = work / "logs"
+    logs.mkdir(parents=True)
+    procs = Processes(logs, timeout)
+    env = {trace.ENV: str(work / "trace")}
+    deployment = write_anvil_deployment(work / "deployment.json")
+    watch = work / "checkpoints"
+    watch.mkdir()
+    node = [sys.executable, "-m", "node.cli.main"]
+    common = ["--host", "127.0.0.1", "--deployment", str(deployment)]
+    try:
+        origin_url = f"http://127.0.0.1:{(port := free_port())}"
+        origin = [*node, "origin", "--data", str(work / "origin"), "--port", str(port), "--watch", str(watch)]
+        origin += ["--pool", str(POOL), "--dev-key", "0", *common]
+        origin += ["--delta-min-mib", "0"] if mode == "delta" else ["--no-delta"]
+        procs.start("origin", origin, REPO, env)
+        procs.wait_until("the origin", lambda: answers(f"{origin_url}/health"))
+        relay_url = f"http://127.0.0.1:{(port := free_port())}"
+        relay = [*node, "relay", "--data", str(work / "relay"), "--port", str(port), "--upstream", origin_url]
+        procs.start("relay", [*relay, "--trainer", TRAINER, *common], REPO, env)
+        procs.wait_until("the relay", lambda: answers(f"{relay_url}/health"))
+        fetch = [*node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--pool", str(POOL), "--quiet"]
+        fetch += ["--deployment", str(deployment)]
+        for step, folder in enumerate(("step_0", "step_1"), start=1):
+            names = [f"client-{i}-{step}" for i in range(clients)]
+            for i, name in enumerate(names):
+                procs.start(name, [*fetch, "--after", str(step - 1), "--out", str(work / f"client-{i}")], REPO, env)
+            procs.wait_until("the clients' long-polls", lambda: in_flight(relay_url) > clients)
+            staging = work / "staging" / f"step_{step}"
+            staging.mkdir(parents=True)
+            for file in (pair / folder).iterdir():
+                os.link(file, staging / file.name)  # same file system: the checkpoint appears without a copy
+            staging.rename(watch / f"step_{step}")
+            procs.wait_for_line("origin", f"published step {step}", stream="err")
+            published = time.time()
+            procs.mark()
+            finished = procs.wait_for_exits(names)
+            if step == 1:
+                for name in names:
+                    del procs.running[name]
+        used = {name: cpu - procs.cpu_at_mark.get(name, 0.0) for name, cpu in procs.cpu.items()}
+    finally:
+        procs.stop_all()
+    want = (pair / "step_1" / "model.safetensors").read_bytes()
+    for i in range(clients):
+        if (work / f"client-{i}" / "step_2" / "model.safetensors").read_bytes() != want:
+            raise SystemExit(f"{mode}, {clients} clients: client {i} holds other bytes than step_1")
+    events = [e for run in trace.read(work / "trace").values() for e in run]
+    starts = [e["t"] for e in events if e["event"] == "publish_start" and e.get("step") == 2]
+    done = [e["t"] for e in events if e["event"] == "published" and e.get("step") == 2]
+    rebuilt = [e for e in events if e["event"] == "rebuilt" and e.get("step") == 2]
+    fetched = [e for e in events if e["event"] == "fetched" and e.get("step") == 2]
+    if mode == "delta" and len(rebuilt) != clients:
+        raise SystemExit(f"delta, {clients} clients: {len(rebuilt)} clients rebuilt step 2 from its delta")
+    moved = sum(e["bytes"] for e in fetched) + sum(e["delta_bytes"] for e in rebuilt)
+    return {
+        "seconds": max(finished) - published,
+        "publish": done[0] - starts[0],
+        "moved": moved / clients,
+        "apply": sum(e["apply_s"] for e in rebuilt) / clients,
+        "relay_cpu": used["relay"],
+        "client_cpu": sum(c for n, c in used.items() if n.startswith("client-") and n.endswith("-2")) / clients,
+    }
+
+
+def propagate(pair: Path, counts: list[int], repeats: int, timeout: float) -> list[Spread]:
+    import shutil
+
+    spreads = []
+    for clients in counts:
+        for mode in ("whole", "delta"):
+            spread = Spread(mode, clients)
+            for repeat in range(repeats):
+                work = Path(tempfile.mkdtemp(prefix=f"delta-spread-{mode}-{clients}-{repeat}-", dir=pair.parent))
+                try:
+                    got = spread_once(pair, mode, clients, work, timeout)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+                for key, value in got.items():
+                    getattr(spread, key).append(value)
+                print(f"{mode}, {clients} clients, run {repeat + 1}: {got['seconds']:.2f} s", file=sys.stderr)
+            spreads.append(spread)
+    return spreads
+
+
+def spread_table(pair: Path, spreads: list[Spread]) -> None:
+    med = statistics.median
+    size = (pair / "step_1" / "model.safetensors").stat().st_size
+    print(f"{pair.name}: step_1 is {size / 1e6:,.1f} MB; medians of {len(spreads[0].seconds)} runs")
+    print("| clients | mode | to the last client s | origin publish s | MB moved a client | apply s a client "
+          "| relay CPU s | CPU s a client | all runs s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s in spreads:
+        runs = " ".join(f"{x:.2f}" for x in s.seconds)
+        print(
+            f"| {s.clients} | {s.mode} | {med(s.seconds):.2f} | {med(s.publish):.2f} | {med(s.moved) / 1e6:,.1f} | "
+            f"{med(s.apply):.2f} | {med(s.relay_cpu):.2f} | {med(s.client_cpu):.2f} | {runs} |"
+        )
+    for clients in sorted({s.clients for s in spreads}):
+        whole, delta = (next(s for s in spreads if (s.mode, s.clients) == (m, clients)) for m in ("whole", "delta"))
+        handoff = (med(delta.seconds) + med(delta.publish)) / (med(whole.seconds) + med(whole.publish))
+        print(
+            f"{clients} clients: delta / whole time {med(delta.seconds) / med(whole.seconds):.2f}, "
+            f"from the origin's hand-off {handoff:.2f}, bytes {med(delta.moved) / med(whole.moved):.3f}"
+        )
 
 
 def table(rows: list[Row], steps: int) -> None:
@@ -166,7 +320,15 @@ def main() -> None:
     parser.add_argument("--skip-real", action="store_true", help="the tiny model only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=DTYPES, help="the pools' precisions")
+    parser.add_argument("--save", type=Path, help="keep steps 0 and 1 of each run as checkpoint folders here")
+    parser.add_argument("--propagate", type=Path, help="time DIR/step_0 then DIR/step_1 through origin, relay, clients")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4], help="client counts for --propagate")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each --propagate measurement")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one --propagate run may take")
     args = parser.parse_args()
+    if args.propagate:
+        spread_table(args.propagate, propagate(args.propagate, args.clients, args.repeats, args.timeout))
+        return
     DTYPES[:] = args.dtypes
     import torch
 
@@ -180,11 +342,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="delta-bench-") as tmp:
         work = Path(tmp)
         tiny = init_model(work / "tiny", seed=0)
-        rows += measure("tiny", tiny, args.lrs, args.steps, work)
+        rows += measure("tiny", tiny, args.lrs, args.steps, work, args.save)
         if not args.skip_real:
             shape = dataclasses.replace(QWEN25_05B.with_layers(args.layers), dtype="float32")
             real = init_model(work / "real", seed=0, shape=shape, specs=[load_task_spec(TASK)])
-            rows += measure(f"0.5b-{args.layers}l", real, args.lrs, args.steps, work)
+            rows += measure(f"0.5b-{args.layers}l", real, args.lrs, args.steps, work, args.save)
     table(rows, args.steps)
 
 

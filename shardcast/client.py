@@ -675,7 +675,6 @@ async def fetch_checkpoint(
             signed = {SIGNED_MANIFEST_NAME: encode_manifest(manifest)}
             sink = PartialCheckpoint(target, checkpoint, metadata=signed, keep_manifest=False)
             trace.event("manifest", step=manifest.step, bytes=manifest.checkpoint_size)
-            before = sink.done_bytes
             try:
                 if on_start is not None:
                     on_start(manifest, sink.done_bytes)
@@ -700,7 +699,7 @@ async def fetch_checkpoint(
                         log.warning("re-fetching shards after a failed file check: %s", exc)
                 raise DownloadFailed(manifest.step, downloader.errors)
             finally:
-                trace.event("fetched", step=manifest.step, bytes=sink.done_bytes - before)
+                trace.event("fetched", step=manifest.step, bytes=report.whole_bytes)
                 sink.close()
     finally:
         if isinstance(sources, SourcePool):
@@ -755,7 +754,10 @@ async def _rebuild(
     finally:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-    trace.event("rebuilt", step=manifest.step, base=base.step, links=len(links), bytes=report.rebuilt_bytes)
+    trace.event(
+        "rebuilt", step=manifest.step, base=base.step, links=len(links), bytes=report.rebuilt_bytes,
+        delta_bytes=report.delta_bytes, apply_s=round(report.apply_seconds, 4),
+    )  # fmt: skip
 
 
 async def _delta_plan(

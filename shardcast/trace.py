@@ -11,6 +11,9 @@ Events (`file`, `index` name a shard; `source` is the URL it came from):
 - any downloader (a relay's mirror, a client): `manifest` (trusted), `shard_start` (first request), `shard_done`
   (verified; `hash_s`: seconds its sha256 took, `wait_s`: seconds before its first byte), `finish_start`,
   `finish_fsynced`, `finish_renamed`;
+- a client: `rebuilt` (what it rebuilt from deltas: `bytes`, `delta_bytes`, `apply_s`, `base`, `links`), `fetched`
+  (`bytes`: what it downloaded whole);
+- an origin: `delta_made` or `delta_skipped` (`base`, `bytes`: the deltas' bytes) before `publish_hashed`;
 - any server: `served` (the last byte of a shard answer was handed to the kernel; `waited_s`: how long the
   request waited for the shard to be mirrored, `bytes`).
 """
