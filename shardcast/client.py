@@ -56,7 +56,7 @@ from shardcast.manifest import (
     manifest_hash,
     parse_manifest,
 )
-from shardcast.partial import PartialCheckpoint
+from shardcast.partial import PartialCheckpoint, partial_path
 from shardcast.protocol import (
     MAX_MANIFEST_BYTES,
     MAX_VERSIONS_BYTES,
@@ -722,7 +722,10 @@ async def _rebuild(
     out = sink.target.parent
     sizes = {(f.name, s.index): s.size for f in sink.manifest.files for s in f.shards}
     missing = sum(sizes[key] for key in sink.missing())
-    plan = await _delta_plan(session, sources, policy, out, manifest, budget=missing)
+    try:
+        plan = await _delta_plan(session, sources, policy, out, manifest, budget=missing)
+    except (RelayError, OSError) as exc:  # a held folder's manifest unreadable, say
+        plan = f"no plan: {exc}"
     if isinstance(plan, str):
         report.problems.append(plan)
         log.info("step %d whole: %s", manifest.step, plan)
@@ -733,22 +736,21 @@ async def _rebuild(
     folders: list[Path] = []
     try:
         for i, link in enumerate(links):
-            folder, fetched = await _fetch_deltas(session, sources, out, link, parallel=parallel)
-            folders.append(folder)
-            report.delta_bytes += fetched
+            folders.append(partial_path(_deltas_folder(out, link.step)))
+            report.delta_bytes += await _fetch_deltas(session, sources, out, link, parallel=parallel)
             began = time.monotonic()
-            current, problems = await asyncio.to_thread(apply_link, link, folder, current, verify=i < len(links) - 1)
+            last = i == len(links) - 1
+            current, problems = await asyncio.to_thread(apply_link, link, folders[-1], current, verify=not last)
             report.problems += problems
-            if i == len(links) - 1:
+            if last:
                 for name, path in current.items():
-                    taken = await asyncio.to_thread(sink.take_file, name, path)
-                    report.rebuilt_bytes += taken
+                    report.rebuilt_bytes += await asyncio.to_thread(sink.take_file, name, path)
                     left = sum(1 for file, _ in sink.missing() if file == name)
                     if left:
                         report.problems.append(f"{name}: {left} shards rebuilt from the delta did not verify")
                         log.warning("step %d: %s", manifest.step, report.problems[-1])
             report.apply_seconds += time.monotonic() - began
-    except RelayError as exc:  # DownloadFailed included
+    except (RelayError, OSError) as exc:  # DownloadFailed included; a disk that filled up
         report.problems.append(f"deltas not used: {exc}")
         log.warning("step %d: deltas not used (%s); fetching what is missing whole", manifest.step, exc)
     finally:
@@ -758,6 +760,11 @@ async def _rebuild(
         "rebuilt", step=manifest.step, base=base.step, links=len(links), bytes=report.rebuilt_bytes,
         delta_bytes=report.delta_bytes, apply_s=round(report.apply_seconds, 4),
     )  # fmt: skip
+
+
+def _deltas_folder(out: Path, step: int) -> Path:
+    """Where a client assembles a step's delta files (a `PartialCheckpoint` target, never published)."""
+    return out / f"{STEP_DIR_PREFIX}{step}.delta"
 
 
 async def _delta_plan(
@@ -816,12 +823,11 @@ async def _signed_manifest(
 
 async def _fetch_deltas(
     session: aiohttp.ClientSession, sources: Sequence[Source], out: Path, link: Manifest, *, parallel: int
-) -> tuple[Path, int]:
+) -> int:
     """Download `link`'s delta files into `<out>/step_<N>.delta.partial/` (resumed if a killed run left them); returns
-    that folder and the delta bytes. Each source is asked through a copy, so that a source that no longer holds an
-    older step is dropped from this download only; what the copies measured and any offence go back to the source."""
-    folder = out / f"{STEP_DIR_PREFIX}{link.step}.delta"
-    deltas = PartialCheckpoint(folder, link.view(link.delta_files), writeback=False)
+    their bytes. Each source is asked through a copy, so that a source that no longer holds an older step is dropped
+    from this download only; what the copies measured and any offence go back to the source."""
+    deltas = PartialCheckpoint(_deltas_folder(out, link.step), link.view(link.delta_files), writeback=False)
     copies = [Source(s.url, throughput=s.throughput) for s in sources if s.banned is None]
     try:
         downloader = Downloader(session, copies, parallel=parallel)
@@ -834,4 +840,4 @@ async def _fetch_deltas(
             source.throughput = copy.throughput or source.throughput
             if copy.offence is not None:
                 source.convict(copy.offence)
-    return deltas.partial, link.delta_size
+    return link.delta_size

@@ -48,6 +48,11 @@ def check_shard(file: str, shard: ShardInfo, data: bytes) -> None:
         raise ShardHashMismatch(file, shard.index, shard.digest.hex(), actual.hex())
 
 
+def partial_path(target: Path) -> Path:
+    """Where a `PartialCheckpoint` of `target` assembles it."""
+    return target.with_name(target.name + ".partial")
+
+
 def bad_shards(path: Path, mf: ManifestFile) -> list[int]:
     """The shards of `path` that do not hash to the manifest's values (all of them if its size is not the file's)."""
     if not path.is_file() or path.stat().st_size != mf.size:
@@ -99,7 +104,7 @@ class PartialCheckpoint:
         # waits for that fsync; a relay's does not (it serves each shard as soon as it is verified), and its disk
         # writes only take the CPU and the disk from its own transfers and its clients'
         self.writeback = writeback
-        self.partial = self.target.with_name(self.target.name + ".partial")
+        self.partial = partial_path(self.target)
         self.manifest = manifest
         self.metadata = dict(metadata or {})
         self._keep_manifest = metadata is not None if keep_manifest is None else keep_manifest
