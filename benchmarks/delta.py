@@ -2,7 +2,7 @@
 the time for a step to reach its clients whole and as a delta.
 
     .venv/bin/python benchmarks/delta.py [--layers 2] [--steps 3] [--lrs 1e-6 1e-5 1e-4] [--skip-real] [--save DIR]
-    .venv/bin/python benchmarks/delta.py --propagate DIR [--clients 1 4] [--repeats 3]
+    .venv/bin/python benchmarks/delta.py --propagate DIR [--clients 1 4] [--repeats 3] [--relay-rate MB/S]
 
 For each model (the tiny one; Qwen2.5-0.5B's shape with `--layers` of its 24 layers) and each learning rate, the
 trainer's own loop (`trainer.sharded.open_loop`: float32 master weights, AdamW without warm-up, so every step is at
@@ -20,7 +20,7 @@ folders (`DIR/<model>-<dtype>-<lr>/step_0`, `step_1`: the model's config.json an
 
 `--propagate DIR` takes such a pair (`DIR/step_0`, `DIR/step_1`) through the processes a pool runs: `prime-node
 origin` (whole steps only, `--no-delta`; or whole steps and deltas, `--delta-min-mib 0`), one `prime-node relay`, and
-N `prime-node fetch-weights` clients. The clients fetch step 0 first (as step 1), then wait for the next step with
+N `prime-node fetch-weights` clients (`--relay-rate`: the relay's uplink, which its clients share). The clients fetch step 0 first (as step 1), then wait for the next step with
 `--after 1`, and the clock runs from the origin's `published` event of step 2 (step_1) to the last client's exit. It
 prints, per mode and N (medians of `--repeats`): that time, the origin's publish (copy, delta, hashes, signature),
 the bytes each client moved, the seconds each spent applying, and the CPU seconds of the relay and of each client
@@ -183,8 +183,10 @@ class Spread:
     client_cpu: list[float] = dataclasses.field(default_factory=list)  # per client (mean)
 
 
-def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float) -> dict[str, float]:
-    """Step 0 then step 1 of `pair` through an origin, a relay and `clients` clients; the second step measured."""
+def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float, relay_rate: float) -> dict[str, float]:
+    """Step 0 then step 1 of `pair` through an origin, a relay and `clients` clients; the second step measured. With
+    `relay_rate` (MB/s), the relay serves at most that much to its clients together (`--client-rate`: they share the
+    address 127.0.0.1): the uplink of a relay, or one worker's link when there is one client."""
     import os
 
     from benchmarks.shardcast import POOL, TRAINER, Processes, answers, free_port, in_flight
@@ -209,6 +211,7 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float)
         procs.wait_until("the origin", lambda: answers(f"{origin_url}/health"))
         relay_url = f"http://127.0.0.1:{(port := free_port())}"
         relay = [*node, "relay", "--data", str(work / "relay"), "--port", str(port), "--upstream", origin_url]
+        relay += ["--client-rate", str(relay_rate)] if relay_rate else []
         procs.start("relay", [*relay, "--trainer", TRAINER, *common], REPO, env)
         procs.wait_until("the relay", lambda: answers(f"{relay_url}/health"))
         fetch = [*node, "fetch-weights", "--source", relay_url, "--trainer", TRAINER, "--pool", str(POOL), "--quiet"]
@@ -255,7 +258,7 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float)
     }
 
 
-def propagate(pair: Path, counts: list[int], repeats: int, timeout: float) -> list[Spread]:
+def propagate(pair: Path, counts: list[int], repeats: int, timeout: float, relay_rate: float) -> list[Spread]:
     import shutil
 
     spreads = []
@@ -265,7 +268,7 @@ def propagate(pair: Path, counts: list[int], repeats: int, timeout: float) -> li
             for repeat in range(repeats):
                 work = Path(tempfile.mkdtemp(prefix=f"delta-spread-{mode}-{clients}-{repeat}-", dir=pair.parent))
                 try:
-                    got = spread_once(pair, mode, clients, work, timeout)
+                    got = spread_once(pair, mode, clients, work, timeout, relay_rate)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 for key, value in got.items():
@@ -275,10 +278,11 @@ def propagate(pair: Path, counts: list[int], repeats: int, timeout: float) -> li
     return spreads
 
 
-def spread_table(pair: Path, spreads: list[Spread]) -> None:
+def spread_table(pair: Path, spreads: list[Spread], relay_rate: float) -> None:
     med = statistics.median
     size = (pair / "step_1" / "model.safetensors").stat().st_size
-    print(f"{pair.name}: step_1 is {size / 1e6:,.1f} MB; medians of {len(spreads[0].seconds)} runs")
+    link = f"the relay serves at most {relay_rate:g} MB/s in all" if relay_rate else "loopback, no limit"
+    print(f"{pair.name}: step_1 is {size / 1e6:,.1f} MB; {link}; medians of {len(spreads[0].seconds)} runs")
     print("| clients | mode | to the last client s | origin publish s | MB moved a client | apply s a client "
           "| relay CPU s | CPU s a client | all runs s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -325,9 +329,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4], help="client counts for --propagate")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each --propagate measurement")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one --propagate run may take")
+    parser.add_argument("--relay-rate", type=float, default=0.0, help="MB/s the relay serves in all (0: no limit)")
     args = parser.parse_args()
     if args.propagate:
-        spread_table(args.propagate, propagate(args.propagate, args.clients, args.repeats, args.timeout))
+        spreads = propagate(args.propagate, args.clients, args.repeats, args.timeout, args.relay_rate)
+        spread_table(args.propagate, spreads, args.relay_rate)
         return
     DTYPES[:] = args.dtypes
     import torch

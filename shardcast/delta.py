@@ -39,10 +39,12 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import zstandard
@@ -65,6 +67,7 @@ DTYPE_BYTES = {
     "F64": 8, "I64": 8, "U64": 8,
 }  # fmt: skip
 MAX_SAFETENSORS_HEADER = 100 << 20
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -133,12 +136,36 @@ def word_width(path: Path) -> int:
     return word
 
 
-def _blocks(handle: BinaryIO, size: int, block_bytes: int) -> Iterator[bytes]:
-    for offset in range(0, size, block_bytes):
-        data = handle.read(min(block_bytes, size - offset))
-        if len(data) != min(block_bytes, size - offset):
-            raise DeltaError("a file changed size while its delta was made")
-        yield data
+def _threads(threads: int) -> int:
+    return threads if threads > 0 else min(4, os.cpu_count() or 1)
+
+
+def _in_order(pool: ThreadPoolExecutor, work: Callable[[int], _T], count: int, window: int) -> Iterator[_T]:
+    """`work(0)`, `work(1)`, ... run in `pool`, at most `window` at once, their results yielded in order."""
+    pending: deque[Future[_T]] = deque()
+    try:
+        for index in range(count):
+            pending.append(pool.submit(work, index))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _pread_words(fd: int, offset: int, length: int, kind: type[np.unsignedinteger[Any]], what: str) -> np.ndarray:
+    """`length` bytes of a file at `offset` as a new array of `kind` (read straight into it)."""
+    words = np.empty(length // np.dtype(kind).itemsize, kind)
+    view = words.data.cast("B")
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise DeltaError(f"{what} ended at byte {offset + done} (did it change size?)")
+        done += n
+    return words
 
 
 def encode_delta(
@@ -149,9 +176,11 @@ def encode_delta(
     word: int | None = None,
     block_words: int = DEFAULT_BLOCK_WORDS,
     level: int = DEFAULT_LEVEL,
+    threads: int = 0,
 ) -> DeltaStats | None:
-    """Writes the delta that turns `base` into `new` to `out` (atomically); None, writing nothing, when the two differ
-    in size (send `new` whole). `word`: the element width (default `word_width(new)`)."""
+    """Writes the delta that turns `base` into `new` to `out` (atomically, fsynced); None, writing nothing, when the
+    two differ in size (send `new` whole). `word`: the element width (default `word_width(new)`). Blocks are
+    compared and compressed in `threads` threads (0: up to 4, one a core; numpy and zstd let go of the GIL)."""
     size = new.stat().st_size
     if base.stat().st_size != size:
         return None
@@ -163,22 +192,29 @@ def encode_delta(
     kind = WORDS[word]
     block_bytes = block_words * word
     blocks = math.ceil(size / block_bytes)
-    compressor = zstandard.ZstdCompressor(level=level)
-    changed_total = 0
+    workers = _threads(threads)
     partial = out.with_name(out.name + ".partial")
     with base.open("rb") as old_file, new.open("rb") as new_file, partial.open("wb") as sink:
-        sink.write(HEADER.pack(MAGIC, word, block_words, size, blocks))
-        for old_bytes, new_bytes in zip(
-            _blocks(old_file, size, block_bytes), _blocks(new_file, size, block_bytes), strict=True
-        ):
-            old_words, new_words = np.frombuffer(old_bytes, kind), np.frombuffer(new_bytes, kind)
-            differs = old_words != new_words
-            changed = int(np.count_nonzero(differs))
-            at = np.flatnonzero(differs)
+
+        def block(index: int) -> tuple[int, bytes]:
+            offset = index * block_bytes
+            length = min(block_bytes, size - offset)
+            old_words = _pread_words(old_file.fileno(), offset, length, kind, base.name)
+            new_words = _pread_words(new_file.fileno(), offset, length, kind, new.name)
+            at = np.flatnonzero(old_words != new_words)
+            compressor = zstandard.ZstdCompressor(level=level)  # one a call: a compressor is not thread-safe
             gaps = compressor.compress(_planes(np.diff(at, prepend=0).astype(np.uint32)))
             values = compressor.compress(_planes(new_words[at]))
-            sink.write(BLOCK_HEAD.pack(changed, len(gaps)) + gaps + LENGTH.pack(len(values)) + values)
-            changed_total += changed
+            return len(at), BLOCK_HEAD.pack(len(at), len(gaps)) + gaps + LENGTH.pack(len(values)) + values
+
+        sink.write(HEADER.pack(MAGIC, word, block_words, size, blocks))
+        changed_total = 0
+        with ThreadPoolExecutor(workers, thread_name_prefix="delta-encode") as pool:
+            for changed, data in _in_order(pool, block, blocks, 2 * workers):
+                sink.write(data)
+                changed_total += changed
+        if os.fstat(new_file.fileno()).st_size != size:
+            raise DeltaError(f"{new.name} changed size while its delta was made")
         sink.flush()
         os.fsync(sink.fileno())
     os.replace(partial, out)
@@ -205,12 +241,16 @@ def _read(handle: BinaryIO, count: int, what: str) -> bytes:
 
 
 def _frame(handle: BinaryIO, length: int, exact: int, what: str) -> bytes:
-    """A zstd frame of `length` bytes that must decompress to exactly `exact` bytes; never more than `exact` + 1 are
-    produced, whatever size the frame claims."""
+    """The bytes of a zstd frame of `length` bytes that must decompress to exactly `exact` bytes (`_unframe`)."""
     # zstd's worst case for incompressible input is a few bytes per 128 KiB block; a longer frame is not one of ours
     if length > exact + exact // 64 + 1024:
         raise DeltaError(f"{what}: a frame of {length} bytes for {exact} bytes of data")
-    frame = _read(handle, length, what)
+    return _read(handle, length, what)
+
+
+def _unframe(frame: bytes, exact: int, what: str) -> bytes:
+    """`frame` decompressed: exactly `exact` bytes; never more than `exact` + 1 are produced, whatever size the frame
+    claims."""
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(frame)) as reader:
             data = reader.read(exact + 1)
@@ -221,13 +261,15 @@ def _frame(handle: BinaryIO, length: int, exact: int, what: str) -> bytes:
     return data
 
 
-def apply_delta(base: Path, delta: Path, out: Path, *, size: int) -> None:
+def apply_delta(base: Path, delta: Path, out: Path, *, size: int, threads: int = 0) -> None:
     """Writes `base` with `delta` applied to `out` (through `out.partial`, renamed when whole); `size` is what the
     manifest says the new file holds. Raises DeltaError for a delta that is malformed or made for another size; the
-    caller checks the result's hashes against the manifest before anything reads it."""
+    caller checks the result's hashes against the manifest before anything reads it, and makes it durable (the
+    result is not fsynced here). Blocks are rebuilt in `threads` threads (0: up to 4, one a core)."""
     if base.stat().st_size != size:
         raise DeltaError(f"the base {base.name} holds {base.stat().st_size} bytes, the delta is for {size}")
     partial = out.with_name(out.name + ".partial")
+    workers = _threads(threads)
     try:
         with delta.open("rb") as source, base.open("rb") as old_file, partial.open("wb") as sink:
             magic, word, block_words, declared, blocks = HEADER.unpack(_read(source, HEADER.size, "the header"))
@@ -241,26 +283,49 @@ def apply_delta(base: Path, delta: Path, out: Path, *, size: int) -> None:
             if blocks != math.ceil(size / block_bytes):
                 raise DeltaError(f"{blocks} blocks where {size} bytes make {math.ceil(size / block_bytes)}")
             kind = WORDS[word]
-            for index, old_bytes in enumerate(_blocks(old_file, size, block_bytes)):
-                words = len(old_bytes) // word
+            sink.truncate(size)
+
+            def frames(index: int) -> tuple[int, bytes, bytes]:
+                """Block `index`'s change count and frames, read in order from the delta and bounded by the base."""
+                words = min(block_bytes, size - index * block_bytes) // word
                 changed, gaps_len = BLOCK_HEAD.unpack(_read(source, BLOCK_HEAD.size, f"block {index}"))
                 if changed > words:
                     raise DeltaError(f"block {index}: {changed} changed words of {words}")
-                gaps = _unplanes(_frame(source, gaps_len, changed * 4, f"block {index}'s gaps"), np.uint32)
+                gaps = _frame(source, gaps_len, changed * 4, f"block {index}'s gaps")
+                (values_len,) = LENGTH.unpack(_read(source, LENGTH.size, f"block {index}"))
+                return changed, gaps, _frame(source, values_len, changed * word, f"block {index}'s values")
+
+            def rebuild(index: int, changed: int, gaps_frame: bytes, values_frame: bytes) -> None:
+                offset = index * block_bytes
+                length = min(block_bytes, size - offset)
+                gaps = _unplanes(_unframe(gaps_frame, changed * 4, f"block {index}'s gaps"), np.uint32)
                 if changed and (gaps[1:] == 0).any():
                     raise DeltaError(f"block {index}: a gap of 0 names one word twice")
                 at = np.cumsum(gaps, dtype=np.uint64)
-                if changed and int(at[-1]) >= words:
-                    raise DeltaError(f"block {index}: a change at word {int(at[-1])} of the block's {words}")
-                (values_len,) = LENGTH.unpack(_read(source, LENGTH.size, f"block {index}"))
-                values = _unplanes(_frame(source, values_len, changed * word, f"block {index}'s values"), kind)
-                words_now = np.frombuffer(old_bytes, kind).copy()
+                if changed and int(at[-1]) >= length // word:
+                    raise DeltaError(f"block {index}: a change at word {int(at[-1])} of the block's {length // word}")
+                values = _unplanes(_unframe(values_frame, changed * word, f"block {index}'s values"), kind)
+                words_now = _pread_words(old_file.fileno(), offset, length, kind, base.name)
                 words_now[at.astype(np.int64)] = values
-                sink.write(words_now.tobytes())
+                view = words_now.data.cast("B")
+                done = 0
+                while done < length:
+                    done += os.pwrite(sink.fileno(), view[done:], offset + done)
+
+            pending: deque[Future[None]] = deque()
+            with ThreadPoolExecutor(workers, thread_name_prefix="delta-apply") as pool:
+                try:
+                    for index in range(blocks):
+                        pending.append(pool.submit(rebuild, index, *frames(index)))
+                        while len(pending) >= 2 * workers:
+                            pending.popleft().result()
+                    while pending:
+                        pending.popleft().result()
+                finally:
+                    for future in pending:
+                        future.cancel()
             if source.read(1):
                 raise DeltaError("bytes after the last block")
-            sink.flush()
-            os.fsync(sink.fileno())
         os.replace(partial, out)
     except BaseException:
         partial.unlink(missing_ok=True)
