@@ -19,12 +19,13 @@ first step to the last. `--save DIR` keeps each model's, precision's and rate's 
 folders (`DIR/<model>-<dtype>-<lr>/step_0`, `step_1`: the model's config.json and the policy's safetensors file).
 
 `--propagate DIR` takes such a pair (`DIR/step_0`, `DIR/step_1`) through the processes a pool runs: `prime-node
-origin` (whole steps only, `--no-delta`; or whole steps and deltas, `--delta-min-mib 0`), one `prime-node relay`, and
-N `prime-node fetch-weights` clients (`--relay-rate`: the relay's uplink, which its clients share). The clients fetch step 0 first (as step 1), then wait for the next step with
-`--after 1`, and the clock runs from the origin's `published` event of step 2 (step_1) to the last client's exit. It
-prints, per mode and N (medians of `--repeats`): that time, the origin's publish (copy, delta, hashes, signature),
-the bytes each client moved, the seconds each spent applying, and the CPU seconds of the relay and of each client
-while the clock ran (benchmarks/shardcast.py's process harness). Every client's step is compared with step_1.
+origin` (whole steps only, `--no-delta`; or whole steps and deltas, `--delta-min-mib 0`), one `prime-node relay`,
+and N `prime-node fetch-weights` clients (`--relay-rate`: the relay's uplink, which its clients share). The clients
+fetch step 0 first (as step 1), then wait for the next step with `--after 1`, and the clock runs from the origin's
+`published` event of step 2 (step_1) to the last client's exit. It prints, per mode and N (medians of `--repeats`):
+that time, the origin's publish (copy, delta, hashes, signature), the bytes each client moved, the seconds each
+spent applying, and the CPU seconds of the relay and of each client while the clock ran (benchmarks/shardcast.py's
+process harness). Every client's step is compared with step_1.
 """
 
 from __future__ import annotations
