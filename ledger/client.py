@@ -17,8 +17,20 @@ from web3.types import TxReceipt
 from ledger.artifacts import load_artifact
 from ledger.deployment import Deployment
 from ledger.errors import DeploymentError, LedgerError
+from ledger.merkle import LeafProof
 from ledger.tx import Transactor, revert_from_exception, with_retries
-from ledger.types import Ejection, PoolConfig, PoolInfo, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
+from ledger.types import (
+    BatchRecord,
+    BatchStatus,
+    Ejection,
+    PoolConfig,
+    PoolInfo,
+    Reason,
+    StakeInfo,
+    StakeLock,
+    WorkRecord,
+    WorkStatus,
+)
 
 
 def connect(rpc_url: str, timeout: float = 30.0) -> Web3:
@@ -298,6 +310,47 @@ class Ledger:
             submitted_at=int(submitted_at),
             status=WorkStatus(int(status)),
         )
+
+    # --- batches: one Merkle root per batch (ledger.merkle builds the tree and the proofs) -------------------
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> TxReceipt:
+        """Records this node's batch of `count` files worth `total_units` under the Merkle `root`."""
+        return self._send(self.work.functions.submitBatch(pool_id, root, count, total_units), "submitBatch")
+
+    def invalidate_batch(
+        self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int
+    ) -> TxReceipt:
+        """Shows one file of `node`'s batch bad with its proof: the batch is void, the node slashed and ejected."""
+        call = self.work.functions.invalidateBatch(pool_id, node, root, proof.as_tuple(), int(reason))
+        return self._send(call, "invalidateBatch")
+
+    def refuse_leaf(self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int) -> TxReceipt:
+        """Refuses one file of `node`'s batch with its proof, without a slash: its units are not paid."""
+        call = self.work.functions.refuseLeaf(pool_id, node, root, proof.as_tuple(), int(reason))
+        return self._send(call, "refuseLeaf")
+
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> TxReceipt:
+        """Pays `node`'s provider for `node`'s batches `roots`, less their refused leaves (anyone may send this)."""
+        return self._send(self.work.functions.claimBatches(pool_id, node, list(roots)), "claimBatches")
+
+    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
+        """`node`'s batch `root`: status NONE when `node` never submitted it."""
+        provider, count, total, refused, submitted_at, status = self._call(
+            self.work.functions.getBatch(pool_id, node, root), "getBatch"
+        )
+        return BatchRecord(
+            pool_id=pool_id,
+            root=bytes(root),
+            node=to_checksum_address(node),
+            provider=to_checksum_address(provider),
+            count=int(count),
+            total_units=int(total),
+            refused_units=int(refused),
+            submitted_at=int(submitted_at),
+            status=BatchStatus(int(status)),
+        )
+
+    def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:
+        return bool(self._call(self.work.functions.isLeafRefused(pool_id, node, root, index), "isLeafRefused"))
 
     def challenge_window(self, pool_id: int) -> int:
         window, _, _, _ = self._call(self.pools.functions.terms(pool_id), "terms")

@@ -18,6 +18,15 @@ class WorkStatus(IntEnum):
     )
 
 
+class BatchStatus(IntEnum):
+    """Mirrors `IWorkLedger.BatchStatus`: a batch is paid whole (less its refused leaves) or not at all."""
+
+    NONE = 0
+    PENDING = 1  # refused leaves included: they only take their units out of the payout
+    INVALIDATED = 2  # one leaf shown bad: the whole batch void, the node slashed and ejected by invalidation
+    CLAIMED = 3
+
+
 class Ejection(IntEnum):
     """Mirrors `IComputePool.Ejection`: how a node left a pool for good."""
 
@@ -114,3 +123,22 @@ class WorkRecord:
     units: int
     submitted_at: int
     status: WorkStatus
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """`node`'s batch `root` in `pool_id` (`WorkLedger.getBatch`); `provider` is the zero address when it has none."""
+
+    pool_id: int
+    root: bytes
+    node: str
+    provider: str
+    count: int
+    total_units: int
+    refused_units: int  # what refused leaves took out of the payout, at most total_units
+    submitted_at: int
+    status: BatchStatus
+
+    @property
+    def payable_units(self) -> int:
+        return self.total_units - self.refused_units

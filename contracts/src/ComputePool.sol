@@ -23,9 +23,11 @@ contract ComputePool is IComputePool, AccessControl {
         address owner;
     }
 
+    /// @dev One storage slot, read whole by `memberTerms` on every submission.
     struct Membership {
         address provider; // zero when not a member
         Ejection ejection; // an ejected node (either kind) cannot rejoin the pool
+        uint48 maxUnitsPerKey; // the pool's, copied at join (terms never change): a submission reads one slot
     }
 
     INodeRegistry public immutable registry;
@@ -106,6 +108,7 @@ contract ComputePool is IComputePool, AccessControl {
         // is not active or its provider's stake does not cover the lock
         address provider = registry.lockStake(poolId, msg.sender, pool.config.minStakePerNode);
         m.provider = provider;
+        m.maxUnitsPerKey = uint48(pool.config.maxUnitsPerKey); // < 2^48 (createPool)
         emit NodeJoined(poolId, msg.sender, provider);
     }
 
@@ -156,10 +159,11 @@ contract ComputePool is IComputePool, AccessControl {
     }
 
     /// @inheritdoc IComputePool
-    /// @dev Two storage reads: the membership and the slot holding `maxNodes` and `maxUnitsPerKey`.
+    /// @dev One storage read: the membership holds the pool's cap since its join.
     function memberTerms(uint256 poolId, address node) external view returns (address provider, uint64 maxUnitsPerKey) {
-        provider = _memberships[poolId][node].provider;
-        if (provider != address(0)) maxUnitsPerKey = _pools[poolId].config.maxUnitsPerKey;
+        Membership storage m = _memberships[poolId][node];
+        provider = m.provider;
+        if (provider != address(0)) maxUnitsPerKey = m.maxUnitsPerKey;
     }
 
     /// @inheritdoc IComputePool

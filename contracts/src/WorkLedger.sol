@@ -7,6 +7,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {IComputePool} from "./interfaces/IComputePool.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 import {IWorkLedger} from "./interfaces/IWorkLedger.sol";
+import {BatchMerkle} from "./libraries/BatchMerkle.sol";
 
 /// @title WorkLedger
 /// @notice Holds each pool's reward escrow, records submitted work, lets validators invalidate (slash) or refuse (void,
@@ -15,6 +16,10 @@ import {IWorkLedger} from "./interfaces/IWorkLedger.sol";
 /// one fresh slot, and a record belongs to the node that made it. The provider is not stored: a node's binding in
 /// the registry is permanent, so it is looked up. Slashed stake is burned in the registry, never credited here: a
 /// pool's escrow holds only what was funded, so no invalidation pays anyone.
+/// A batch record is one storage slot too (count, submittedAt, status, totalUnits, refusedUnits) under
+/// (pool, node, root): one record and one fresh slot per batch, whatever its count. Refused leaves are bits of a
+/// bitmap under the batch. The per-key records (`submitWork` ... `claimRewards`) stay until their callers move to
+/// batches, then go.
 contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
@@ -24,8 +29,18 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         WorkStatus status; // 8 bits
     }
 
+    struct Batch {
+        uint32 count; // leaves, at least 1
+        uint40 submittedAt; // seconds
+        BatchStatus status; // 8 bits
+        uint80 totalUnits; // at most count x maxUnitsPerKey < 2^32 x 2^48
+        uint80 refusedUnits; // refused leaves' units, at most totalUnits
+    }
+
     /// @notice Highest reason code (DESIGN section 5): 1 hash mismatch ... 8 file unavailable.
     uint8 public constant MAX_REASON = 8;
+    /// @notice The most leaves a batch may hold: a record stores the count in 32 bits (a proof of 32 siblings).
+    uint256 public constant MAX_LEAVES = type(uint32).max;
 
     IComputePool public immutable pools;
     INodeRegistry public immutable registry;
@@ -33,6 +48,10 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
 
     mapping(uint256 poolId => uint256) public escrowOf;
     mapping(uint256 poolId => mapping(address node => mapping(bytes32 workKey => Work))) private _works;
+    mapping(uint256 poolId => mapping(address node => mapping(bytes32 root => Batch))) private _batches;
+    /// @dev Bit `index % 256` of word `index / 256`: leaf `index` of the batch was refused.
+    mapping(uint256 poolId => mapping(address node => mapping(bytes32 root => mapping(uint256 word => uint256))))
+        private _refusedLeaves;
 
     /// @param pools_ The ComputePool whose members submit and whose validators invalidate.
     /// @param registry_ The NodeRegistry this ledger slashes (it needs SLASHER_ROLE there).
@@ -142,6 +161,117 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         return (provider, work.units, work.submittedAt, status);
     }
 
+    /// @inheritdoc IWorkLedger
+    /// @dev Requirements: the caller is a member node, the root is new for it, `1 <= count <= MAX_LEAVES`,
+    /// `0 < totalUnits <= count x maxUnitsPerKey`. Emits {BatchSubmitted}.
+    function submitBatch(uint256 poolId, bytes32 root, uint256 count, uint256 totalUnits) external {
+        if (count == 0 || count > MAX_LEAVES) revert LeafCountOutOfRange(count, MAX_LEAVES);
+        (address provider, uint256 maxUnits) = _memberTerms(poolId);
+        uint256 cap = count * maxUnits; // < 2^32 x 2^48: no overflow, and it fits totalUnits' 80 bits
+        if (totalUnits == 0 || totalUnits > cap) revert UnitsOutOfRange(totalUnits, cap);
+        Batch storage batch = _batches[poolId][msg.sender][root];
+        if (batch.status != BatchStatus.None) revert BatchExists(poolId, msg.sender, root);
+        // One SSTORE of the whole slot, as `_record` does. The layout is the struct's, low bits first: count 0-31,
+        // submittedAt 32-71, status 72-79, totalUnits 80-159, refusedUnits 160-239 (zero).
+        uint256 packed =
+            count | (block.timestamp << 32) | (uint256(uint8(BatchStatus.Pending)) << 72) | (totalUnits << 80);
+        assembly ("memory-safe") {
+            sstore(batch.slot, packed)
+        }
+        emit BatchSubmitted(poolId, root, msg.sender, provider, count, totalUnits);
+    }
+
+    /// @inheritdoc IWorkLedger
+    /// @dev Requirements: as {invalidateWork} for the batch (reason, pending, validator, window, in that order), then
+    /// `leaf.index < count`, a proof of `depth(count)` siblings, and the leaf hashing up to `root`. A refused leaf
+    /// may be shown: a refusal is never a shield against a slash. Emits {BatchInvalidated}.
+    function invalidateBatch(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason)
+        external
+        nonReentrant
+    {
+        (Batch storage batch, uint256 slashAmount) = _provenLeaf(poolId, node, root, leaf, reason);
+        batch.status = BatchStatus.Invalidated;
+        // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant).
+        uint256 slashed = registry.slash(poolId, node, slashAmount);
+        pools.ejectForInvalidation(poolId, node);
+        emit BatchInvalidated(poolId, root, node, msg.sender, leaf.index, leaf.workKey, reason, slashed);
+    }
+
+    /// @inheritdoc IWorkLedger
+    /// @dev Requirements: as {invalidateBatch}, and the leaf not refused before. The refused units are capped at
+    /// what the batch has left, so a leaf that claims more than its batch (a reason-2 fault, for an invalidation)
+    /// cannot take the payout below zero. No interaction. Emits {LeafRefused}.
+    function refuseLeaf(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason) external {
+        (Batch storage batch,) = _provenLeaf(poolId, node, root, leaf, reason);
+        _markRefused(_refusedLeaves[poolId][node][root], poolId, node, root, leaf.index);
+        uint256 total = batch.totalUnits;
+        uint256 already = batch.refusedUnits;
+        // unchecked: already <= total, and what is stored is at most total
+        unchecked {
+            batch.refusedUnits = uint80(leaf.units < total - already ? already + leaf.units : total);
+        }
+        emit LeafRefused(poolId, root, node, msg.sender, leaf.index, leaf.workKey, leaf.units, reason);
+    }
+
+    /// @inheritdoc IWorkLedger
+    /// @dev Requirements: `node` was not ejected by an invalidation, every root is its pending batch past its window,
+    /// and the escrow covers the payout. Anyone may call: the tokens always go to the node's provider.
+    /// Emits {BatchesClaimed}.
+    function claimBatches(uint256 poolId, address node, bytes32[] calldata roots) external nonReentrant {
+        uint256 n = roots.length;
+        if (n == 0) revert EmptyBatch();
+        if (pools.ejectionOf(poolId, node) == IComputePool.Ejection.ByInvalidation) revert NodeEjected(poolId, node);
+        (uint64 window, uint256 rewardPerUnit,,) = pools.terms(poolId);
+        address provider = registry.providerOf(node);
+        mapping(bytes32 => Batch) storage batches = _batches[poolId][node];
+        uint256 units;
+        for (uint256 i; i < n; ++i) {
+            bytes32 root = roots[i];
+            Batch storage batch = batches[root];
+            BatchStatus status = batch.status;
+            if (status == BatchStatus.None) revert BatchNotFound(poolId, node, root);
+            if (status != BatchStatus.Pending) revert BatchNotPending(poolId, node, root, status);
+            uint64 closesAt = uint64(batch.submittedAt) + window;
+            if (block.timestamp < closesAt) revert BatchChallengeWindowOpen(poolId, node, root, closesAt);
+            // refusedUnits <= totalUnits (refuseLeaf caps it)
+            units += batch.totalUnits - batch.refusedUnits;
+            batch.status = BatchStatus.Claimed;
+        }
+        uint256 amount = units * rewardPerUnit;
+        uint256 available = escrowOf[poolId];
+        if (amount > available) revert InsufficientEscrow(poolId, amount, available);
+        // unchecked: amount <= available
+        unchecked {
+            escrowOf[poolId] = available - amount;
+        }
+        emit BatchesClaimed(poolId, provider, node, amount, roots);
+        token.safeTransfer(provider, amount);
+    }
+
+    /// @inheritdoc IWorkLedger
+    function getBatch(uint256 poolId, address node, bytes32 root)
+        external
+        view
+        returns (
+            address provider,
+            uint256 count,
+            uint256 totalUnits,
+            uint256 refusedUnits,
+            uint64 submittedAt,
+            BatchStatus status
+        )
+    {
+        Batch storage batch = _batches[poolId][node][root];
+        status = batch.status;
+        if (status != BatchStatus.None) provider = registry.providerOf(node);
+        return (provider, batch.count, batch.totalUnits, batch.refusedUnits, batch.submittedAt, status);
+    }
+
+    /// @inheritdoc IWorkLedger
+    function isLeafRefused(uint256 poolId, address node, bytes32 root, uint256 index) external view returns (bool) {
+        return _refusedLeaves[poolId][node][root][index >> 8] & (uint256(1) << (index & 0xff)) != 0;
+    }
+
     /// @dev The caller's provider and the pool's cap on units per key, if the caller is a member of `poolId`.
     function _memberTerms(uint256 poolId) private view returns (address provider, uint256 maxUnits) {
         (provider, maxUnits) = pools.memberTerms(poolId, msg.sender);
@@ -186,6 +316,47 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         (window,, slashAmount,) = pools.terms(poolId);
         uint64 closesAt = uint64(work.submittedAt) + window;
         if (block.timestamp >= closesAt) revert ChallengeWindowClosed(poolId, node, workKey, closesAt);
+    }
+
+    /// @dev The pending batch a validator of `poolId` may still judge by `leaf`, and the pool's slash: checks the
+    /// reason, the status, the caller's role and the open window as `_challengeable` does, then that the leaf is
+    /// inside the tree and that its proof reaches `root`.
+    function _provenLeaf(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason)
+        private
+        view
+        returns (Batch storage batch, uint256 slashAmount)
+    {
+        if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
+        batch = _batches[poolId][node][root];
+        BatchStatus status = batch.status;
+        if (status == BatchStatus.None) revert BatchNotFound(poolId, node, root);
+        if (status != BatchStatus.Pending) revert BatchNotPending(poolId, node, root, status);
+        if (!pools.isValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
+        uint64 window;
+        (window,, slashAmount,) = pools.terms(poolId);
+        uint64 closesAt = uint64(batch.submittedAt) + window;
+        if (block.timestamp >= closesAt) revert BatchChallengeWindowClosed(poolId, node, root, closesAt);
+        uint256 count = batch.count;
+        if (leaf.index >= count) revert LeafOutOfRange(root, leaf.index, count);
+        uint256 depth = BatchMerkle.depth(count);
+        if (leaf.siblings.length != depth) revert ProofLengthMismatch(root, leaf.siblings.length, depth);
+        bytes32 computed =
+            BatchMerkle.rootOf(BatchMerkle.leafHash(leaf.workKey, leaf.units), leaf.index, leaf.siblings);
+        if (computed != root) revert InvalidProof(root, leaf.index, computed);
+    }
+
+    /// @dev Sets leaf `index`'s bit in a batch's bitmap of refused leaves, once.
+    function _markRefused(
+        mapping(uint256 => uint256) storage refused,
+        uint256 poolId,
+        address node,
+        bytes32 root,
+        uint256 index
+    ) private {
+        uint256 bit = uint256(1) << (index & 0xff);
+        uint256 word = refused[index >> 8];
+        if (word & bit != 0) revert LeafAlreadyRefused(poolId, node, root, index);
+        refused[index >> 8] = word | bit;
     }
 
     function _pending(uint256 poolId, address node, bytes32 workKey) private view returns (Work storage work) {

@@ -16,6 +16,7 @@ from ledger.artifacts import ARTIFACT_DIR, CONTRACT_NAMES, decode_revert, load_a
 
 CONTRACTS_DIR = ARTIFACT_DIR.parent
 POOL_CONFIG = "(string,bytes32,string,address,uint256,uint64,uint256,uint256,uint32,uint64)"
+LEAF_PROOF = "(uint256,bytes32,uint256,bytes32[])"  # IWorkLedger.LeafProof: index, workKey, units, siblings
 
 # DESIGN section 4: function signature -> output types, per contract.
 FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -62,6 +63,12 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "refuseWork(uint256,address,bytes32,uint8)": (),
         "claimRewards(uint256,address,bytes32[])": (),
         "getWork(uint256,address,bytes32)": ("address", "uint256", "uint64", "uint8"),
+        "submitBatch(uint256,bytes32,uint256,uint256)": (),
+        f"invalidateBatch(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
+        f"refuseLeaf(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
+        "claimBatches(uint256,address,bytes32[])": (),
+        "getBatch(uint256,address,bytes32)": ("address", "uint256", "uint256", "uint256", "uint64", "uint8"),
+        "isLeafRefused(uint256,address,bytes32,uint256)": ("bool",),
     },
 }
 VIEWS = {
@@ -81,6 +88,8 @@ VIEWS = {
     "ejectionOf",
     "members",
     "getWork",
+    "getBatch",
+    "isLeafRefused",
 }
 # The old ABI: a slash paid into any pool's escrow from unbonding stake, a claim could mix nodes, a work key was
 # the pool's. None of it may come back.
@@ -125,6 +134,10 @@ EVENTS: dict[str, set[str]] = {
         "WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)",
         "WorkRefused(uint256,bytes32,address,address,uint8)",
         "RewardsClaimed(uint256,address,address,uint256,uint256)",
+        "BatchSubmitted(uint256,bytes32,address,address,uint256,uint256)",
+        "BatchInvalidated(uint256,bytes32,address,address,uint256,bytes32,uint8,uint256)",
+        "LeafRefused(uint256,bytes32,address,address,uint256,bytes32,uint256,uint8)",
+        "BatchesClaimed(uint256,address,address,uint256,bytes32[])",
     },
 }
 
@@ -241,6 +254,22 @@ def test_get_work_takes_the_node_and_returns_provider_units_submitted_at_status(
     assert [arg["name"] for arg in get_work["inputs"]] == ["poolId", "node", "workKey"]
     assert [out["name"] for out in get_work["outputs"]] == ["provider", "units", "submittedAt", "status"]
     assert get_work["outputs"][3]["internalType"] == "enum IWorkLedger.WorkStatus"
+
+
+def test_get_batch_takes_the_node_and_root_and_returns_the_one_slot_record() -> None:
+    get_batch = abi_entries("WorkLedger", "function")["getBatch(uint256,address,bytes32)"]
+    assert [arg["name"] for arg in get_batch["inputs"]] == ["poolId", "node", "root"]
+    assert [out["name"] for out in get_batch["outputs"]] == [
+        "provider",
+        "count",
+        "totalUnits",
+        "refusedUnits",
+        "submittedAt",
+        "status",
+    ]
+    assert get_batch["outputs"][5]["internalType"] == "enum IWorkLedger.BatchStatus"
+    (leaf,) = [e for e in load_artifact("WorkLedger").abi if e.get("name") == "refuseLeaf"]
+    assert [c["name"] for c in leaf["inputs"][3]["components"]] == ["index", "workKey", "units", "siblings"]
 
 
 def test_work_events_name_their_arguments_as_designed() -> None:

@@ -14,6 +14,24 @@ interface IWorkLedger {
         Refused
     }
 
+    /// @notice A batch record's status. `Pending` until invalidated (the whole batch void) or claimed; a refused
+    /// leaf leaves its batch pending and only takes its units out of the payout.
+    enum BatchStatus {
+        None,
+        Pending,
+        Invalidated,
+        Claimed
+    }
+
+    /// @notice One leaf of a batch and its Merkle proof (`BatchMerkle`): the file's `workKey` and `units` at
+    /// position `index`, and the `siblings` from the leaf up to the root, leaf level first.
+    struct LeafProof {
+        uint256 index;
+        bytes32 workKey;
+        uint256 units;
+        bytes32[] siblings;
+    }
+
     event RewardsFunded(uint256 indexed poolId, address indexed funder, uint256 amount);
     event WorkSubmitted(
         uint256 indexed poolId, bytes32 indexed workKey, address indexed node, address provider, uint256 units
@@ -35,6 +53,43 @@ interface IWorkLedger {
     /// @notice `validator` refused `node`'s work `workKey` for `reason` without a slash: it will not be paid.
     event WorkRefused(
         uint256 indexed poolId, bytes32 indexed workKey, address indexed node, address validator, uint8 reason
+    );
+    /// @notice `node` committed a batch of `count` files worth `totalUnits` under the Merkle root `root`.
+    event BatchSubmitted(
+        uint256 indexed poolId,
+        bytes32 indexed root,
+        address indexed node,
+        address provider,
+        uint256 count,
+        uint256 totalUnits
+    );
+    /// @notice `validator` showed leaf `leafIndex` (file `workKey`) of `node`'s batch `root` bad: the batch is void,
+    /// `slashed` tokens of the node's lock in the pool were burned and the node was ejected.
+    event BatchInvalidated(
+        uint256 indexed poolId,
+        bytes32 indexed root,
+        address indexed node,
+        address validator,
+        uint256 leafIndex,
+        bytes32 workKey,
+        uint8 reason,
+        uint256 slashed
+    );
+    /// @notice `validator` refused leaf `leafIndex` (file `workKey`, `units`) of `node`'s batch `root` without a
+    /// slash: those units are not paid; the rest of the batch is.
+    event LeafRefused(
+        uint256 indexed poolId,
+        bytes32 indexed root,
+        address indexed node,
+        address validator,
+        uint256 leafIndex,
+        bytes32 workKey,
+        uint256 units,
+        uint8 reason
+    );
+    /// @notice `provider` was paid `amount` for `node`'s batches `roots`.
+    event BatchesClaimed(
+        uint256 indexed poolId, address indexed provider, address indexed node, uint256 amount, bytes32[] roots
     );
     /// @notice `provider` was paid `amount` for `count` works of `node`.
     event RewardsClaimed(
@@ -59,6 +114,21 @@ interface IWorkLedger {
     error ChallengeWindowClosed(uint256 poolId, address node, bytes32 workKey, uint64 closedAt);
     error ChallengeWindowOpen(uint256 poolId, address node, bytes32 workKey, uint64 closesAt);
     error InsufficientEscrow(uint256 poolId, uint256 needed, uint256 available);
+    /// @dev A batch holds 1 to `max` leaves.
+    error LeafCountOutOfRange(uint256 count, uint256 max);
+    error BatchExists(uint256 poolId, address node, bytes32 root);
+    error BatchNotFound(uint256 poolId, address node, bytes32 root);
+    error BatchNotPending(uint256 poolId, address node, bytes32 root, BatchStatus status);
+    error BatchChallengeWindowClosed(uint256 poolId, address node, bytes32 root, uint64 closedAt);
+    error BatchChallengeWindowOpen(uint256 poolId, address node, bytes32 root, uint64 closesAt);
+    /// @dev A challenge named leaf `index` of a batch of `count` leaves.
+    error LeafOutOfRange(bytes32 root, uint256 index, uint256 count);
+    /// @dev A proof of a leaf in a batch of n leaves has exactly ceil(log2(n)) siblings.
+    error ProofLengthMismatch(bytes32 root, uint256 length, uint256 expected);
+    /// @dev The leaf and its siblings hash to `computed`, not to the batch's `root`.
+    error InvalidProof(bytes32 root, uint256 index, bytes32 computed);
+    /// @dev Leaf `index` of the batch was refused before: a leaf is refused at most once.
+    error LeafAlreadyRefused(uint256 poolId, address node, bytes32 root, uint256 index);
 
     /// @notice Adds `amount` tokens from the caller to `poolId`'s reward escrow.
     function fundRewards(uint256 poolId, uint256 amount) external;
@@ -82,6 +152,41 @@ interface IWorkLedger {
     /// @notice Pays `node`'s provider for `node`'s pending work whose challenge window has passed, unless `node` was
     /// ejected by an invalidation. A node its owner ejected is still paid for the work it submitted before.
     function claimRewards(uint256 poolId, address node, bytes32[] calldata workKeys) external;
+
+    /// @notice Records the caller node's batch: the Merkle root `root` of its `count` files (`BatchMerkle`), worth
+    /// `totalUnits` in all, at most `count` x the pool's `maxUnitsPerKey`. One record for the whole batch; a batch of
+    /// one is the single-file case. The record belongs to the caller, as a work record does.
+    function submitBatch(uint256 poolId, bytes32 root, uint256 count, uint256 totalUnits) external;
+
+    /// @notice Shows, with its Merkle proof, that one file of `node`'s pending batch `root` is bad: voids the whole
+    /// batch, burns `slashAmount` of the node's lock in the pool (never more than it holds) and ejects the node by
+    /// invalidation, which voids its other pending work and batches there. A refused leaf may be the one shown.
+    function invalidateBatch(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason)
+        external;
+
+    /// @notice Refuses, with its Merkle proof, one file of `node`'s pending batch `root` without a slash: its units
+    /// are taken out of the batch's payout, the rest of the batch is paid, and the node stays a member. Once a leaf.
+    function refuseLeaf(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason) external;
+
+    /// @notice Pays `node`'s provider for `node`'s pending batches `roots` whose challenge window has passed: each
+    /// batch's total units less its refused leaves' units, unless `node` was ejected by an invalidation.
+    function claimBatches(uint256 poolId, address node, bytes32[] calldata roots) external;
+
+    /// @notice The record of `node`'s batch `root`.
+    function getBatch(uint256 poolId, address node, bytes32 root)
+        external
+        view
+        returns (
+            address provider,
+            uint256 count,
+            uint256 totalUnits,
+            uint256 refusedUnits,
+            uint64 submittedAt,
+            BatchStatus status
+        );
+
+    /// @notice Whether leaf `index` of `node`'s batch `root` was refused.
+    function isLeafRefused(uint256 poolId, address node, bytes32 root, uint256 index) external view returns (bool);
 
     function escrowOf(uint256 poolId) external view returns (uint256);
     /// @notice The record of `node`'s work `workKey`: keys are per node, so no member can block or claim another's.
