@@ -4,6 +4,8 @@ Run: `.venv/bin/python benchmarks/gas.py [--json PATH]` (or `make gas`). It star
 the four contracts, performs each operation as a real transaction and reads `gasUsed` from the receipt.
 Work keys are sha256 of random bytes and units a few thousand tokens, as a worker submits them; the
 provider being onboarded is a new one (its stake slots start empty), as is each submitting node.
+Batches (issue 37): one Merkle root per batch of 1, 32, 256 and 1,024 files (`ledger.merkle`), submitted, one leaf
+challenged with its proof at 1,024 leaves, one refused, and batches claimed after the window.
 
 A benchmark, not a test: missing a goal prints "no" and still exits 0. Only a failure to run at all
 (no anvil, a revert) exits 1: then there is nothing to report.
@@ -29,6 +31,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import LedgerError
+from ledger.merkle import BatchTree, Leaf
 from ledger.types import PoolConfig, Reason
 
 TOKEN = 10**18
@@ -36,6 +39,8 @@ MIN_STAKE = 100 * TOKEN
 WINDOW = 3600
 BATCH_SIZES = (1, 8, 32)
 SUBMIT_SAMPLES = 5  # single submissions measured; their median is reported
+LEAF_COUNTS = (1, 32, 256, 1024)  # files per batch root
+CLAIMED_BATCHES = 16  # batches claimed in one claimBatches, reported per batch
 
 # Prime Intellect's protocol contracts measured on anvil, for the same operations.
 ANCHOR = {"onboarding": 1_055_839, "submitWork": 239_442, "invalidateWork": 406_000, "claimRewards(1)": 140_709}
@@ -48,6 +53,10 @@ GOAL = {
     "invalidateWork": 150_000,
     "refuseWork": 60_000,
     "invalidateWork of refused work": 150_000,
+    # issue 37: one root per batch, challenged file by file
+    "submitBatch(32) per file": 1_500,
+    "submitBatch(1024) per file": 150,
+    "invalidateBatch(1024) with proof": 150_000,
 }
 
 
@@ -88,6 +97,10 @@ def new_node(chain: LocalChain) -> LocalAccount:
     node: LocalAccount = Account.create()
     chain.w3.provider.make_request("anvil_setBalance", [node.address, hex(10**20)])  # type: ignore[arg-type]
     return node
+
+
+def random_batch(count: int) -> BatchTree:
+    return BatchTree([Leaf(random_key(), random_units()) for _ in range(count)])
 
 
 def onboard(chain: LocalChain, owner: Ledger, provider: Ledger, pool_id: int) -> tuple[Ledger, list[Row]]:
@@ -166,6 +179,26 @@ def measure(chain: LocalChain) -> list[Row]:
     dismissed.submit_work(pool_id, dismissed_key, random_units())
     rows.append(row("eject (owner)", gas(owner.eject(pool_id, dismissed.address))))
 
+    # Batches: one root per batch, whatever its count. The node that submits them is paid for them below.
+    trees = {count: random_batch(count) for count in LEAF_COUNTS}
+    for count, tree in trees.items():
+        used = gas(node.submit_batch(pool_id, tree.root, tree.count, tree.total_units))
+        rows += [row(f"submitBatch({count})", used), row(f"submitBatch({count}) per file", used // count)]
+    claimable = [random_batch(32) for _ in range(CLAIMED_BATCHES)]
+    for tree in claimable:
+        node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
+    largest = trees[max(LEAF_COUNTS)]
+    refused = judge.refuse_leaf(
+        pool_id, node.address, largest.root, largest.proof(largest.count // 3), Reason.PROOF_INVALID
+    )
+    rows.append(row(f"refuseLeaf({largest.count}) with proof", gas(refused)))
+    # A leaf shown bad, with its proof of log2(1,024) = 10 siblings: the batch void, the node slashed and ejected.
+    cheater, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(7)), pool_id)
+    bad = random_batch(max(LEAF_COUNTS))
+    cheater.submit_batch(pool_id, bad.root, bad.count, bad.total_units)
+    shown = judge.invalidate_batch(pool_id, cheater.address, bad.root, bad.proof(bad.count - 1), Reason.BAD_FORMAT)
+    rows.append(row(f"invalidateBatch({bad.count}) with proof", gas(shown)))
+
     # Leaving: the lock is held one challenge window, then anyone releases it.
     leaver, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(4)), pool_id)
     leaver.submit_work(pool_id, random_key(), random_units())
@@ -182,6 +215,12 @@ def measure(chain: LocalChain) -> list[Row]:
     rows.append(
         row("claimRewards(1), owner-ejected", gas(claimer.claim_rewards(pool_id, dismissed.address, [dismissed_key])))
     )
+    rows.append(row("claimBatches(1)", gas(claimer.claim_batches(pool_id, node.address, [largest.root]))))
+    used = gas(claimer.claim_batches(pool_id, node.address, [tree.root for tree in claimable]))
+    rows += [
+        row(f"claimBatches({CLAIMED_BATCHES})", used),
+        row(f"claimBatches({CLAIMED_BATCHES}) per batch", used // CLAIMED_BATCHES),
+    ]
     return rows
 
 
