@@ -6,8 +6,10 @@ key) and pool 2, which provider 0 created with the smallest terms allowed (1 tok
 validates itself: its node can be "invalidated" by its own provider. Every bound node starts as a member of
 pools 0 and 2 and may join pool 1. Unbonding takes 2 days. A funder tops up the escrows; a validator
 invalidates (slashes) or refuses (voids, no slash) work in pools 0 and 1, refused work included; owners eject
-nodes; anyone releases held locks. Each operation is first
-applied to `Model`, which says whether it must revert and with which custom error; the chain must agree.
+nodes; anyone releases held locks. Beside per-key work, nodes commit batches (one Merkle root for 1 to 5 files,
+`ledger.merkle`), which the validator invalidates (the whole batch void, a slash) or refuses leaf by leaf with
+proofs, some of them wrong, outside the tree or of the wrong length, and which are claimed whole. Each operation
+is first applied to `Model`, which says whether it must revert and with which custom error; the chain must agree.
 
 After every step the invariants are read back from the chain:
 - no token is created or lost; the registry holds exactly the stake plus what was burned, the work ledger
@@ -21,10 +23,13 @@ After every step the invariants are read back from the chain:
   not cover is left unpaid), and an owner's ejection never turns one by invalidation back;
 - refused work is never paid (each work a `WorkRefused` names ends refused or invalidated, never claimed), and
   no refusal slashes or ejects;
+- nothing in an invalidated batch is paid; a leaf is refused at most once and a batch invalidated at most once;
+  a claim pays each batch its total less its refused leaves' units, never more than its total;
 - stake backing an open window stays put: a provider's locked stake equals what its open locks hold and is
   covered by its active stake, every pending or refused work whose window is open (it may still be invalidated)
   is backed by an open lock holding the pool's `minStakePerNode` less what was slashed from it (an owner's
-  ejection included), and a withdrawal never takes active or locked stake;
+  ejection included), and so is every pending batch inside its window, and a withdrawal never takes active or
+  locked stake;
 - and the model's view of every balance, stake, lock and membership matches.
 
 Time is exact: every transaction of a step is mined at the model's clock (`evm_setNextBlockTimestamp`), and
@@ -50,7 +55,8 @@ from web3.types import TxReceipt
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.types import Ejection, WorkStatus
+from ledger.merkle import BatchTree, Leaf, LeafProof
+from ledger.types import BatchStatus, Ejection, WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import events, make_pool, onboard, work_key
 
@@ -87,9 +93,16 @@ NODE_KEYS: list[LocalAccount] = [
     for i in range(len(PROVIDERS) * NODES_PER_PROVIDER)
 ]  # node slot i belongs to provider i // 2; a slot is unused when that provider drew one node
 WORK_KEYS = [work_key(f"property-work-{i}") for i in range(8)]
+# The batches a node may commit: counts 1 to 5 (depths 0 to 3); the last is over pool 1's cap of 5,000 a file.
+BATCH_TREES = [
+    BatchTree([Leaf(work_key(f"property-batch-{b}-{i}"), u) for i, u in enumerate(units)])
+    for b, units in enumerate([[3000], [2000, 4096], [1000, 5000, 2500], [512, 8192, 1, 4096, 2048], [10**6, 1]])
+]
+ROOTS = [tree.root for tree in BATCH_TREES]
 
 Pair = tuple[int, int]  # (pool index, node slot)
 WorkId = tuple[int, int, int]  # (pool index, node slot, key index)
+BatchId = tuple[int, int, int]  # (pool index, node slot, index into BATCH_TREES)
 
 
 # --- the model ---------------------------------------------------------------------------------------------
@@ -117,6 +130,17 @@ class WorkState:
 
 
 @dataclass
+class BatchState:
+    submitted_at: int
+    status: BatchStatus = BatchStatus.PENDING
+    refused: set[int] = field(default_factory=set)  # leaf indexes
+    refused_units: int = 0
+
+    def payable(self, b: int) -> int:
+        return BATCH_TREES[b].total_units - self.refused_units
+
+
+@dataclass
 class Model:
     """What the contracts should hold. Each operation returns the custom error it must revert with, or None
     after applying its effects; a reverting operation changes nothing."""
@@ -131,6 +155,7 @@ class Model:
     voided: set[Pair] = field(default_factory=set)  # ejected by an invalidation: pending work never paid
     locks: dict[Pair, LockState] = field(default_factory=dict)  # open locks only
     works: dict[WorkId, WorkState] = field(default_factory=dict)
+    batches: dict[BatchId, BatchState] = field(default_factory=dict)
     slashed: dict[Pair, int] = field(default_factory=dict)
     burned: int = 0
 
@@ -251,8 +276,12 @@ class Model:
         if self.now >= work.submitted_at + terms.window:
             return "ChallengeWindowClosed", 0
         work.status = WorkStatus.INVALIDATED
-        lock = self.locks.get(pair)
-        assert lock is not None, f"work {work_id} is inside its window without a lock behind it"
+        return None, self._slash(pair)
+
+    def _slash(self, pair: Pair) -> int:
+        """An invalidation's effects on the node: its lock slashed (at most what it holds), ejected, voided."""
+        terms, lock = POOLS[pair[0]], self.locks.get(pair)
+        assert lock is not None, f"work of {pair} is inside its window without a lock behind it"
         slashed = min(terms.slash, lock.amount)
         p = self.node_provider[pair[1]]
         assert p is not None
@@ -266,7 +295,75 @@ class Model:
             self._end_membership(pair)
         self.ejected.add(pair)
         self.voided.add(pair)
-        return None, slashed
+        return slashed
+
+    def submit_batch(self, pair: Pair, b: int) -> str | None:
+        if pair not in self.members:
+            return "NotPoolMember"
+        tree = BATCH_TREES[b]
+        if tree.total_units > tree.count * POOLS[pair[0]].max_units:
+            return "UnitsOutOfRange"
+        if (*pair, b) in self.batches:
+            return "BatchExists"
+        self.batches[(*pair, b)] = BatchState(self.now)
+        return None
+
+    def challenge_batch(
+        self, batch_id: BatchId, index: int, spoil: str | None, by_validator: bool, reason: int, *, refuse: bool
+    ) -> tuple[str | None, int]:
+        """The expected error of `invalidateBatch` (or `refuseLeaf`) of leaf `index` with a proof `spoil`t or not,
+        and on success the amount slashed (0 for a refusal)."""
+        if not 0 < reason <= MAX_REASON:
+            return "InvalidReason", 0
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            return "BatchNotFound", 0
+        if batch.status != BatchStatus.PENDING:
+            return "BatchNotPending", 0
+        if not by_validator:
+            return "NotValidator", 0
+        if self.now >= batch.submitted_at + POOLS[batch_id[0]].window:
+            return "BatchChallengeWindowClosed", 0
+        spoiled = {"outside": "LeafOutOfRange", "short": "ProofLengthMismatch", "wrong": "InvalidProof"}
+        if spoil in spoiled:
+            return spoiled[spoil], 0
+        if not refuse:
+            batch.status = BatchStatus.INVALIDATED
+            return None, self._slash((batch_id[0], batch_id[1]))
+        if index in batch.refused:
+            return "LeafAlreadyRefused", 0
+        batch.refused.add(index)
+        tree = BATCH_TREES[batch_id[2]]
+        batch.refused_units = min(batch.refused_units + tree.leaves[index].units, tree.total_units)
+        return None, 0
+
+    def claim_batches(self, pair: Pair, bs: Sequence[int]) -> tuple[str | None, int]:
+        """The expected error, and on success the amount paid to the node's provider."""
+        if not bs:
+            return "EmptyBatch", 0
+        if pair in self.voided:
+            return "NodeEjected", 0
+        terms, units, seen = POOLS[pair[0]], 0, set()
+        for b in bs:  # the contract's loop, in its order of checks
+            batch = self.batches.get((*pair, b))
+            if batch is None:
+                return "BatchNotFound", 0
+            if batch.status != BatchStatus.PENDING or b in seen:
+                return "BatchNotPending", 0
+            if self.now < batch.submitted_at + terms.window:
+                return "BatchChallengeWindowOpen", 0
+            units += batch.payable(b)
+            seen.add(b)
+        amount = units * terms.reward
+        if amount > self.escrow[pair[0]]:
+            return "InsufficientEscrow", 0
+        for b in bs:
+            self.batches[(*pair, b)].status = BatchStatus.CLAIMED
+        self.escrow[pair[0]] -= amount
+        p = self.node_provider[pair[1]]
+        assert p is not None
+        self.providers[p].wallet += amount
+        return None, amount
 
     def refuse(self, work_id: WorkId, by_validator: bool, reason: int) -> str | None:
         """The expected error; on success the work is refused: no slash, no ejection, never paid."""
@@ -335,6 +432,14 @@ class Model:
         ]
         return sorted(found, key=lambda i: (self.works[i].submitted_at, i))
 
+    def pending_batches(self, where: Callable[[BatchId, BatchState], bool] = lambda i, b: True) -> list[BatchId]:
+        """Pending batches, oldest first."""
+        found = [i for i, b in self.batches.items() if b.status == BatchStatus.PENDING and where(i, b)]
+        return sorted(found, key=lambda i: (self.batches[i].submitted_at, i))
+
+    def batch_window_open(self, batch_id: BatchId) -> bool:
+        return self.now < self.batches[batch_id].submitted_at + POOLS[batch_id[0]].window
+
     def ejection(self, pair: Pair) -> Ejection:
         if pair in self.voided:
             return Ejection.BY_INVALIDATION
@@ -384,6 +489,16 @@ units = st.sampled_from([512, 1024, 2000, 2048, 3000, 4096, 5000, 8192] * 2 + [1
 seconds = st.sampled_from([1, 60, 600, 600, 3599, 3600, 3601, 7200, 86_400, UNBONDING_PERIOD])
 
 
+batch_index = st.integers(0, len(BATCH_TREES) - 1)
+batch_target = st.tuples(  # a pending batch, one in its window, one of an ejected node, or any (pool, slot, batch)
+    st.sampled_from(["newest", "open", "open", "open", "ejected", "given"]), pool_index, slot_index, batch_index
+)
+leaf_choice = st.tuples(
+    st.integers(0, 4),  # the leaf, modulo the batch's count
+    st.sampled_from([None] * 8 + ["refused", "refused", "outside", "short", "wrong"]),  # "refused": one refused before
+)
+
+
 def weighted(*choices: tuple[int, st.SearchStrategy[tuple[Any, ...]]]) -> st.SearchStrategy[tuple[Any, ...]]:
     """Picks a strategy with probability proportional to its weight (`one_of` would ignore repeats)."""
     picks = [strategy for weight, strategy in choices for _ in range(weight)]
@@ -412,6 +527,19 @@ operation = weighted(
     (6, st.tuples(st.just("refuse"), refusal_target, st.sampled_from([True] * 7 + [False]), reason)),
     (3, st.tuples(st.just("claim_ready"), st.integers(0, 5), st.integers(1, 3), spoiler)),
     (1, st.tuples(st.just("claim"), pool_index, slot_index, st.lists(key_index, max_size=3))),
+    (4, st.tuples(st.just("submit_batch"), submitter, batch_index)),
+    (
+        6,
+        st.tuples(
+            st.just("challenge_batch"),
+            batch_target,
+            leaf_choice,
+            st.sampled_from([True] * 7 + [False]),
+            reason,
+            st.sampled_from([False, True, True]),  # refuse (no slash) twice as often as invalidate
+        ),
+    ),
+    (2, st.tuples(st.just("claim_batches"), st.integers(0, 5), st.integers(1, 3), spoiler)),
     (1, st.tuples(st.just("fund"), pool_index, st.sampled_from([0, 1, 5, 20]))),
     (3, st.tuples(st.just("advance"), seconds)),
     # to a pending work's window end, a provider's release time or a held lock's release, give or take a second
@@ -461,6 +589,9 @@ class Totals:
     ejected: set[Pair] = field(default_factory=set)  # NodeEjected events
     voided: set[Pair] = field(default_factory=set)  # NodeEjected events of kind ByInvalidation
     refused: set[WorkId] = field(default_factory=set)  # WorkRefused events
+    refused_leaves: set[tuple[BatchId, int]] = field(default_factory=set)  # LeafRefused events
+    invalidated_batches: set[BatchId] = field(default_factory=set)  # BatchInvalidated events
+    claimed_batches: set[BatchId] = field(default_factory=set)  # BatchesClaimed events
 
 
 ACCOUNTS = (OWNER, *PROVIDERS, FUNDER, VALIDATOR)
@@ -588,6 +719,12 @@ class Harness:
         )
         t.funded += sum(e["amount"] for e in events(work.RewardsFunded(), receipt))
         t.slashed += sum(e["slashed"] for e in events(work.WorkInvalidated(), receipt))
+        for e in events(work.BatchInvalidated(), receipt):
+            batch_id = self.batch_id(e)
+            assert batch_id not in t.invalidated_batches, f"batch {batch_id} invalidated twice"
+            assert batch_id not in t.claimed_batches, f"batch {batch_id} invalidated after its claim"
+            t.invalidated_batches.add(batch_id)
+            t.slashed += e["slashed"]
         for e in events(registry.Slashed(), receipt):
             pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
             p = self.model.node_provider[pair[1]]
@@ -596,6 +733,17 @@ class Harness:
         for e in events(work.RewardsClaimed(), receipt):
             pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
             assert pair not in t.voided, f"node {pair[1]} was paid in pool {pair[0]} after an invalidation ejected it"
+            t.paid += e["amount"]
+        for e in events(work.BatchesClaimed(), receipt):
+            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            assert pair not in t.voided, f"node {pair[1]} was paid in pool {pair[0]} after an invalidation ejected it"
+            claimed = {(*pair, ROOTS.index(root)) for root in e["roots"]}
+            assert len(claimed) == len(e["roots"]), f"a batch paid twice in one claim: {e}"
+            assert not claimed & t.invalidated_batches, f"paid an invalidated batch: {e}"
+            assert not claimed & t.claimed_batches, f"paid a batch twice: {e}"
+            most = sum(BATCH_TREES[b].total_units for _, _, b in claimed) * POOLS[pair[0]].reward
+            assert e["amount"] <= most, f"claimed {e['amount']}, more than the batches' units pay ({most})"
+            t.claimed_batches |= claimed
             t.paid += e["amount"]
         for e in events(pools.NodeEjected(), receipt):
             pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
@@ -607,7 +755,12 @@ class Harness:
         refused = events(work.WorkRefused(), receipt)
         for e in refused:
             t.refused.add((self.pool_of[e["poolId"]], self.slot_of[e["node"]], WORK_KEYS.index(e["workKey"])))
-        if refused:  # no stake, escrow or membership moves
+        leaves = events(work.LeafRefused(), receipt)
+        for e in leaves:
+            leaf = (self.batch_id(e), e["leafIndex"])
+            assert leaf not in t.refused_leaves, f"leaf {leaf} refused twice"
+            t.refused_leaves.add(leaf)
+        if refused or leaves:  # no stake, escrow or membership moves
             assert not any(events(c, receipt) for c in (registry.Slashed(), pools.NodeEjected(), work.RewardsClaimed()))
 
     # selectors
@@ -632,6 +785,10 @@ class Harness:
 
     def pid(self, pool: int) -> int:
         return self.pool_ids[pool]
+
+    def batch_id(self, e: Any) -> BatchId:
+        """The batch an event names by (poolId, node, root)."""
+        return (self.pool_of[e["poolId"]], self.slot_of[e["node"]], ROOTS.index(e["root"]))
 
     # operations
     def do_stake(self, choice: tuple[str, int], amount_tokens: int) -> None:
@@ -697,8 +854,108 @@ class Harness:
         expected = self.model.submit(pair, keys, amounts, batch=True)
         node = self.nodes[n]
         action = lambda: node.submit_work_batch(self.pid(pool), [WORK_KEYS[k] for k in keys], amounts)  # noqa: E731
-        self.send(expected, action, f"submitBatch({pool}, node {n}, {keys}, {amounts})")
+        self.send(expected, action, f"submitWorkBatch({pool}, node {n}, {keys}, {amounts})")
         self.check_works([(pool, n, k) for k in keys])
+
+    def do_submit_batch(self, choice: tuple[str, int, int], b: int) -> None:
+        pool, n = pair = self.pair(choice)
+        tree, node = BATCH_TREES[b], self.nodes[n]
+        action = lambda: node.submit_batch(self.pid(pool), tree.root, tree.count, tree.total_units)  # noqa: E731
+        self.send(self.model.submit_batch(pair, b), action, f"submitBatch({pool}, node {n}, batch {b})")
+        self.check_batches([(pool, n, b)])
+
+    def batch_target(self, target: tuple[str, int, int, int]) -> BatchId:
+        m = self.model
+        how, *given = target
+        if how == "given":
+            return (given[0], given[1], given[2])
+        candidates = (
+            {
+                "newest": m.pending_batches(),
+                "open": m.pending_batches(lambda i, b: m.batch_window_open(i)),
+                "ejected": m.pending_batches(lambda i, b: (i[0], i[1]) in m.ejected and m.batch_window_open(i)),
+            }[how]
+            or m.pending_batches(lambda i, b: m.batch_window_open(i))
+            or m.pending_batches()
+        )
+        return candidates[-1] if candidates else (given[0], given[1], given[2])  # none pending: BatchNotFound
+
+    def do_challenge_batch(
+        self,
+        target: tuple[str, int, int, int],
+        leaf: tuple[int, str | None],
+        by_validator: bool,
+        reason: int,
+        refuse: bool,
+    ) -> None:
+        pool, n, b = batch_id = self.batch_target(target)
+        tree, (pick_leaf, spoil) = BATCH_TREES[b], leaf
+        index = pick_leaf % tree.count
+        state = self.model.batches.get(batch_id)
+        if spoil == "refused":  # a leaf refused before, if there is one: a second refusal, or an invalidation over it
+            index, spoil = (min(state.refused) if state and state.refused else index), None
+        proof = self.spoiled(tree.proof(index), spoil)
+        before = self.batch_statuses([batch_id])
+        expected, slashed = self.model.challenge_batch(batch_id, index, spoil, by_validator, reason, refuse=refuse)
+        sender = self.accounts[POOLS[pool].validator] if by_validator else self.funder
+        name, call = ("refuseLeaf", sender.refuse_leaf) if refuse else ("invalidateBatch", sender.invalidate_batch)
+        action = lambda: call(self.pid(pool), self.nodes[n].address, tree.root, proof, reason)  # noqa: E731
+        what = f"{name}({pool}, node {n}, batch {b}, leaf {proof.index}, {spoil}, validator={by_validator}, {reason})"
+        receipt = self.send(expected, action, what)
+        if receipt is not None:
+            assert before[0] == BatchStatus.PENDING, f"{name} of batch {batch_id} that was {before[0].name}"
+            if not refuse:
+                (invalidated,) = events(self.owner.work.events.BatchInvalidated(), receipt)
+                assert (invalidated["slashed"], invalidated["leafIndex"]) == (slashed, index)
+        self.check_batches([batch_id])
+
+    @staticmethod
+    def spoiled(proof: LeafProof, spoil: str | None) -> LeafProof:
+        """`proof` made wrong: its index outside the tree (aliasing the same path), a sibling short (one extra for
+        a batch of one), or its units off by one."""
+        if spoil == "outside":  # the proof reads only the index's low bits: the same path, under an index >= count
+            return LeafProof(proof.index + (1 << len(proof.siblings)), proof.leaf, proof.siblings)
+        if spoil == "short":
+            return LeafProof(proof.index, proof.leaf, proof.siblings[:-1] if proof.siblings else (bytes(32),))
+        if spoil == "wrong":
+            return LeafProof(proof.index, Leaf(proof.leaf.work_key, proof.leaf.units + 1), proof.siblings)
+        return proof
+
+    def do_claim_batches(self, index: int, count: int, spoiler: str | None) -> None:
+        """Claims up to `count` of the oldest claimable batches of one node, then adds the spoiler, if any."""
+        m = self.model
+        ready = m.pending_batches(lambda i, b: not m.batch_window_open(i))
+        pairs = sorted({(pool, n) for pool, n, _ in ready})
+        if spoiler == "ejected":
+            pairs = sorted({(pool, n) for pool, n, _ in m.pending_batches() if (pool, n) in m.ejected}) or pairs
+        if not pairs:
+            return
+        pair = pairs[index % len(pairs)]
+        own = [b for pool, n, b in m.pending_batches() if (pool, n) == pair]
+        bs = [b for pool, n, b in ready if (pool, n) == pair][:count] or own[:count]
+        if spoiler == "other_node":  # another node's batch: under this node, that root is its own record or none
+            bs += [b for pool, n, b in m.pending_batches() if (pool, n) != pair][:1]
+        elif spoiler == "settled":
+            settled = (
+                b for (pool, n, b), s in m.batches.items() if (pool, n) == pair and s.status != BatchStatus.PENDING
+            )
+            bs += sorted(settled)[:1]
+        elif spoiler == "unripe":
+            bs += [b for pool, n, b in m.pending_batches(lambda i, s: m.batch_window_open(i)) if (pool, n) == pair][:1]
+        elif spoiler == "repeat" and bs:
+            bs.append(bs[0])
+        self._claim_batches(pair, bs)
+
+    def _claim_batches(self, pair: Pair, bs: list[int]) -> None:
+        pool, n = pair
+        expected, amount = self.model.claim_batches(pair, bs)
+        node = self.nodes[n].address
+        action = lambda: self.funder.claim_batches(self.pid(pool), node, [ROOTS[b] for b in bs])  # noqa: E731
+        receipt = self.send(expected, action, f"claimBatches({pool}, node {n}, {bs})")
+        if receipt is not None:
+            (claimed,) = events(self.owner.work.events.BatchesClaimed(), receipt)
+            assert claimed["amount"] == amount
+        self.check_batches([(pool, n, b) for b in bs])
 
     def target(self, target: tuple[str, int, int, int]) -> WorkId | None:
         m = self.model
@@ -809,7 +1066,10 @@ class Harness:
     def do_advance_to(self, what: str, index: int, offset: int) -> None:
         m = self.model
         if what == "window":
-            ends = sorted(m.works[i].submitted_at + POOLS[i[0]].window for i in m.pending())
+            ends = sorted(
+                [m.works[i].submitted_at + POOLS[i[0]].window for i in m.pending()]
+                + [m.batches[i].submitted_at + POOLS[i[0]].window for i in m.pending_batches()]
+            )
         elif what == "release":
             ends = sorted(s.release_at for s in m.providers if s.unbonding > 0)
         else:
@@ -834,9 +1094,15 @@ class Harness:
         for pool, n, key in m.pending():
             self._claim((pool, n), [key])
             self.check_invariants()
+        for pool, n, b in m.pending_batches():
+            self._claim_batches((pool, n), [b])
+            self.check_invariants()
         for pool, n, key in m.pending():  # no earned reward is lost to an owner's ejection
             short = m.works[(pool, n, key)].units * POOLS[pool].reward > m.escrow[pool]
             assert (pool, n) in m.voided or short, f"work {(pool, n, key)} left unpaid; {' | '.join(self.log)}"
+        for pool, n, b in m.pending_batches():
+            short = m.batches[(pool, n, b)].payable(b) * POOLS[pool].reward > m.escrow[pool]
+            assert (pool, n) in m.voided or short, f"batch {(pool, n, b)} left unpaid; {' | '.join(self.log)}"
         if unlock:
             for pair in sorted(m.members):
                 self._leave(pair)
@@ -930,6 +1196,11 @@ class Harness:
             amount, _, _, is_open = locks[pair]
             expected = POOLS[pair[0]].min_stake - t.slashed_by.get(pair, 0)
             assert is_open and amount == expected, f"open work {work_id} backed by lock {locks[pair]}; {history}"
+        for batch_id in m.pending_batches(lambda i, b: m.batch_window_open(i)):
+            pair = (batch_id[0], batch_id[1])
+            amount, _, _, is_open = locks[pair]
+            expected = POOLS[pair[0]].min_stake - t.slashed_by.get(pair, 0)
+            assert is_open and amount == expected, f"open batch {batch_id} backed by lock {locks[pair]}; {history}"
 
         # and the chain is where the model says it is
         assert escrows == m.escrow, f"escrows {escrows}, model {m.escrow}; {history}"
@@ -960,6 +1231,49 @@ class Harness:
     def check_works(self, work_ids: Sequence[WorkId]) -> None:
         expected = [self.model.works[i].status if i in self.model.works else WorkStatus.NONE for i in work_ids]
         assert self.statuses(work_ids) == expected, f"work statuses of {work_ids}; after {' | '.join(self.log)}"
+
+    def batch_records(self, batch_ids: Sequence[BatchId]) -> list[list[int]]:
+        work = self.owner.work
+        calls = [
+            (work.address, work.encode_abi("getBatch", [self.pid(pool), self.nodes[n].address, ROOTS[b]]))
+            for pool, n, b in batch_ids
+        ]
+        return self.reader.words(calls) if calls else []
+
+    def batch_statuses(self, batch_ids: Sequence[BatchId]) -> list[BatchStatus]:
+        return [BatchStatus(words[5]) for words in self.batch_records(batch_ids)]
+
+    def check_batches(self, batch_ids: Sequence[BatchId]) -> None:
+        """Each batch's record as the model has it: provider, count, total, refused units, time and status, and
+        which of its leaves are refused; no claim may ever pay more than a batch's units (refused <= total)."""
+        history = " | ".join(self.log)
+        work = self.owner.work
+        for batch_id, words in zip(batch_ids, self.batch_records(batch_ids), strict=True):
+            provider, count, total, refused, submitted_at, status = words
+            state = self.model.batches.get(batch_id)
+            if state is None:
+                assert words == [0] * 6, f"batch {batch_id} exists on chain only; {history}"
+                continue
+            pool, n, b = batch_id
+            tree, p = BATCH_TREES[b], self.model.node_provider[n]
+            assert p is not None
+            chain_view = (provider, count, total, refused, submitted_at, status)
+            model_view = (
+                int(self.providers[p].address, 16),
+                tree.count,
+                tree.total_units,
+                state.refused_units,
+                state.submitted_at,
+                state.status,
+            )
+            assert chain_view == model_view, f"batch {batch_id}: chain {chain_view}, model {model_view}; {history}"
+            assert refused <= total
+            calls = [
+                (work.address, work.encode_abi("isLeafRefused", [self.pid(pool), self.nodes[n].address, ROOTS[b], i]))
+                for i in range(tree.count)
+            ]
+            refused_leaves = {i for i, (bit,) in enumerate(self.reader.words(calls)) if bit}
+            assert refused_leaves == state.refused, f"batch {batch_id} refused leaves {refused_leaves}; {history}"
 
     def check_all_works(self) -> None:
         """Every (pool, node, key) record: only the node's own submissions exist, each as the model has it."""
@@ -1023,5 +1337,8 @@ def test_random_operations_match_the_model_and_keep_the_invariants(
             harness.step(op)
         harness.settle(unlock)
         harness.check_all_works()
+        harness.check_batches(
+            [(pool, n, b) for pool in range(len(POOLS)) for n in range(len(NODE_KEYS)) for b in range(len(BATCH_TREES))]
+        )
     finally:
         base.restore(chain)
