@@ -91,6 +91,8 @@ class Network:
             "0",
             "--shard-size",
             str(SHARD),
+            "--delta-min-mib",  # every step of any size also as a delta, where one is smaller (issue 36)
+            "0",
             *extra,
         )
         return self.url_of("origin", proc)
@@ -228,7 +230,7 @@ def test_with_deltas_a_corrupting_relay_is_caught_and_the_client_rebuilds_the_st
     a relay mirrors both, its disk then corrupts both step 2's delta and its model, and a client holding step 1
     fetches step 2 from the relay and the origin: it drops the relay, rebuilds from the origin's copy of the delta,
     and has the trainer's bytes."""
-    origin = net.origin("--delta-min-mib", "0")
+    origin = net.origin()
     source = net.publish(1, 12 * MIB, seed=1)
     out = net.root / "out"
     first = net.fetch("first", out, origin, extra=("--step", "1"))
