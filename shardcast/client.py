@@ -27,7 +27,7 @@ import random
 import shutil
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,10 +249,11 @@ class Downloader:
         self._splice = splice.ConnectionPool() if splice.AVAILABLE else None
         self._no_splice: set[str] = set()  # sources whose answers the splice path cannot take
 
-    async def download(self, sink: PartialCheckpoint) -> None:
-        """Fetch every missing shard; raises `DownloadFailed` when no usable source is left."""
+    async def download(self, sink: PartialCheckpoint, files: Collection[str] | None = None) -> None:
+        """Fetch every missing shard (of `files` only, when given); raises `DownloadFailed` when no usable source is
+        left."""
         shards = {(f.name, s.index): s for f in sink.manifest.files for s in f.shards}
-        queue = deque(sink.missing())
+        queue = deque(key for key in sink.missing() if files is None or key[0] in files)
         step = sink.manifest.step
 
         active = 0  # shards being fetched: at most PER_SOURCE for each usable source

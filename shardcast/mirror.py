@@ -6,20 +6,27 @@ publication. A listed step counts only once its manifest is verified (the traine
 listing, and remembers the ones that upstream could not back, so junk step numbers from one upstream never
 crowd real steps out of the newest `keep`. For each verified step among those, it announces the version at
 once and downloads its shards from every upstream that lists it, each shard verified before it is served.
-Downstream relays and clients therefore start pulling a version while it is still arriving here.
+Downstream relays and clients therefore start pulling a version while it is still arriving here. A step with a
+delta against a step this relay holds is rebuilt from the delta (`_rebuild`): only the delta crosses the link.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import aiohttp
 
 from shardcast import RelayError, SourceError, UntrustedManifest, VersionExists, trace
 from shardcast.client import Downloader, fetch_manifest, list_versions, new_session
-from shardcast.manifest import Manifest
+from shardcast.manifest import Manifest, manifest_hash
+from shardcast.partial import PartialCheckpoint
+from shardcast.rebuild import apply_link, base_files
 from shardcast.server import ShardServer
 from shardcast.sources import MAX_FAILURES, Source
 from shardcast.trust import TrustPolicy
@@ -180,6 +187,34 @@ class Mirror:
             self._active.pop(step, None)
             self._verified.pop(step, None)
 
+    async def _rebuild(self, manifest: Manifest, partial: PartialCheckpoint, downloader: Downloader) -> None:
+        """Rebuild the step's files from its delta when this relay holds the base: the delta files first (as for any
+        step), then each file applied to the base's and taken into `partial` shard by shard, each shard only if it
+        hashes to the signed manifest, and served from then on; what did not rebuild is downloaded whole afterwards.
+        A relay tree then moves each step's delta between relays, not the step. Failures cost only the delta."""
+        assert manifest.delta is not None
+        base = manifest.delta.base_step
+        try:
+            if manifest_hash(self.store.manifest(base)) != manifest.delta.base_manifest:
+                return  # another base under the same step number (another run): the step comes whole
+            base_dir = self.store.version_dir(base)
+        except RelayError:
+            return  # not held here (never was, or pruned): the step comes whole
+        await downloader.download(partial, {f.name for f in manifest.delta_files})
+        began = time.monotonic()
+        scratch = Path(tempfile.mkdtemp(dir=self.store.root / "tmp", prefix=f"{manifest.step}.delta."))
+        try:
+            base_manifest = self.store.manifest(base)
+            taken, problems = await asyncio.to_thread(_rebuild_into, partial, base_dir, base_manifest, scratch)
+        except (RelayError, OSError) as exc:  # the base pruned meanwhile, a disk that filled up
+            taken, problems = 0, [f"deltas not used: {exc}"]
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        await self.server.notify()
+        for problem in problems:
+            log.warning("step %d: %s; those shards come whole", manifest.step, problem)
+        trace.event("rebuilt", step=manifest.step, base=base, bytes=taken, apply_s=round(time.monotonic() - began, 4))
+
     async def _until_quiet(self, step: int) -> None:
         """Wait, up to `FINISH_WAIT` s, until no shard of `step` has been served for `FINISH_QUIET` s.
 
@@ -205,6 +240,8 @@ class Mirror:
         trace.event("manifest", step=step, bytes=manifest.total_size)
         await self.server.notify()
         downloader = Downloader(self._session, having, parallel=self.parallel, on_shard=self.server.notify)
+        if manifest.delta is not None:
+            await self._rebuild(manifest, partial, downloader)
         await downloader.download(partial)
         await self._until_quiet(step)
         await asyncio.to_thread(self.store.finish_version, partial)
@@ -215,3 +252,27 @@ class Mirror:
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         await self.server.notify()
+
+
+def _rebuild_into(partial: PartialCheckpoint, base_dir: Path, base: Manifest, scratch: Path) -> tuple[int, list[str]]:
+    """The delta files of `partial`'s manifest copied out of it (they may be held in memory), applied to the base's
+    files in `scratch`, and taken into `partial`; returns (bytes taken, what went wrong)."""
+    manifest = partial.manifest
+    for mf in manifest.delta_files:
+        with open(scratch / mf.name, "wb") as out:
+            for shard in mf.shards:
+                opened = partial.open_verified(mf.name, shard.index)
+                if opened is None:
+                    return 0, [f"{mf.name}[{shard.index}] is not verified"]
+                with opened:
+                    data = os.pread(opened.fileno(), shard.size, shard.offset)
+                if len(data) != shard.size:
+                    return 0, [f"{mf.name}[{shard.index}] read short"]
+                out.write(data)
+    rebuilt, problems = apply_link(manifest, scratch, base_files(base, base_dir), verify=False)
+    taken = 0
+    for name, path in rebuilt.items():
+        taken += partial.take_file(name, path)
+        if left := sum(1 for file, _ in partial.missing() if file == name):
+            problems.append(f"{name}: {left} shards rebuilt from the delta did not verify")
+    return taken, problems

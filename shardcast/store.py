@@ -269,6 +269,14 @@ class ShardStore:
         """Complete steps, ascending."""
         return sorted(int(p.name) for p in self._versions.iterdir() if _is_step(p.name))
 
+    def version_dir(self, step: int) -> Path:
+        """The folder of a complete version (`VersionNotFound` if the step is not complete here): its files, verified
+        when they were stored, to be read as a delta's base."""
+        folder = self._versions / str(step)
+        if not folder.is_dir():
+            raise VersionNotFound(step)
+        return folder
+
     def incoming(self) -> list[int]:
         """Steps being mirrored, ascending."""
         return sorted(self._incoming)

@@ -471,3 +471,54 @@ def test_a_receiver_killed_halfway_through_applying_a_delta_resumes_without_fetc
     assert (report.base_step, report.problems) == (1, [])
     assert sent == len(CONFIG)  # config.json, which has no delta; the delta was not fetched again
     assert report.delta_bytes == manifest.delta_size  # counted, as resumed
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["on disk", "memory window"])
+@pytest.mark.parametrize("base", ["intact", "corrupted on the relay's disk"])
+def test_a_relay_holding_the_base_rebuilds_the_step_from_its_delta_and_downloads_only_what_did_not_verify(
+    tmp_path: Path, folders: list[Path], memory: bool, base: str
+) -> None:
+    origin_store = ShardStore(tmp_path / "origin")
+    relay_store = ShardStore(tmp_path / "relay", memory_bytes=64 << 20 if memory else 0, hold=lambda size: True)
+
+    async def scenario() -> float:
+        async with origin(origin_store) as (upstream, server):
+            relay = ShardServer(relay_store, role="relay")
+            await relay.start("127.0.0.1", 0)
+            task = asyncio.create_task(Mirror(relay, [upstream], policy=POLICY, keep=3).run())
+            try:
+                publish(origin_store, folders[0], 1)
+                await server.notify()
+                await until(lambda: relay_store.versions() == [1])
+                if base != "intact":  # its disk flips a byte of shard 0 after the relay verified it
+                    stored = tmp_path / "relay" / "v" / "1" / "model.safetensors"
+                    data = bytearray(stored.read_bytes())
+                    data[100] ^= 1
+                    stored.write_bytes(bytes(data))
+                before = bytes_sent(server)
+                publish(origin_store, folders[1], 2)
+                await server.notify()
+                await until(lambda: relay_store.versions() == [1, 2])
+                return bytes_sent(server) - before
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await relay.stop()
+
+    sent = asyncio.run(scenario())
+    manifest = origin_store.manifest(2)
+    assert relay_store.manifest(2) == manifest
+    for f in manifest.files:  # the step and its delta, byte for byte, whatever the relay's base held
+        assert (tmp_path / "relay" / "v" / "2" / f.name).read_bytes() == (
+            tmp_path / "origin" / "v" / "2" / f.name
+        ).read_bytes()
+    whole = len(CONFIG) + (SHARD if base != "intact" else 0)  # config.json has no delta; a bad shard comes whole
+    assert sent == manifest.delta_size + whole
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
