@@ -21,11 +21,12 @@ folders (`DIR/<model>-<dtype>-<lr>/step_0`, `step_1`: the model's config.json an
 `--propagate DIR` takes such a pair (`DIR/step_0`, `DIR/step_1`) through the processes a pool runs: `prime-node
 origin` (whole steps only, `--no-delta`; or whole steps and deltas, `--delta-min-mib 0`), one `prime-node relay`,
 and N `prime-node fetch-weights` clients (`--relay-rate`: the relay's uplink, which its clients share). The clients
-fetch step 0 first (as step 1), then wait for the next step with `--after 1`, and the clock runs from the origin's
-`published` event of step 2 (step_1) to the last client's exit. It prints, per mode and N (medians of `--repeats`):
-that time, the origin's publish (copy, delta, hashes, signature), the bytes each client moved, the seconds each
-spent applying, and the CPU seconds of the relay and of each client while the clock ran (benchmarks/shardcast.py's
-process harness). Every client's step is compared with step_1.
+fetch step 0 first (as step 1), then wait for the next step with `--after 1` (step_1 is handed to the origin once
+the relay holds step 0 complete), and the clock runs from the origin's `published` event of step 2 (step_1) to the
+last client's exit. It prints, per mode and N (medians of `--repeats`): that time, the origin's publish (copy,
+delta, hashes, signature), the bytes each client moved, the seconds each spent applying, and the CPU seconds of the
+relay and of each client while the clock ran (benchmarks/shardcast.py's process harness). Every client's step is
+compared with step_1.
 """
 
 from __future__ import annotations
@@ -222,6 +223,8 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float,
             for i, name in enumerate(names):
                 procs.start(name, [*fetch, "--after", str(step - 1), "--out", str(work / f"client-{i}")], REPO, env)
             procs.wait_until("the clients' long-polls", lambda: in_flight(relay_url) > clients)
+            if step == 2:  # a trainer's steps are seconds apart at least: the relay holds step 1 complete by then
+                procs.wait_until("the relay's step 1", lambda: 1 in _complete(relay_url))
             staging = work / "staging" / f"step_{step}"
             staging.mkdir(parents=True)
             for file in (pair / folder).iterdir():
@@ -241,13 +244,16 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float,
     for i in range(clients):
         if (work / f"client-{i}" / "step_2" / "model.safetensors").read_bytes() != want:
             raise SystemExit(f"{mode}, {clients} clients: client {i} holds other bytes than step_1")
-    events = [e for run in trace.read(work / "trace").values() for e in run]
+    runs = trace.read(work / "trace")
+    events = [e for run in runs.values() for e in run]
+    relay_rebuilt = any(e["event"] == "rebuilt" for name, run in runs.items() if name.startswith("relay") for e in run)
     starts = [e["t"] for e in events if e["event"] == "publish_start" and e.get("step") == 2]
     done = [e["t"] for e in events if e["event"] == "published" and e.get("step") == 2]
-    rebuilt = [e for e in events if e["event"] == "rebuilt" and e.get("step") == 2]
-    fetched = [e for e in events if e["event"] == "fetched" and e.get("step") == 2]
-    if mode == "delta" and len(rebuilt) != clients:
-        raise SystemExit(f"delta, {clients} clients: {len(rebuilt)} clients rebuilt step 2 from its delta")
+    clients_events = [e for name, run in runs.items() if name.startswith("client") for e in run]
+    rebuilt = [e for e in clients_events if e["event"] == "rebuilt" and e.get("step") == 2]
+    fetched = [e for e in clients_events if e["event"] == "fetched" and e.get("step") == 2]
+    if mode == "delta" and (len(rebuilt) != clients or not relay_rebuilt):
+        raise SystemExit(f"delta, {clients} clients: {len(rebuilt)} clients (relay: {relay_rebuilt}) rebuilt step 2")
     moved = sum(e["bytes"] for e in fetched) + sum(e["delta_bytes"] for e in rebuilt)
     return {
         "seconds": max(finished) - published,
@@ -257,6 +263,15 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float,
         "relay_cpu": used["relay"],
         "client_cpu": sum(c for n, c in used.items() if n.startswith("client-") and n.endswith("-2")) / clients,
     }
+
+
+def _complete(url: str) -> set[int]:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/versions", timeout=10) as response:
+        listing = json.loads(response.read())
+    return {v["step"] for v in listing["versions"] if v["complete"]}
 
 
 def propagate(pair: Path, counts: list[int], repeats: int, timeout: float, relay_rate: float) -> list[Spread]:
