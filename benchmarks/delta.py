@@ -234,10 +234,10 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float,
             published = time.time()
             procs.mark()
             finished = procs.wait_for_exits(names)
-            if step == 1:
-                for name in names:
-                    del procs.running[name]
+            for name in names:  # exited: their CPU figures stay in procs.cpu
+                del procs.running[name]
         used = {name: cpu - procs.cpu_at_mark.get(name, 0.0) for name, cpu in procs.cpu.items()}
+        procs.wait_until("the relay's step 2", lambda: 2 in _complete(relay_url))  # its trace complete, off the clock
     finally:
         procs.stop_all()
     want = (pair / "step_1" / "model.safetensors").read_bytes()
