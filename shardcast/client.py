@@ -735,6 +735,7 @@ async def _rebuild(
     report.base_step, report.links = base.step, len(links)
     current = base_files(base, base_dir)
     folders: list[Path] = []
+    released = [name for name in links[-1].delta.targets if name in current and sink.release_file(name)]  # type: ignore[union-attr]
     try:
         for i, link in enumerate(links):
             folders.append(partial_path(_deltas_folder(out, link.step)))
@@ -757,6 +758,8 @@ async def _rebuild(
     finally:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+        for name in released:  # those not rebuilt are downloaded into their full size, allocated up front again
+            sink.allocate_file(name)
     trace.event(
         "rebuilt", step=manifest.step, base=base.step, links=len(links), bytes=report.rebuilt_bytes,
         delta_bytes=report.delta_bytes, apply_s=round(report.apply_seconds, 4),

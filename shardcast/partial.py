@@ -130,16 +130,41 @@ class PartialCheckpoint:
         for name, data in self.metadata.items():
             write_durably(self.partial / name, data)
         for mf in manifest.files:
-            with open(self.partial / mf.name, "ab") as f:  # creates it
-                if os.fstat(f.fileno()).st_size == mf.size:
-                    continue  # resumed
-                reserve_space(self.partial / mf.name, f.fileno(), mf.size)  # extends it where it can
-                try:
-                    f.truncate(mf.size)  # sparse where it could not, or shorter than a leftover
-                except OSError as exc:
-                    raise RelayError(f"cannot hold {mf.size} bytes at {self.partial / mf.name}: {exc}") from exc
+            self._allocate(mf)
         self._journal: TextIO | None = None
         self._rewrite_journal()
+
+    def _allocate(self, mf: ManifestFile) -> None:
+        """The file at its full size, its disk allocated where the file system can (a resumed one is left as is)."""
+        with open(self.partial / mf.name, "ab") as f:  # creates it
+            if os.fstat(f.fileno()).st_size == mf.size:
+                return  # resumed
+            reserve_space(self.partial / mf.name, f.fileno(), mf.size)  # extends it where it can
+            try:
+                f.truncate(mf.size)  # sparse where it could not, or shorter than a leftover
+            except OSError as exc:
+                raise RelayError(f"cannot hold {mf.size} bytes at {self.partial / mf.name}: {exc}") from exc
+
+    def release_file(self, file: str) -> bool:
+        """Give back the disk held for `file` while none of its shards is written (and no memory holds the version):
+        for a receiver about to rebuild the file from a delta, which writes it whole elsewhere and moves it in
+        (`take_file`), so that the disk never holds it twice. True if released; `allocate_file` takes the space
+        again for a file that was not taken."""
+        mf = self.manifest.file(file)
+        if mf is None:
+            raise UnknownShard(file, 0)
+        with self._lock:
+            if self._finished or self.memory is not None or any((file, s.index) in self._done for s in mf.shards):
+                return False
+            os.truncate(self.partial / file, 0)
+        return True
+
+    def allocate_file(self, file: str) -> None:
+        """`file` at its full size again after `release_file` (nothing if it is, or was taken meanwhile)."""
+        mf = self.manifest.file(file)
+        if mf is None:
+            raise UnknownShard(file, 0)
+        self._allocate(mf)
 
     def _resume(self) -> None:
         """Keep only journalled shards whose bytes still hash right: a crash may have torn the last writes."""
