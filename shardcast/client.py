@@ -735,7 +735,8 @@ async def _rebuild(
     report.base_step, report.links = base.step, len(links)
     current = base_files(base, base_dir)
     folders: list[Path] = []
-    released = [name for name in links[-1].delta.targets if name in current and sink.release_file(name)]  # type: ignore[union-attr]
+    assert manifest.delta is not None  # the plan's last link is the step itself
+    released = [name for name in manifest.delta.targets if name in current and sink.release_file(name)]
     try:
         for i, link in enumerate(links):
             folders.append(partial_path(_deltas_folder(out, link.step)))
