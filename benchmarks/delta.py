@@ -254,6 +254,9 @@ def spread_once(pair: Path, mode: str, clients: int, work: Path, timeout: float,
     fetched = [e for e in clients_events if e["event"] == "fetched" and e.get("step") == 2]
     if mode == "delta" and (len(rebuilt) != clients or not relay_rebuilt):
         raise SystemExit(f"delta, {clients} clients: {len(rebuilt)} clients (relay: {relay_rebuilt}) rebuilt step 2")
+    size = sum(f.stat().st_size for f in (pair / "step_1").iterdir())
+    if mode == "delta" and any(e["bytes"] < size / 2 for e in rebuilt):  # a full disk, say: see their logs
+        raise SystemExit(f"delta, {clients} clients: a client rebuilt under half the step and fetched the rest whole")
     moved = sum(e["bytes"] for e in fetched) + sum(e["delta_bytes"] for e in rebuilt)
     return {
         "seconds": max(finished) - published,
