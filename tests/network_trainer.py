@@ -19,13 +19,20 @@ def toml_value(value: TomlValue) -> str:
 
 
 def trainer_toml(
-    model: Path, *, steps: int, async_level: int, rollouts_per_step: int, **tables: dict[str, TomlValue]
+    model: Path,
+    *,
+    steps: int,
+    async_level: int,
+    rollouts_per_step: int,
+    serve_after: bool = False,
+    **tables: dict[str, TomlValue],
 ) -> str:
     """The text of a trainer.toml: `[run]` (run folder `run`, the default task, one thread) and `[data]`, which
     every mode has, then `tables` in their order, each `name={key: value}` (the mode's own: `coordinator`,
     `shardcast`, `local` or `pool` ...)."""
     every = {
-        "run": {"dir": "run", "model": str(model), "task": str(TASK), "steps": steps, "threads": 1},
+        "run": {"dir": "run", "model": str(model), "task": str(TASK), "steps": steps, "threads": 1}
+        | ({"serve_after": True} if serve_after else {}),
         "data": {"async_level": async_level, "rollouts_per_step": rollouts_per_step},
     }
     return "".join(
@@ -46,6 +53,7 @@ def write_trainer_config(
     files_per_node_per_step: int = 0,
     max_files_in_flight: int = 0,
     spec_file: Path | None = None,
+    serve_after: bool = False,
 ) -> Path:
     """`root/trainer.toml`: small assignments (2 prompts x 4), free ports, run folder `root/run`, the pool from
     `root/deployment.json`; with `p2p`, a gossip host on a free port too. Assignments are unlimited unless
@@ -67,6 +75,7 @@ def write_trainer_config(
             steps=steps,
             async_level=async_level,
             rollouts_per_step=rollouts_per_step,
+            serve_after=serve_after,
             coordinator={
                 "port": api_port,
                 "prompts_per_task": 2,
