@@ -673,8 +673,7 @@ async def fetch_checkpoint(
             if target.exists():
                 return target
             checkpoint = manifest.view(manifest.checkpoint_files)
-            signed = {SIGNED_MANIFEST_NAME: encode_manifest(manifest)}
-            sink = PartialCheckpoint(target, checkpoint, metadata=signed, keep_manifest=False)
+            sink = PartialCheckpoint(target, checkpoint)
             trace.event("manifest", step=manifest.step, bytes=manifest.checkpoint_size)
             try:
                 if on_start is not None:
@@ -693,11 +692,16 @@ async def fetch_checkpoint(
                 for _ in range(2):  # a second round only if a whole-file check sends shards back
                     await downloader.download(sink)
                     try:
-                        return await asyncio.to_thread(sink.finish, verify_files=False)
+                        path = await asyncio.to_thread(sink.finish, verify_files=False)
                     except RelayError as exc:
                         if not sink.missing():
                             raise
                         log.warning("re-fetching shards after a failed file check: %s", exc)
+                        continue
+                    # the manifest it was fetched by, as a later step's delta base; not fsynced (a worker fetches
+                    # every step): lost in a crash, the folder is only no base, and the next step comes whole
+                    (path / SIGNED_MANIFEST_NAME).write_bytes(encode_manifest(manifest))
+                    return path
                 raise DownloadFailed(manifest.step, downloader.errors)
             finally:
                 trace.event("fetched", step=manifest.step, bytes=report.whole_bytes)
