@@ -68,7 +68,7 @@ from shardcast.protocol import (
     shard_url,
     versions_url,
 )
-from shardcast.rebuild import SIGNED_MANIFEST_NAME, apply_link, base_files, held_bases
+from shardcast.rebuild import SIGNED_MANIFEST_NAME, apply_link, base_files, held_bases, take_rebuilt
 from shardcast.sources import Source, SourcePool
 from shardcast.trust import TrustPolicy
 
@@ -750,12 +750,11 @@ async def _rebuild(
             current, problems = await asyncio.to_thread(apply_link, link, folders[-1], current, verify=not last)
             report.problems += problems
             if last:
-                for name, path in current.items():
-                    report.rebuilt_bytes += await asyncio.to_thread(sink.take_file, name, path)
-                    left = sum(1 for file, _ in sink.missing() if file == name)
-                    if left:
-                        report.problems.append(f"{name}: {left} shards rebuilt from the delta did not verify")
-                        log.warning("step %d: %s", manifest.step, report.problems[-1])
+                taken, unverified = await asyncio.to_thread(take_rebuilt, sink, current)
+                report.rebuilt_bytes += taken
+                report.problems += unverified
+                for problem in unverified:
+                    log.warning("step %d: %s", manifest.step, problem)
             report.apply_seconds += time.monotonic() - began
     except (RelayError, OSError) as exc:  # DownloadFailed included; a disk that filled up
         report.problems.append(f"deltas not used: {exc}")

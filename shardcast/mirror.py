@@ -26,7 +26,7 @@ from shardcast import RelayError, SourceError, UntrustedManifest, VersionExists,
 from shardcast.client import Downloader, fetch_manifest, list_versions, new_session
 from shardcast.manifest import Manifest, manifest_hash
 from shardcast.partial import PartialCheckpoint
-from shardcast.rebuild import apply_link, base_files
+from shardcast.rebuild import apply_link, base_files, take_rebuilt
 from shardcast.server import ShardServer
 from shardcast.sources import MAX_FAILURES, Source
 from shardcast.trust import TrustPolicy
@@ -270,9 +270,5 @@ def _rebuild_into(partial: PartialCheckpoint, base_dir: Path, base: Manifest, sc
                     return 0, [f"{mf.name}[{shard.index}] read short"]
                 out.write(data)
     rebuilt, problems = apply_link(manifest, scratch, base_files(base, base_dir), verify=False)
-    taken = 0
-    for name, path in rebuilt.items():
-        taken += partial.take_file(name, path)
-        if left := sum(1 for file, _ in partial.missing() if file == name):
-            problems.append(f"{name}: {left} shards rebuilt from the delta did not verify")
-    return taken, problems
+    taken, unverified = take_rebuilt(partial, rebuilt)
+    return taken, problems + unverified

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from shardcast.delta import DeltaError, apply_delta
 from shardcast.manifest import Manifest, delta_name
-from shardcast.partial import bad_shards
+from shardcast.partial import PartialCheckpoint, bad_shards
 
 log = logging.getLogger(__name__)
 
@@ -70,3 +70,14 @@ def apply_link(
 def base_files(manifest: Manifest, folder: Path) -> dict[str, Path]:
     """The checkpoint files of a held step, as deltas' bases."""
     return {f.name: folder / f.name for f in manifest.checkpoint_files if (folder / f.name).is_file()}
+
+
+def take_rebuilt(sink: PartialCheckpoint, rebuilt: dict[str, Path]) -> tuple[int, list[str]]:
+    """Take each rebuilt file into `sink` (`PartialCheckpoint.take_file`: only shards that verify); returns the bytes
+    taken and, per file, how many of its shards did not verify (they stay missing, to be downloaded whole)."""
+    taken, problems = 0, []
+    for name, path in rebuilt.items():
+        taken += sink.take_file(name, path)
+        if left := sum(1 for file, _ in sink.missing() if file == name):
+            problems.append(f"{name}: {left} shards rebuilt from the delta did not verify")
+    return taken, problems
