@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -66,8 +67,13 @@ def test_doctor_passes_on_this_machine_and_names_the_absent_gpu(tmp_path: Path) 
     report = json.loads(result.stdout)
     checks = {check["name"]: check for check in report["checks"]}
     assert report["ok"] is True
-    for name in ("python", "torch", "memory", "disk", "self-test"):
+    for name in ("python", "torch", "memory", "self-test"):
         assert checks[name]["status"] == "ok", checks[name]
+    # the disk's verdict is this machine's: a warning below 10 GiB free (CI's disk has run that low), never a failure
+    free_gib = shutil.disk_usage(tmp_path).free / 2**30
+    assert " GiB free on " in checks["disk"]["detail"]
+    if abs(free_gib - 10) > 0.5:  # other work writes to this disk: away from the line, the verdict is certain
+        assert checks["disk"]["status"] == ("ok" if free_gib > 10 else "warn"), (checks["disk"], free_gib)
     assert checks["python"]["detail"].startswith("Python 3.")
     assert checks["torch"]["detail"].startswith(f"torch {torch.__version__}")
     assert "GiB RAM available" in checks["memory"]["detail"]
