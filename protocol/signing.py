@@ -313,6 +313,28 @@ class UploadReceipt(TypedMessage):
     )
 
 
+@dataclass(frozen=True)
+class BatchReceipt(TypedMessage):
+    """The coordinator's acknowledgement, signed by the pool's trainer, that it holds the leaf list of `count` leaves
+    whose Merkle root is `root` (`ledger.merkle`), uploaded by `node`, and every rollout file the list names.
+
+    Validators need every leaf to check a batch; a list the coordinator acknowledged and then lost is the
+    coordinator's fault, not the worker's, and the receipt proves the list was made available."""
+
+    pool_id: int
+    root: bytes
+    node: str
+    count: int
+
+    TYPE_NAME: ClassVar[str] = "BatchReceipt"
+    FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pool_id", "poolId", "uint256"),
+        ("root", "root", "bytes32"),
+        ("node", "node", "address"),
+        ("count", "count", "uint256"),
+    )
+
+
 def _signable(message: TypedMessage, domain: SigningDomain) -> SignableMessage:
     return encode_typed_data(full_message=message.typed_data(domain))
 

@@ -17,14 +17,17 @@ refused after its nonce was recorded gives the nonce back, so a refused request 
 kept in a window per signer (`protocol.signing.NonceCache`). An upload from a client that does not declare the hash is
 still authenticated first, by the sha256 its path names; a JSON request without it is read first, as before, but
 only a few such bodies at a time per address and in all (429 `busy` past them). A refusal whose body was not read
-closes the connection. Each refusal is a 4xx JSON body `{"error": code, "message": text}` with its own code
-(`protocol.coordinator.errors`); one worth retrying later has a Retry-After.
+closes the connection. A batch's leaf list (`PUT /v1/batches/{root}`) is signed as a JSON request is (its path names
+a Merkle root, not the body's sha256), refused unread past `protocol.batches.MAX_BATCH_BYTES`, and checked against the
+signer's quota of lists before its body is read. Each refusal is a 4xx JSON body `{"error": code, "message": text}`
+with its own code (`protocol.coordinator.errors`); one worth retrying later has a Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +40,7 @@ from core.bodies import HeapTrim, read_body
 from core.metrics import Registry, metrics_response
 from core.ratelimit import RateLimiter
 from core.safejson import loads_bounded
+from protocol.batches import MAX_BATCH_BYTES, MEDIA_TYPE
 from protocol.coordinator import routes
 from protocol.coordinator.errors import STATUS, ErrorBody, ErrorCode, ProtocolError
 from protocol.coordinator.rollouts import AttestationBody, Recorded
@@ -83,6 +87,7 @@ class CoordinatorApi:
         self.metrics = Registry()
         self._requests = self.metrics.counter("coordinator_requests_total", "API requests by route and status.")
         self._uploads = self.metrics.counter("coordinator_uploads_total", "Rollout files stored.")
+        self._batches = self.metrics.counter("coordinator_batches_total", "Leaf lists of batches stored.")
         self.metrics.gauge("coordinator_step", "Current policy step.", lambda: service.state.step)
         self.app = web.Application(middlewares=[self._errors], client_max_size=config.max_upload_bytes + 1)
         self.app.on_cleanup.append(self._close)
@@ -95,6 +100,8 @@ class CoordinatorApi:
                 web.put(routes.ROLLOUT, self._upload),
                 web.get(routes.ROLLOUT, self._download),
                 web.get(routes.ROLLOUT_ATTESTATIONS, self._attestations),
+                web.put(routes.BATCH, self._upload_batch),
+                web.get(routes.BATCH, self._download_batch),
                 web.post(routes.ATTESTATIONS, self._attest),
                 web.get(routes.METRICS, self._metrics),
             ]
@@ -158,10 +165,13 @@ class CoordinatorApi:
         return body
 
     @asynccontextmanager
-    async def _signed_body(self, request: web.Request, role: str, limit: int) -> AsyncIterator[tuple[str, bytes]]:
-        """The signer (holding `role`) of a JSON request and its body, for the block that answers it (a refusal in
-        it gives the nonce back). Authenticated before the body is read when the client declares the body's sha256,
-        else read first within the unsigned bodies' bounds."""
+    async def _signed_body(
+        self, request: web.Request, role: str, limit: int, admit: Callable[[str], None] | None = None
+    ) -> AsyncIterator[tuple[str, bytes]]:
+        """The signer (holding `role`) of a request and its body, for the block that answers it (a refusal in it
+        gives the nonce back). Authenticated before the body is read when the client declares the body's sha256,
+        else read first within the unsigned bodies' bounds. `admit` (the signer) may refuse it once it is
+        authenticated, before a declared body is read (a quota)."""
         declared = self._declared(request)
         body = b""
         if declared is None:
@@ -171,6 +181,8 @@ class CoordinatorApi:
         else:
             checked = await self._authenticate(request, role, declared)
         async with self._nonce_given_back_on_refusal(checked):
+            if admit is not None:
+                admit(checked.signer)
             if declared is not None:
                 body = await self._body(request, limit, declared)
             yield checked.signer, body
@@ -286,6 +298,27 @@ class CoordinatorApi:
         if work_key is None:
             raise Refused(ErrorCode.NOT_FOUND, f"no rollout file {name}")
         return web.FileResponse(self.service.stored_file(work_key))
+
+    async def _upload_batch(self, request: web.Request) -> web.Response:
+        root = routes.root_of(request.match_info["root"])
+        if root is None:
+            raise Refused(ErrorCode.BAD_NAME, "the path must be /v1/batches/<64 lower-case hex digits of the root>")
+        size = request.content_length
+        if size is not None and size > MAX_BATCH_BYTES:
+            raise Refused(ErrorCode.TOO_LARGE, f"body of {size} bytes is over the {MAX_BATCH_BYTES}-byte limit")
+        quota = functools.partial(self.service.check_batch_quota, root)
+        async with self._signed_body(request, "member", MAX_BATCH_BYTES, admit=quota) as (node, body):
+            upload = await self.service.upload_batch(root, body, node)
+        if upload.created:
+            self._batches.inc()
+        return _answer(upload, 201 if upload.created else 200)
+
+    async def _download_batch(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["root"]
+        root = routes.root_of(name)
+        if root is None:
+            raise Refused(ErrorCode.NOT_FOUND, f"no leaf list {name}")
+        return web.FileResponse(self.service.stored_batch(root), headers={"Content-Type": MEDIA_TYPE})
 
     async def _attest(self, request: web.Request) -> web.Response:
         async with self._signed_body(request, "validator", self.config.max_json_bytes) as (signer, body):

@@ -38,6 +38,14 @@ member's quota with slow uploads. A re-upload of a stored file stores nothing an
 A restarted coordinator counts the inbox again, each file under the step current when it was written (its
 modification time against the published steps).
 
+A batch's leaf list (`PUT /v1/batches/{root}`, `protocol.batches`) is what validators need to check a batch recorded
+on chain as one Merkle root. It is stored (`trainer/batches.py`) only when its leaves hash to the root the path names
+and every file it names is held here, and answered with the trainer's signature over `BatchReceipt(poolId, root,
+node, count)` for the node that sent it, whoever sent it first; lost after that, it answers 410 `lost` as a file
+does. A node's lists count against a quota of their own (`max_stored_batches_per_node`, by default as many as its
+files), held and let go as its files are: a list is small (160 KiB at most), but a member could make endless
+distinct ones from one file.
+
 A validator's verdict is recorded once its signature recovers to the validator that signed the request, in the
 `VerdictStore` (`trainer/verdicts.py`) that the step loop reads.
 """
@@ -60,13 +68,16 @@ from eth_utils import is_checksum_address
 
 from core.config import ConfigError, Settings, held, setting
 from core.serving import ConnectionLimits
+from ledger.merkle import BatchTree, Leaf
+from protocol.batches import MAX_BATCH_LEAVES, LeafListError, decode_leaves
 from protocol.coordinator.errors import ErrorCode
 from protocol.coordinator.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
-from protocol.coordinator.rollouts import AttestationBody, AttestationList, AttestationRecord, Upload
+from protocol.coordinator.rollouts import AttestationBody, AttestationList, AttestationRecord, BatchUpload, Upload
 from protocol.signing import (
     DEFAULT_MAX_SKEW,
     Assignment,
     Attestation,
+    BatchReceipt,
     SignatureError,
     SigningDomain,
     UploadReceipt,
@@ -86,6 +97,7 @@ from protocol.terms import (
     MIN_GROUP_SIZE,
     step_window,
 )
+from trainer.batches import BatchInbox
 from trainer.errors import TrainerError
 from trainer.in_flight import FilesInFlight
 from trainer.inbox import Reservation, RolloutInbox, UploadQuota, UploadQuotaExceeded
@@ -150,6 +162,9 @@ class ApiConfig(Settings):
     )
     max_stored_files_per_node: int = setting(
         "files of one node stored that the trainer may still train on; 0: no limit", default=0, minimum=0
+    )
+    max_stored_batches_per_node: int = setting(
+        "leaf lists of one node stored within the window; 0: as many as max_stored_files_per_node", default=0, minimum=0
     )
     async_level: int = setting(
         "the pool's window k (protocol.terms): a file stops counting k + 1 steps after the step it came at",
@@ -253,6 +268,7 @@ class CoordinatorService:
         roles: Roles,
         inbox: RolloutInbox,
         verdicts: VerdictStore,
+        batches: BatchInbox | None = None,
         config: ApiConfig | None = None,
         on_upload: Callable[[bytes, str], Awaitable[None]] | None = None,
         on_assign: Callable[[str, int], Awaitable[None] | None] | None = None,
@@ -263,6 +279,8 @@ class CoordinatorService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.domain, self.state, self.roles, self.inbox, self.verdicts = domain, state, roles, inbox, verdicts
+        # batches' leaf lists, beside the files they name unless given
+        self.batches = BatchInbox(inbox.root / "batches") if batches is None else batches
         self.signer = signer  # the trainer's key: signs upload receipts and assignments (None: neither is signed)
         self.task_spec_hash = task_spec_hash  # the pool's task, which every signed assignment names
         self.clock = clock  # the trainer's clock, which stamps each signed assignment's issue time
@@ -275,8 +293,10 @@ class CoordinatorService:
         self.pending = pending  # (node) its uploads the trainer has not trained on or dropped; None: not counted
         self._handed: dict[str, tuple[int, int]] = {}  # node -> (step, assignments at that step)
         self.in_flight = FilesInFlight(self.config.async_level)  # the pool's, against max_files_in_flight
-        self._storing: dict[bytes, asyncio.Future[bool]] = {}  # work key -> its write in a worker thread
+        self._storing: dict[tuple[Path, bytes], asyncio.Future[bool]] = {}  # (folder, key) -> its write in a thread
         self.quota = UploadQuota(self.config.max_stored_bytes_per_node, self.config.max_stored_files_per_node)
+        max_batches = self.config.max_stored_batches_per_node or self.config.max_stored_files_per_node
+        self.batch_quota = UploadQuota(0, max_batches)  # lists, not bytes: each is 160 KiB at most
         self._count_stored()
         self.parser = UploadParser(self.config.parsing)  # its processes start with the first upload
         # inbox writes have threads of their own: in the default pool they queued behind role lookups (web3 calls)
@@ -375,8 +395,9 @@ class CoordinatorService:
         written. Files written before the oldest step of the window was published are not opened."""
         oldest, history = self._oldest_step(), list(self.state.history)
         since = next((entry.at for entry in history if entry.step >= oldest), 0.0)
-        for stored in self.inbox.stored(since):
-            self.quota.hold(stored.node, stored.size, step_at(history, stored.stored_at, self.state.step))
+        for quota, stored_since in ((self.quota, self.inbox.stored), (self.batch_quota, self.batches.stored)):
+            for stored in stored_since(since):
+                quota.hold(stored.node, stored.size, step_at(history, stored.stored_at, self.state.step))
 
     def check_quota(self, work_key: bytes, node: str, size: int) -> None:
         """Refuses (429 quota) an upload of `size` bytes that `node`'s quota could not hold now, before its body is
@@ -384,9 +405,9 @@ class CoordinatorService:
         if not self.inbox.has(work_key):
             self._reserve(node, size).close()
 
-    def _reserve(self, node: str, size: int) -> Reservation:
+    def _reserve(self, node: str, size: int, quota: UploadQuota | None = None) -> Reservation:
         try:
-            return self.quota.reserve(node, size, self._oldest_step())
+            return (self.quota if quota is None else quota).reserve(node, size, self._oldest_step())
         except UploadQuotaExceeded as exc:
             raise Refused(ErrorCode.QUOTA, str(exc), retry_after=self.config.retry_after) from None
 
@@ -410,7 +431,7 @@ class CoordinatorService:
                 raise Refused(ErrorCode.WRONG_NODE, f"the file is for node {meta.node}; {node} signed the upload")
             if meta.pool_id != self.state.pool_id:
                 raise Refused(ErrorCode.WRONG_POOL, f"the file is for pool {meta.pool_id}, not {self.state.pool_id}")
-            created = await self._store(work_key, body, node)
+            created = await self._store(self.inbox, work_key, body, node)
             if created:
                 reservation.keep(self.state.step)
                 self.in_flight.uploaded(work_key, node, meta.counter)
@@ -420,20 +441,21 @@ class CoordinatorService:
             await self.on_upload(work_key, node)
         return Upload(work_key, created, self._receipt(work_key, node))
 
-    async def _store(self, work_key: bytes, body: bytes, node: str) -> bool:
-        """`inbox.put` in one of the coordinator's writer threads: its write and fsync held the event loop (every
+    async def _store(self, store: RolloutInbox | BatchInbox, key: bytes, body: bytes, node: str) -> bool:
+        """`store.put` in one of the coordinator's writer threads: its write and fsync held the event loop (every
         request) for as long as the disk took. One write a key at a time: an upload of bytes being written waits for
         that write, then stores nothing unless it failed. The write is shielded: aiohttp does not cancel a handler
         whose client went away, so only a shutdown cancels this, and the write still ends and lets go of its key."""
-        while (writing := self._storing.get(work_key)) is not None:
+        slot = (store.root, key)
+        while (writing := self._storing.get(slot)) is not None:
             with contextlib.suppress(Exception):  # the first writer answers its own failure
                 await asyncio.shield(writing)
-            if self.inbox.has(work_key):
+            if store.has(key):
                 return False
-        write = asyncio.get_running_loop().run_in_executor(self._writers, self.inbox.put, work_key, body, node)
+        write = asyncio.get_running_loop().run_in_executor(self._writers, store.put, key, body, node)
         task = asyncio.ensure_future(write)
-        self._storing[work_key] = task
-        task.add_done_callback(lambda _: self._storing.pop(work_key, None))
+        self._storing[slot] = task
+        task.add_done_callback(lambda _: self._storing.pop(slot, None))
         return await asyncio.shield(task)
 
     def _receipt(self, work_key: bytes, node: str) -> bytes | None:
@@ -450,6 +472,51 @@ class CoordinatorService:
         if not self.inbox.has(work_key):
             raise Refused(ErrorCode.NOT_FOUND, f"no rollout file {work_key.hex()}")
         return self.inbox.path(work_key)
+
+    # --- batches' leaf lists -------------------------------------------------------------------------
+
+    def check_batch_quota(self, root: bytes, node: str) -> None:
+        """Refuses (429 quota) a leaf list that `node`'s quota could not hold now, before its body is read."""
+        if not self.batches.has(root):
+            self._reserve(node, 0, self.batch_quota).close()
+
+    async def upload_batch(self, root: bytes, body: bytes, node: str) -> BatchUpload:
+        """Stores member `node`'s leaf list under `root`, which its leaves must hash to, once every file it names is
+        held; `created` False: held already (and receipted for `node` too)."""
+        # off the event loop: a list of 4,096 leaves is 8,191 hashes and as many stats, some 75 ms
+        check = asyncio.get_running_loop().run_in_executor(self._writers, check_leaf_list, root, body, self.inbox.has)
+        leaves, missing = await check
+        if self.batches.has(root):  # stores nothing: never refused for the quota or for files lost since
+            return BatchUpload(root, len(leaves), False, self._batch_receipt(root, node, len(leaves)))
+        if missing:
+            first = missing[0]
+            message = (
+                f"leaf {first} names rollout file {leaves[first].work_key.hex()}, which the coordinator does not hold "
+                f"({len(missing)} of the {len(leaves)} leaves name such files); upload the files first"
+            )
+            raise Refused(ErrorCode.MISSING_FILES, message)
+        reservation = self._reserve(node, 0, self.batch_quota)  # before any await
+        try:
+            created = await self._store(self.batches, root, body, node)
+            if created:
+                reservation.keep(self.state.step)
+        finally:
+            reservation.close()  # not stored (a failed write, or the same list stored meanwhile)
+        return BatchUpload(root, len(leaves), created, self._batch_receipt(root, node, len(leaves)))
+
+    def _batch_receipt(self, root: bytes, node: str, count: int) -> bytes | None:
+        """The trainer-signed `BatchReceipt` for `node`, which sent the list (None without a signing key)."""
+        if self.signer is None:
+            return None
+        return sign(BatchReceipt(self.state.pool_id, root, node, count), self.signer, self.domain)
+
+    def stored_batch(self, root: bytes) -> Path:
+        """Where the stored leaf list `root` is, to be served."""
+        if self.batches.lost(root):  # acknowledged, then lost here: no worker may be slashed for it
+            raise Refused(ErrorCode.LOST, f"leaf list {root.hex()} was stored and acknowledged, and is gone")
+        if not self.batches.has(root):
+            raise Refused(ErrorCode.NOT_FOUND, f"no leaf list {root.hex()}")
+        return self.batches.path(root)
 
     # --- verdicts ------------------------------------------------------------------------------------
 
@@ -474,3 +541,22 @@ class CoordinatorService:
         if not self.inbox.has(work_key):
             raise Refused(ErrorCode.NOT_FOUND, f"no rollout file {work_key.hex()}")
         return AttestationList(work_key, tuple(self.verdicts.latest(work_key)))
+
+
+def check_leaf_list(root: bytes, body: bytes, held: Callable[[bytes], bool]) -> tuple[tuple[Leaf, ...], list[int]]:
+    """The leaves of an uploaded list whose Merkle root must be `root`, and the indices of those naming a file not
+    `held`, in order; `Refused` for a list that does not decode (400 `malformed_batch`) or hashes to another root
+    (400 `root_mismatch`)."""
+    try:
+        leaves = decode_leaves(body, max_leaves=MAX_BATCH_LEAVES)
+    except LeafListError as exc:
+        raise Refused(ErrorCode.MALFORMED_BATCH, f"not a leaf list: {exc}") from None
+    actual = BatchTree(leaves).root
+    if actual != root:
+        message = f"the leaves' Merkle root is {actual.hex()}, not the {root.hex()} the path names"
+        raise Refused(ErrorCode.ROOT_MISMATCH, message)
+    answers: dict[bytes, bool] = {}
+    for leaf in leaves:  # each file looked up once, however many leaves name it
+        if leaf.work_key not in answers:
+            answers[leaf.work_key] = held(leaf.work_key)
+    return leaves, [index for index, leaf in enumerate(leaves) if not answers[leaf.work_key]]

@@ -8,19 +8,28 @@ Both ends import it: the client (`protocol/coordinator/client.py`) and the serve
 - `fields`: strict readers of one field of hostile JSON;
 - `pool`: the pool's state, the step history and assignments (`PoolInfo`, `StepInfo`, `PublishedStep`,
   `StepHistory`, `TaskGrant`);
-- `rollouts`: uploads and verdicts (`Upload`, `AttestationBody`, `AttestationRecord`, `AttestationList`,
-  `Recorded`, `Verdict`).
+- `rollouts`: uploads and verdicts (`Upload`, `BatchUpload`, `AttestationBody`, `AttestationRecord`,
+  `AttestationList`, `Recorded`, `Verdict`).
 """
 
 from protocol.coordinator.errors import STATUS, ErrorBody, ErrorCode, ProtocolError
 from protocol.coordinator.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
-from protocol.coordinator.rollouts import AttestationBody, AttestationList, AttestationRecord, Recorded, Upload, Verdict
+from protocol.coordinator.rollouts import (
+    AttestationBody,
+    AttestationList,
+    AttestationRecord,
+    BatchUpload,
+    Recorded,
+    Upload,
+    Verdict,
+)
 
 __all__ = [
     "STATUS",
     "AttestationBody",
     "AttestationList",
     "AttestationRecord",
+    "BatchUpload",
     "ErrorBody",
     "ErrorCode",
     "PoolInfo",

@@ -8,6 +8,10 @@ the server's error code and message; a connection failure, a timeout, a 5xx, a 4
 the upload quota: `CoordinatorBusy`) or an answer that does not fit its schema raises `CoordinatorUnavailable`,
 which a caller may retry.
 
+A batch's leaf list is uploaded with `upload_batch` and read back with `download_batch`, which checks that the list
+it is served hashes to the root it asked for: a coordinator serving other leaves is the coordinator's failure
+(`CoordinatorUnavailable`), never evidence against the worker.
+
 Every call has a total timeout (`ClientLimits`: one for the small JSON calls, a longer one for a file's upload or
 download) and waits for one of `concurrency` slots first, so a coordinator that stops answering costs a caller
 a bounded wait and a bounded number of connections. `CoordinatorClient.connect` opens a session of the client's
@@ -19,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
@@ -30,14 +34,17 @@ from eth_account.signers.local import LocalAccount
 from core.bodies import read_body
 from core.errors import NodeError
 from core.safejson import loads_bounded
+from ledger.merkle import BatchTree, Leaf
+from protocol.batches import MAX_BATCH_BYTES, MAX_BATCH_LEAVES, LeafListError, decode_leaves, encode_leaves
 from protocol.coordinator import routes
 from protocol.coordinator.errors import ErrorBody, ErrorCode, ProtocolError
 from protocol.coordinator.pool import PoolInfo, PublishedStep, StepHistory, StepInfo, TaskGrant
-from protocol.coordinator.rollouts import AttestationBody, AttestationList, Recorded, Upload, Verdict
+from protocol.coordinator.rollouts import AttestationBody, AttestationList, BatchUpload, Recorded, Upload, Verdict
 from protocol.plan import Job
 from protocol.signing import Attestation, SignatureError, SigningDomain, recover, sign, sign_request
 
 __all__ = [  # the wire types are re-exported for the callers that take them from here (the worker, the validator)
+    "BatchUpload",
     "ClientLimits",
     "CoordinatorBusy",
     "CoordinatorClient",
@@ -287,6 +294,49 @@ class CoordinatorClient:
         if upload.work_key != work_key:
             raise CoordinatorUnavailable(f"PUT {path} answered for another file, 0x{upload.work_key.hex()}")
         return upload
+
+    async def upload_batch(self, leaves: Sequence[Leaf]) -> BatchUpload:
+        """Stores a batch's leaf list under its Merkle root once the coordinator holds every file it names (409
+        `missing_files` otherwise). The receipt comes back unchecked: `BatchUpload.receipt_signer` recovers who
+        signed it, for the caller to compare with the pool's trainer."""
+        body = encode_leaves(leaves)  # `LeafListError` for a list no coordinator takes: none, too many, 0 units
+        tree = BatchTree(leaves)
+        path = routes.batch(tree.root)
+        upload = _parse(BatchUpload, await self._call("PUT", path, body, signed=True), path)
+        if (upload.root, upload.count) != (tree.root, tree.count):
+            message = f"PUT {path} answered for another list, 0x{upload.root.hex()} of {upload.count} leaves"
+            raise CoordinatorUnavailable(message)
+        return upload
+
+    async def download_batch(self, root: bytes, *, timeout: float | None = None) -> tuple[Leaf, ...] | None:
+        """A batch's leaf list, None when the coordinator never had it (404); `CoordinatorLostFile` when it had it
+        and lost it (410). A list over `MAX_BATCH_BYTES`, that does not decode or that hashes to another root is
+        `CoordinatorUnavailable`: what the coordinator serves is its own doing, never the worker's."""
+        url = self.url + routes.batch(root)
+        total = self.limits.call_timeout if timeout is None else timeout
+        async with self._exchange("GET", url, total) as response:
+            if response.status == 404:
+                return None
+            if response.status == 410:
+                raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this leaf list and lost it")
+            if response.status >= 500:
+                raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
+            if response.status != 200:
+                raise CoordinatorRefused(response.status, ErrorCode.HTTP, f"GET {url} answered HTTP {response.status}")
+            size = response.content_length
+            if size is not None and size > MAX_BATCH_BYTES:
+                raise CoordinatorUnavailable(f"GET {url}: a leaf list of {size} bytes, over {MAX_BATCH_BYTES}")
+            data = await read_body(response.content, MAX_BATCH_BYTES)
+        if len(data) > MAX_BATCH_BYTES:
+            raise CoordinatorUnavailable(f"GET {url}: a leaf list over {MAX_BATCH_BYTES} bytes")
+        try:
+            leaves = decode_leaves(data, max_leaves=MAX_BATCH_LEAVES)
+        except LeafListError as exc:
+            raise CoordinatorUnavailable(f"GET {url}: served a list that is not one: {exc}") from None
+        served = BatchTree(leaves).root
+        if served != root:
+            raise CoordinatorUnavailable(f"GET {url}: served leaves whose root is 0x{served.hex()}, not the one named")
+        return leaves
 
     async def attest(self, attestation: Attestation) -> None:
         """Posts a validator's signed verdict (the attestation is signed by this client's account)."""

@@ -54,6 +54,10 @@ class ErrorCode(StrEnum):
     PARSER_DIED = "parser_died"
     WRONG_NODE = "wrong_node"
     WRONG_POOL = "wrong_pool"
+    # a batch's leaf list (protocol.batches)
+    MALFORMED_BATCH = "malformed_batch"  # not a list of 1 to MAX_BATCH_LEAVES leaves of at least one unit each
+    ROOT_MISMATCH = "root_mismatch"  # the leaves' Merkle root is not the one the path names
+    MISSING_FILES = "missing_files"  # a leaf names a rollout file the coordinator does not hold: upload it first
     # downloads and attestations
     NOT_FOUND = "not_found"
     LOST = "lost"  # stored and acknowledged, then lost: never the worker's fault
@@ -86,6 +90,9 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.PARSER_DIED: 422,
     ErrorCode.WRONG_NODE: 403,
     ErrorCode.WRONG_POOL: 422,
+    ErrorCode.MALFORMED_BATCH: 400,
+    ErrorCode.ROOT_MISMATCH: 400,
+    ErrorCode.MISSING_FILES: 409,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.LOST: 410,
     ErrorCode.BAD_ATTESTATION: 400,

@@ -1,4 +1,5 @@
-"""Rollout files and the verdicts on them, on the wire: `PUT /v1/rollouts/{sha256}`, `POST /v1/attestations`,
+"""Rollout files, the leaf lists of batches of them, and the verdicts on them, on the wire: `PUT /v1/rollouts/{sha256}`,
+`PUT /v1/batches/{root}` (the list itself is `protocol.batches`'s binary format), `POST /v1/attestations`,
 `GET /v1/rollouts/{sha256}/attestations`.
 
 `to_json` is what the sender writes, `from_json` what the receiver accepts, field by field (a `ProtocolError`
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.coordinator import fields as f
+from protocol.signing import BatchReceipt, SignatureError, SigningDomain, recover
 
 MAX_ATTESTATIONS_LISTED = 1024  # entries of one file's attestation list a client reads
 
@@ -40,6 +42,43 @@ class Upload:
             f.boolean("Upload", raw, "created"),
             f.optional_hex("Upload", raw, "receipt", 65),
         )
+
+
+@dataclass(frozen=True)
+class BatchUpload:
+    """The coordinator's answer to a leaf list's upload (201 stored now, 200 held already): the list of `count`
+    leaves whose Merkle root is `root`, and every file it names, are held."""
+
+    root: bytes
+    count: int
+    created: bool  # False: the coordinator already held this list
+    receipt: bytes | None = None  # the trainer's signature over BatchReceipt(pool, root, node, count); None: none sent
+
+    def to_json(self) -> dict[str, Any]:
+        answer: dict[str, Any] = {"root": "0x" + self.root.hex(), "count": self.count, "created": self.created}
+        if self.receipt is not None:
+            answer["receipt"] = "0x" + self.receipt.hex()
+        return answer
+
+    @classmethod
+    def from_json(cls, value: object) -> BatchUpload:
+        raw = f.obj("BatchUpload", value)
+        return cls(
+            f.hex_bytes("BatchUpload", raw, "root", 32),
+            f.uint("BatchUpload", raw, "count", f.UINT32_MAX, minimum=1),  # the ledger keeps a count in 32 bits
+            f.boolean("BatchUpload", raw, "created"),
+            f.optional_hex("BatchUpload", raw, "receipt", 65),
+        )
+
+    def receipt_signer(self, pool_id: int, node: str, domain: SigningDomain) -> str | None:
+        """Who signed the receipt as `BatchReceipt(pool_id, root, node, count)`: the pool's trainer, for a receipt
+        to keep. None when there is no receipt or it recovers no address."""
+        if self.receipt is None:
+            return None
+        try:
+            return recover(BatchReceipt(pool_id, self.root, node, self.count), self.receipt, domain)
+        except SignatureError:
+            return None
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,15 @@
 | `PUT /v1/rollouts/{sha256}` | signed, a member | upload a rollout file; content-addressed, idempotent, receipted |
 | `GET /v1/rollouts/{sha256}` | anyone | download an uploaded file (validators); 410 `lost`: stored, then lost |
 | `GET /v1/rollouts/{sha256}/attestations` | anyone | the signed verdicts validators posted on that file |
+| `PUT /v1/batches/{root}` | signed, a member | upload a batch's leaf list (`protocol.batches`) by its root, receipted |
+| `GET /v1/batches/{root}` | anyone | download a leaf list (validators); 410 `lost`: stored, then lost |
 | `POST /v1/attestations` | signed, a validator | a signed verdict on a work key |
 | `GET /metrics` | anyone | Prometheus text |
 
 A signed request carries the EIP-712 `Request` headers of `protocol.signing.sign_request` over the exact path and body.
+A leaf list is stored only when its leaves hash to the root its path names (400 `root_mismatch`) and the coordinator
+holds every file it names (409 `missing_files`), so a receipted batch is one whose files were all available; a second
+upload of a held root stores nothing (200) and is receipted for its signer too.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ TASKS = "/v1/tasks"
 ROLLOUT = "/v1/rollouts/{sha256}"  # aiohttp's pattern; `rollout` fills it in
 ROLLOUT_ATTESTATIONS = "/v1/rollouts/{sha256}/attestations"
 ATTESTATIONS = "/v1/attestations"
+BATCH = "/v1/batches/{root}"  # aiohttp's pattern; `batch` fills it in
 METRICS = "/metrics"
 
 TASK_REQUEST_BODY = b"{}"  # what a node posts to TASKS: the coordinator chooses everything
@@ -44,6 +50,16 @@ def rollout_attestations(work_key: bytes) -> str:
     return f"/v1/rollouts/{work_key.hex()}/attestations"
 
 
+def batch(root: bytes) -> str:
+    """The path of a batch's leaf list: its Merkle root (`ledger.merkle`), in 64 lower-case hex digits."""
+    return f"/v1/batches/{root.hex()}"
+
+
 def work_key_of(name: str) -> bytes | None:
     """The work key a route's `{sha256}` names, or None unless it is exactly 64 lower-case hex digits."""
     return bytes.fromhex(name) if _SHA256.fullmatch(name) else None
+
+
+def root_of(name: str) -> bytes | None:
+    """The Merkle root a route's `{root}` names, or None unless it is exactly 64 lower-case hex digits."""
+    return work_key_of(name)  # one form for both 32-byte names

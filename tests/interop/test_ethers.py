@@ -26,6 +26,7 @@ from p2p.messages import RelayAdvert, ValidatorHeartbeat
 from protocol.signing import (
     Assignment,
     Attestation,
+    BatchReceipt,
     Checkpoint,
     Request,
     SigningDomain,
@@ -70,6 +71,7 @@ MESSAGES: dict[str, TypedMessage] = {
         2**255, OTHER.address, U64, 2**63, 2**32 - 1, 1, bytes(range(32, 64))
     ),
     "upload receipt": UploadReceipt(pool_id=3, work_key=b"\x06" * 32, node=OTHER.address),
+    "batch receipt": BatchReceipt(pool_id=U256, root=b"\x08" * 32, node=OTHER.address, count=4096),
     "relay advert": RelayAdvert(pool_id=1, url="https://relay.example:8700/a?b=c#d", throughput_kbps=U64, timestamp=1),
     "validator heartbeat": ValidatorHeartbeat(pool_id=2, timestamp=1_700_000_000, next_block=U64, backlog=0),
 }
