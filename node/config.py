@@ -48,7 +48,11 @@ class WorkerSettings(DaemonSettings):
     )
     # the chain
     submit_batch: int = setting(
-        "files per submitWorkBatch transaction", default=4, flag="--submit-batch", minimum=1, maximum=256
+        "files per batch: one Merkle root per submitBatch transaction",
+        default=4,
+        flag="--submit-batch",
+        minimum=1,
+        maximum=256,
     )
     submit_every: float = setting(
         "seconds an uploaded file waits at most for a full batch", default=10.0, above=0, maximum=DAY

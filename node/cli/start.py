@@ -96,7 +96,7 @@ def start(
     backend: Annotated[str | None, BackendOption] = None,
     device: Annotated[str | None, DeviceOption] = None,
     threads: Annotated[int | None, typer.Option(help="torch threads (0: torch's default).")] = None,
-    submit_batch: Annotated[int | None, typer.Option(help="Files per submitWorkBatch.")] = None,
+    submit_batch: Annotated[int | None, typer.Option(help="Files per batch (one Merkle root per submitBatch).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (0: any port).")] = None,
     max_files: Annotated[
         int | None,

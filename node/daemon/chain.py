@@ -1,11 +1,11 @@
 """What the worker daemon needs from the chain: the `WorkChain` protocol, and its web3 adapter `LedgerWorkChain`.
 
-The daemon (`node.daemon.worker`) checks its standing, submits its files and follows their fate through this
-interface only. Two implementations answer it:
+The daemon (`node.daemon.worker`) checks its standing, submits its files in batches (one Merkle root each,
+`ledger.merkle`) and follows their fate through this interface only. Two implementations answer it:
 
 - `LedgerWorkChain` (here): the pool's contracts through `ledger.client.Ledger`, for `prime-node start`;
 - `LocalWorkChain` (`node.daemon.local`): no chain at all, for the trusted workers of `prime-train run
-  --local-workers N`; they are always members, their submissions are journaled, never invalidated nor paid.
+  --local-workers N`; they are always members, their batches are journaled, never invalidated nor paid.
 
 Every method blocks (the daemon calls them in a thread) and raises what the backing store raises.
 """
@@ -21,8 +21,8 @@ from protocol.signing import SigningDomain
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
-    from ledger.events import WorkInvalidated
-    from ledger.types import PoolInfo, StakeInfo, WorkRecord
+    from ledger.events import BatchInvalidated
+    from ledger.types import BatchRecord, PoolInfo, StakeInfo
 
 
 class WorkChain(Protocol):
@@ -54,16 +54,20 @@ class WorkChain(Protocol):
 
     def join(self, pool_id: int) -> None: ...
 
-    def get_work(self, pool_id: int, node: str, work_key: bytes) -> WorkRecord:
-        """This node's record of `work_key` (status NONE when it has none)."""
+    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
+        """This node's batch `root` (status NONE when it has none)."""
         ...
 
-    def submit(self, pool_id: int, work_keys: Sequence[bytes], units: Sequence[int]) -> str:
-        """Submits the files in one transaction; returns its hash ("0x..."), which the journal keeps."""
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> str:
+        """Records the batch's root in one transaction; returns its hash ("0x..."), which the journal keeps."""
         ...
 
-    def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> str:
-        """Claims the rewards of matured files; returns the transaction's hash."""
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> str:
+        """Claims the rewards of matured batches (their units less refused leaves); returns the transaction's hash."""
+        ...
+
+    def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:
+        """Whether a validator refused leaf `index` of this node's batch `root` (not paid, not slashed)."""
         ...
 
     def timestamp(self) -> int:
@@ -74,8 +78,8 @@ class WorkChain(Protocol):
         """Whether the chain no longer holds the submission transaction `tx` (a reorganisation took it out)."""
         ...
 
-    def invalidation(self, pool_id: int, node: str, work_key: bytes) -> WorkInvalidated | None:
-        """The event that invalidated this node's `work_key`, if any."""
+    def batch_invalidation(self, pool_id: int, node: str, root: bytes) -> BatchInvalidated | None:
+        """The event that invalidated this node's batch `root`, if any: which leaf, why, and what it slashed."""
         ...
 
 
@@ -115,33 +119,33 @@ class LedgerWorkChain:
     def join(self, pool_id: int) -> None:
         self.ledger.join(pool_id)
 
-    def get_work(self, pool_id: int, node: str, work_key: bytes) -> WorkRecord:
-        return self.ledger.get_work(pool_id, node, work_key)
+    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
+        return self.ledger.get_batch(pool_id, node, root)
 
-    def submit(self, pool_id: int, work_keys: Sequence[bytes], units: Sequence[int]) -> str:
-        if len(work_keys) == 1:  # submitWork costs less gas than a batch of one
-            receipt = self.ledger.submit_work(pool_id, work_keys[0], units[0])
-        else:
-            receipt = self.ledger.submit_work_batch(pool_id, work_keys, units)
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> str:
+        receipt = self.ledger.submit_batch(pool_id, root, count, total_units)
         return "0x" + bytes(receipt["transactionHash"]).hex()
 
-    def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> str:
-        receipt = self.ledger.claim_rewards(pool_id, node, work_keys)
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> str:
+        receipt = self.ledger.claim_batches(pool_id, node, roots)
         return "0x" + bytes(receipt["transactionHash"]).hex()
+
+    def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:
+        return self.ledger.is_leaf_refused(pool_id, node, root, index)
 
     def timestamp(self) -> int:
         return self.ledger.timestamp()
 
     def submission_gone(self, tx: str) -> bool:
         # A node that lags behind the one that mined `tx` has no receipt either, but answers "no such record" for
-        # the work too; one that knows the receipt is on the chain that mined it, where the record exists.
+        # the batch too; one that knows the receipt is on the chain that mined it, where the record exists.
         try:
             self.ledger.w3.eth.get_transaction_receipt(tx)  # type: ignore[arg-type]
         except TransactionNotFound:
             return True
         return False
 
-    def invalidation(self, pool_id: int, node: str, work_key: bytes) -> WorkInvalidated | None:
-        from ledger.events import invalidations
+    def batch_invalidation(self, pool_id: int, node: str, root: bytes) -> BatchInvalidated | None:
+        from ledger.events import batch_invalidations
 
-        return invalidations(self.ledger, pool_id, node).get((node, work_key))
+        return batch_invalidations(self.ledger, pool_id, node).get((node, root))

@@ -5,8 +5,8 @@ loop as `prime-node start`: ask the trainer's coordinator for a signed assignmen
 (fetched through SHARDCAST from the trainer's origin, signature checked), generate the file with proofs, journal
 it in the state folder, upload it signed. The chain's part degrades by what `LocalWorkChain` answers, not by
 branches in the loop: the trainer's own workers are always members (each its own provider, nothing staked),
-"submitting" journals the files in memory, nothing is ever invalidated, and the challenge window closes at once
-with nothing to claim (the trainer accepts every upload of its workers; no validator judges them).
+"submitting" a batch records its root in memory, nothing is ever invalidated, and the challenge window closes at
+once with nothing to claim (the trainer accepts every upload of its workers; no validator judges them).
 
 Its settings are the `[worker]` table of the file `--config` names (`node.config.WorkerSettings`, as node.toml's),
 which the trainer writes from `local_settings`; the pool's terms (its async level) come as flags. Its key is the
@@ -32,20 +32,22 @@ from typing import TYPE_CHECKING, Any
 from core.errors import InputError, NodeError
 from core.signals import run_until_signalled
 from core.trace import configure_tracing
-from ledger.types import PoolConfig, PoolInfo, StakeInfo, WorkRecord, WorkStatus
+from ledger.types import BatchRecord, BatchStatus, PoolConfig, PoolInfo, StakeInfo
 from protocol.signing import SigningDomain
 from protocol.terms import DEFAULT_ASYNC_LEVEL
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
 
-    from ledger.events import WorkInvalidated
+    from ledger.events import BatchInvalidated
     from node.config import WorkerSettings
     from protocol.pool_spec import Pool
 
 log = logging.getLogger("node.worker")
 
-LOCAL_TX = "local"  # what the journal records as the "transaction" of a local submission
+ZERO_ADDRESS = "0x" + "00" * 20  # the provider of a batch nobody recorded, as getBatch answers
+
+LOCAL_TX = "local"  # what the journal records as the "transaction" of a local batch
 
 
 class LocalChainError(NodeError):
@@ -55,9 +57,9 @@ class LocalChainError(NodeError):
 class LocalWorkChain:
     """`node.daemon.chain.WorkChain` without a chain, for the trainer's own trusted workers.
 
-    Submissions live in memory: after a restart the journal's submitted files read as unknown here, which the
-    daemon leaves alone (`submission_gone` is False: nothing reorganises a local journal), and its uploaded ones
-    are journaled again."""
+    Batches live in memory: after a restart the journal's submitted batches read as unknown here, which the
+    daemon leaves alone (`submission_gone` is False: nothing reorganises a local journal), and its formed or
+    listed ones are recorded again."""
 
     def __init__(self, domain: SigningDomain, pool_id: int, trainer: str, node: str) -> None:
         self._domain, self._node = domain, node  # `node` submits, as the signer of a Ledger does
@@ -75,7 +77,7 @@ class LocalWorkChain:
                 slash_amount=0,
             ),
         )
-        self._works: dict[tuple[str, bytes], WorkRecord] = {}
+        self._batches: dict[tuple[str, bytes], BatchRecord] = {}
 
     @property
     def domain(self) -> SigningDomain:
@@ -108,22 +110,24 @@ class LocalWorkChain:
     def join(self, pool_id: int) -> None:
         self.pool(pool_id)  # always a member already
 
-    def get_work(self, pool_id: int, node: str, work_key: bytes) -> WorkRecord:
-        found = self._works.get((node, work_key))
+    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
+        found = self._batches.get((node, root))
         if found is not None:
             return found
-        return WorkRecord(pool_id, work_key, node, node, units=0, submitted_at=0, status=WorkStatus.NONE)
+        return BatchRecord(pool_id, root, node, ZERO_ADDRESS, 0, 0, 0, 0, BatchStatus.NONE)
 
-    def submit(self, pool_id: int, work_keys: Sequence[bytes], units: Sequence[int]) -> str:
-        now = self.timestamp()
-        for key, count in zip(work_keys, units, strict=True):
-            self._works[(self._node, key)] = WorkRecord(
-                self.pool(pool_id).pool_id, key, self._node, self._node, count, now, WorkStatus.PENDING
-            )
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> str:
+        pool = self.pool(pool_id).pool_id
+        self._batches[(self._node, root)] = BatchRecord(
+            pool, root, self._node, self._node, count, total_units, 0, self.timestamp(), BatchStatus.PENDING
+        )
         return LOCAL_TX
 
-    def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> str:
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> str:
         raise LocalChainError("local mode pays no rewards: its workers run with claim off")
+
+    def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:
+        return False
 
     def timestamp(self) -> int:
         return int(time.time())
@@ -131,7 +135,7 @@ class LocalWorkChain:
     def submission_gone(self, tx: str) -> bool:
         return False
 
-    def invalidation(self, pool_id: int, node: str, work_key: bytes) -> WorkInvalidated | None:
+    def batch_invalidation(self, pool_id: int, node: str, root: bytes) -> BatchInvalidated | None:
         return None
 
 

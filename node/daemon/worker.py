@@ -8,12 +8,16 @@ One iteration (DESIGN section 1, steps 2 to 4):
    signature checked against the pool's trainer (`node.daemon.weights`);
 3. generate the file with proofs (the code of `prime-node generate`), write it into the state folder, record it;
 4. upload it (signed; idempotent), record that;
-5. submit uploaded files on chain, `submit_batch` at a time or after `submit_every` seconds, never a file whose
-   assignment has expired by this node's clock or the chain head's (`protocol.terms.AssignmentTiming.submit_by`:
-   validators would reject it as stale and slash the stake) nor one whose step has left the pool's window (nobody
-   trains on it): it expires instead;
-6. follow the chain: invalidations of its files (with the reason), and, when `claim` is on, claim the rewards
-   of files whose challenge window has passed.
+5. submit uploaded files on chain in batches of `submit_batch` (or what is ready after `submit_every` seconds): a
+   batch's composition is journaled first (`formed`: the same files always form the same Merkle root), its leaf
+   list uploaded to the coordinator, which validators fetch it from (`listed`, the trainer's receipt kept), then its
+   root recorded on chain (`submitted`). Never a file whose assignment has expired by this node's clock or the chain
+   head's (`protocol.terms.AssignmentTiming.submit_by`: validators would reject it as stale and slash the stake) nor
+   one whose step has left the pool's window (nobody trains on it): it expires instead;
+6. follow the chain, batch by batch: an invalidation voids every file of the batch (journaled with the leaf shown
+   bad and the reason), a refused leaf is journaled refused, a submission a reorganisation removed is submitted
+   again with the same root, and, when `claim` is on, batches whose challenge window has passed are claimed in one
+   transaction.
 
 With `relay_port` the node is also a SHARDCAST relay: it mirrors the pool's checkpoint sources into its state
 folder (every shard verified, only versions the pool's trainer signed) and serves them to other peers; its own
@@ -24,8 +28,8 @@ prefetches each step the trainer announces, adds advertised relays to its checkp
 relay, advertises it.
 
 Everything is journaled in `node.daemon.state` before the next side effect, so a crash or a kill at any point
-loses no file that was written and submits none twice. SIGTERM or SIGINT finishes the file in progress, uploads
-and submits what is ready, and exits 0.
+loses no file that was written, puts none in two batches and submits no root twice. SIGTERM or SIGINT finishes
+the file in progress, uploads and submits what is ready, and exits 0.
 """
 
 from __future__ import annotations
@@ -49,24 +53,29 @@ from engine.generate import generate_rollouts
 from engine.inference.select import Engine, choose
 from engine.memory import MemoryShortfall, longest_sequence
 from engine.model.loading import LoadedModel
-from ledger.types import WorkStatus
-from node.daemon.state import REFUSED_DETAIL, FileRecord, WorkerState
+from ledger.types import BatchRecord, BatchStatus
+from node.daemon.batches import batch_state, invalidation_details, void_detail
+from node.daemon.state import REFUSED_DETAIL, BatchEntry, FileRecord, WorkerState
 from node.daemon.weights import Weights, memory_gate
 from protocol.coordinator.client import (
+    BatchUpload,
     CoordinatorBusy,
     CoordinatorClient,
+    CoordinatorError,
+    CoordinatorLostFile,
     CoordinatorRefused,
     CoordinatorUnavailable,
     NoWorkYet,
     Upload,
 )
+from protocol.coordinator.errors import ErrorCode
 from protocol.plan import Job
 from protocol.rollouts import RolloutRow, encode_rollouts
 from protocol.rollouts.writer import publish_atomically
 from protocol.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
 from protocol.tasks.sources import TaskSource, open_source
 from protocol.tasks.spec import TaskSpec, load_task_spec, spec_hash
-from protocol.terms import AssignmentTiming, step_window, work_state
+from protocol.terms import AssignmentTiming, step_window
 from shardcast.sources import SourcePool
 from shardcast.trust import TrustPolicy
 
@@ -156,7 +165,11 @@ class WorkerDaemon:
         self._restored = self.metrics.counter(
             "worker_files_restored_total", "Submitted files uploaded again after the coordinator lost them."
         )
+        self._lists_restored = self.metrics.counter(
+            "worker_batch_lists_restored_total", "Leaf lists of batches listed again after the coordinator lost them."
+        )
         self._stage = self.metrics.gauge("worker_files", "Files in the journal, by stage.")
+        self._batch_stage = self.metrics.gauge("worker_batches", "Batches in the journal, by stage.")
         self.metrics.gauge("worker_step", "The policy step of the weights held.", lambda: float(self._held_step))
         self._held_step = -1
         self._idle_logged = -2  # the held step when 'no more work' was last logged
@@ -252,7 +265,12 @@ class WorkerDaemon:
         refusal or an ejection stops the worker, an untimely assignment or no work yet waits, an unreachable
         coordinator is retried up to `patience`, anything else up to `max_failures` turns in a row."""
         settings = self.settings
-        running = await self._open()
+        try:
+            running = await self._open()
+        except WorkerError:
+            if await self._ejected():  # what the chain says of its batches, journaled before it stops
+                await self._explain_ejection()
+            raise
         failures = 0
         unreachable_since: float | None = None  # since when the coordinator has not answered
         try:
@@ -311,9 +329,9 @@ class WorkerDaemon:
 
     async def _open(self) -> _Running:
         """The pool's record, the task, the weights and what the worker serves (relay, gossip, metrics, dashboard)."""
-        await self.check_standing()
         pool = await asyncio.to_thread(self.chain.pool, self.pool_id)
-        self._window = pool.config.challenge_window
+        self._window = pool.config.challenge_window  # following the chain needs it, even for a node refused below
+        await self.check_standing()
         domain = self.chain.domain
         self._receipts_from = (pool.config.trainer, domain)  # who signs upload receipts, under which domain
         spec = load_task_spec(self.endpoints.task_path)
@@ -484,100 +502,236 @@ class WorkerDaemon:
             return
         publish_atomically(self.state.path_of(upload.work_key).with_suffix(".receipt"), upload.receipt.hex().encode())
 
-    # --- upload and submission ----------------------------------------------------------------------
+    # --- batches: formed, listed, submitted ---------------------------------------------------------
 
     async def flush(self, coordinator: CoordinatorClient, *, force: bool) -> None:
-        """Uploads written files, then submits uploaded ones in batches (all of them when `force`)."""
+        """Uploads written files, resumes the batches a previous run (or a reorganisation) left formed or listed,
+        then forms batches of uploaded files and submits them (all of them when `force`)."""
         for record in self.state.in_stage("written"):
             try:
                 await self._upload(coordinator, record.work_key)
             except CoordinatorBusy as exc:  # e.g. over the node's upload quota: the rest wait in the journal
                 log.warning("%d files wait in the journal to be uploaded: %s", len(self.state.in_stage("written")), exc)
                 break
-        ready = self.state.in_stage("uploaded")
+        resumed = self.state.batches_in_stage("formed", "listed")
+        ready = self.state.unbatched()
         if not ready:
             self._waiting_since = None
         elif self._waiting_since is None:  # counted from the file's readiness, not from the last submission or start
             self._waiting_since = time.monotonic()
         due = force or len(ready) >= self.settings.submit_batch
         waited = time.monotonic() - self._waiting_since if self._waiting_since is not None else 0.0
-        due = due or (bool(ready) and waited >= self.settings.submit_every)
-        if not ready or not due:
+        due = bool(ready) and (due or waited >= self.settings.submit_every)
+        if not resumed and not due:
             return
         window = step_window(await coordinator.step(), self.terms.async_level)
         # the later of this node's clock and the chain's head: validators judge a submission by its block's time
         now = max(time.time(), await asyncio.to_thread(self.chain.timestamp))
-        ready = self.submittable(ready, window, now=now)
+        for batch in resumed:  # the same files, the same root: never two roots for one file
+            await self._resume(coordinator, batch, window, now)
+        if not due:
+            return
+        ready = self.submittable(self.state.unbatched(), window, now=now)
         for start in range(0, len(ready), self.settings.submit_batch):
-            await self._submit(ready[start : start + self.settings.submit_batch])
+            batch = self.state.form_batch(ready[start : start + self.settings.submit_batch])
+            await self._submit(coordinator, batch)
         self._waiting_since = None
 
-    async def _submit(self, records: list[FileRecord]) -> None:
-        chain, pool_id = self.chain, self.pool_id
-        fresh = []
-        for record in records:  # a crash after the transaction but before the journal: the chain knows
-            # Records are per node: this reads only this node's own record of the key, never a squatter's (another
-            # member submitting the same key makes a record of its own and does not block this one).
-            work = await asyncio.to_thread(chain.get_work, pool_id, self.node, record.work_key)
-            if work.status != WorkStatus.NONE:
-                self.state.move([record.work_key], "submitted", detail="found on chain after a restart")
-            else:
-                fresh.append(record)
-        if not fresh:
+    async def _resume(self, coordinator: CoordinatorClient, batch: BatchEntry, window: StepWindow, now: float) -> None:
+        """Submits a batch formed or listed before: unless the chain has it already (a crash after the transaction),
+        or one of its files can no longer be submitted (its assignment expired meanwhile, its step left the window),
+        in which case the batch is void, never sent, and its other files are batched again."""
+        if await self._found_on_chain(batch):
             return
-        keys, units = [r.work_key for r in fresh], [r.units for r in fresh]
-        with trace.span("submit", keys=[k.hex() for k in keys]):
-            tx = await asyncio.to_thread(chain.submit, pool_id, keys, units)
-        self.state.move(keys, "submitted", tx=tx)
-        log.info("submitted %d files in %s", len(keys), tx)
+        members = self.state.members(batch.root)
+        fresh = self.submittable(members, window, now=now)  # journals the others expired
+        if len(fresh) < len(members):
+            late = len(members) - len(fresh)
+            detail = f"never submitted: {late} of its {len(members)} files could no longer be"
+            self.state.move_batch(batch.root, "void", detail=detail)
+            self.state.release(batch.root, [r.work_key for r in fresh])
+            log.warning("batch 0x%s: %s; batching the other %d again", batch.root.hex()[:12], detail, len(fresh))
+            return
+        await self._submit(coordinator, batch)
+
+    async def _submit(self, coordinator: CoordinatorClient, batch: BatchEntry) -> None:
+        """Lists the batch's leaves with the coordinator (validators fetch them there), then records its root on
+        chain unless this node already did, and journals it submitted with the transaction."""
+        root = batch.root
+        if batch.stage == "formed":
+            await self._list(coordinator, batch)
+        else:
+            await self._restore_list(coordinator, batch)  # listed before: the coordinator may have lost it since
+        if await self._found_on_chain(batch):
+            return
+        with trace.span("submit", root=root.hex(), files=batch.count):
+            tx = await asyncio.to_thread(self.chain.submit_batch, self.pool_id, root, batch.count, batch.total_units)
+        self.state.move_batch(root, "submitted", tx=tx, files="submitted")
+        log.info("submitted batch 0x%s of %d files (%d units) in %s", root.hex()[:12], batch.count,
+                 batch.total_units, tx)  # fmt: skip
+
+    async def _found_on_chain(self, batch: BatchEntry) -> bool:
+        """Whether this node already recorded `batch` on chain (a crash after the transaction, before the journal);
+        journals it submitted if so. Records are per node: another node's batch of the same root is its own."""
+        record = await asyncio.to_thread(self.chain.get_batch, self.pool_id, self.node, batch.root)
+        if record.status == BatchStatus.NONE:
+            return False
+        detail = "found on chain after a restart"
+        self.state.move_batch(batch.root, "submitted", detail=detail, files="submitted")
+        log.info("batch 0x%s: %s", batch.root.hex()[:12], detail)
+        return True
+
+    async def _list(self, coordinator: CoordinatorClient, batch: BatchEntry) -> None:
+        """Uploads the batch's leaf list and keeps the receipt; the coordinator stores it only while it holds every
+        file the list names, so one it lost is uploaded again first."""
+        leaves = [record.leaf for record in self.state.members(batch.root)]
+        with trace.span("upload_batch", root=batch.root.hex(), files=batch.count):
+            try:
+                upload = await coordinator.upload_batch(leaves)
+            except CoordinatorRefused as exc:
+                if exc.code != ErrorCode.MISSING_FILES or not await self._restore_files(coordinator, batch.root):
+                    raise
+                upload = await coordinator.upload_batch(leaves)
+        self._keep_batch_receipt(upload)
+        if batch.stage == "formed":
+            self.state.move_batch(batch.root, "listed")
+        log.info("listed batch 0x%s of %d files with the coordinator", batch.root.hex()[:12], batch.count)
+
+    async def _restore_files(self, coordinator: CoordinatorClient, root: bytes) -> bool:
+        """Uploads again each file of batch `root` the coordinator no longer holds; whether there was one."""
+        restored = False
+        for record in self.state.members(root):
+            if not await coordinator.holds(record.work_key):
+                await self._upload(coordinator, record.work_key, again=True)
+                self._restored.inc()
+                restored = True
+        return restored
+
+    async def _restore_list(self, coordinator: CoordinatorClient, batch: BatchEntry) -> bool:
+        """Uploads the batch's leaf list again when the coordinator no longer serves it (never stored: 404; lost:
+        410); whether it did. Validators invalidate a batch whose list they cannot get (reason 8)."""
+        try:
+            served = await coordinator.download_batch(batch.root)
+        except CoordinatorLostFile:
+            served = None
+        if served is not None:
+            return False
+        await self._list(coordinator, batch)
+        self._lists_restored.inc()
+        log.warning("batch 0x%s: its leaf list was gone from the coordinator; listed it again", batch.root.hex()[:12])
+        return True
+
+    def _keep_batch_receipt(self, upload: BatchUpload) -> None:
+        """The trainer's signed receipt of the leaf list in `<root>.batch-receipt`: proof that the list was made
+        available, should the coordinator lose it. One that does not recover to the pool's trainer is logged and not
+        kept. (The client has checked that the answer is for this root and count.)"""
+        short = "0x" + upload.root.hex()[:12]
+        if upload.receipt is None:
+            log.warning("listed batch %s: the coordinator sent no receipt", short)
+            return
+        assert self._receipts_from is not None  # set by run() before any upload
+        trainer, domain = self._receipts_from
+        signer = upload.receipt_signer(self.pool_id, self.node, domain)
+        if signer != trainer:
+            log.warning("listed batch %s: the receipt is not the trainer's (%s); not kept", short, signer)
+            return
+        publish_atomically(self.state.batch_receipt_path(upload.root), upload.receipt.hex().encode())
 
     # --- the chain's verdicts -----------------------------------------------------------------------
 
     async def follow_chain(self, *, force: bool = False) -> None:
-        """Records invalidations of submitted files, and claims matured rewards when configured to."""
+        """Reads each submitted batch's record: invalidations and refused leaves are journaled with their reason,
+        a batch a reorganisation removed goes back to be submitted again, and matured batches are claimed when
+        configured to."""
         if not force and time.monotonic() - self._last_chain_look < self.settings.claim_every:
             self._update_stage_gauge()
             return
         self._last_chain_look = time.monotonic()
         chain, pool_id = self.chain, self.pool_id
-        submitted = self.state.in_stage("submitted")
+        submitted = self.state.batches_in_stage("submitted")
         if submitted:
             now = await asyncio.to_thread(chain.timestamp)
             claimable = []
-            for record in submitted:
-                work = await asyncio.to_thread(chain.get_work, pool_id, self.node, record.work_key)
-                if work.status == WorkStatus.INVALIDATED:
-                    self.state.move([record.work_key], "invalidated", detail=await self._reason(record.work_key))
-                elif work.status == WorkStatus.CLAIMED:
-                    self.state.move([record.work_key], "claimed")
-                elif work.status == WorkStatus.REFUSED:  # a borderline file: never paid, but no slash
-                    self.state.move([record.work_key], "refused", detail=REFUSED_DETAIL)
-                elif work_state(work, self._window, now) == "claimable":
-                    claimable.append(record.work_key)
-                elif work.status == WorkStatus.PENDING and record.verdict is None:
-                    await self._restore_if_lost(record.work_key)
-                    await self._note_verdict(record.work_key)
-                elif work.status == WorkStatus.NONE and await asyncio.to_thread(self._submission_gone, record):
-                    # mined, then taken out by a reorganisation: unpaid unless submitted again
-                    self.state.move([record.work_key], "uploaded", detail="a reorganisation removed its submission")
-                    log.warning("0x%s: a reorganisation removed its submission %s; submitting it again",
-                                record.work_key.hex()[:12], record.tx or "")  # fmt: skip
+            for batch in submitted:
+                record = await asyncio.to_thread(chain.get_batch, pool_id, self.node, batch.root)
+                if record.status == BatchStatus.INVALIDATED:
+                    await self._note_invalidation(batch)
+                    continue
+                if record.status in (BatchStatus.PENDING, BatchStatus.CLAIMED):
+                    await self._note_refusals(batch, record)
+                state = batch_state(record, self._window, now)
+                if state == "claimed":
+                    self.state.move_batch(batch.root, "claimed", files="claimed")
+                elif state == "claimable":
+                    claimable.append(batch.root)
+                elif state == "pending":
+                    await self._check_availability(batch)
+                elif state == "none" and await asyncio.to_thread(self._submission_gone, batch):
+                    # mined, then taken out by a reorganisation: unpaid unless submitted again, with the same root
+                    detail = "a reorganisation removed its submission"
+                    self.state.move_batch(batch.root, "listed", detail=detail, files="uploaded")
+                    log.warning("batch 0x%s: %s %s; submitting it again", batch.root.hex()[:12], detail, batch.tx or "")
             if claimable and await self._voided():  # ejected by an invalidation: its pending work is void on chain
-                self.state.move(
-                    claimable, "expired", detail=f"void: node ejected from pool {pool_id} by an invalidation"
-                )
+                for root in claimable:
+                    self.state.move_batch(root, "void", detail=void_detail(pool_id), files="expired")
                 claimable = []
             if claimable and self.settings.claim:
-                tx = await asyncio.to_thread(chain.claim_rewards, pool_id, self.node, claimable)
-                self.state.move(claimable, "claimed", detail=f"claimed in {tx}")
-                log.info("claimed the rewards of %d files in %s", len(claimable), tx)
+                tx = await asyncio.to_thread(chain.claim_batches, pool_id, self.node, claimable)
+                for root in claimable:
+                    self.state.move_batch(root, "claimed", tx=tx, detail=f"claimed in {tx}", files="claimed")
+                log.info("claimed the rewards of %d batches in %s", len(claimable), tx)
         self._update_stage_gauge()
 
-    def _submission_gone(self, record: FileRecord) -> bool:
-        """Whether the chain no longer holds `record`'s submission transaction (blocking)."""
-        if record.tx is None:
+    def _submission_gone(self, batch: BatchEntry) -> bool:
+        """Whether the chain no longer holds `batch`'s submission transaction (blocking)."""
+        if batch.tx is None:
             return True  # found on chain after a restart, and now not: only a reorganisation does that
-        return self.chain.submission_gone(record.tx)
+        return self.chain.submission_gone(batch.tx)
+
+    async def _note_invalidation(self, batch: BatchEntry) -> None:
+        """Journals an invalidated batch and every file of it invalidated: the bad leaf with the validator's reason
+        and the slash, the others voided by it."""
+        event = await asyncio.to_thread(self.chain.batch_invalidation, self.pool_id, self.node, batch.root)
+        keys = [record.work_key for record in self.state.members(batch.root)]
+        voided = invalidation_details(batch.root, keys, event, self.chain.decimals)
+        self.state.move_batch(batch.root, "invalidated", detail=voided.batch, files="invalidated",
+                              leaf_details=voided.files)  # fmt: skip
+        log.warning("batch 0x%s of %d files was invalidated: %s", batch.root.hex()[:12], batch.count, voided.batch)
+
+    async def _note_refusals(self, batch: BatchEntry, record: BatchRecord) -> None:
+        """Journals the leaves validators refused (not paid, not slashed) as refused; asks the chain leaf by leaf
+        only while the refused units on chain exceed what the journal already holds refused."""
+        members = self.state.members(batch.root)
+        known = sum(r.units for r in members if r.stage == "refused")
+        if record.refused_units <= known:
+            return
+        for member in members:
+            if member.stage == "refused" or member.leaf_index is None:
+                continue
+            refused = await asyncio.to_thread(
+                self.chain.is_leaf_refused, self.pool_id, self.node, batch.root, member.leaf_index
+            )
+            if refused:
+                self.state.move([member.work_key], "refused", detail=REFUSED_DETAIL)
+                log.warning("0x%s (leaf %d of batch 0x%s) was refused by a validator: not paid, not slashed",
+                            member.work_key.hex()[:12], member.leaf_index, batch.root.hex()[:12])  # fmt: skip
+
+    async def _check_availability(self, batch: BatchEntry) -> None:
+        """While a batch's window is open: its leaf list and each file no validator has judged yet are uploaded
+        again if the coordinator lost them (they would be invalidated as unavailable, reason 8, slashing this
+        node), and what validators attested is journaled."""
+        if self._coordinator is None:
+            return
+        waiting = [r for r in self.state.members(batch.root) if r.stage == "submitted" and r.verdict is None]
+        for record in waiting:
+            await self._restore_if_lost(record.work_key)
+        try:
+            await self._restore_list(self._coordinator, batch)
+        except (CoordinatorError, OSError) as exc:
+            log.warning("batch 0x%s: could not check or restore its leaf list with the coordinator: %s",
+                        batch.root.hex()[:12], exc)  # fmt: skip
+        for record in waiting:
+            await self._note_verdict(record.work_key)
 
     async def _restore_if_lost(self, work_key: bytes) -> None:
         """Uploads a submitted file again when the coordinator no longer serves it and no validator has judged it:
@@ -617,15 +771,6 @@ class WorkerDaemon:
         )
         self.state.note_verdict(work_key, text)
 
-    async def _reason(self, work_key: bytes) -> str:
-        from ledger.types import Reason
-        from ledger.units import format_amount as format_tokens
-
-        event = await asyncio.to_thread(self.chain.invalidation, self.pool_id, self.node, work_key)
-        if event is None:
-            return "invalidated"
-        return f"{Reason.label(event.reason)}, {format_tokens(event.slashed, self.chain.decimals)} tokens slashed"
-
     async def _ejected(self) -> bool:
         try:
             return await asyncio.to_thread(self.chain.is_ejected, self.pool_id, self.node)
@@ -650,12 +795,15 @@ class WorkerDaemon:
         log.error("ejected from pool %d: %s", self.pool_id, self._invalidations_summary())
 
     def _invalidations_summary(self) -> str:
-        bad = [r for r in self.state.all() if r.stage == "invalidated"]
-        return ", ".join(f"0x{r.work_key.hex()[:12]}: {r.detail}" for r in bad) or "no invalidation recorded yet"
+        bad = self.state.batches_in_stage("invalidated")
+        text = ", ".join(f"batch 0x{b.root.hex()[:12]} of {b.count} files: {b.detail}" for b in bad)
+        return text or "no invalidation recorded yet"
 
     def _update_stage_gauge(self) -> None:
         for stage, count in self.state.counts().items():
             self._stage.set(count, stage=stage)
+        for stage, count in self.state.batch_counts().items():
+            self._batch_stage.set(count, stage=stage)
 
     # --- relay -------------------------------------------------------------------------------------
 

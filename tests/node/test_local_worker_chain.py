@@ -1,5 +1,5 @@
 """Local mode's worker: the real worker daemon over `LocalWorkChain`, a chain that is not there. The trainer's own
-workers are members without joining or staking, their submissions are journaled, nothing invalidates or pays
+workers are members without joining or staking, their batches are journaled, nothing invalidates or pays
 them, and the daemon's chain-following leaves them be; a worker whose coordinator is gone for `patience` seconds
 stops with 0."""
 
@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ledger.types import WorkStatus
+from ledger.merkle import BatchTree, Leaf
+from ledger.types import BatchStatus
 from node.config import WorkerSettings
+from node.daemon.batches import batch_state
 from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain, local_pool
 from node.daemon.worker import WorkerDaemon
-from protocol.terms import DEFAULT_ASYNC_LEVEL, work_state
+from protocol.terms import DEFAULT_ASYNC_LEVEL
 from tests.network_trainer import TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER
 from tests.trainer.test_upload_quota import coordinator, files, key, serving
@@ -45,21 +47,22 @@ def test_a_local_worker_is_a_member_of_its_pool_answering_for_itself_with_no_sta
         chain.pool(POOL + 1)
 
 
-def test_a_local_submission_is_journaled_never_invalidated_and_never_paid() -> None:
+def test_a_local_batch_is_recorded_never_invalidated_and_never_paid() -> None:
     chain = local_chain()
-    keys = [bytes([i]) * 32 for i in range(2)]
-    assert chain.get_work(POOL, WORKER.address, keys[0]).status == WorkStatus.NONE
+    root = bytes([7]) * 32
+    assert chain.get_batch(POOL, WORKER.address, root).status == BatchStatus.NONE
     before = chain.timestamp()
-    assert chain.submit(POOL, keys, [10, 20]) == LOCAL_TX
-    work = chain.get_work(POOL, WORKER.address, keys[1])
-    assert (work.status, work.units, work.node) == (WorkStatus.PENDING, 20, WORKER.address)
-    assert work.submitted_at >= before
+    assert chain.submit_batch(POOL, root, 2, 30) == LOCAL_TX
+    batch = chain.get_batch(POOL, WORKER.address, root)
+    assert (batch.status, batch.count, batch.total_units, batch.node) == (BatchStatus.PENDING, 2, 30, WORKER.address)
+    assert batch.submitted_at >= before and batch.payable_units == 30
     # no validators: the challenge window closes at once, and nothing is there to claim
-    assert work_state(work, chain.pool(POOL).config.challenge_window, chain.timestamp()) == "claimable"
-    assert chain.invalidation(POOL, WORKER.address, keys[1]) is None
+    assert batch_state(batch, chain.pool(POOL).config.challenge_window, chain.timestamp()) == "claimable"
+    assert chain.batch_invalidation(POOL, WORKER.address, root) is None
+    assert not chain.is_leaf_refused(POOL, WORKER.address, root, 0)
     assert not chain.submission_gone(LOCAL_TX)
     with pytest.raises(LocalChainError, match="pays no rewards"):
-        chain.claim_rewards(POOL, WORKER.address, keys)
+        chain.claim_batches(POOL, WORKER.address, [root])
 
 
 def test_the_daemon_in_local_mode_uploads_and_journals_its_files_and_leaves_them_submitted(tmp_path: Path) -> None:
@@ -82,7 +85,8 @@ def test_the_daemon_in_local_mode_uploads_and_journals_its_files_and_leaves_them
     assert stages == ["submitted", "submitted"]
     for data in (first, second):
         assert api.service.inbox.has(key(data))  # uploaded, and the trainer's to train on
-        assert chain.get_work(POOL, WORKER.address, key(data)).status == WorkStatus.PENDING
+    root = BatchTree([Leaf(key(first), 12), Leaf(key(second), 12)]).root  # one batch, in the journal's order
+    assert chain.get_batch(POOL, WORKER.address, root).status == BatchStatus.PENDING
 
 
 def test_a_local_worker_stops_with_0_once_its_coordinator_is_gone_for_its_patience(tmp_path: Path) -> None:
