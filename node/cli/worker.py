@@ -32,11 +32,14 @@ from ledger.cli.common import (
     stdout_console,
 )
 from ledger.errors import ContractRevert
-from ledger.types import Ejection, WorkRecord, WorkStatus
-from protocol.terms import challenge_closes_at, work_state
+from ledger.types import BatchRecord, BatchStatus, Ejection, Reason
+from node.daemon.batches import batch_state
+from protocol.terms import challenge_closes_at
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
+    from ledger.events import BatchInvalidated
+    from node.daemon.state import JournalView
 
 worker_app = typer.Typer(help="Stake, bind nodes, join pools and claim rewards.")
 
@@ -219,58 +222,57 @@ def withdraw(chain: ChainFlags) -> None:
 def claim(
     chain: ChainFlags,
     pool: PoolArgument,
-    work_keys: Annotated[
+    roots: Annotated[
         list[str] | None,
-        typer.Option("--work-key", metavar="HEX", help="Claim these works (repeat); default: every claimable one."),
+        typer.Option("--batch", metavar="ROOT", help="Claim these batches (repeat); default: every claimable one."),
     ] = None,
 ) -> None:
-    """Claim rewards in POOL for the provider's work whose challenge window has passed, one transaction per node.
+    """Claim rewards in POOL for the provider's batches whose challenge window has passed, one transaction per node.
 
-    Sign with the provider key or one of its node keys; the tokens always go to the provider.
+    A batch is paid whole, less the leaves validators refused. Sign with the provider key or one of its node keys;
+    the tokens always go to the provider.
     """
     with cli_errors():
-        keys = [parse_bytes32(key, what="--work-key") for key in work_keys or []]
+        wanted = [parse_bytes32(root, what="--batch") for root in roots or []]
         ledger = chain.open_ledger()
         provider = ledger.provider_of(ledger.address) or ledger.address  # a node key claims for its provider
         console = stdout_console()
         window, now = ledger.challenge_window(pool), ledger.timestamp()
-        works = provider_works(ledger, pool, provider)
-        if keys:
-            wanted = set(keys)
-            chosen = [w for w in works if w.work_key in wanted]
-            missing = wanted - {w.work_key for w in chosen}
+        batches = provider_batches(ledger, pool, provider)
+        if wanted:
+            chosen = [b for b in batches if b.root in set(wanted)]
+            missing = set(wanted) - {b.root for b in chosen}
             if missing:
-                shown = ", ".join("0x" + k.hex() for k in sorted(missing))
-                raise CommandError(f"no work of provider {provider}'s nodes in pool {pool} has key {shown}")
+                shown = ", ".join("0x" + r.hex() for r in sorted(missing))
+                raise CommandError(f"no batch of provider {provider}'s nodes in pool {pool} has root {shown}")
         else:
-            voided = {
-                n: ledger.is_voided(pool, n) for n in {w.node for w in works}
-            }  # an owner's ejection voids nothing
-            pending = [w for w in works if w.status == WorkStatus.PENDING and not voided[w.node]]
-            chosen = [w for w in pending if work_state(w, window, now) == "claimable"]
+            voided = {n: ledger.is_voided(pool, n) for n in {b.node for b in batches}}  # an owner's ejection: none
+            pending = [b for b in batches if b.status == BatchStatus.PENDING and not voided[b.node]]
+            chosen = [b for b in pending if batch_state(b, window, now) == "claimable"]
             if not chosen:
                 if pending:
-                    first = min(w.submitted_at for w in pending) + window
+                    first = min(b.submitted_at for b in pending) + window
                     console.print(
-                        f"nothing to claim yet: {len(pending)} pending works in pool {pool} are still in their "
+                        f"nothing to claim yet: {len(pending)} pending batches in pool {pool} are still in their "
                         f"challenge window; the first closes at {format_time(first)}"
                     )
                 else:
-                    console.print(f"nothing to claim: provider {provider} has no claimable work in pool {pool}")
+                    console.print(f"nothing to claim: provider {provider} has no claimable batch in pool {pool}")
                 return
         from web3.logs import DISCARD
 
         by_node: dict[str, list[bytes]] = {}
-        for work in chosen:
-            by_node.setdefault(work.node, []).append(work.work_key)
+        for batch in chosen:
+            by_node.setdefault(batch.node, []).append(batch.root)
         paid = 0
-        for node, node_keys in by_node.items():  # one transaction per node: a record belongs to its node
-            receipt = ledger.claim_rewards(pool, node, node_keys)
-            events = ledger.work.events.RewardsClaimed().process_receipt(receipt, errors=DISCARD)
+        for node, node_roots in by_node.items():  # one transaction per node: a batch belongs to its node
+            receipt = ledger.claim_batches(pool, node, node_roots)
+            events = ledger.work.events.BatchesClaimed().process_receipt(receipt, errors=DISCARD)
             paid += sum(int(event["args"]["amount"]) for event in events)
+        files = sum(b.count for b in chosen)
         console.print(
-            f"claimed {len(chosen)} works in pool {pool}: {format_tokens(paid, ledger.decimals)} tokens paid to "
-            f"{provider}"
+            f"claimed {len(chosen)} batches ({files} files) in pool {pool}: {format_tokens(paid, ledger.decimals)} "
+            f"tokens paid to {provider}"
         )
 
 
@@ -284,36 +286,46 @@ def status(
     ] = None,
     state: Annotated[
         Path | None,
-        typer.Option("--state", metavar="DIR", help="A worker's state folder: adds what validators attested."),
+        typer.Option(
+            "--state",
+            metavar="DIR",
+            help="A worker's state folder: adds its journal (files and batches by stage, what validators attested).",
+        ),
     ] = None,
 ) -> None:
-    """Show a provider's (or a node's provider's) stake, balance, nodes, and work in --pool."""
+    """Show a provider's (or a node's provider's) stake, balance, nodes, and batches in --pool."""
     with cli_errors():
         if address is None and chain.keystore is None and chain.dev_key is None:
             raise CommandError("say whose status: pass --address ADDR, or --keystore FILE / --dev-key N")
         if address is not None and (chain.keystore is not None or chain.dev_key is not None):
             raise CommandError("give --address or a key (--keystore/--dev-key), not both")
         target = parse_address(address, what="--address") if address is not None else None
+        journal = None
+        if state is not None:
+            from node.daemon.state import read_journal
+
+            journal = read_journal(state.expanduser())
         ledger = chain.open_ledger(need_signer=False)
         target = target or ledger.address
-        verdicts: dict[bytes, str] = {}
-        if state is not None:
-            from node.daemon.state import read_verdicts
-
-            verdicts = read_verdicts(state.expanduser())
-        _print_status(ledger, target, pool, verdicts)
+        _print_status(ledger, target, pool)
+        if journal is not None:
+            print_journal(journal, state_dir=state)
 
 
-def provider_works(ledger: Ledger, pool_id: int, provider: str) -> list[WorkRecord]:
-    """Every work the provider's nodes submitted to the pool since the deployment, with its current record."""
-    from ledger.events import EventFollower, WorkSubmitted
+def provider_batches(ledger: Ledger, pool_id: int, provider: str) -> list[BatchRecord]:
+    """Every batch the provider's nodes submitted to the pool since the deployment, with its current record."""
+    from ledger.events import BatchSubmitted, EventFollower
 
-    follower = EventFollower(ledger, pool_id=pool_id, events=("WorkSubmitted",))
-    records = [(e.node, e.work_key) for e in follower.poll() if isinstance(e, WorkSubmitted) and e.provider == provider]
-    return [ledger.get_work(pool_id, node, key) for node, key in dict.fromkeys(records)]
+    follower = EventFollower(ledger, pool_id=pool_id, events=("BatchSubmitted",))
+    records = [(e.node, e.root) for e in follower.poll() if isinstance(e, BatchSubmitted)]
+    providers: dict[str, str | None] = {}  # a node's binding never changes: one lookup per node
+    for node, _ in records:
+        if node not in providers:
+            providers[node] = ledger.provider_of(node)
+    return [ledger.get_batch(pool_id, n, root) for n, root in dict.fromkeys(records) if providers[n] == provider]
 
 
-def _print_status(ledger: Ledger, target: str, pool: int | None, verdicts: dict[bytes, str]) -> None:
+def _print_status(ledger: Ledger, target: str, pool: int | None) -> None:
     decimals = ledger.decimals
 
     def tokens(value: int) -> str:
@@ -343,7 +355,7 @@ def _print_status(ledger: Ledger, target: str, pool: int | None, verdicts: dict[
     console = stdout_console()
     console.print(table)
     if pool is not None:
-        _print_works(ledger, pool, provider, tokens, verdicts)
+        _print_batches(ledger, pool, provider, tokens)
 
 
 def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
@@ -364,54 +376,50 @@ def _membership(ledger: Ledger, pool: int | None, node: str) -> str:
     return f"({state})"
 
 
-def _print_works(
-    ledger: Ledger, pool: int, provider: str, tokens: Callable[[int], str], verdicts: dict[bytes, str]
-) -> None:
+def _print_batches(ledger: Ledger, pool: int, provider: str, tokens: Callable[[int], str]) -> None:
     config = ledger.pool(pool).config
-    now = ledger.timestamp()
-    works = provider_works(ledger, pool, provider)
-    from ledger.events import invalidations, refusals
-    from ledger.types import Reason
+    now, per_unit = ledger.timestamp(), config.reward_per_unit
+    batches = provider_batches(ledger, pool, provider)
+    from ledger.events import batch_invalidations, leaf_refusals
 
-    found = invalidations(ledger, pool) if any(w.status == WorkStatus.INVALIDATED for w in works) else {}
-    reasons = {
-        record: f"{Reason.label(e.reason)}, {format_tokens(e.slashed, ledger.decimals)} tokens slashed (burned)"
-        for record, e in found.items()
-    }
-    refused = refusals(ledger, pool) if any(w.status == WorkStatus.REFUSED for w in works) else {}
-    reasons |= {record: Reason.label(e.reason) for record, e in refused.items()}
-    voided = {n: ledger.is_voided(pool, n) for n in {w.node for w in works}}
+    invalidated = batch_invalidations(ledger, pool) if any(b.status == BatchStatus.INVALIDATED for b in batches) else {}
+    refused = leaf_refusals(ledger, pool) if any(b.refused_units for b in batches) else {}
+    voided = {n: ledger.is_voided(pool, n) for n in {b.node for b in batches}}
     table = Table(
-        "work key", "units", "submitted", "state", "reward", title=f"work in pool {pool}", title_justify="left"
+        "batch", "files", "units", "submitted", "state", "reward", title=f"batches in pool {pool}", title_justify="left"
     )
-    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "refused": 0, "claimed": 0, "void": 0}
-    for work in works:
-        state = work_state(work, config.challenge_window, now, voided=voided[work.node])
-        reward = work.units * config.reward_per_unit
-        totals[state] += reward
+    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0, "void": 0, "refused": 0}
+    for batch in batches:
+        state = batch_state(batch, config.challenge_window, now, voided=voided[batch.node])
+        paid = (batch.total_units if state == "invalidated" else batch.payable_units) * per_unit
+        totals[state] += paid
+        if state != "invalidated":
+            totals["refused"] += batch.refused_units * per_unit
         shown = state
         if state == "pending":
-            shown = f"pending until {format_time(challenge_closes_at(work.submitted_at, config.challenge_window))}"
-            if work.work_key in verdicts:
-                shown += f"; {verdicts[work.work_key]}"
+            shown = f"pending until {format_time(challenge_closes_at(batch.submitted_at, config.challenge_window))}"
         elif state == "invalidated":
-            shown = f"invalidated: {reasons.get((work.node, work.work_key), 'reason not found')}"
-        elif state == "refused":
-            shown = f"refused (never paid, not slashed): {reasons.get((work.node, work.work_key), 'reason not found')}"
+            shown = "invalidated: " + _invalidation_text(invalidated.get((batch.node, batch.root)), ledger.decimals)
         elif state == "void":
             shown = "void: its node was ejected from the pool by an invalidation"
+        leaves = [e for (node, root, _), e in refused.items() if (node, root) == (batch.node, batch.root)]
+        if batch.refused_units and state != "invalidated":
+            why = ", ".join(sorted({Reason.label(e.reason) for e in leaves})) or "reason not found"
+            count = len(leaves) or "some"
+            shown += f"; refused leaves (never paid, not slashed): {count}, {batch.refused_units} units, {why}"
         table.add_row(
-            "0x" + work.work_key.hex()[:12] + "…",
-            str(work.units),
-            format_time(work.submitted_at),
+            "0x" + batch.root.hex()[:12] + "…",
+            str(batch.count),
+            str(batch.total_units),
+            format_time(batch.submitted_at),
             shown,
-            tokens(reward),
+            tokens(paid),
         )
     console = stdout_console()
-    if works:
+    if batches:
         console.print(table)
     else:
-        console.print(f"no work submitted to pool {pool} by provider {provider}'s nodes")
+        console.print(f"no batch submitted to pool {pool} by provider {provider}'s nodes")
     earned = totals["claimed"] + totals["claimable"]
     console.print(
         f"earned {tokens(earned)} (claimed {tokens(totals['claimed'])}, claimable {tokens(totals['claimable'])}); "
@@ -419,6 +427,47 @@ def _print_works(
     )
     if totals["invalidated"] or totals["void"]:
         lost = totals["invalidated"] + totals["void"]
-        console.print(f"lost {tokens(lost)} of rewards to invalidated work and the void work of ejected nodes")
+        console.print(f"lost {tokens(lost)} of rewards to invalidated batches and the void batches of ejected nodes")
     if totals["refused"]:
         console.print(f"refused {tokens(totals['refused'])} of rewards: borderline files, not paid and not slashed")
+
+
+def _invalidation_text(event: BatchInvalidated | None, decimals: int) -> str:
+    if event is None:
+        return "reason not found"
+    slashed = f"{Reason.label(event.reason)}, {format_tokens(event.slashed, decimals)} tokens slashed (burned)"
+    if event.leaf_index is None or event.work_key is None:
+        return f"no leaf list was made available: {slashed}"
+    return f"leaf {event.leaf_index} (0x{event.work_key.hex()[:12]}…): {slashed}"
+
+
+JOURNAL_FILES_SHOWN = 50  # newest files listed by `status --state`; the counts cover every file
+
+
+def print_journal(journal: JournalView, *, state_dir: Path | None) -> None:
+    """The worker's journal: files and batches by stage, then its newest files with their batch and what
+    validators attested (or why they were not paid)."""
+    console = stdout_console()
+
+    def by_stage(counts: dict[str, int]) -> str:
+        return ", ".join(f"{n} {stage}" for stage, n in counts.items() if n) or "none"
+
+    console.print(
+        f"journal {state_dir}: files {by_stage(journal.file_counts())}; batches {by_stage(journal.batch_counts())}"
+    )
+    shown = journal.files[-JOURNAL_FILES_SHOWN:]
+    if not shown:
+        return
+    more = f" (newest {len(shown)} of {len(journal.files)})" if len(shown) < len(journal.files) else ""
+    table = Table("file", "batch", "units", "stage", "validators attested / detail", title=f"files{more}",
+                  title_justify="left")  # fmt: skip
+    for record in shown:
+        batch = "-" if record.root is None else f"0x{record.root.hex()[:12]}… leaf {record.leaf_index}"
+        table.add_row(
+            "0x" + record.work_key.hex()[:12] + "…",
+            batch,
+            str(record.units),
+            record.stage,
+            "; ".join(part for part in (record.verdict, record.detail) if part),
+        )
+    console.print(table)

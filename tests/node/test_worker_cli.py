@@ -15,7 +15,8 @@ from ledger.accounts import create_keystore, dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.types import PoolConfig, Reason, WorkStatus
+from ledger.merkle import BatchTree, Leaf
+from ledger.types import BatchStatus, PoolConfig, Reason
 from node.cli.main import app
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 
@@ -61,6 +62,7 @@ def node_cli(deployment_file: Path, *args: str | Path | int, passwords: dict[str
         "PRIME_KEYSTORE_PASSWORD": None,
         "PRIME_NODE_KEYSTORE_PASSWORD": None,
         "PRIME_DEBUG": None,
+        "COLUMNS": "300",  # a table's row on one line, as the assertions read it
         **(passwords or {}),
     }
     return runner.invoke(app, [str(arg) for arg in args], env=env)
@@ -223,55 +225,64 @@ def test_withdraw_with_nothing_unbonding_is_one_line(deployment_file: Path, pool
 # --- claim -------------------------------------------------------------------------------------------
 
 
-def submit(ledger_for: Callable[[int], Ledger], node_index: int, pool: int, *works: tuple[str, int]) -> None:
-    sender = ledger_for(node_index)
-    for label, units in works:
-        sender.submit_work(pool, key(label), units)
+def submit(ledger_for: Callable[[int], Ledger], node_index: int, pool: int, *works: tuple[str, int]) -> BatchTree:
+    """Submits `works` (label, units) as one batch of node `node_index`'s; its tree."""
+    tree = BatchTree([Leaf(key(label), units) for label, units in works])
+    ledger_for(node_index).submit_batch(pool, tree.root, tree.count, tree.total_units)
+    return tree
+
+
+def short(tree: BatchTree) -> str:
+    return f"0x{tree.root.hex()[:12]}"
 
 
 def test_claim_before_the_window_shows_challenge_window_open(
     deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]
 ) -> None:
     onboarded(deployment_file, pool_id)
-    submit(ledger_for, NODE, pool_id, ("a", 100))
-    result = node_cli(deployment_file, "claim", pool_id, "--work-key", key("a").hex(), "--dev-key", PROVIDER)
+    tree = submit(ledger_for, NODE, pool_id, ("a", 100))
+    result = node_cli(deployment_file, "claim", pool_id, "--batch", tree.root.hex(), "--dev-key", PROVIDER)
     node = dev_account(NODE).address
     assert_one_line_error(
-        result, f"claimRewards reverted: ChallengeWindowOpen(poolId=1, node={node}, workKey=0x" + key("a").hex()
+        result, f"claimBatches reverted: BatchChallengeWindowOpen(poolId=1, node={node}, root=0x" + tree.root.hex()
     )
 
 
-def test_claim_without_keys_before_the_window_says_when(
+def test_claim_without_roots_before_the_window_says_when(
     deployment_file: Path, pool_id: int, ledger_for: Callable[[int], Ledger]
 ) -> None:
     onboarded(deployment_file, pool_id)
     submit(ledger_for, NODE, pool_id, ("a", 100))
     result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
-    assert "nothing to claim yet: 1 pending works" in result.stdout
+    assert "nothing to claim yet: 1 pending batches" in result.stdout
     assert "closes at" in result.stdout
 
 
-def test_claim_finds_and_pays_this_providers_claimable_work(
+def test_claim_finds_and_pays_this_providers_claimable_batches_less_their_refused_leaves(
     deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
 ) -> None:
     onboarded(deployment_file, pool_id)
     submit(ledger_for, NODE, pool_id, ("a", 100), ("b", 400))
-    ledger_for(NODE).submit_work_batch(pool_id, [key("c"), key("d")], [250, 250])
-    # another provider's work in the same pool is not this provider's to claim
+    refused = submit(ledger_for, NODE, pool_id, ("c", 250), ("d", 250), ("e", 300))
+    ledger_for(VALIDATOR).refuse_leaf(pool_id, dev_account(NODE).address, refused.root, refused.proof(2), 7)
+    # another provider's batch in the same pool is not this provider's to claim
     other = ledger_for(5)
     ledger_for(0).mint(other.address, 100 * TOKEN)
     other.stake(100 * TOKEN)
     other.add_node(other.account)  # type: ignore[arg-type]
     other.join(pool_id)
-    other.submit_work(pool_id, key("other"), 999)
+    theirs = submit(ledger_for, 5, pool_id, ("other", 999))
     chain.increase_time(WINDOW)
 
     reader = ledger_for(0)
     before = reader.balance_of(dev_account(PROVIDER).address)
     result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
-    assert f"claimed 4 works in pool {pool_id}: 1 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
+    assert (
+        f"claimed 2 batches (5 files) in pool {pool_id}: 1 tokens paid to {dev_account(PROVIDER).address}"
+        in result.stdout
+    )  # 100 + 400 + 250 + 250 units: the refused leaf's 300 are not paid
     assert reader.balance_of(dev_account(PROVIDER).address) - before == 1000 * REWARD_PER_UNIT
-    assert reader.get_work(pool_id, other.address, key("other")).status == WorkStatus.PENDING
+    assert reader.get_batch(pool_id, other.address, theirs.root).status == BatchStatus.PENDING
     again = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
     assert "nothing to claim" in again.stdout
 
@@ -283,36 +294,47 @@ def test_claim_signed_by_a_node_key_pays_its_provider(
     submit(ledger_for, NODE, pool_id, ("a", 2000))
     chain.increase_time(WINDOW)
     result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", NODE))
-    assert f"claimed 1 works in pool {pool_id}: 2 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
+    assert (
+        f"claimed 1 batches (1 files) in pool {pool_id}: 2 tokens paid to {dev_account(PROVIDER).address}"
+        in result.stdout
+    )
     reader = ledger_for(0)
     assert reader.balance_of(dev_account(PROVIDER).address) == 802 * TOKEN  # 1000 minted, 200 staked, 2 earned
     assert reader.balance_of(dev_account(NODE).address) == 0
 
 
-def test_claim_with_a_malformed_work_key_is_one_line(deployment_file: Path, pool_id: int) -> None:
-    result = node_cli(deployment_file, "claim", pool_id, "--work-key", "0x1234", "--dev-key", PROVIDER)
-    assert_one_line_error(result, "--work-key: expected 32 bytes as 64 hex digits")
+def test_claim_with_a_malformed_root_is_one_line(deployment_file: Path, pool_id: int) -> None:
+    result = node_cli(deployment_file, "claim", pool_id, "--batch", "0x1234", "--dev-key", PROVIDER)
+    assert_one_line_error(result, "--batch: expected 32 bytes as 64 hex digits")
+
+
+def test_claim_of_a_root_the_provider_never_submitted_is_one_line(deployment_file: Path, pool_id: int) -> None:
+    onboarded(deployment_file, pool_id)
+    result = node_cli(deployment_file, "claim", pool_id, "--batch", "ab" * 32, "--dev-key", PROVIDER)
+    assert_one_line_error(result, f"no batch of provider {dev_account(PROVIDER).address}'s nodes in pool {pool_id}")
 
 
 # --- status ------------------------------------------------------------------------------------------
 
 
-def test_status_by_address_shows_stake_nodes_and_every_work_state(
+def test_status_by_address_shows_stake_nodes_and_every_batch_state(
     deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
 ) -> None:
     provider, node, second = dev_account(PROVIDER).address, dev_account(NODE).address, dev_account(SECOND_NODE).address
     onboarded(deployment_file, pool_id)
-    submit(ledger_for, NODE, pool_id, ("claimed", 100), ("claimable", 200))
-    # a second node of the same provider cheats: one file invalidated, which voids its other pending file
+    claimed = submit(ledger_for, NODE, pool_id, ("claimed", 100))
+    claimable = submit(ledger_for, NODE, pool_id, ("claimable", 200))
+    # a second node of the same provider cheats: one file invalidated voids its batch and its other pending batch
     ledger_for(PROVIDER).add_node(dev_account(SECOND_NODE))
     ledger_for(SECOND_NODE).join(pool_id)
-    submit(ledger_for, SECOND_NODE, pool_id, ("invalid", 300), ("void", 500))
-    ledger_for(VALIDATOR).invalidate_work(pool_id, second, key("invalid"), Reason.PROOF_INVALID)  # burns 50, ejects
-    submit(ledger_for, NODE, pool_id, ("borderline", 600))
-    ledger_for(VALIDATOR).refuse_work(pool_id, node, key("borderline"), Reason.PROOF_INVALID)  # no slash, not paid
+    invalid = submit(ledger_for, SECOND_NODE, pool_id, ("invalid", 300), ("its neighbour", 200))
+    void = submit(ledger_for, SECOND_NODE, pool_id, ("void", 500))
+    ledger_for(VALIDATOR).invalidate_batch(pool_id, second, invalid.root, invalid.proof(0), Reason.PROOF_INVALID)
+    borderline = submit(ledger_for, NODE, pool_id, ("borderline", 600), ("fine", 50))
+    ledger_for(VALIDATOR).refuse_leaf(pool_id, node, borderline.root, borderline.proof(0), Reason.PROOF_INVALID)
     chain.increase_time(WINDOW)
-    ledger_for(PROVIDER).claim_rewards(pool_id, node, [key("claimed")])
-    submit(ledger_for, NODE, pool_id, ("pending", 400))  # still inside its window
+    ledger_for(PROVIDER).claim_batches(pool_id, node, [claimed.root])
+    pending = submit(ledger_for, NODE, pool_id, ("pending", 400))  # still inside its window
 
     result = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node.lower()))
     out = result.stdout
@@ -320,48 +342,79 @@ def test_status_by_address_shows_stake_nodes_and_every_work_state(
     ejection = f"ejected from pool {pool_id} by an invalidation; its pending work is void"
     assert f"{second} ({ejection}; 50 tokens locked until " in out  # what the slash left of its lock
     assert "150 tokens" in out  # active stake: 200 staked, 50 slashed
-    for work, state in [
-        ("claimed", "claimed"),
-        ("claimable", "claimable"),
-        ("invalid", "invalidated"),
-        ("void", "void"),
-        ("borderline", "refused"),
-    ]:
-        assert re.search(rf"0x{key(work).hex()[:12]}.*\b{state}\b", out), (work, out)
-    assert re.search(rf"0x{key('pending').hex()[:12]}.*pending until", out)
+    for tree, state in [(claimed, "claimed"), (claimable, "claimable"), (void, "void"), (borderline, "claimable")]:
+        assert re.search(rf"{short(tree)}.*\b{state}\b", out), (state, out)
+    assert re.search(rf"{short(pending)}.*pending until", out)
     assert re.search(
-        rf"0x{key('invalid').hex()[:12]}.*invalidated: proof_invalid \(7\), 50 tokens slashed \(burned\)", out
+        rf"{short(invalid)}.*invalidated: leaf 0 \(0x{key('invalid').hex()[:12]}…\): proof_invalid \(7\), 50 tokens "
+        r"slashed \(burned\)",
+        out,
     ), out
-    assert "earned 0.3 tokens (claimed 0.1 tokens, claimable 0.2 tokens); at risk 0.4 tokens" in out
-    assert "lost 0.8 tokens" in out  # 0.3 invalidated, 0.5 void
     assert re.search(
-        rf"0x{key('borderline').hex()[:12]}.*refused \(never paid, not slashed\): proof_invalid \(7\)", out
-    )
+        rf"{short(borderline)}.*claimable; refused leaves \(never paid, not slashed\): 1, 600 units, "
+        r"proof_invalid \(7\)",
+        out,
+    ), out
+    # claimed 100, claimable 200 + 50 (the refused leaf's 600 units are not), pending 400, lost 500 + 500
+    assert "earned 0.35 tokens (claimed 0.1 tokens, claimable 0.25 tokens); at risk 0.4 tokens" in out
+    assert "lost 1 tokens" in out
     assert "refused 0.6 tokens of rewards: borderline files, not paid and not slashed" in out
     assert result.stderr == ""  # read-only: no key, no warning
 
 
-def test_an_owner_ejected_node_still_shows_and_claims_its_earlier_work(
+def test_an_owner_ejected_node_still_shows_and_claims_its_earlier_batches(
     deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
 ) -> None:
     node = dev_account(NODE).address
     onboarded(deployment_file, pool_id)
-    submit(ledger_for, NODE, pool_id, ("before", 300))
+    before = submit(ledger_for, NODE, pool_id, ("before", 300))
     ledger_for(0).eject(pool_id, node)  # the pool's owner: no evidence, so nothing is voided
     chain.increase_time(WINDOW)
 
     out = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node)).stdout
     assert f"ejected from pool {pool_id} by its owner; earlier work is still paid unless invalidated" in out
-    assert re.search(rf"0x{key('before').hex()[:12]}.*\bclaimable\b", out), out
+    assert re.search(rf"{short(before)}.*\bclaimable\b", out), out
     result = ok(node_cli(deployment_file, "claim", pool_id, "--dev-key", PROVIDER))
-    assert f"claimed 1 works in pool {pool_id}: 0.3 tokens paid to {dev_account(PROVIDER).address}" in result.stdout
+    assert (
+        f"claimed 1 batches (1 files) in pool {pool_id}: 0.3 tokens paid to {dev_account(PROVIDER).address}"
+        in result.stdout
+    )
+
+
+def test_status_with_a_state_folder_shows_the_journals_files_and_batches_by_stage(
+    deployment_file: Path, pool_id: int, tmp_path: Path, ledger_for: Callable[[int], Ledger]
+) -> None:
+    from node.daemon.state import WorkerState
+
+    node = dev_account(NODE).address
+    onboarded(deployment_file, pool_id)
+    state = WorkerState(tmp_path / "state", chain_id=31337, pool_id=pool_id, node=node)
+    keys = []
+    for label in ("a", "b", "c"):
+        state.path_of(key(label)).write_bytes(label.encode())
+        state.add(key(label), step=0, counter=len(keys), units=100)
+        keys.append(key(label))
+    state.move(keys[:2], "uploaded")
+    batch = state.form_batch(state.unbatched())
+    state.move_batch(batch.root, "submitted", tx="0x01", files="submitted")
+    state.note_verdict(keys[0], f"accepted by {dev_account(VALIDATOR).address}")
+    state.close()
+    ledger_for(NODE).submit_batch(pool_id, batch.root, batch.count, batch.total_units)
+
+    args = ("status", "--pool", pool_id, "--address", node, "--state", tmp_path / "state")
+    out = ok(node_cli(deployment_file, *args)).stdout
+    assert f"journal {tmp_path / 'state'}: files 1 written, 2 submitted; batches 1 submitted" in out
+    assert re.search(rf"0x{batch.root.hex()[:12]}….*pending until", out), out  # the chain's word on the batch
+    first = rf"0x{keys[0].hex()[:12]}… +│ 0x{batch.root.hex()[:12]}… leaf 0 │ 100 +│ submitted +│ accepted by "
+    assert re.search(first, out), out
+    assert re.search(rf"0x{keys[2].hex()[:12]}… +│ - +│ 100 +│ written", out), out
 
 
 def test_status_with_a_key_and_no_pool(deployment_file: Path, pool_id: int) -> None:
     onboarded(deployment_file, pool_id)
     result = ok(node_cli(deployment_file, "status", "--dev-key", PROVIDER))
     assert dev_account(NODE).address in result.stdout
-    assert "200 tokens" in result.stdout and "work in pool" not in result.stdout
+    assert "200 tokens" in result.stdout and "batches in pool" not in result.stdout
 
 
 def test_status_needs_an_address_or_a_key(deployment_file: Path) -> None:
