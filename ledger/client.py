@@ -323,6 +323,12 @@ class Ledger:
         call = self.work.functions.invalidateBatch(pool_id, node, root, proof.as_tuple(), int(reason))
         return self._send(call, "invalidateBatch")
 
+    def invalidate_unavailable_batch(self, pool_id: int, node: str, root: bytes) -> TxReceipt:
+        """Invalidates `node`'s batch whose leaf list was never made available (reason 8, no proof): the batch is
+        void, the node slashed and ejected, as by `invalidate_batch`."""
+        call = self.work.functions.invalidateUnavailableBatch(pool_id, node, root)
+        return self._send(call, "invalidateUnavailableBatch")
+
     def refuse_leaf(self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int) -> TxReceipt:
         """Refuses one file of `node`'s batch with its proof, without a slash: its units are not paid."""
         call = self.work.functions.refuseLeaf(pool_id, node, root, proof.as_tuple(), int(reason))

@@ -21,7 +21,17 @@ from ledger.tx import with_retries
 
 log = logging.getLogger(__name__)
 
-FOLLOWED = ("WorkSubmitted", "WorkInvalidated", "WorkRefused", "RewardsClaimed")
+FOLLOWED = (
+    "WorkSubmitted",
+    "WorkInvalidated",
+    "WorkRefused",
+    "RewardsClaimed",
+    "BatchSubmitted",
+    "BatchInvalidated",
+    "LeafRefused",
+    "BatchesClaimed",
+)
+NO_LEAF = 2**256 - 1  # WorkLedger.NO_LEAF: BatchInvalidated's leafIndex when no leaf was shown (reason 8, no list)
 # How JSON-RPC nodes word "this log query spans too much"; only those errors shrink the page.
 # anvil's and Hardhat's default chain id, and ganache's: chains that only ever run on one machine.
 LOCAL_CHAIN_IDS = frozenset({31337, 1337})
@@ -84,7 +94,74 @@ class RewardsClaimed:
     at: EventPosition
 
 
-LedgerEvent = WorkSubmitted | WorkInvalidated | WorkRefused | RewardsClaimed
+@dataclass(frozen=True)
+class BatchSubmitted:
+    """`node` committed a batch of `count` files worth `total_units` under the Merkle `root`. The chain's event names
+    no provider (a node's binding is permanent: `Ledger.provider_of(node)`, or `Ledger.get_batch`)."""
+
+    pool_id: int
+    root: bytes
+    node: str
+    count: int
+    total_units: int
+    at: EventPosition
+
+
+@dataclass(frozen=True)
+class BatchInvalidated:
+    """A validator voided `node`'s batch `root`: `slashed` burned from the node's lock, the node ejected. The leaf it
+    showed bad is `leaf_index` (file `work_key`); both are None for a batch whose leaf list was never made available
+    (`invalidateUnavailableBatch`, reason 8), where the chain's event carries `NO_LEAF` and a zero key."""
+
+    pool_id: int
+    root: bytes
+    node: str
+    validator: str
+    leaf_index: int | None
+    work_key: bytes | None
+    reason: int
+    slashed: int
+    at: EventPosition
+
+
+@dataclass(frozen=True)
+class LeafRefused:
+    """A validator refused leaf `leaf_index` (file `work_key`, `units`) of `node`'s batch `root` without a slash: those
+    units are not paid, the rest of the batch is."""
+
+    pool_id: int
+    root: bytes
+    node: str
+    validator: str
+    leaf_index: int
+    work_key: bytes
+    units: int
+    reason: int
+    at: EventPosition
+
+
+@dataclass(frozen=True)
+class BatchesClaimed:
+    """`provider` was paid `amount` for `node`'s batches `roots`."""
+
+    pool_id: int
+    provider: str
+    node: str
+    amount: int
+    roots: tuple[bytes, ...]
+    at: EventPosition
+
+
+LedgerEvent = (
+    WorkSubmitted
+    | WorkInvalidated
+    | WorkRefused
+    | RewardsClaimed
+    | BatchSubmitted
+    | BatchInvalidated
+    | LeafRefused
+    | BatchesClaimed
+)
 
 
 class CursorFile:
@@ -136,7 +213,8 @@ class EventFollower:
 
     `poll()` returns every followed event from the cursor up to the newest block less `confirmations`, in
     chain order, then moves the cursor past them (and saves it, when a `CursorFile` is given). A batch
-    submission's `WorkBatchSubmitted` is expanded into one `WorkSubmitted` per key. When the node refuses a
+    submission's `WorkBatchSubmitted` is expanded into one `WorkSubmitted` per key; a batch root's events
+    (`BatchSubmitted` ... `BatchesClaimed`) are one record each, as on chain. When the node refuses a
     range as too large, the page is halved and retried.
 
     Reorganisations: the follower remembers the hashes of the last `remember` blocks it read. Before reading on,
@@ -310,26 +388,61 @@ class EventFollower:
                 args["poolId"], to_checksum_address(args["provider"]), to_checksum_address(args["node"]),
                 args["amount"], args["count"], at,
             )  # fmt: skip
+        elif name == "BatchSubmitted":
+            yield BatchSubmitted(
+                args["poolId"], bytes(args["root"]), to_checksum_address(args["node"]), args["count"],
+                args["totalUnits"], at,
+            )  # fmt: skip
+        elif name == "BatchInvalidated":
+            shown = args["leafIndex"] != NO_LEAF
+            yield BatchInvalidated(
+                args["poolId"], bytes(args["root"]), to_checksum_address(args["node"]),
+                to_checksum_address(args["validator"]), args["leafIndex"] if shown else None,
+                bytes(args["workKey"]) if shown else None, args["reason"], args["slashed"], at,
+            )  # fmt: skip
+        elif name == "LeafRefused":
+            yield LeafRefused(
+                args["poolId"], bytes(args["root"]), to_checksum_address(args["node"]),
+                to_checksum_address(args["validator"]), args["leafIndex"], bytes(args["workKey"]), args["units"],
+                args["reason"], at,
+            )  # fmt: skip
+        elif name == "BatchesClaimed":
+            yield BatchesClaimed(
+                args["poolId"], to_checksum_address(args["provider"]), to_checksum_address(args["node"]),
+                args["amount"], tuple(bytes(root) for root in args["roots"]), at,
+            )  # fmt: skip
 
 
 def refusals(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkRefused]:
     """Every refusal in the pool since the deployment (of `node`'s work only, when given), by (node, work key)."""
-    return _by_record(ledger, pool_id, WorkRefused, node)
+    return {(e.node, e.work_key): e for e in _judgements(ledger, pool_id, WorkRefused, node)}
 
 
 def invalidations(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkInvalidated]:
     """Every invalidation in the pool since the deployment (of `node`'s work only, when given), by (node, work key):
     records are per node, so two nodes' records of one key are two entries."""
-    return _by_record(ledger, pool_id, WorkInvalidated, node)
+    return {(e.node, e.work_key): e for e in _judgements(ledger, pool_id, WorkInvalidated, node)}
 
 
-_Judged = TypeVar("_Judged", WorkInvalidated, WorkRefused)
+def batch_invalidations(
+    ledger: Ledger, pool_id: int, node: str | None = None
+) -> dict[tuple[str, bytes], BatchInvalidated]:
+    """Every batch invalidation in the pool since the deployment (of `node`'s batches only, when given), by (node,
+    root): a batch is invalidated at most once, and two nodes' batches of one root are two records."""
+    return {(e.node, e.root): e for e in _judgements(ledger, pool_id, BatchInvalidated, node)}
 
 
-def _by_record(ledger: Ledger, pool_id: int, kind: type[_Judged], node: str | None) -> dict[tuple[str, bytes], _Judged]:
+def leaf_refusals(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes, int], LeafRefused]:
+    """Every leaf refused in the pool since the deployment (in `node`'s batches only, when given), by (node, root,
+    leaf index): a leaf is refused at most once."""
+    return {(e.node, e.root, e.leaf_index): e for e in _judgements(ledger, pool_id, LeafRefused, node)}
+
+
+_Judged = TypeVar("_Judged", WorkInvalidated, WorkRefused, BatchInvalidated, LeafRefused)
+
+
+def _judgements(ledger: Ledger, pool_id: int, kind: type[_Judged], node: str | None) -> list[_Judged]:
+    """Every `kind` event in the pool since the deployment, of `node` only when given, in chain order."""
     follower = EventFollower(ledger, pool_id=pool_id, events=(kind.__name__,))
-    return {
-        (e.node, e.work_key): e
-        for e in follower.poll()
-        if isinstance(e, kind) and (node is None or e.node == to_checksum_address(node))
-    }
+    wanted = None if node is None else to_checksum_address(node)
+    return [e for e in follower.poll() if isinstance(e, kind) and (wanted is None or e.node == wanted)]

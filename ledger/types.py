@@ -141,4 +141,6 @@ class BatchRecord:
 
     @property
     def payable_units(self) -> int:
+        """What a claim of the pending batch pays for: its total less its refused leaves' units. The record's own
+        figure, whatever its status: an invalidated or claimed batch pays nothing more."""
         return self.total_units - self.refused_units

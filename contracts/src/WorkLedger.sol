@@ -41,6 +41,10 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     uint8 public constant MAX_REASON = 8;
     /// @notice The most leaves a batch may hold: a record stores the count in 32 bits (a proof of 32 siblings).
     uint256 public constant MAX_LEAVES = type(uint32).max;
+    /// @notice The reason of `invalidateUnavailableBatch`: the batch's leaf list was never made available.
+    uint8 public constant FILE_UNAVAILABLE = 8;
+    /// @notice `BatchInvalidated.leafIndex` of an invalidation that names no leaf (`invalidateUnavailableBatch`).
+    uint256 public constant NO_LEAF = type(uint256).max;
 
     IComputePool public immutable pools;
     INodeRegistry public immutable registry;
@@ -166,7 +170,7 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     /// `0 < totalUnits <= count x maxUnitsPerKey`. Emits {BatchSubmitted}.
     function submitBatch(uint256 poolId, bytes32 root, uint256 count, uint256 totalUnits) external {
         if (count == 0 || count > MAX_LEAVES) revert LeafCountOutOfRange(count, MAX_LEAVES);
-        (address provider, uint256 maxUnits) = _memberTerms(poolId);
+        (, uint256 maxUnits) = _memberTerms(poolId);
         uint256 cap = count * maxUnits; // < 2^32 x 2^48: no overflow, and it fits totalUnits' 80 bits
         if (totalUnits == 0 || totalUnits > cap) revert UnitsOutOfRange(totalUnits, cap);
         Batch storage batch = _batches[poolId][msg.sender][root];
@@ -178,7 +182,7 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         assembly ("memory-safe") {
             sstore(batch.slot, packed)
         }
-        emit BatchSubmitted(poolId, root, msg.sender, provider, count, totalUnits);
+        emit BatchSubmitted(poolId, root, msg.sender, count, totalUnits);
     }
 
     /// @inheritdoc IWorkLedger
@@ -190,11 +194,16 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         nonReentrant
     {
         (Batch storage batch, uint256 slashAmount) = _provenLeaf(poolId, node, root, leaf, reason);
-        batch.status = BatchStatus.Invalidated;
-        // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant).
-        uint256 slashed = registry.slash(poolId, node, slashAmount);
-        pools.ejectForInvalidation(poolId, node);
-        emit BatchInvalidated(poolId, root, node, msg.sender, leaf.index, leaf.workKey, reason, slashed);
+        _invalidate(batch, poolId, node, root, slashAmount, leaf.index, leaf.workKey, reason);
+    }
+
+    /// @inheritdoc IWorkLedger
+    /// @dev Requirements: as {invalidateBatch} without the reason and the proof: the batch pending, the caller a
+    /// validator of the pool, `block.timestamp < submittedAt + challengeWindow`, in that order. Emits
+    /// {BatchInvalidated} with `leafIndex = NO_LEAF`, `workKey = 0` and `reason = FILE_UNAVAILABLE`.
+    function invalidateUnavailableBatch(uint256 poolId, address node, bytes32 root) external nonReentrant {
+        (Batch storage batch, uint256 slashAmount) = _challengeableBatch(poolId, node, root);
+        _invalidate(batch, poolId, node, root, slashAmount, NO_LEAF, bytes32(0), FILE_UNAVAILABLE);
     }
 
     /// @inheritdoc IWorkLedger
@@ -319,14 +328,31 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @dev The pending batch a validator of `poolId` may still judge by `leaf`, and the pool's slash: checks the
-    /// reason, the status, the caller's role and the open window as `_challengeable` does, then that the leaf is
-    /// inside the tree and that its proof reaches `root`.
+    /// reason, then the batch as `_challengeableBatch` does, then that the leaf is inside the tree and that its proof
+    /// reaches `root`.
     function _provenLeaf(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason)
         private
         view
         returns (Batch storage batch, uint256 slashAmount)
     {
         if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
+        (batch, slashAmount) = _challengeableBatch(poolId, node, root);
+        uint256 count = batch.count;
+        if (leaf.index >= count) revert LeafOutOfRange(root, leaf.index, count);
+        uint256 depth = BatchMerkle.depth(count);
+        if (leaf.siblings.length != depth) revert ProofLengthMismatch(root, leaf.siblings.length, depth);
+        bytes32 computed =
+            BatchMerkle.rootOf(BatchMerkle.leafHash(leaf.workKey, leaf.units), leaf.index, leaf.siblings);
+        if (computed != root) revert InvalidProof(root, leaf.index, computed);
+    }
+
+    /// @dev The pending batch a validator of `poolId` may still judge, and the pool's slash: checks the status, the
+    /// caller's role and the open window, in that order, as `_challengeable` does for work.
+    function _challengeableBatch(uint256 poolId, address node, bytes32 root)
+        private
+        view
+        returns (Batch storage batch, uint256 slashAmount)
+    {
         batch = _batches[poolId][node][root];
         BatchStatus status = batch.status;
         if (status == BatchStatus.None) revert BatchNotFound(poolId, node, root);
@@ -336,13 +362,25 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         (window,, slashAmount,) = pools.terms(poolId);
         uint64 closesAt = uint64(batch.submittedAt) + window;
         if (block.timestamp >= closesAt) revert BatchChallengeWindowClosed(poolId, node, root, closesAt);
-        uint256 count = batch.count;
-        if (leaf.index >= count) revert LeafOutOfRange(root, leaf.index, count);
-        uint256 depth = BatchMerkle.depth(count);
-        if (leaf.siblings.length != depth) revert ProofLengthMismatch(root, leaf.siblings.length, depth);
-        bytes32 computed =
-            BatchMerkle.rootOf(BatchMerkle.leafHash(leaf.workKey, leaf.units), leaf.index, leaf.siblings);
-        if (computed != root) revert InvalidProof(root, leaf.index, computed);
+    }
+
+    /// @dev An invalidation's effects: the batch void, `slashAmount` burned from the node's lock (at most what it
+    /// holds), the node ejected by invalidation (which voids its other pending work and batches in the pool).
+    function _invalidate(
+        Batch storage batch,
+        uint256 poolId,
+        address node,
+        bytes32 root,
+        uint256 slashAmount,
+        uint256 leafIndex,
+        bytes32 workKey,
+        uint8 reason
+    ) private {
+        batch.status = BatchStatus.Invalidated;
+        // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant).
+        uint256 slashed = registry.slash(poolId, node, slashAmount);
+        pools.ejectForInvalidation(poolId, node);
+        emit BatchInvalidated(poolId, root, node, msg.sender, leafIndex, workKey, reason, slashed);
     }
 
     /// @dev Sets leaf `index`'s bit in a batch's bitmap of refused leaves, once.

@@ -65,6 +65,7 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "getWork(uint256,address,bytes32)": ("address", "uint256", "uint64", "uint8"),
         "submitBatch(uint256,bytes32,uint256,uint256)": (),
         f"invalidateBatch(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
+        "invalidateUnavailableBatch(uint256,address,bytes32)": (),
         f"refuseLeaf(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
         "claimBatches(uint256,address,bytes32[])": (),
         "getBatch(uint256,address,bytes32)": ("address", "uint256", "uint256", "uint256", "uint64", "uint8"),
@@ -134,7 +135,7 @@ EVENTS: dict[str, set[str]] = {
         "WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)",
         "WorkRefused(uint256,bytes32,address,address,uint8)",
         "RewardsClaimed(uint256,address,address,uint256,uint256)",
-        "BatchSubmitted(uint256,bytes32,address,address,uint256,uint256)",
+        "BatchSubmitted(uint256,bytes32,address,uint256,uint256)",  # no provider: the node's binding names it
         "BatchInvalidated(uint256,bytes32,address,address,uint256,bytes32,uint8,uint256)",
         "LeafRefused(uint256,bytes32,address,address,uint256,bytes32,uint256,uint8)",
         "BatchesClaimed(uint256,address,address,uint256,bytes32[])",

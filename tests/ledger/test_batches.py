@@ -1,6 +1,7 @@
 """WorkLedger's batch records on a real chain: one Merkle root per batch, a file of it invalidated (the batch void,
-the node slashed and ejected) or refused (its units not paid) with its proof inside the window, whole batches
-claimed after it. Every revert of a challenge has a test here that a contract without that check would fail."""
+the node slashed and ejected) or refused (its units not paid) with its proof inside the window, or the whole batch
+invalidated with no proof when its leaf list was never made available, whole batches claimed after the window.
+Every revert of a challenge has a test here that a contract without that check would fail."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ REWARD = 10**15  # helpers.make_pool's default reward per unit
 SLASH = 50 * TOKEN  # helpers.make_pool's default slash
 CAP = 1_000_000  # PoolConfig's default maxUnitsPerKey
 MAX_LEAVES = 2**32 - 1
+NO_LEAF = 2**256 - 1  # BatchInvalidated's leafIndex when the invalidation shows no leaf
 
 
 def funded_pool(ledger_for: LedgerFor, escrow_tokens: int = 100, **overrides: Any) -> tuple[Ledger, Ledger, int]:
@@ -75,11 +77,10 @@ def test_submit_batch_records_one_pending_record_and_emits_batch_submitted(ledge
             "poolId": pool_id,
             "root": tree.root,
             "node": node.address,
-            "provider": provider.address,
             "count": 7,
             "totalUnits": CAP + 21,
         }
-    ]
+    ]  # no provider: the node's binding is permanent, and the record names it
     record = owner.get_batch(pool_id, node.address, tree.root)
     block_time = owner.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
     assert (record.provider, record.count, record.total_units, record.refused_units) == (
@@ -244,14 +245,82 @@ def test_a_leaf_whose_units_are_not_its_files_is_a_reason_2_invalidation(ledger_
     assert (invalidated["leafIndex"], invalidated["reason"]) == (1, 2)
 
 
+# --- invalidating a batch whose leaf list was never made available ---------------------------------------------
+
+
+def test_invalidate_unavailable_batch_voids_it_burns_the_slash_and_ejects_the_node(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    """No leaf to prove: the event names none (leafIndex NO_LEAF, workKey 0) and reason 8; the effects are those of
+    an invalidation with a proof, the node's other batches voided too."""
+    owner, validator, pool_id, provider, node, tree, _ = setup(ledger_for)
+    other = batch("other", [7, 8])
+    submitted(node, pool_id, other)
+
+    receipt = validator.invalidate_unavailable_batch(pool_id, node.address, tree.root)
+
+    assert events(owner.work.events.BatchInvalidated(), receipt) == [
+        {
+            "poolId": pool_id,
+            "root": tree.root,
+            "node": node.address,
+            "validator": validator.address,
+            "leafIndex": NO_LEAF,
+            "workKey": bytes(32),
+            "reason": Reason.FILE_UNAVAILABLE,
+            "slashed": SLASH,
+        }
+    ]
+    assert events(owner.registry.events.Slashed(), receipt) == [
+        {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": SLASH}
+    ]
+    assert events(owner.pools.events.NodeEjected(), receipt) == [
+        {"poolId": pool_id, "node": node.address, "by": owner.work.address, "kind": Ejection.BY_INVALIDATION}
+    ]
+    assert owner.get_batch(pool_id, node.address, tree.root).status == BatchStatus.INVALIDATED
+    # its other batch still reads PENDING: the ejection by invalidation is what voids it, at its claim
+    assert owner.get_batch(pool_id, node.address, other.root).status == BatchStatus.PENDING
+    assert owner.burned() == SLASH
+    assert owner.lock_of(pool_id, node.address).amount == 100 * TOKEN - SLASH
+    assert not owner.is_member(pool_id, node.address)
+    chain.increase_time(WINDOW)
+    with pytest.raises(ContractRevert) as info:
+        owner.claim_batches(pool_id, node.address, [other.root])
+    assert_revert(info.value, "NodeEjected", poolId=pool_id, node=node.address)
+    assert owner.balance_of(provider.address) == 0
+    assert owner.escrow_of(pool_id) == 100 * TOKEN
+
+
+def test_a_batch_with_a_refused_leaf_can_still_be_invalidated_as_unavailable(ledger_for: LedgerFor) -> None:
+    owner, validator, pool_id, _, node, tree, _ = setup(ledger_for)
+    validator.refuse_leaf(pool_id, node.address, tree.root, tree.proof(1), Reason.PROOF_INVALID)
+
+    validator.invalidate_unavailable_batch(pool_id, node.address, tree.root)
+
+    assert owner.get_batch(pool_id, node.address, tree.root).status == BatchStatus.INVALIDATED
+    assert owner.burned() == SLASH
+
+
 # --- each revert of a challenge ------------------------------------------------------------------------------
 
 Challenge = Callable[[Ledger, int, str, bytes, LeafProof, int], Any]
 CHALLENGES: dict[str, Challenge] = {
     "invalidate": lambda v, pool, node, root, proof, reason: v.invalidate_batch(pool, node, root, proof, reason),
     "refuse": lambda v, pool, node, root, proof, reason: v.refuse_leaf(pool, node, root, proof, reason),
+    # no leaf, no proof, no reason (8 always): only the batch's checks apply
+    "unavailable": lambda v, pool, node, root, proof, reason: v.invalidate_unavailable_batch(pool, node, root),
 }
-both = pytest.mark.parametrize("challenge", sorted(CHALLENGES))
+both = pytest.mark.parametrize("challenge", ["invalidate", "refuse"])  # the challenges with a leaf and its proof
+every = pytest.mark.parametrize("challenge", sorted(CHALLENGES))
+
+
+def challenge_call(sender: Ledger, challenge: str, pool_id: int, node: str, tree: BatchTree, index: int) -> Any:
+    """The bound contract function of `challenge` of leaf `index` (reason 4), for `transact_at`."""
+    functions = sender.work.functions
+    if challenge == "unavailable":
+        return functions.invalidateUnavailableBatch(pool_id, node, tree.root)
+    function = functions.invalidateBatch if challenge == "invalidate" else functions.refuseLeaf
+    return function(pool_id, node, tree.root, tree.proof(index).as_tuple(), int(Reason.STALE_STEP))
 
 
 def assert_untouched(owner: Ledger, pool_id: int, node: Ledger, tree: BatchTree) -> None:
@@ -332,11 +401,15 @@ def test_a_second_refusal_of_the_same_leaf_reverts_leaf_already_refused(ledger_f
     assert owner.get_batch(pool_id, node.address, tree.root).refused_units == 500  # taken out once
 
 
+@pytest.mark.parametrize("first", ["invalidate", "unavailable"])
 @pytest.mark.parametrize("then", sorted(CHALLENGES))
-def test_a_challenge_of_an_invalidated_batch_reverts_batch_not_pending(ledger_for: LedgerFor, then: str) -> None:
-    """One slash per batch, as one per work record: any leaf of a void batch, the shown one included."""
+def test_a_challenge_of_an_invalidated_batch_reverts_batch_not_pending(
+    ledger_for: LedgerFor, first: str, then: str
+) -> None:
+    """One slash per batch, as one per work record: any leaf of a void batch, the shown one included, however it was
+    invalidated."""
     owner, validator, pool_id, _, node, tree, _ = setup(ledger_for)
-    validator.invalidate_batch(pool_id, node.address, tree.root, tree.proof(0), Reason.HASH_MISMATCH)
+    CHALLENGES[first](validator, pool_id, node.address, tree.root, tree.proof(0), Reason.HASH_MISMATCH)
 
     for index in (0, 2):
         with pytest.raises(ContractRevert) as info:
@@ -352,13 +425,12 @@ def test_a_challenge_of_an_invalidated_batch_reverts_batch_not_pending(ledger_fo
     assert owner.burned() == SLASH
 
 
-@both
+@every
 def test_a_challenge_at_the_windows_end_reverts_batch_challenge_window_closed(
     chain: LocalChain, ledger_for: LedgerFor, challenge: str
 ) -> None:
     owner, validator, pool_id, _, node, tree, submitted_at = setup(ledger_for)
-    function = {"invalidate": validator.work.functions.invalidateBatch, "refuse": validator.work.functions.refuseLeaf}
-    call = function[challenge](pool_id, node.address, tree.root, tree.proof(2).as_tuple(), int(Reason.STALE_STEP))
+    call = challenge_call(validator, challenge, pool_id, node.address, tree, 2)
 
     with pytest.raises(ContractRevert) as info:
         transact_at(chain, validator, call, submitted_at + WINDOW)
@@ -370,22 +442,21 @@ def test_a_challenge_at_the_windows_end_reverts_batch_challenge_window_closed(
     assert_untouched(owner, pool_id, node, tree)
 
 
-@both
+@every
 def test_a_challenge_at_the_last_second_of_the_window_succeeds(
     chain: LocalChain, ledger_for: LedgerFor, challenge: str
 ) -> None:
     owner, validator, pool_id, _, node, tree, submitted_at = setup(ledger_for)
-    function = {"invalidate": validator.work.functions.invalidateBatch, "refuse": validator.work.functions.refuseLeaf}
-    call = function[challenge](pool_id, node.address, tree.root, tree.proof(2).as_tuple(), int(Reason.STALE_STEP))
+    call = challenge_call(validator, challenge, pool_id, node.address, tree, 2)
 
     transact_at(chain, validator, call, submitted_at + WINDOW - 1)
 
     record = owner.get_batch(pool_id, node.address, tree.root)
-    expected = (BatchStatus.INVALIDATED, 0) if challenge == "invalidate" else (BatchStatus.PENDING, 300)
+    expected = (BatchStatus.PENDING, 300) if challenge == "refuse" else (BatchStatus.INVALIDATED, 0)
     assert (record.status, record.refused_units) == expected
 
 
-@both
+@every
 def test_a_challenge_by_a_non_validator_reverts_not_validator(ledger_for: LedgerFor, challenge: str) -> None:
     owner, validator, pool_id, provider, node, tree, _ = setup(ledger_for)
     owner.set_validator(pool_id, validator.address, allowed=False)  # a dismissed validator
@@ -408,7 +479,7 @@ def test_a_challenge_with_an_unknown_reason_reverts_invalid_reason(
     assert_untouched(owner, pool_id, node, tree)
 
 
-@both
+@every
 def test_a_challenge_of_an_unknown_batch_reverts_batch_not_found(ledger_for: LedgerFor, challenge: str) -> None:
     owner, validator, pool_id, _, node, tree, _ = setup(ledger_for)
     other = batch("never-submitted", [1, 2, 3])
@@ -416,6 +487,25 @@ def test_a_challenge_of_an_unknown_batch_reverts_batch_not_found(ledger_for: Led
         with pytest.raises(ContractRevert) as info:
             CHALLENGES[challenge](validator, pool_id, who, root, proof, Reason.HASH_MISMATCH)
         assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=who, root=root)
+
+
+@every
+def test_a_challenge_of_a_claimed_batch_reverts_batch_not_pending(
+    chain: LocalChain, ledger_for: LedgerFor, challenge: str
+) -> None:
+    """The status is checked before the window: a settled batch says so, not that its window closed."""
+    owner, validator, pool_id, provider, node, tree, _ = setup(ledger_for)
+    chain.increase_time(WINDOW)
+    owner.claim_batches(pool_id, node.address, [tree.root])
+
+    with pytest.raises(ContractRevert) as info:
+        CHALLENGES[challenge](validator, pool_id, node.address, tree.root, tree.proof(0), Reason.HASH_MISMATCH)
+
+    assert_revert(
+        info.value, "BatchNotPending", poolId=pool_id, node=node.address, root=tree.root, status=BatchStatus.CLAIMED
+    )
+    assert owner.burned() == 0
+    assert owner.balance_of(provider.address) == tree.total_units * REWARD
 
 
 # --- refusing one file ---------------------------------------------------------------------------------------

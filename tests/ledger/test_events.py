@@ -1,4 +1,5 @@
-"""EventFollower on a real chain: decoded fields, batch expansion, pool filter, paging, cursor, confirmations."""
+"""EventFollower on a real chain: decoded fields (per-key work and batch roots), batch expansion, pool filter, paging,
+cursor, confirmations, reorganisations."""
 
 from __future__ import annotations
 
@@ -16,16 +17,23 @@ from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.errors import LedgerError, RpcUnavailable
 from ledger.events import (
+    BatchesClaimed,
+    BatchInvalidated,
+    BatchSubmitted,
     CursorFile,
     EventFollower,
     EventPosition,
+    LeafRefused,
     LedgerEvent,
     RewardsClaimed,
     WorkInvalidated,
     WorkSubmitted,
+    batch_invalidations,
     invalidations,
+    leaf_refusals,
 )
-from ledger.types import Reason, WorkStatus
+from ledger.merkle import BatchTree, Leaf
+from ledger.types import BatchStatus, Reason, WorkStatus
 from tests.conftest import TOKEN
 from tests.ledger.helpers import make_pool, onboard, work_key
 
@@ -75,6 +83,15 @@ def work_keys(found: list[LedgerEvent]) -> list[bytes]:
     """The work keys of `found`, which are all submissions."""
     assert all(isinstance(e, WorkSubmitted) for e in found), found
     return [e.work_key for e in found if isinstance(e, WorkSubmitted)]
+
+
+def tree_of(label: str, units: list[int]) -> BatchTree:
+    """A batch of files labelled `label-0`, `label-1` ... worth `units`."""
+    return BatchTree([Leaf(work_key(f"{label}-{i}"), u) for i, u in enumerate(units)])
+
+
+def submit_tree(node: Ledger, pool_id: int, tree: BatchTree) -> TxReceipt:
+    return node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
 
 
 def submit_many(s: Setup, count: int, label: str, *, empty_blocks: int = 0) -> list[bytes]:
@@ -169,6 +186,108 @@ def test_invalidations_are_keyed_by_node_and_work_key(setup: Setup) -> None:
     }
     assert list(only_other) == [(other.address, key)]
     assert invalidations(s.reader, s.pool_id + 1) == {}
+
+
+# --- batch roots ------------------------------------------------------------------------------------------
+
+
+def test_poll_decodes_every_batch_event_with_its_fields(chain: LocalChain, setup: Setup) -> None:
+    """A batch submitted, one of its leaves refused and the rest claimed; a cheater's batch invalidated with a proof
+    and its other batch as unavailable (no leaf: leaf index and work key None)."""
+    s = setup
+    cheater = onboard(s.owner, s.provider, dev_account(NODE_B), s.pool_id, stake_tokens=0)
+    honest, shown, hidden = tree_of("honest", [100, 200, 300]), tree_of("shown", [5, 6, 7]), tree_of("hidden", [9])
+    submitted = submit_tree(s.node, s.pool_id, honest)
+    shown_at = submit_tree(cheater, s.pool_id, shown)
+    hidden_at = submit_tree(cheater, s.pool_id, hidden)
+    refused = s.validator.refuse_leaf(s.pool_id, s.node.address, honest.root, honest.proof(1), Reason.PROOF_INVALID)
+    proven = s.validator.invalidate_batch(s.pool_id, cheater.address, shown.root, shown.proof(2), Reason.BAD_FORMAT)
+    unavailable = s.validator.invalidate_unavailable_batch(s.pool_id, cheater.address, hidden.root)
+    chain.increase_time(WINDOW)
+    claimed = s.owner.claim_batches(s.pool_id, s.node.address, [honest.root])
+
+    found = EventFollower(s.reader).poll()
+
+    node, validator, at = s.node.address, s.validator.address, lambda r: position(s.reader, r)
+    assert found == [
+        BatchSubmitted(s.pool_id, honest.root, node, 3, 600, at(submitted)),
+        BatchSubmitted(s.pool_id, shown.root, cheater.address, 3, 18, at(shown_at)),
+        BatchSubmitted(s.pool_id, hidden.root, cheater.address, 1, 9, at(hidden_at)),
+        LeafRefused(
+            s.pool_id, honest.root, node, validator, 1, work_key("honest-1"), 200, Reason.PROOF_INVALID, at(refused)
+        ),
+        BatchInvalidated(
+            s.pool_id,
+            shown.root,
+            cheater.address,
+            validator,
+            2,
+            work_key("shown-2"),
+            Reason.BAD_FORMAT,
+            SLASH,
+            at(proven),
+        ),
+        BatchInvalidated(
+            s.pool_id,
+            hidden.root,
+            cheater.address,
+            validator,
+            None,
+            None,
+            Reason.FILE_UNAVAILABLE,
+            100 * TOKEN - SLASH,
+            at(unavailable),
+        ),  # slashed: what the first slash left of the cheater's lock
+        BatchesClaimed(s.pool_id, s.provider.address, node, (600 - 200) * REWARD_PER_UNIT, (honest.root,), at(claimed)),
+    ]
+
+
+def test_a_follower_of_a_mix_returns_only_those_events_in_chain_order(setup: Setup) -> None:
+    s = setup
+    single, keys, tree = work_key("single"), [work_key("pair-0"), work_key("pair-1")], tree_of("mixed", [10, 20])
+    s.node.submit_work(s.pool_id, single, 100)
+    batch_at = submit_tree(s.node, s.pool_id, tree)
+    s.node.submit_work_batch(s.pool_id, keys, [1, 2])
+    s.validator.refuse_leaf(s.pool_id, s.node.address, tree.root, tree.proof(0), Reason.PROOF_INVALID)  # not followed
+    s.validator.invalidate_unavailable_batch(s.pool_id, s.node.address, tree.root)
+
+    found = EventFollower(s.reader, events=("WorkSubmitted", "BatchSubmitted", "BatchInvalidated")).poll()
+
+    assert [type(e).__name__ for e in found] == [
+        "WorkSubmitted", "BatchSubmitted", "WorkSubmitted", "WorkSubmitted", "BatchInvalidated",
+    ]  # fmt: skip
+    assert [e.work_key for e in found if isinstance(e, WorkSubmitted)] == [single, *keys]
+    assert found[1] == BatchSubmitted(s.pool_id, tree.root, s.node.address, 2, 30, position(s.reader, batch_at))
+    assert [e.at.block_number for e in found] == sorted(e.at.block_number for e in found)
+
+
+def test_batch_invalidations_and_leaf_refusals_are_keyed_by_node_root_and_leaf(setup: Setup) -> None:
+    s = setup
+    other = onboard(s.owner, s.provider, dev_account(NODE_B), s.pool_id, stake_tokens=0)
+    tree = tree_of("one root, two records", [1, 2, 3])
+    for node in (s.node, other):
+        submit_tree(node, s.pool_id, tree)
+    s.validator.refuse_leaf(s.pool_id, s.node.address, tree.root, tree.proof(0), Reason.PROOF_INVALID)
+    s.validator.refuse_leaf(s.pool_id, s.node.address, tree.root, tree.proof(2), Reason.REWARD_MISMATCH)
+    s.validator.refuse_leaf(s.pool_id, other.address, tree.root, tree.proof(2), Reason.PROOF_INVALID)
+    s.validator.invalidate_batch(s.pool_id, s.node.address, tree.root, tree.proof(1), Reason.BAD_FORMAT)
+    s.validator.invalidate_unavailable_batch(s.pool_id, other.address, tree.root)
+
+    every = batch_invalidations(s.reader, s.pool_id)
+    refused = leaf_refusals(s.reader, s.pool_id)
+
+    assert {index: (e.leaf_index, e.reason) for index, e in every.items()} == {
+        (s.node.address, tree.root): (1, Reason.BAD_FORMAT),
+        (other.address, tree.root): (None, Reason.FILE_UNAVAILABLE),
+    }
+    assert {index: e.reason for index, e in refused.items()} == {
+        (s.node.address, tree.root, 0): Reason.PROOF_INVALID,
+        (s.node.address, tree.root, 2): Reason.REWARD_MISMATCH,
+        (other.address, tree.root, 2): Reason.PROOF_INVALID,
+    }
+    assert list(batch_invalidations(s.reader, s.pool_id, other.address.lower())) == [(other.address, tree.root)]
+    assert list(leaf_refusals(s.reader, s.pool_id, other.address.lower())) == [(other.address, tree.root, 2)]
+    assert batch_invalidations(s.reader, s.pool_id + 1) == leaf_refusals(s.reader, s.pool_id + 1) == {}
 
 
 # --- filtering and paging ----------------------------------------------------------------------------------
@@ -337,9 +456,21 @@ def test_confirmations_beyond_the_chain_height_return_nothing(setup: Setup) -> N
 
 def signed_submission(s: Setup, label: str, units: int, *, nonce: int | None = None) -> str:
     """A raw signed submitWork of the node (its next nonce), for anvil to place into blocks of a reorganisation."""
+    return signed_call(s, s.node.work.functions.submitWork(s.pool_id, work_key(label), units), nonce=nonce)
+
+
+def signed_batch(s: Setup, tree: BatchTree, *, nonce: int | None = None) -> str:
+    """A raw signed submitBatch of the node (its next nonce), as `signed_submission`."""
+    return signed_call(
+        s, s.node.work.functions.submitBatch(s.pool_id, tree.root, tree.count, tree.total_units), nonce=nonce
+    )
+
+
+def signed_call(s: Setup, call: Any, *, nonce: int | None) -> str:
+    """`call` (a bound WorkLedger function) signed by the node with `nonce` (None: its next)."""
     account = dev_account(NODE_A)
     w3 = s.reader.w3
-    tx = s.node.work.functions.submitWork(s.pool_id, work_key(label), units).build_transaction(
+    tx = call.build_transaction(
         {
             "from": account.address,
             "nonce": w3.eth.get_transaction_count(account.address) if nonce is None else nonce,
@@ -399,6 +530,48 @@ def test_a_submission_a_reorganisation_removed_is_not_returned_again_and_its_rep
     assert work_keys(found) == [work_key("replacement")]
     assert follower.rewound_to is not None
     assert s.reader.get_work(s.pool_id, dev_account(NODE_A).address, orphan).status == WorkStatus.NONE
+
+
+def test_a_batch_a_reorganisation_puts_into_blocks_already_read_is_still_returned(
+    chain: LocalChain, setup: Setup
+) -> None:
+    """As for a per-key submission: a root that lands behind the cursor is still seen, once."""
+    s = setup
+    follower = EventFollower(s.reader, events=("BatchSubmitted",))
+    for _ in range(4):
+        chain.mine()
+    assert follower.poll() == []
+    head = chain.w3.eth.block_number
+    tree = tree_of("behind", [3, 4, 5])
+    reorg(chain, 3, [(signed_batch(s, tree), 1)])  # into block head - 1, already read
+
+    found = follower.poll()
+
+    assert [(type(e), e.at.block_number) for e in found] == [(BatchSubmitted, head - 1)]
+    assert found[0] == BatchSubmitted(s.pool_id, tree.root, s.node.address, 3, 12, found[0].at)
+    assert follower.rewound_to is not None and follower.rewound_to <= head - 1
+    assert follower.poll() == []
+
+
+def test_a_batch_a_reorganisation_removed_is_not_returned_again_and_its_replacement_is(
+    chain: LocalChain, setup: Setup
+) -> None:
+    s = setup
+    follower = EventFollower(s.reader, events=("BatchSubmitted",))
+    follower.poll()
+    nonce = chain.w3.eth.get_transaction_count(dev_account(NODE_A).address)
+    orphan, replacement = tree_of("orphan", [1]), tree_of("replacement", [2, 2])
+    submit_tree(s.node, s.pool_id, orphan)
+    chain.mine()
+    assert [e.root for e in follower.poll() if isinstance(e, BatchSubmitted)] == [orphan.root]
+    reorg(chain, 2, [(signed_batch(s, replacement, nonce=nonce), 0)])  # the same nonce: the orphan is gone
+
+    found = follower.poll()
+
+    assert [e.root for e in found if isinstance(e, BatchSubmitted)] == [replacement.root]
+    assert follower.rewound_to is not None
+    assert s.reader.get_batch(s.pool_id, s.node.address, orphan.root).status == BatchStatus.NONE
+    assert s.reader.get_batch(s.pool_id, s.node.address, replacement.root).status == BatchStatus.PENDING
 
 
 def test_a_chain_reverted_to_a_snapshot_and_built_again_is_read_again(chain: LocalChain, setup: Setup) -> None:

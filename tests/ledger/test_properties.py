@@ -8,8 +8,9 @@ pools 0 and 2 and may join pool 1. Unbonding takes 2 days. A funder tops up the 
 invalidates (slashes) or refuses (voids, no slash) work in pools 0 and 1, refused work included; owners eject
 nodes; anyone releases held locks. Beside per-key work, nodes commit batches (one Merkle root for 1 to 5 files,
 `ledger.merkle`), which the validator invalidates (the whole batch void, a slash) or refuses leaf by leaf with
-proofs, some of them wrong, outside the tree or of the wrong length, and which are claimed whole. Each operation
-is first applied to `Model`, which says whether it must revert and with which custom error; the chain must agree.
+proofs, some of them wrong, outside the tree or of the wrong length, or invalidates with no proof as a batch whose
+leaf list was never made available (reason 8), and which are claimed whole. Each operation is first applied to
+`Model`, which says whether it must revert and with which custom error; the chain must agree.
 
 After every step the invariants are read back from the chain:
 - no token is created or lost; the registry holds exactly the stake plus what was burned, the work ledger
@@ -55,6 +56,7 @@ from web3.types import TxReceipt
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
+from ledger.events import NO_LEAF
 from ledger.merkle import BatchTree, Leaf, LeafProof
 from ledger.types import BatchStatus, Ejection, WorkStatus
 from tests.conftest import TOKEN, UNBONDING_PERIOD
@@ -309,11 +311,13 @@ class Model:
         return None
 
     def challenge_batch(
-        self, batch_id: BatchId, index: int, spoil: str | None, by_validator: bool, reason: int, *, refuse: bool
+        self, batch_id: BatchId, index: int, spoil: str | None, by_validator: bool, reason: int, *, kind: str
     ) -> tuple[str | None, int]:
-        """The expected error of `invalidateBatch` (or `refuseLeaf`) of leaf `index` with a proof `spoil`t or not,
-        and on success the amount slashed (0 for a refusal)."""
-        if not 0 < reason <= MAX_REASON:
+        """The expected error of `invalidateBatch` (kind "invalidate") or `refuseLeaf` ("refuse") of leaf `index`
+        with a proof `spoil`t or not, or of `invalidateUnavailableBatch` ("unavailable": no reason, no leaf, no
+        proof), and on success the amount slashed (0 for a refusal)."""
+        proven = kind != "unavailable"
+        if proven and not 0 < reason <= MAX_REASON:
             return "InvalidReason", 0
         batch = self.batches.get(batch_id)
         if batch is None:
@@ -325,9 +329,9 @@ class Model:
         if self.now >= batch.submitted_at + POOLS[batch_id[0]].window:
             return "BatchChallengeWindowClosed", 0
         spoiled = {"outside": "LeafOutOfRange", "short": "ProofLengthMismatch", "wrong": "InvalidProof"}
-        if spoil in spoiled:
+        if proven and spoil in spoiled:
             return spoiled[spoil], 0
-        if not refuse:
+        if kind != "refuse":
             batch.status = BatchStatus.INVALIDATED
             return None, self._slash((batch_id[0], batch_id[1]))
         if index in batch.refused:
@@ -536,7 +540,9 @@ operation = weighted(
             leaf_choice,
             st.sampled_from([True] * 7 + [False]),
             reason,
-            st.sampled_from([False, True, True]),  # refuse (no slash) twice as often as invalidate
+            # refuse (no slash) twice as often as invalidate with a proof, or as invalidate a batch whose leaf list
+            # was never made available (no proof)
+            st.sampled_from(["invalidate", "refuse", "refuse", "unavailable"]),
         ),
     ),
     (2, st.tuples(st.just("claim_batches"), st.integers(0, 5), st.integers(1, 3), spoiler)),
@@ -886,7 +892,7 @@ class Harness:
         leaf: tuple[int, str | None],
         by_validator: bool,
         reason: int,
-        refuse: bool,
+        kind: str,
     ) -> None:
         pool, n, b = batch_id = self.batch_target(target)
         tree, (pick_leaf, spoil) = BATCH_TREES[b], leaf
@@ -896,17 +902,26 @@ class Harness:
             index, spoil = (min(state.refused) if state and state.refused else index), None
         proof = self.spoiled(tree.proof(index), spoil)
         before = self.batch_statuses([batch_id])
-        expected, slashed = self.model.challenge_batch(batch_id, index, spoil, by_validator, reason, refuse=refuse)
+        expected, slashed = self.model.challenge_batch(batch_id, index, spoil, by_validator, reason, kind=kind)
         sender = self.accounts[POOLS[pool].validator] if by_validator else self.funder
-        name, call = ("refuseLeaf", sender.refuse_leaf) if refuse else ("invalidateBatch", sender.invalidate_batch)
-        action = lambda: call(self.pid(pool), self.nodes[n].address, tree.root, proof, reason)  # noqa: E731
-        what = f"{name}({pool}, node {n}, batch {b}, leaf {proof.index}, {spoil}, validator={by_validator}, {reason})"
-        receipt = self.send(expected, action, what)
+        node = self.nodes[n].address
+        if kind == "unavailable":
+            name, what = "invalidateUnavailableBatch", f"({pool}, node {n}, batch {b}, validator={by_validator})"
+            action = lambda: sender.invalidate_unavailable_batch(self.pid(pool), node, tree.root)  # noqa: E731
+        else:
+            name, call = (
+                ("refuseLeaf", sender.refuse_leaf) if kind == "refuse" else ("invalidateBatch", sender.invalidate_batch)
+            )
+            what = f"({pool}, node {n}, batch {b}, leaf {proof.index}, {spoil}, validator={by_validator}, {reason})"
+            action = lambda: call(self.pid(pool), node, tree.root, proof, reason)  # noqa: E731
+        receipt = self.send(expected, action, name + what)
         if receipt is not None:
             assert before[0] == BatchStatus.PENDING, f"{name} of batch {batch_id} that was {before[0].name}"
-            if not refuse:
+            if kind != "refuse":
                 (invalidated,) = events(self.owner.work.events.BatchInvalidated(), receipt)
-                assert (invalidated["slashed"], invalidated["leafIndex"]) == (slashed, index)
+                shown = (index, proof.leaf.work_key, reason) if kind == "invalidate" else (NO_LEAF, bytes(32), 8)
+                assert invalidated["slashed"] == slashed
+                assert (invalidated["leafIndex"], invalidated["workKey"], invalidated["reason"]) == shown
         self.check_batches([batch_id])
 
     @staticmethod

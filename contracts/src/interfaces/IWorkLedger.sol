@@ -55,16 +55,16 @@ interface IWorkLedger {
         uint256 indexed poolId, bytes32 indexed workKey, address indexed node, address validator, uint8 reason
     );
     /// @notice `node` committed a batch of `count` files worth `totalUnits` under the Merkle root `root`.
+    /// @dev No `provider`, unlike `WorkSubmitted`: a node's binding is permanent, so a reader that needs it asks
+    /// `NodeRegistry.providerOf(node)` once per node (or `getBatch`); 32 bytes less data cost every batch 256 gas.
     event BatchSubmitted(
-        uint256 indexed poolId,
-        bytes32 indexed root,
-        address indexed node,
-        address provider,
-        uint256 count,
-        uint256 totalUnits
+        uint256 indexed poolId, bytes32 indexed root, address indexed node, uint256 count, uint256 totalUnits
     );
     /// @notice `validator` showed leaf `leafIndex` (file `workKey`) of `node`'s batch `root` bad: the batch is void,
     /// `slashed` tokens of the node's lock in the pool were burned and the node was ejected.
+    /// @dev An invalidation that names no leaf, `invalidateUnavailableBatch` (the batch's leaf list was never made
+    /// available), has `leafIndex = type(uint256).max` (`WorkLedger.NO_LEAF`: no batch holds that many leaves),
+    /// `workKey = 0` and `reason = 8` (file unavailable). Its effects are every other invalidation's.
     event BatchInvalidated(
         uint256 indexed poolId,
         bytes32 indexed root,
@@ -163,6 +163,12 @@ interface IWorkLedger {
     /// invalidation, which voids its other pending work and batches there. A refused leaf may be the one shown.
     function invalidateBatch(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason)
         external;
+
+    /// @notice Invalidates `node`'s pending batch `root` whose leaf list was never made available (reason 8, file
+    /// unavailable): a validator that cannot get the list after the grace period has no leaf to prove. The effects
+    /// are `invalidateBatch`'s: the batch void, the slash burned, the node ejected by invalidation. Emits
+    /// `BatchInvalidated` with no leaf (`leafIndex = type(uint256).max`, `workKey = 0`).
+    function invalidateUnavailableBatch(uint256 poolId, address node, bytes32 root) external;
 
     /// @notice Refuses, with its Merkle proof, one file of `node`'s pending batch `root` without a slash: its units
     /// are taken out of the batch's payout, the rest of the batch is paid, and the node stays a member. Once a leaf.
