@@ -5,7 +5,9 @@ the four contracts, performs each operation as a real transaction and reads `gas
 Work keys are sha256 of random bytes and units a few thousand tokens, as a worker submits them; the
 provider being onboarded is a new one (its stake slots start empty), as is each submitting node.
 Batches (issue 37): one Merkle root per batch of 1, 32, 256 and 1,024 files (`ledger.merkle`), submitted, one leaf
-challenged with its proof at 1,024 leaves, one refused, and batches claimed after the window.
+challenged with its proof at 1,024 leaves, one batch invalidated because its leaf list was never made available (no
+proof), one leaf refused, and batches claimed after the window. Then where submitBatch(32)'s gas goes, from anvil's
+step trace (`--steps-tracing`): the transaction, its calldata, the record's slot, the membership lookup, the event.
 
 A benchmark, not a test: missing a goal prints "no" and still exits 0. Only a failure to run at all
 (no anvil, a revert) exits 1: then there is nothing to report.
@@ -57,6 +59,7 @@ GOAL = {
     "submitBatch(32) per file": 1_500,
     "submitBatch(1024) per file": 150,
     "invalidateBatch(1024) with proof": 150_000,
+    "invalidateUnavailableBatch": 150_000,  # a challenge too, with no proof to check
 }
 
 
@@ -118,7 +121,42 @@ def onboard(chain: LocalChain, owner: Ledger, provider: Ledger, pool_id: int) ->
     return node_ledger, [*rows, row("onboarding", sum(r.gas for r in rows))]
 
 
-def measure(chain: LocalChain) -> list[Row]:
+def where_it_goes(chain: LocalChain, receipt: TxReceipt) -> dict[str, int]:
+    """A transaction's gas by what pays for it, from anvil's step trace: the transaction's base cost, its calldata,
+    storage reads and writes, the calls it makes (the call and everything the callee runs: submitBatch's one call is
+    the membership lookup), its events, and the rest of the execution (dispatch, checks, mapping hashes, encoding)."""
+    tx_hash = receipt["transactionHash"]
+    data = bytes(chain.w3.eth.get_transaction(tx_hash)["input"])
+    options = {"disableStack": True, "disableStorage": True}
+    response = chain.w3.provider.make_request("debug_traceTransaction", ["0x" + bytes(tx_hash).hex(), options])  # type: ignore[arg-type]
+    steps = response["result"]["structLogs"]
+    if not steps:
+        raise LedgerError("anvil returned no steps: it must run with --steps-tracing")
+    parts = {
+        "transaction": 21_000,
+        f"calldata ({len(data)} bytes)": sum(16 if byte else 4 for byte in data),
+        "storage": 0,
+        "calls": 0,
+        "event": 0,
+    }
+    for i, step in enumerate(steps):
+        op, depth = step["op"], step["depth"]
+        if depth > 1:
+            parts["calls"] += step["gasCost"]
+        elif op in ("CALL", "STATICCALL", "DELEGATECALL"):
+            # gasCost counts the gas forwarded: the call's own cost is what was gone by its return less what ran inside
+            back = next(j for j in range(i + 1, len(steps)) if steps[j]["depth"] == depth)
+            inside = sum(inner["gasCost"] for inner in steps[i + 1 : back])
+            parts["calls"] += step["gas"] - steps[back]["gas"] - inside
+        elif op in ("SLOAD", "SSTORE"):
+            parts["storage"] += step["gasCost"]
+        elif op.startswith("LOG"):
+            parts["event"] += step["gasCost"]
+    parts["the rest of the execution"] = gas(receipt) - sum(parts.values())
+    return parts
+
+
+def measure(chain: LocalChain) -> tuple[list[Row], dict[str, int]]:
     deployment = chain.deploy()
     owner = Ledger(chain.w3, deployment, dev_account(0))
     validator = dev_account(9)
@@ -181,9 +219,13 @@ def measure(chain: LocalChain) -> list[Row]:
 
     # Batches: one root per batch, whatever its count. The node that submits them is paid for them below.
     trees = {count: random_batch(count) for count in LEAF_COUNTS}
-    for count, tree in trees.items():
-        used = gas(node.submit_batch(pool_id, tree.root, tree.count, tree.total_units))
+    receipts = {
+        count: node.submit_batch(pool_id, tree.root, tree.count, tree.total_units) for count, tree in trees.items()
+    }
+    for count, receipt in receipts.items():
+        used = gas(receipt)
         rows += [row(f"submitBatch({count})", used), row(f"submitBatch({count}) per file", used // count)]
+    breakdown = where_it_goes(chain, receipts[32])
     claimable = [random_batch(32) for _ in range(CLAIMED_BATCHES)]
     for tree in claimable:
         node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
@@ -198,6 +240,12 @@ def measure(chain: LocalChain) -> list[Row]:
     cheater.submit_batch(pool_id, bad.root, bad.count, bad.total_units)
     shown = judge.invalidate_batch(pool_id, cheater.address, bad.root, bad.proof(bad.count - 1), Reason.BAD_FORMAT)
     rows.append(row(f"invalidateBatch({bad.count}) with proof", gas(shown)))
+    # A batch whose leaf list never reached the coordinator: no leaf to prove, the same slash and ejection.
+    hidden_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(8)), pool_id)
+    hidden = random_batch(max(LEAF_COUNTS))
+    hidden_node.submit_batch(pool_id, hidden.root, hidden.count, hidden.total_units)
+    unavailable = judge.invalidate_unavailable_batch(pool_id, hidden_node.address, hidden.root)
+    rows.append(row("invalidateUnavailableBatch", gas(unavailable)))
 
     # Leaving: the lock is held one challenge window, then anyone releases it.
     leaver, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(4)), pool_id)
@@ -221,7 +269,7 @@ def measure(chain: LocalChain) -> list[Row]:
         row(f"claimBatches({CLAIMED_BATCHES})", used),
         row(f"claimBatches({CLAIMED_BATCHES}) per batch", used // CLAIMED_BATCHES),
     ]
-    return rows
+    return rows, breakdown
 
 
 def print_table(rows: list[Row]) -> None:
@@ -239,22 +287,32 @@ def print_table(rows: list[Row]) -> None:
     print(f"goals missed: {', '.join(missed)}" if missed else "all goals met")
 
 
+def print_breakdown(parts: dict[str, int]) -> None:
+    total = sum(parts.values())
+    print()
+    print(f"where submitBatch(32)'s {total:,} gas goes (calls: the ComputePool's membership lookup)")
+    for name, used in parts.items():
+        print(f"  {name:<30}{used:>9,}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to PATH as JSON")
     args = parser.parse_args()
     try:
-        with LocalChain() as chain:
-            rows = measure(chain)
+        with LocalChain(extra_args=("--steps-tracing",)) as chain:  # steps for where_it_goes; gas is the same
+            rows, breakdown = measure(chain)
     except LedgerError as exc:
         print(f"gas benchmark could not run: {exc}", file=sys.stderr)
         return 1
     print_table(rows)
+    print_breakdown(breakdown)
     if args.json:
         figures = [
             {**asdict(r), "operation": r.operation.strip(), "ratio": r.ratio, "goal_met": r.goal_met} for r in rows
         ]
-        args.json.write_text(json.dumps({"unit": "gas", "operations": figures}, indent=2) + "\n")
+        record = {"unit": "gas", "operations": figures, "submitBatch(32) breakdown": breakdown}
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
         print(f"figures written to {args.json}")
     return 0
 
