@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from validator.config import ValidatorConfig
     from validator.daemon import PoolSetup
     from validator.settings import ValidatorSettings
-    from validator.store import WorkRow
+    from validator.store import BatchRow, WorkRow
 
 EXIT_ACCEPTED, EXIT_REJECTED, EXIT_BAD_INPUT, EXIT_COULD_NOT_JUDGE = 0, 1, 2, 3
 # What a person fixes by changing the input: missing files, bad flags, a bad spec or checkpoint.
@@ -445,17 +445,19 @@ def rejections_command(
     state: Annotated[Path, typer.Option("--state", metavar="DIR", help="The validator's state folder.")],
     json_output: JsonOption = False,
 ) -> None:
-    """List the files this validator rejected: work key, node, reason, detail, and the invalidation."""
+    """List the files this validator rejected (work key, node, reason, detail, the invalidation), and the batches
+    whose leaf list itself condemned them."""
     with cli_errors():
         from validator.store import ValidatorStore
 
         store = ValidatorStore.open_existing(state)
         try:
             rows = store.rejections()
+            batches = store.batch_rejections()
         finally:
             store.close()
     if json_output:
-        print_json([_rejection(row) for row in rows])
+        print_json([_rejection(row) for row in rows] + [_batch_rejection(batch) for batch in batches])
         return
     from rich.table import Table
 
@@ -470,6 +472,19 @@ def rejections_command(
         reason = f"{record['reason_name']} ({row.reason})"
         table.add_row(_short(record["work_key"]), row.node, reason, row.detail or "", _invalidation(row))
     stdout_console().print(table)
+    if batches:
+        listed = Table(title=f"{len(batches)} batches rejected for their leaf list", title_justify="left")
+        for column in ("batch", "node", "reason", "leaf"):
+            listed.add_column(column, no_wrap=True)
+        listed.add_column("detail", min_width=24)
+        listed.add_column("invalidation", min_width=18)
+        for batch in batches:
+            record = _batch_rejection(batch)
+            leaf = "none (no list)" if batch.leaf_index is None else str(batch.leaf_index)
+            invalidation = f"tx {_short(batch.tx_hash)}" if batch.tx_hash else batch.note or "pending"
+            reason = f"{record['reason_name']} ({batch.reason})"
+            listed.add_row(_short(record["batch"]), batch.node, reason, leaf, batch.detail or "", invalidation)
+        stdout_console().print(listed)
 
 
 @app.command("explain")
@@ -505,6 +520,8 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
     known = {r.value: r.name.lower() for r in Reason}
     return {
         "work_key": "0x" + row.work_key.hex(),
+        "batch": None if row.root is None else "0x" + row.root.hex(),  # None: a per-key record
+        "leaf_index": row.leaf_index,
         "node": row.node,
         "units": row.units,
         "block": row.block,
@@ -516,6 +533,28 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
         "invalidation_tx": row.tx_hash,
         "note": row.note,
         "borderline": row.outcome is Outcome.BORDERLINE,
+    }
+
+
+def _batch_rejection(batch: BatchRow) -> dict[str, Any]:
+    """A batch its leaf list condemned, with the keys of a file's rejection (`work_key` None: no one file's)."""
+    from ledger.types import Reason
+
+    return {
+        "work_key": None,
+        "batch": "0x" + batch.root.hex(),
+        "leaf_index": batch.leaf_index,  # the leaf its invalidation proves; None: no list was made available
+        "node": batch.node,
+        "units": batch.total_units,
+        "block": batch.block,
+        "stage": batch.stage,
+        "reason": batch.reason,
+        "reason_name": Reason.label(batch.reason).split(" ")[0] if batch.reason is not None else "unknown",
+        "check": "leaf list",
+        "detail": batch.detail,
+        "invalidation_tx": batch.tx_hash,
+        "note": batch.note,
+        "borderline": False,
     }
 
 

@@ -54,10 +54,19 @@ from engine.memory import MemoryShortfall
 from engine.model.loading import LoadedModel
 from ledger.client import Ledger
 from ledger.errors import ContractRevert, LedgerError
-from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted, default_confirmations
+from ledger.events import (
+    BatchInvalidated,
+    BatchSubmitted,
+    EventFollower,
+    WorkInvalidated,
+    WorkSubmitted,
+    default_confirmations,
+)
+from ledger.merkle import BatchTree, LeafProof
 from ledger.tx import with_retries
-from ledger.types import Reason, WorkStatus
+from ledger.types import BatchStatus, Reason, WorkStatus
 from ledger.validators import ValidatorSet
+from protocol.batches import decode_leaves, encode_leaves
 from protocol.coordinator.client import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
 from protocol.coordinator.pool import PublishedStep
 from protocol.rollouts import read_rollouts
@@ -72,6 +81,7 @@ from protocol.terms import (
     challenge_closes_at,
 )
 from shardcast.trust import TrustPolicy
+from validator.batches import check_leaves
 from validator.checkpoints import Checkpoints, memory_gate
 from validator.checks import ASSIGNMENT, names_another_node
 from validator.config import ValidatorConfig
@@ -84,10 +94,13 @@ from validator.store import (
     GONE,
     INVALIDATED,
     REFUSED,
+    REJECTED,
     SEEN,
     UNAVAILABLE,
     UNVERIFIABLE,
     VERIFIED,
+    BatchRow,
+    BatchSubmission,
     Submission,
     ValidatorStore,
     WorkRow,
@@ -191,6 +204,7 @@ class ValidatorDaemon:
         self._set_read_at = -VALIDATOR_SET_SECONDS
         self._chain_lag: float | None = None  # wall clock less chain time, read with the validator set
         self._window: int | None = None  # the pool's challenge window (seconds), read from the chain at start
+        self._max_units: int | None = None  # the pool's cap on a file's units, read with it
         self.stopping = asyncio.Event()
         self.metrics_url: str | None = None
         self.dashboard_url: str | None = None
@@ -204,7 +218,8 @@ class ValidatorDaemon:
             pool_id=self.setup.pool_id,
             start_block=self.store.cursor(self.ledger.deployment.block),
             hashes=self.store.block_hashes(),
-            events=("WorkSubmitted", "WorkInvalidated"),  # another validator's invalidation covers a key
+            # another validator's invalidation covers a key, or a whole batch
+            events=("WorkSubmitted", "WorkInvalidated", "BatchSubmitted", "BatchInvalidated"),
             confirmations=self.confirmations,
         )
 
@@ -226,7 +241,15 @@ class ValidatorDaemon:
             "Verifications that failed on this validator's side, by cause (memory, disk, descriptors, checkpoint, "
             "internal): tried again, never a verdict.",
         )
-        self._invalidations = m.counter("validator_invalidations_sent_total", "invalidateWork transactions sent.")
+        self._invalidations = m.counter(
+            "validator_invalidations_sent_total", "Invalidations sent (invalidateWork, invalidateBatch), by kind."
+        )
+        self._batches_seen = m.counter("validator_batches_seen_total", "Batch submissions read from the chain.")
+        self._batches_rejected = m.counter(
+            "validator_batches_rejected_total",
+            "Batches whose leaf list itself condemned them (never made available, or not what the chain records), "
+            "by reason.",
+        )
         self._refusals = m.counter("validator_refusals_sent_total", "refuseWork transactions sent (borderline).")
         self._borderline = m.counter(
             "validator_files_borderline_total", "Rejections not clear enough to slash: attested, refused, not slashed."
@@ -285,6 +308,7 @@ class ValidatorDaemon:
         )  # fmt: skip
         try:
             self._window = await asyncio.to_thread(self.ledger.challenge_window, pool_id)
+            self._max_units = (await asyncio.to_thread(self.ledger.pool, pool_id)).config.max_units_per_key
             pruned = await asyncio.to_thread(self.evidence.prune, time.time())
             if pruned:
                 log.info("pruned the evidence of %d rejections whose challenge windows closed", len(pruned))
@@ -313,6 +337,10 @@ class ValidatorDaemon:
                 while not self.stopping.is_set():
                     if time.monotonic() - self._last_poll >= self.config.poll_seconds:
                         await self._follow()
+                    batch = self.store.due_batch(time.time())  # a batch's list first: its files wait on it
+                    if batch is not None:
+                        await self._advance_batch(batch)
+                        continue
                     row = self.store.due(time.time())
                     if row is None:
                         await self._pause(self._idle_seconds())
@@ -364,19 +392,30 @@ class ValidatorDaemon:
         def block_timestamp(block: int) -> int:
             return int(with_retries(lambda: w3.eth.get_block(block)["timestamp"], what="read a block", url=url))
 
-        invalidations: list[WorkInvalidated] = []
+        invalidations: list[WorkInvalidated | BatchInvalidated] = []
+        batches: list[BatchSubmission] = []
 
         def read() -> list[Submission]:
             stamps: dict[int, int] = {}
             found = []
             for event in follower.poll():
-                if isinstance(event, WorkInvalidated) and event.pool_id == self.setup.pool_id:
+                if event.pool_id != self.setup.pool_id:
+                    continue
+                if isinstance(event, WorkInvalidated | BatchInvalidated):
                     invalidations.append(event)
-                if not isinstance(event, WorkSubmitted) or event.pool_id != self.setup.pool_id:
+                if not isinstance(event, WorkSubmitted | BatchSubmitted):
                     continue
                 block = event.at.block_number
                 if block not in stamps:
                     stamps[block] = block_timestamp(block)
+                if isinstance(event, BatchSubmitted):
+                    batches.append(
+                        BatchSubmission(
+                            event.pool_id, event.root, event.node, event.count, event.total_units, block,
+                            event.at.log_index, stamps[block],
+                        )
+                    )  # fmt: skip
+                    continue
                 found.append(
                     Submission(
                         event.pool_id, event.work_key, event.node, event.units, block, event.at.log_index, stamps[block]
@@ -394,16 +433,27 @@ class ValidatorDaemon:
             self._reorgs.inc()
         now, replication = time.time(), self.setup.replication
         added = store.record(
-            submissions, follower.next_block, follower.hashes, mine=lambda key: self.peers.mine(key, replication, now)
+            submissions,
+            follower.next_block,
+            follower.hashes,
+            mine=lambda key: self.peers.mine(key, replication, now),
+            batches=batches,
         )
         if added:
-            self._seen.inc(added)
+            self._seen.inc(len(submissions))
+            self._batches_seen.inc(len(batches))
             log.info("%d new submissions (cursor at block %d)", added, follower.next_block)
             self._covered.inc(store.cover([s.work_key for s in submissions], replication))  # heard before recorded
         for event in invalidations:
-            if event.validator != self.account.address and store.invalidated_elsewhere(
-                event.work_key, event.node, event.validator
-            ):
+            if event.validator == self.account.address:
+                continue
+            if isinstance(event, BatchInvalidated):
+                moved = store.batch_invalidated_elsewhere(event.root, event.node, event.validator)
+                if moved:
+                    self._covered.inc(moved)
+                    log.info("batch %s from %s: invalidated by validator %s; not judging its files here",
+                             _short(event.root), event.node, event.validator)  # fmt: skip
+            elif store.invalidated_elsewhere(event.work_key, event.node, event.validator):
                 self._covered.inc()
                 log.info("%s from %s: invalidated by validator %s; not verifying it here",
                          _short(event.work_key), event.node, event.validator)  # fmt: skip
@@ -494,6 +544,190 @@ class ValidatorDaemon:
         elif row.stage == ATTESTED:
             await self._invalidate(row)
 
+    # --- batches: their leaf lists ------------------------------------------------------------------------
+
+    async def _advance_batch(self, batch: BatchRow) -> None:
+        """Fetches and checks a batch's leaf list (its leaves then wait as files), or sends the invalidation a
+        faulty list calls for."""
+        if batch.stage == SEEN:
+            await self._list(batch)
+        elif batch.stage == REJECTED:
+            await self._invalidate_batch(batch)
+
+    async def _list(self, batch: BatchRow) -> None:
+        """The batch still on chain and pending, its leaf list from the coordinator, checked against the record
+        (`validator.batches`). The coordinator failing, or serving a list that is not the root's, is retried; a list
+        it receipted and then lost makes the batch unverifiable; one it never had after `grace_seconds` is the
+        node's fault (reason 8), as for a file."""
+        short = _short(batch.root)
+        try:
+            record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, batch.node, batch.root)
+        except LedgerError as exc:
+            self._retry_batch(batch, f"reading the batch on chain: {exc}")
+            return
+        if record.status == BatchStatus.NONE:  # read from a block a reorganisation replaced
+            self.store.move_batch(batch, UNVERIFIABLE, note=GONE)
+            self._gone.inc()
+            log.warning("batch %s from %s: %s; listed if it is submitted again", short, batch.node, GONE)
+            return
+        if record.status != BatchStatus.PENDING:
+            note = f"the batch is {record.status.name.lower()} on chain before its leaves were fetched"
+            self.store.move_batch(batch, COVERED, note=note)
+            log.info("batch %s from %s: %s; not judging its files", short, batch.node, note)
+            return
+        try:
+            with trace.span("download_batch", root=batch.root.hex()):
+                leaves = await self.client.download_batch(batch.root)
+        except CoordinatorLostFile as exc:  # stored and receipted, then lost there: never the worker's fault
+            self.store.move_batch(batch, UNVERIFIABLE, note=str(exc))
+            self._unverifiable.inc(batch.count)
+            log.warning("batch %s from %s: unverifiable, never invalidated: %s", short, batch.node, exc)
+            return
+        except CoordinatorError as exc:  # unreachable, or serving a list that is not the root's: not the worker's
+            log.warning("batch %s: the coordinator failed, trying again: %s", short, exc)
+            self._retry_batch(batch, str(exc))
+            return
+        if leaves is None:
+            deadline = batch.first_seen + self.config.grace_seconds
+            if time.time() < deadline:
+                self._retry_batch(batch, "the coordinator does not have the leaf list yet", before=deadline)
+                return
+            detail = (
+                f"the coordinator did not have the batch's leaf list {self.config.grace_seconds:g} s after the "
+                "submission was seen"
+            )
+            self._reject_batch(batch, Reason.FILE_UNAVAILABLE, detail, leaf_index=None, leaves=None)
+            return
+        earlier = self.store.recorded_keys(batch.node, [leaf.work_key for leaf in leaves])
+        earlier = {key: root for key, root in earlier.items() if root != batch.root}  # its own rows, read again
+        max_units = self._max_units if self._max_units is not None else max(leaf.units for leaf in leaves)
+        fault = check_leaves(
+            leaves, count=batch.count, total_units=batch.total_units, max_units=max_units, earlier=earlier
+        )
+        encoded = encode_leaves(leaves)
+        if fault is not None:
+            self._reject_batch(batch, fault.reason, fault.detail, leaf_index=fault.leaf_index, leaves=encoded)
+            return
+        files = [
+            Submission(
+                batch.pool_id, leaf.work_key, batch.node, leaf.units, batch.block, batch.log_index, batch.submitted_at,
+                root=batch.root, leaf_index=index,
+            )
+            for index, leaf in enumerate(leaves)
+        ]  # fmt: skip
+        now, replication = time.time(), self.setup.replication
+        added = self.store.list_batch(batch, encoded, files, mine=lambda key: self.peers.mine(key, replication, now))
+        self._seen.inc(added)
+        log.info("batch %s from %s: %d files worth %d units listed", short, batch.node, len(leaves), batch.total_units)
+        self._covered.inc(self.store.cover([leaf.work_key for leaf in leaves], replication))
+
+    def _reject_batch(
+        self, batch: BatchRow, reason: Reason, detail: str, *, leaf_index: int | None, leaves: bytes | None
+    ) -> None:
+        self.store.reject_batch(batch, int(reason), detail, leaf_index=leaf_index, leaves=leaves)
+        self._batches_rejected.inc(reason=reason.name.lower())
+        log.info("batch %s from %s: rejected, %s (reason %d): %s", _short(batch.root), batch.node,
+                 reason.name.lower(), reason, detail)  # fmt: skip
+
+    async def _invalidate_batch(self, batch: BatchRow) -> None:
+        """Invalidates a batch its leaf list condemned: with the proof of the faulty leaf, or, when no list of the
+        recorded count was made available, without one (reason 8); unless the chain says it is done or too late.
+        The evidence (the list and the verdict) is kept first."""
+        assert batch.reason is not None  # a rejected batch always carries its reason
+        short, reason = _short(batch.root), Reason(batch.reason)
+        if batch.attempts == 0 and len(self.peers.validators) > 1:  # the root's primary validator sends it first
+            delay = self.peers.slash_delay(batch.root, self.setup.replication, time.time())
+            if delay is None:
+                delay = self.setup.replication * self.config.takeover_seconds
+            if delay > 0:
+                self.store.retry_batch_later(batch, delay, "waiting for the batch's primary validator")
+                return
+        try:
+            await asyncio.to_thread(self._keep_batch_evidence, batch)
+        except Exception as exc:  # this validator's failure: retried, never a reason to skip the evidence
+            self._retry_batch(batch, f"keeping evidence: {exc}")
+            return
+        try:
+            if await self._batch_settled(batch):
+                return
+            if batch.leaf_index is None:
+                receipt = await asyncio.to_thread(
+                    self.ledger.invalidate_unavailable_batch, self.setup.pool_id, batch.node, batch.root
+                )
+            else:
+                proof = self._proof(batch.leaves, batch.leaf_index)
+                receipt = await asyncio.to_thread(
+                    self.ledger.invalidate_batch, self.setup.pool_id, batch.node, batch.root, proof, reason
+                )
+        except ContractRevert as exc:  # invalidated by another validator meanwhile, or its window closed
+            log.warning("batch %s: the invalidation reverted: %s", short, exc)
+            with contextlib.suppress(LedgerError):
+                if await self._batch_settled(batch):
+                    return
+            self._retry_batch(batch, str(exc))
+            return
+        except LedgerError as exc:
+            log.warning("batch %s: the invalidation failed, trying again: %s", short, exc)
+            self._retry_batch(batch, str(exc))
+            return
+        tx = "0x" + bytes(receipt["transactionHash"]).hex()
+        self.store.move_batch(batch, INVALIDATED, tx_hash=tx)
+        self._invalidations.inc(kind="batch")
+        log.info("batch %s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short,
+                 reason.name.lower(), reason, tx, batch.node)  # fmt: skip
+
+    async def _batch_settled(self, batch: BatchRow) -> bool:
+        """Records and returns True when nothing is left to send for a rejected batch: already invalidated, no
+        longer pending, gone, or its window closed."""
+        record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, batch.node, batch.root)
+        if record.status == BatchStatus.INVALIDATED:
+            self.store.move_batch(batch, INVALIDATED, note="already invalidated on chain")
+            return True
+        if record.status != BatchStatus.PENDING:
+            self.store.move_batch(batch, REJECTED, note=f"the batch is {record.status.name.lower()} on chain")
+            return True
+        window = await asyncio.to_thread(self.ledger.challenge_window, self.setup.pool_id)
+        now = await asyncio.to_thread(self.ledger.timestamp)
+        closes = challenge_closes_at(record.submitted_at, window)
+        if now >= closes:
+            note = f"the challenge window closed at {closes} (chain time {now})"
+            self.store.move_batch(batch, REJECTED, note=note)
+            log.warning("batch %s: rejected too late to act on chain: %s", _short(batch.root), note)
+            return True
+        return False
+
+    def _keep_batch_evidence(self, batch: BatchRow) -> None:
+        assert batch.reason is not None and batch.detail is not None
+        proof = None if batch.leaf_index is None else self._proof(batch.leaves, batch.leaf_index)
+        window = self._window if self._window is not None else int(self.config.grace_seconds)
+        self.evidence.keep_batch(
+            batch.root,
+            node=batch.node,
+            leaves=batch.leaves,
+            reason=batch.reason,
+            detail=batch.detail,
+            proof=proof,
+            kept_until=challenge_closes_at(batch.submitted_at, window) + EVIDENCE_SLACK_SECONDS,
+        )
+
+    def _proof(self, leaves: bytes | None, index: int) -> LeafProof:
+        """Leaf `index`'s Merkle proof, from the leaf list kept with its batch."""
+        assert leaves is not None  # a batch is listed, or rejected at a leaf, only with its list kept
+        return BatchTree(decode_leaves(leaves, max_leaves=len(leaves))).proof(index)
+
+    def _batch_proof(self, row: WorkRow) -> LeafProof:
+        """The proof of a listed file's leaf in its batch."""
+        assert row.root is not None and row.leaf_index is not None
+        batch = self.store.get_batch(row.root, row.node)
+        assert batch is not None  # leaf rows are written with their batch's list
+        return self._proof(batch.leaves, row.leaf_index)
+
+    def _retry_batch(self, batch: BatchRow, error: str, *, before: float | None = None) -> None:
+        delay = retry_delay(batch.attempts)
+        if before is not None:
+            delay = max(0.0, min(delay, before - time.time()))
+        self.store.retry_batch_later(batch, delay, error)
+
     def _retry(self, row: WorkRow, error: str, *, before: float | None = None) -> None:
         delay = retry_delay(row.attempts)
         if before is not None:
@@ -526,11 +760,16 @@ class ValidatorDaemon:
         """Whether the chain still holds the submission (a reorganisation may have removed it: judged only if it is
         submitted again); False too when the chain could not be read (retried)."""
         try:
-            work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, row.node, row.work_key)
+            if row.root is not None:
+                batch = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, row.node, row.root)
+                gone = batch.status == BatchStatus.NONE
+            else:
+                work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, row.node, row.work_key)
+                gone = work.status == WorkStatus.NONE
         except LedgerError as exc:
             self._retry(row, f"reading the work on chain: {exc}")
             return False
-        if work.status == WorkStatus.NONE:  # read from a block a reorganisation replaced
+        if gone:  # read from a block a reorganisation replaced
             self.store.move(row, UNVERIFIABLE, note=GONE)
             self._gone.inc()
             log.warning("%s from %s: %s; judged if it is submitted again", _short(row.work_key), row.node, GONE)
@@ -715,6 +954,7 @@ class ValidatorDaemon:
             step=step,
             checkpoint=checkpoint if checkpoint is not None and checkpoint.is_dir() else None,
             manifest_hash=self.checkpoints.manifest_hash(step) if step is not None else None,
+            batch=None if row.root is None else (row.root, self._batch_proof(row)),
         )
         self.evidence.prune(time.time())
 
@@ -757,14 +997,19 @@ class ValidatorDaemon:
             return
         assert row.reason is not None  # a rejection always carries a reason
         reason = Reason(row.reason)
-        send = ledger.invalidate_work if action is Sanction.INVALIDATE else ledger.refuse_work
         name = str(action)
         if row.slash_after is None and self._wait_for_primary(row):
             return
         try:
             if await self._settled_on_chain(row, action):
                 return
-            receipt = await asyncio.to_thread(send, pool_id, row.node, key, reason)
+            if row.root is not None:  # a leaf of a batch: shown with its proof; an invalidation voids the batch
+                proof = self._batch_proof(row)
+                send_leaf = ledger.invalidate_batch if action is Sanction.INVALIDATE else ledger.refuse_leaf
+                receipt = await asyncio.to_thread(send_leaf, pool_id, row.node, row.root, proof, reason)
+            else:
+                send = ledger.invalidate_work if action is Sanction.INVALIDATE else ledger.refuse_work
+                receipt = await asyncio.to_thread(send, pool_id, row.node, key, reason)
         except ContractRevert as exc:  # judged by another validator meanwhile, or the window closed: ask again
             log.warning("%s: %s reverted: %s", short, name, exc)
             with contextlib.suppress(LedgerError):
@@ -784,7 +1029,7 @@ class ValidatorDaemon:
                      reason.name.lower(), reason, tx, row.node)  # fmt: skip
             return
         self.store.move(row, INVALIDATED, tx_hash=tx)
-        self._invalidations.inc()
+        self._invalidations.inc(kind="file")
         log.info("%s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short, reason.name.lower(),
                  reason, tx, row.node)  # fmt: skip
 
@@ -810,6 +1055,8 @@ class ValidatorDaemon:
         """Records and returns True when nothing is left to send: already invalidated (or, when `action` is a refusal,
         refused), gone, or its window closed. A clear rejection of refused work is still sent: an invalidation
         overrides a refusal inside the window (WorkLedger)."""
+        if row.root is not None:
+            return await self._leaf_settled_on_chain(row, action)
         ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
         work = await asyncio.to_thread(ledger.get_work, pool_id, row.node, key)
         if work.status == WorkStatus.INVALIDATED:
@@ -825,12 +1072,42 @@ class ValidatorDaemon:
             self.store.move(row, ATTESTED, note=note)
             log.warning("%s: %s", short, note)
             return True
-        window = await asyncio.to_thread(ledger.challenge_window, pool_id)
-        now = await asyncio.to_thread(ledger.timestamp)
-        if now >= challenge_closes_at(work.submitted_at, window):  # pending or refused, past its window
-            note = f"the challenge window closed at {challenge_closes_at(work.submitted_at, window)} (chain time {now})"
+        return await self._window_closed(row, work.submitted_at)
+
+    async def _leaf_settled_on_chain(self, row: WorkRow, action: Sanction) -> bool:
+        """`_settled_on_chain` for a leaf of a batch: its batch invalidated (by this file or another), its leaf
+        refused already when a refusal is all there is to send, the batch no longer pending, or its window closed.
+        A clear rejection of a refused leaf is still sent: a refusal never shields a slash (WorkLedger)."""
+        assert row.root is not None and row.leaf_index is not None
+        ledger, pool_id, short = self.ledger, self.setup.pool_id, _short(row.work_key)
+        batch = await asyncio.to_thread(ledger.get_batch, pool_id, row.node, row.root)
+        if batch.status == BatchStatus.INVALIDATED:
+            self.store.move(row, INVALIDATED, note="its batch is already invalidated on chain")
+            log.info("%s: its batch %s is already invalidated on chain; not sending it again", short,
+                     _short(row.root))  # fmt: skip
+            return True
+        if action is Sanction.REFUSE and await asyncio.to_thread(
+            ledger.is_leaf_refused, pool_id, row.node, row.root, row.leaf_index
+        ):
+            self.store.move(row, REFUSED, note="already refused on chain")
+            log.info("%s: already refused on chain; not sending it again", short)
+            return True
+        if batch.status != BatchStatus.PENDING:
+            note = f"its batch is {batch.status.name.lower()} on chain; nothing to send"
             self.store.move(row, ATTESTED, note=note)
-            log.warning("%s: rejected too late to act on chain: %s", short, note)
+            log.warning("%s: %s", short, note)
+            return True
+        return await self._window_closed(row, batch.submitted_at)
+
+    async def _window_closed(self, row: WorkRow, submitted_at: int) -> bool:
+        """Records and returns True when the challenge window of a submission made at `submitted_at` has closed."""
+        window = await asyncio.to_thread(self.ledger.challenge_window, self.setup.pool_id)
+        now = await asyncio.to_thread(self.ledger.timestamp)
+        closes = challenge_closes_at(submitted_at, window)
+        if now >= closes:  # pending or refused, past its window
+            note = f"the challenge window closed at {closes} (chain time {now})"
+            self.store.move(row, ATTESTED, note=note)
+            log.warning("%s: rejected too late to act on chain: %s", _short(row.work_key), note)
             return True
         return False
 

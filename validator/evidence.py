@@ -10,12 +10,16 @@ slash was disputed (issue 17). For each rejected file `<state>/evidence/<work ke
   task spec's path and hash, and the checkpoint's step, model hash and signed manifest hash;
 
 and `<state>/evidence/checkpoints/step_<N>/` the checkpoint of every step a kept file was judged with (hard links
-into the validator's checkpoint folder where the file system allows, so keeping it costs no copy). Everything is
-pruned once the last challenge window it backs has closed. `prime-validate explain` reads it back.
+into the validator's checkpoint folder where the file system allows, so keeping it costs no copy). A file that is a
+leaf of a batch keeps, in its record, the batch's root and the leaf's Merkle proof, as its invalidation sent it.
+A batch whose leaf list itself condemned it (`validator.batches`) keeps `<state>/evidence/batches/<root>/`: the list
+as the coordinator served it (`leaves.bin`, absent when it was never made available) and `record.json`. Everything
+is pruned once the last challenge window it backs has closed. `prime-validate explain` reads it back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.proofs import ProofThresholds
+from ledger.merkle import LeafProof
 from protocol.rollouts.writer import publish_atomically
 from protocol.signing import SigningDomain
 from protocol.terms import AssignmentTiming
@@ -36,6 +41,18 @@ from validator.verify import Expected
 
 EVIDENCE_DIR = "evidence"
 FILE_NAME, RECORD_NAME = "file.parquet", "record.json"
+BATCHES_DIR, LEAVES_NAME = "batches", "leaves.bin"
+
+
+def proof_json(root: bytes, proof: LeafProof) -> dict[str, Any]:
+    """A leaf's Merkle proof as evidence keeps it: enough to send `invalidateBatch` again by hand."""
+    return {
+        "root": "0x" + root.hex(),
+        "index": proof.index,
+        "work_key": "0x" + proof.leaf.work_key.hex(),
+        "units": proof.leaf.units,
+        "siblings": ["0x" + sibling.hex() for sibling in proof.siblings],
+    }
 
 
 class EvidenceMissing(ValidatorError):
@@ -89,8 +106,10 @@ class Evidence:
         step: int | None = None,
         checkpoint: Path | None = None,
         manifest_hash: bytes | None = None,
+        batch: tuple[bytes, LeafProof] | None = None,
     ) -> Path:
-        """Writes one rejection's folder (file first, record last: a folder without its record is not evidence)."""
+        """Writes one rejection's folder (file first, record last: a folder without its record is not evidence);
+        `batch` is the root of the batch the file is a leaf of and the leaf's proof."""
         if expected.work_key is None:
             raise ValueError("evidence is kept by work key: Expected.work_key is needed")
         folder = self.root / expected.work_key.hex()
@@ -111,6 +130,36 @@ class Evidence:
             "checkpoint": None if kept_checkpoint is None else kept_checkpoint.name,
             "manifest_hash": None if manifest_hash is None else "0x" + manifest_hash.hex(),
             "verdict": verdict.to_dict(),
+            "batch": None if batch is None else proof_json(*batch),
+        }
+        publish_atomically(folder / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False).encode())
+        return folder
+
+    def keep_batch(
+        self,
+        root: bytes,
+        *,
+        node: str,
+        leaves: bytes | None,
+        reason: int,
+        detail: str,
+        proof: LeafProof | None,
+        kept_until: float,
+    ) -> Path:
+        """Writes the evidence of a batch its leaf list condemned: the list as served (None: never made available),
+        the reason, and the proof its invalidation sends (None: `invalidateUnavailableBatch`, no proof)."""
+        folder = self.root / BATCHES_DIR / root.hex()
+        folder.mkdir(parents=True, exist_ok=True)
+        if leaves is not None:
+            publish_atomically(folder / LEAVES_NAME, leaves)
+        record = {
+            "root": "0x" + root.hex(),
+            "node": node,
+            "kept_at": time.time(),
+            "kept_until": kept_until,
+            "reason": reason,
+            "detail": detail,
+            "proof": None if proof is None else proof_json(root, proof),
         }
         publish_atomically(folder / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False).encode())
         return folder
@@ -147,8 +196,14 @@ class Evidence:
         if not self.root.is_dir():
             return []
         dropped, needed = [], set()
+        batches = self.root / BATCHES_DIR
+        if batches.is_dir():
+            for folder in batches.iterdir():
+                with contextlib.suppress(OSError, ValueError, KeyError):  # being written or damaged: left alone
+                    if float(json.loads((folder / RECORD_NAME).read_text())["kept_until"]) < now:
+                        shutil.rmtree(folder, ignore_errors=True)
         for folder in self.root.iterdir():
-            if folder.name == "checkpoints" or not folder.is_dir():
+            if folder.name in ("checkpoints", BATCHES_DIR) or not folder.is_dir():
                 continue
             try:
                 record = json.loads((folder / RECORD_NAME).read_text())

@@ -35,7 +35,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,12 @@ SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalid
 UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED = "unverifiable", "unavailable", "covered", "expired"
 REFUSED = "refused"  # a borderline rejection refused on chain (refuseWork): never paid, never slashed
 STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED, REFUSED)
+# A batch's stages: `seen` (its leaf list to fetch and check), then `listed` (its leaves are work rows, judged file by
+# file), or `rejected` (the list itself is at fault: never made available, or not what the chain recorded) until
+# its invalidation is `invalidated`; `unverifiable` (the coordinator lost the list it receipted, or the chain no
+# longer holds the batch: note GONE) and `covered` (another validator invalidated it) are final.
+LISTED, REJECTED = "listed", "rejected"
+BATCH_STAGES = (SEEN, LISTED, REJECTED, INVALIDATED, UNVERIFIABLE, COVERED)
 DB_NAME = "validator.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -73,6 +79,8 @@ CREATE TABLE IF NOT EXISTS work (
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
     next_try REAL NOT NULL,          -- unix time before which the row is left alone
     updated REAL NOT NULL,
+    root TEXT,                       -- the batch whose leaf it is (hex, no 0x); NULL: a per-key record
+    leaf_index INTEGER,              -- its position in that batch's leaf list
     PRIMARY KEY (pool_id, node, work_key)
 );
 CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
@@ -88,6 +96,30 @@ CREATE TABLE IF NOT EXISTS block_hashes (  -- the last blocks the event cursor p
     number INTEGER PRIMARY KEY,
     hash TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS batches (  -- BatchSubmitted records: their leaf lists become work rows once fetched
+    pool_id INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    root TEXT NOT NULL,              -- the Merkle root, hex without 0x
+    count INTEGER NOT NULL,          -- leaves, as the chain recorded
+    total_units INTEGER NOT NULL,
+    block INTEGER NOT NULL,          -- of the BatchSubmitted event
+    log_index INTEGER NOT NULL,
+    submitted_at INTEGER NOT NULL,   -- that block's timestamp
+    stage TEXT NOT NULL,             -- seen, listed, rejected, invalidated, unverifiable, covered
+    leaves BLOB,                     -- the leaf list the coordinator served (protocol.batches), once fetched
+    reason INTEGER,                  -- a rejection of the batch as a whole (its leaf list, not one file)
+    leaf_index INTEGER,              -- the leaf that rejection shows with its proof; NULL: no list to prove from
+    detail TEXT,
+    tx_hash TEXT,                    -- of the invalidateBatch (or invalidateUnavailableBatch) this validator sent
+    note TEXT,                       -- why it ended where it did
+    last_error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    first_seen REAL NOT NULL,
+    next_try REAL NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (pool_id, node, root)
+);
+CREATE INDEX IF NOT EXISTS batches_stage ON batches (stage, next_try);
 CREATE TABLE IF NOT EXISTS counters (  -- assignment counters used by accepted files: each pays once
     pool_id INTEGER NOT NULL,
     node TEXT NOT NULL,
@@ -109,11 +141,14 @@ _OPEN = (
     f"OR (stage = '{ATTESTED}' AND outcome IN ({_SANCTIONED}) AND note IS NULL))"
 )
 _THEIRS = f"mine = 0 AND stage = '{SEEN}'"  # another validator's share, not judged as far as this one knows
+_BATCH = "WHERE pool_id = ? AND node = ? AND root = ?"
+_BATCH_OPEN = f"stage IN ('{SEEN}', '{REJECTED}') AND note IS NULL"  # a list to fetch, or an invalidation to send
 
 
 @dataclass(frozen=True)
 class Submission:
-    """One WorkSubmitted event, with its block's timestamp."""
+    """One submitted file, with its block's timestamp: a WorkSubmitted event, or a leaf of a BatchSubmitted one
+    (`root` and `leaf_index` set; block, log index and timestamp are the batch's)."""
 
     pool_id: int
     work_key: bytes
@@ -122,6 +157,39 @@ class Submission:
     block: int
     log_index: int
     submitted_at: int
+    root: bytes | None = field(default=None, kw_only=True)
+    leaf_index: int | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class BatchSubmission:
+    """One BatchSubmitted event, with its block's timestamp."""
+
+    pool_id: int
+    root: bytes
+    node: str
+    count: int
+    total_units: int
+    block: int
+    log_index: int
+    submitted_at: int
+
+
+@dataclass(frozen=True)
+class BatchRow(BatchSubmission):
+    """A batch and how far the validator got with its leaf list."""
+
+    stage: str
+    leaves: bytes | None  # the leaf list as served (protocol.batches), once fetched
+    reason: int | None  # a rejection of the batch as a whole
+    leaf_index: int | None  # the leaf that rejection shows; None: the list itself was never made available
+    detail: str | None
+    tx_hash: str | None
+    note: str | None
+    last_error: str | None
+    attempts: int
+    first_seen: float
+    next_try: float
 
 
 @dataclass(frozen=True)
@@ -229,9 +297,11 @@ class ValidatorStore:
         hashes: Mapping[int, bytes] | None = None,
         *,
         mine: Callable[[bytes], bool] = lambda work_key: True,
+        batches: Sequence[BatchSubmission] = (),
     ) -> int:
-        """Adds the submissions as `seen` and moves the cursor (with the follower's block hashes), atomically;
-        returns how many were new. `mine(work_key)` says whether a new one is this validator's to check.
+        """Adds the submissions and `batches` as `seen` and moves the cursor (with the follower's block hashes),
+        atomically; returns how many were new. `mine(work_key)` says whether a new file is this validator's to
+        check (every validator fetches every batch's leaf list: its leaves are shared as files are).
 
         A submission read again at another place in the chain (a reorganisation moved it) takes its new block and
         timestamp. A verdict that may depend on that timestamp and has not gone on chain (a rejection not yet
@@ -261,9 +331,20 @@ class ValidatorStore:
                     for s in submissions
                 ],
             )
+            self.db.executemany(
+                "INSERT OR IGNORE INTO batches (pool_id, node, root, count, total_units, block, log_index, "
+                "submitted_at, stage, first_seen, next_try, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (b.pool_id, b.node, b.root.hex(), b.count, b.total_units, b.block, b.log_index, b.submitted_at,
+                     SEEN, now, now, now)
+                    for b in batches
+                ],
+            )  # fmt: skip
             added = self.db.total_changes - before
             for s in submissions:
                 self._moved_by_reorganisation(s, now)
+            for b in batches:
+                self._batch_moved_by_reorganisation(b, now)
             self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_block', ?)", (str(next_block),))
             if hashes is not None:
                 self.db.execute("DELETE FROM block_hashes")
@@ -296,6 +377,149 @@ class ValidatorStore:
                 (SEEN, now, *self._identity(s)),
             )
 
+    def _batch_moved_by_reorganisation(self, b: BatchSubmission, now: float) -> None:
+        """A batch read again at another place takes it, and its leaves with it. One parked as gone, or a rejection
+        of its list not yet sent, is fetched and checked again from `seen`; its leaves follow
+        `_moved_by_reorganisation`'s rule, each."""
+        row = self.get_batch(b.root, b.node)
+        if row is None:
+            return
+        place = (b.block, b.log_index, b.submitted_at)
+        if place == (row.block, row.log_index, row.submitted_at) and row.note != GONE:
+            return
+        identity = (self.pool_id, b.node, b.root.hex())
+        self.db.execute(
+            f"UPDATE batches SET block = ?, log_index = ?, submitted_at = ?, updated = ? {_BATCH}",
+            (*place, now, *identity),
+        )
+        if row.tx_hash is None and (row.note == GONE or row.stage == REJECTED):
+            self.db.execute(
+                "UPDATE batches SET stage = ?, reason = NULL, leaf_index = NULL, detail = NULL, note = NULL, "
+                f"next_try = ? {_BATCH}",
+                (SEEN, now, *identity),
+            )
+        for leaf in self._rows(_BATCH, identity):
+            moved = Submission(
+                leaf.pool_id, leaf.work_key, leaf.node, leaf.units, *place, root=b.root, leaf_index=leaf.leaf_index
+            )
+            self._moved_by_reorganisation(moved, now)
+
+    # --- batches: their leaf lists ----------------------------------------------------------------------
+
+    def due_batch(self, now: float) -> BatchRow | None:
+        """The oldest batch with something left to do whose retry time has come."""
+        found = self._batches(f"WHERE {_BATCH_OPEN} AND next_try <= ? ORDER BY block, log_index LIMIT 1", (now,))
+        return found[0] if found else None
+
+    def get_batch(self, root: bytes, node: str) -> BatchRow | None:
+        found = self._batches(_BATCH, (self.pool_id, node, root.hex()))
+        return found[0] if found else None
+
+    def batches(self) -> list[BatchRow]:
+        """Every batch, in chain order."""
+        return self._batches("ORDER BY block, log_index", ())
+
+    def batch_rejections(self) -> list[BatchRow]:
+        """Every batch its leaf list condemned, in chain order."""
+        return self._batches("WHERE reason IS NOT NULL ORDER BY block, log_index", ())
+
+    def recorded_keys(self, node: str, work_keys: Sequence[bytes]) -> dict[bytes, bytes | None]:
+        """Which of `work_keys` `node` submitted before, still on chain as far as this validator knows: key -> the
+        root of the batch it is a leaf of (None: a per-key record). A file submitted twice would be paid twice."""
+        found: dict[bytes, bytes | None] = {}
+        for start in range(0, len(work_keys), 500):  # SQLite's bound on a statement's variables
+            chunk = [k.hex() for k in work_keys[start : start + 500]]
+            marks = ",".join("?" * len(chunk))
+            for key, root in self.db.execute(
+                f"SELECT work_key, root FROM work WHERE pool_id = ? AND node = ? AND work_key IN ({marks}) "
+                "AND note IS NOT ?",
+                (self.pool_id, node, *chunk, GONE),
+            ):
+                found[bytes.fromhex(key)] = None if root is None else bytes.fromhex(root)
+        return found
+
+    def list_batch(
+        self, batch: BatchSubmission, leaves: bytes, files: Sequence[Submission], mine: Callable[[bytes], bool]
+    ) -> int:
+        """Records the batch's leaf list and its leaves as `seen` work rows, atomically; returns how many rows are
+        new (a batch listed again after a reorganisation keeps the rows it had)."""
+        now = time.time()
+        with self._transaction():
+            before = self.db.total_changes
+            self.db.executemany(
+                "INSERT OR IGNORE INTO work (pool_id, work_key, node, units, block, log_index, submitted_at, stage, "
+                "first_seen, next_try, updated, mine, root, leaf_index) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (f.pool_id, f.work_key.hex(), f.node, f.units, f.block, f.log_index, f.submitted_at, SEEN, now,
+                     now, now, int(mine(f.work_key)), batch.root.hex(), f.leaf_index)
+                    for f in files
+                ],
+            )  # fmt: skip
+            added = self.db.total_changes - before
+            self.db.execute(
+                f"UPDATE batches SET stage = ?, leaves = ?, note = NULL, next_try = ?, updated = ? {_BATCH}",
+                (LISTED, leaves, now, now, *self._batch_identity(batch)),
+            )
+        return added
+
+    def reject_batch(
+        self, batch: BatchSubmission, reason: int, detail: str, *, leaf_index: int | None, leaves: bytes | None
+    ) -> None:
+        """The batch's leaf list is at fault (`reason`); `leaf_index` is the leaf its invalidation proves, None when
+        there is no list to prove from (reason 8: never made available)."""
+        now = time.time()
+        self.db.execute(
+            "UPDATE batches SET stage = ?, reason = ?, leaf_index = ?, detail = ?, leaves = COALESCE(?, leaves), "
+            f"next_try = ?, updated = ? {_BATCH}",
+            (REJECTED, reason, leaf_index, detail, leaves, now, now, *self._batch_identity(batch)),
+        )
+
+    def move_batch(
+        self, batch: BatchSubmission, stage: str, *, tx_hash: str | None = None, note: str | None = None
+    ) -> None:
+        """Moves a batch to `stage`; `note` (None clears it) ends a rejected batch that needs nothing more."""
+        if stage not in BATCH_STAGES:
+            raise ValueError(f"unknown batch stage {stage!r}")
+        now = time.time()
+        self.db.execute(
+            f"UPDATE batches SET stage = ?, tx_hash = COALESCE(?, tx_hash), note = ?, next_try = ?, updated = ? "
+            f"{_BATCH}",
+            (stage, tx_hash, note, now, now, *self._batch_identity(batch)),
+        )
+
+    def retry_batch_later(self, batch: BatchSubmission, delay: float, error: str) -> None:
+        """Leaves the batch's stage as it is; counts the attempt and its failure, and waits `delay` seconds."""
+        now = time.time()
+        self.db.execute(
+            f"UPDATE batches SET attempts = attempts + 1, next_try = ?, last_error = ?, updated = ? {_BATCH}",
+            (now + delay, error, now, *self._batch_identity(batch)),
+        )
+
+    def batch_invalidated_elsewhere(self, root: bytes, node: str, validator: str) -> int:
+        """Another validator's invalidation of `node`'s batch `root`: the batch, if not fetched here yet, and its
+        leaves not judged yet are `covered` (a void batch is never paid). Returns how many rows moved."""
+        now, note = time.time(), f"its batch was invalidated on chain by {validator}"
+        identity = (self.pool_id, node, root.hex())
+        moved = self.db.execute(
+            f"UPDATE batches SET stage = ?, note = ?, updated = ? {_BATCH} AND stage = '{SEEN}'",
+            (COVERED, note, now, *identity),
+        ).rowcount
+        return (
+            moved
+            + self.db.execute(
+                f"UPDATE work SET stage = ?, note = ?, updated = ? {_BATCH} AND stage = '{SEEN}'",
+                (COVERED, note, now, *identity),
+            ).rowcount
+        )
+
+    def _batch_identity(self, batch: BatchSubmission) -> tuple[int, str, str]:
+        return self.pool_id, batch.node, batch.root.hex()
+
+    def _batches(self, where: str, args: Sequence[object]) -> list[BatchRow]:
+        rows = self.db.execute(f"SELECT {_BATCH_COLUMNS} FROM batches {where}", args).fetchall()
+        return [_batch_row(row) for row in rows]
+
     # --- what to do next -----------------------------------------------------------------------------
 
     def due(self, now: float) -> WorkRow | None:
@@ -304,12 +528,17 @@ class ValidatorStore:
         return found[0] if found else None
 
     def next_due_at(self) -> float | None:
-        """When the earliest open row may be tried again; None when nothing is open."""
-        row = self.db.execute(f"SELECT MIN(next_try) FROM work WHERE {_OPEN}").fetchone()
+        """When the earliest open row or batch may be tried again; None when nothing is open."""
+        row = self.db.execute(
+            f"SELECT MIN(t) FROM (SELECT MIN(next_try) AS t FROM work WHERE {_OPEN} "
+            f"UNION ALL SELECT MIN(next_try) FROM batches WHERE {_BATCH_OPEN})"
+        ).fetchone()
         return None if row[0] is None else float(row[0])
 
     def open_count(self) -> int:
-        return int(self.db.execute(f"SELECT COUNT(*) FROM work WHERE {_OPEN}").fetchone()[0])
+        """Files and batches with something left to do."""
+        files = int(self.db.execute(f"SELECT COUNT(*) FROM work WHERE {_OPEN}").fetchone()[0])
+        return files + int(self.db.execute(f"SELECT COUNT(*) FROM batches WHERE {_BATCH_OPEN}").fetchone()[0])
 
     # --- sharing the pool (validator.sharing) ----------------------------------------------------------
 
@@ -516,10 +745,21 @@ class ValidatorStore:
         return [_work_row(row) for row in rows]
 
 
+_BATCH_FIELDS = tuple(f.name for f in fields(BatchRow))
+_BATCH_COLUMNS = ", ".join(_BATCH_FIELDS)
+
+
+def _batch_row(row: Sequence[Any]) -> BatchRow:
+    values = dict(zip(_BATCH_FIELDS, row, strict=True))
+    values["root"] = bytes.fromhex(values["root"])
+    return BatchRow(**values)
+
+
 def _work_row(row: Sequence[Any]) -> WorkRow:
-    """The columns are WorkRow's fields in order; the key is stored as hex and the outcome as its name."""
+    """The columns are WorkRow's fields in order; the keys are stored as hex and the outcome as its name."""
     values = dict(zip(_FIELDS, row, strict=True))
     values["work_key"] = bytes.fromhex(values["work_key"])
+    values["root"] = None if values["root"] is None else bytes.fromhex(values["root"])
     values["outcome"] = None if values["outcome"] is None else Outcome(values["outcome"])
     values["mine"] = bool(values["mine"])
     return WorkRow(**values)
@@ -536,6 +776,9 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE work ADD COLUMN slash_after REAL")
     if "unjudged" not in have:
         db.execute("ALTER TABLE work ADD COLUMN unjudged INTEGER NOT NULL DEFAULT 0")
+    if "root" not in have:  # a state from before batches: every row a per-key record
+        db.execute("ALTER TABLE work ADD COLUMN root TEXT")
+        db.execute("ALTER TABLE work ADD COLUMN leaf_index INTEGER")
 
 
 def _outcome_from_flags(db: sqlite3.Connection) -> None:

@@ -1,0 +1,199 @@
+"""A batch's leaf list as the validator checks and records it: `validator.batches.check_leaves` and the store's
+batch rows (listing, rejection, reorganisation, another validator's invalidation). No chain: the daemon's use of
+them runs against anvil in tests/validator/test_batch_daemon.py."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+from ledger.merkle import BatchTree, Leaf
+from ledger.types import Reason
+from protocol.batches import encode_leaves
+from validator.batches import check_leaves
+from validator.store import (
+    COVERED,
+    GONE,
+    INVALIDATED,
+    LISTED,
+    REJECTED,
+    SEEN,
+    UNVERIFIABLE,
+    BatchSubmission,
+    Submission,
+    ValidatorStore,
+)
+
+NODE = "0x90F8bf6A479f320ead074411a4B0e7944Ea8c9C1"
+VALIDATOR = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+LEDGER = "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9"
+
+
+def key(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+def leaves(*labels: str, units: int = 100) -> tuple[Leaf, ...]:
+    return tuple(Leaf(key(label), units) for label in labels)
+
+
+def check(listed: tuple[Leaf, ...], **overrides: object) -> object:
+    terms: dict[str, object] = {
+        "count": len(listed),
+        "total_units": sum(leaf.units for leaf in listed),
+        "max_units": 1_000,
+        "earlier": {},
+    }
+    return check_leaves(listed, **(terms | overrides))  # type: ignore[arg-type]
+
+
+# --- the list against its record --------------------------------------------------------------------------
+
+
+def test_a_sound_list_has_no_fault() -> None:
+    assert check(leaves("a", "b", "c")) is None
+
+
+def test_a_list_of_another_count_than_the_record_proves_no_leaf_and_is_unavailable() -> None:
+    fault = check(leaves("a", "b", "c"), count=4)
+    assert fault is not None
+    assert (fault.reason, fault.leaf_index) == (Reason.FILE_UNAVAILABLE, None)  # type: ignore[attr-defined]
+    assert "holds 3 leaves; the chain records 4" in fault.detail  # type: ignore[attr-defined]
+
+
+def test_units_that_do_not_add_up_to_the_record_are_bad_format_at_leaf_0() -> None:
+    fault = check(leaves("a", "b"), total_units=201)
+    assert fault is not None
+    assert (fault.reason, fault.leaf_index) == (Reason.BAD_FORMAT, 0)  # type: ignore[attr-defined]
+
+
+def test_a_leaf_over_the_pools_cap_is_bad_format_at_that_leaf() -> None:
+    listed = (*leaves("a"), Leaf(key("b"), 5_000), *leaves("c"))
+    fault = check(listed)
+    assert fault is not None
+    assert (fault.reason, fault.leaf_index) == (Reason.BAD_FORMAT, 1)  # type: ignore[attr-defined]
+
+
+def test_a_file_twice_in_one_batch_is_a_wrong_assignment_at_its_second_leaf() -> None:
+    fault = check(leaves("a", "b", "a"))
+    assert fault is not None
+    assert (fault.reason, fault.leaf_index) == (Reason.WRONG_ASSIGNMENT, 2)  # type: ignore[attr-defined]
+
+
+def test_a_file_submitted_before_in_another_batch_or_per_key_is_a_wrong_assignment() -> None:
+    other = b"\x07" * 32
+    fault = check(leaves("a", "b"), earlier={key("b"): other})
+    assert fault is not None
+    assert (fault.reason, fault.leaf_index) == (Reason.WRONG_ASSIGNMENT, 1)  # type: ignore[attr-defined]
+    assert other.hex() in fault.detail  # type: ignore[attr-defined]
+    fault = check(leaves("a", "b"), earlier={key("a"): None})
+    assert fault is not None and "per-key record" in fault.detail  # type: ignore[attr-defined]
+
+
+# --- the store's batch rows --------------------------------------------------------------------------------
+
+
+def open_store(state: Path) -> ValidatorStore:
+    return ValidatorStore.open(state, chain_id=31337, work_ledger=LEDGER, pool_id=1, validator=VALIDATOR)
+
+
+def batch_of(listed: tuple[Leaf, ...], block: int = 10, log_index: int = 0) -> BatchSubmission:
+    tree = BatchTree(listed)
+    return BatchSubmission(1, tree.root, NODE, tree.count, tree.total_units, block, log_index, 1_700_000_000 + block)
+
+
+def files_of(batch: BatchSubmission, listed: tuple[Leaf, ...]) -> list[Submission]:
+    return [
+        Submission(
+            1, leaf.work_key, NODE, leaf.units, batch.block, batch.log_index, batch.submitted_at,
+            root=batch.root, leaf_index=index,
+        )
+        for index, leaf in enumerate(listed)
+    ]  # fmt: skip
+
+
+def test_a_batch_is_recorded_with_the_cursor_then_listed_into_file_rows_that_remember_their_leaf(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path)
+    listed = leaves("a", "b", "c")
+    batch = batch_of(listed)
+    assert store.record([], 11, batches=[batch]) == 1
+    assert store.record([], 12, batches=[batch]) == 0  # read again: not a second row
+    due = store.due_batch(time.time())
+    assert due is not None and (due.root, due.stage, due.count, due.total_units) == (batch.root, SEEN, 3, 300)
+    assert store.due(time.time()) is None and store.open_count() == 1  # the batch waits; no file row yet
+
+    assert store.list_batch(batch, encode_leaves(listed), files_of(batch, listed), mine=lambda key: True) == 3
+    listed_row = store.get_batch(batch.root, NODE)
+    assert listed_row is not None and listed_row.stage == LISTED and listed_row.leaves == encode_leaves(listed)
+    assert store.due_batch(time.time()) is None
+    row = store.get(key("b"), NODE)
+    assert row is not None and (row.root, row.leaf_index, row.stage, row.units) == (batch.root, 1, SEEN, 100)
+    assert store.recorded_keys(NODE, [key("b"), key("z")]) == {key("b"): batch.root}
+    store.close()
+    reopened = open_store(tmp_path)  # the leaf's place survives a restart
+    row = reopened.get(key("c"), NODE)
+    assert row is not None and (row.root, row.leaf_index) == (batch.root, 2)
+
+
+def test_a_rejected_batch_waits_for_its_invalidation_and_a_noted_one_is_done(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    listed = leaves("a", "b")
+    batch = batch_of(listed)
+    store.record([], 11, batches=[batch])
+    store.reject_batch(batch, int(Reason.BAD_FORMAT), "units", leaf_index=0, leaves=encode_leaves(listed))
+    rejected = store.due_batch(time.time())
+    assert rejected is not None and (rejected.stage, rejected.reason, rejected.leaf_index) == (REJECTED, 2, 0)
+    store.retry_batch_later(batch, 60.0, "the chain failed")
+    assert store.due_batch(time.time()) is None and store.open_count() == 1
+    waiting = store.get_batch(batch.root, NODE)
+    assert waiting is not None and waiting.attempts == 1 and waiting.last_error == "the chain failed"
+    store.move_batch(batch, REJECTED, note="the challenge window closed")
+    assert store.open_count() == 0
+    store.move_batch(batch, INVALIDATED, tx_hash="0x" + "ab" * 32)
+    done = store.get_batch(batch.root, NODE)
+    assert done is not None and done.tx_hash == "0x" + "ab" * 32
+
+
+def test_another_validators_invalidation_covers_the_batch_and_its_unjudged_files_only(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    listed = leaves("a", "b")
+    batch, unlisted = batch_of(listed), batch_of(leaves("x"), block=11)
+    store.record([], 12, batches=[batch, unlisted])
+    store.list_batch(batch, encode_leaves(listed), files_of(batch, listed), mine=lambda key: True)
+    store.move(files_of(batch, listed)[0], INVALIDATED, tx_hash="0x" + "cd" * 32)  # judged and sent here
+    assert store.batch_invalidated_elsewhere(batch.root, NODE, VALIDATOR) == 1  # leaf "b" only
+    judged, unjudged = store.get(key("a"), NODE), store.get(key("b"), NODE)
+    assert judged is not None and judged.stage == INVALIDATED
+    assert unjudged is not None and unjudged.stage == COVERED
+    assert store.batch_invalidated_elsewhere(unlisted.root, NODE, VALIDATOR) == 1
+    covered = store.get_batch(unlisted.root, NODE)
+    assert covered is not None and covered.stage == COVERED and store.open_count() == 0
+
+
+def test_a_batch_a_reorganisation_moved_takes_its_files_along_and_one_parked_gone_is_listed_again(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path)
+    listed = leaves("a", "b")
+    batch = batch_of(listed, block=10)
+    store.record([], 11, batches=[batch])
+    store.list_batch(batch, encode_leaves(listed), files_of(batch, listed), mine=lambda key: True)
+    moved = batch_of(listed, block=13, log_index=2)
+    store.record([], 14, batches=[moved])
+    row = store.get(key("b"), NODE)
+    assert row is not None and (row.block, row.log_index, row.submitted_at) == (13, 2, 1_700_000_013)
+    kept = store.get_batch(batch.root, NODE)
+    assert kept is not None and (kept.block, kept.stage) == (13, LISTED)  # its list stays; nothing to fetch
+
+    gone = batch_of(leaves("g"), block=15)
+    store.record([], 16, batches=[gone])
+    store.move_batch(gone, UNVERIFIABLE, note=GONE)
+    assert store.due_batch(time.time()) is None
+    store.record([], 18, batches=[batch_of(leaves("g"), block=17)])  # submitted again
+    again = store.due_batch(time.time())
+    assert again is not None and (again.root, again.stage, again.note, again.block) == (gone.root, SEEN, None, 17)
+    # a file of a listed batch is no duplicate of itself, but a key seen before is reported with its root
+    assert store.recorded_keys(NODE, [key("a")]) == {key("a"): batch.root}
