@@ -5,8 +5,9 @@ fresh anvil.
 steps 4 to 7), signing with anvil's public development keys. It reports each step through a callback
 as it happens and returns the holdings before and after, so a caller can check the accounting:
 a slash takes tokens from the node's lock in the pool and burns them (they stay in the NodeRegistry,
-counted in `burned`, and nobody's balance grows by them), so the escrow is funded - claimed; an ejected
-node's pending work is void; a lock outlives its membership by one challenge window.
+counted in `burned`, and nobody's balance grows by them), so the escrow is funded - claimed; work is committed
+one Merkle root per batch, a batch with one bad file is void as a whole, and an ejected node's pending batches are
+void; a lock outlives its membership by one challenge window.
 Nothing here prints: `prime-devnet lifecycle` does.
 """
 
@@ -29,7 +30,8 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.errors import ContractRevert
-from ledger.types import PoolConfig, Reason, StakeLock, WorkStatus
+from ledger.merkle import BatchTree, Leaf
+from ledger.types import BatchStatus, PoolConfig, Reason, StakeLock, WorkStatus
 from ledger.units import format_amount, parse_amount
 
 # The receipts also hold the token's and registry's logs, which these contracts' ABIs cannot decode.
@@ -49,7 +51,8 @@ class LifecycleConfig:
     pool_funding: Decimal = Decimal("1000")
     provider_grant: Decimal = Decimal("500")  # minted to each provider
     provider_stake: Decimal = Decimal("200")  # must cover min_stake_per_node for its one node
-    # output tokens in the rollout files of node 1, node 2 (the one invalidated) and node 2 again (void once ejected)
+    # output tokens in the rollout files of node 1's batch, and of node 2's batch: its first file is shown bad, which
+    # voids its second with it
     units: tuple[int, int, int] = (1_500, 2_000, 2_500)
     invalid_reason: Reason = Reason.PROOF_INVALID
 
@@ -78,6 +81,11 @@ TABLE_PARTIES = (Role.PROVIDER_1, Role.PROVIDER_2, Role.ESCROW, Role.REGISTRY, R
 NODES = (Role.NODE_1, Role.NODE_2)
 PROVIDER_OF = {Role.NODE_1: Role.PROVIDER_1, Role.NODE_2: Role.PROVIDER_2}
 
+_BATCH_STATUS_WORDS = {
+    BatchStatus.PENDING: "the batch is still pending",
+    BatchStatus.INVALIDATED: "the batch was invalidated: one of its files was shown bad, and none of it is paid",
+    BatchStatus.CLAIMED: "the batch was already claimed",
+}
 _STATUS_WORDS = {
     WorkStatus.PENDING: "the work is still pending",
     WorkStatus.INVALIDATED: "the work was invalidated",
@@ -140,15 +148,16 @@ class LifecycleReport:
     pool_id: int
     decimals: int
     addresses: dict[Role, str]
-    work_keys: tuple[bytes, bytes, bytes]  # node 1's, node 2's invalidated one, node 2's second (void)
+    work_keys: tuple[bytes, bytes, bytes]  # node 1's file, node 2's bad file, node 2's second file (void with it)
+    roots: tuple[bytes, bytes]  # node 1's batch (its file), node 2's batch (its two files)
     before: Snapshot
     after: Snapshot
     funded: int
-    claimed: int  # paid to provider 1 (from the RewardsClaimed event)
-    slashed: int  # burned from node 2's lock (from the WorkInvalidated event)
+    claimed: int  # paid to provider 1 (from the BatchesClaimed event)
+    slashed: int  # burned from node 2's lock (from the BatchInvalidated event)
     lock_after_slash: StakeLock  # node 2's lock right after the invalidation: what is left, held until when
-    repeat_claim: Refusal  # provider 1 claims node 1's work a second time: WorkNotPending (claimed)
-    ejected_claim: Refusal  # node 2's second work, past its window: NodeEjected (its pending work is void)
+    repeat_claim: Refusal  # provider 1 claims node 1's batch a second time: BatchNotPending (claimed)
+    ejected_claim: Refusal  # node 2's batch, past its window: NodeEjected (an ejected node's work is void)
     early_release: Refusal  # node 1's lock released before its window has passed: LockHeld
     releases: dict[Role, LockRelease]  # node 1 (left) and node 2 (ejected)
 
@@ -167,13 +176,18 @@ def dev_key_cast() -> list[tuple[Role, int, str]]:
 def explain_refusal(revert: ContractRevert) -> str:
     """The contract's reason for refusing, in words a person reads."""
     values = revert.values
+    if revert.name == "BatchNotPending":
+        batch_status = BatchStatus(int(values["status"]))
+        return f"refused: {_BATCH_STATUS_WORDS.get(batch_status, f'the batch is {batch_status.name.lower()}')}"
+    if revert.name in ("ChallengeWindowOpen", "BatchChallengeWindowOpen"):
+        return "refused: the challenge window is still open"
+    if revert.name == "BatchNotFound":
+        return "refused: no such batch was submitted"
     if revert.name == "WorkNotPending":
         status = WorkStatus(int(values["status"]))
         return f"refused: {_STATUS_WORDS.get(status, f'the work is {status.name.lower()}')}"
     if revert.name == "NodeEjected":
         return "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid"
-    if revert.name == "ChallengeWindowOpen":
-        return "refused: the challenge window is still open"
     if revert.name == "WorkNotFound":
         return "refused: no such work was submitted"
     if revert.name == "LockHeld":
@@ -288,25 +302,34 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
         rollout_work_key(addresses[Role.NODE_2]),
         rollout_work_key(addresses[Role.NODE_2], step=1),
     )
-    submitters = (Role.NODE_1, Role.NODE_2, Role.NODE_2)
-    for node_role, work_key, units in zip(submitters, work_keys, config.units, strict=True):
-        as_role[node_role].submit_work(pool_id, work_key, units)
-        step(f"{node_role} submitted work 0x{work_key.hex()[:16]}... ({units:,} units)")
+    trees = (
+        BatchTree([Leaf(work_keys[0], config.units[0])]),
+        BatchTree([Leaf(work_keys[1], config.units[1]), Leaf(work_keys[2], config.units[2])]),
+    )
+    for node_role, tree in zip(NODES, trees, strict=True):
+        as_role[node_role].submit_batch(pool_id, tree.root, tree.count, tree.total_units)
+        files = ", ".join(f"0x{leaf.work_key.hex()[:16]}... ({leaf.units:,} units)" for leaf in tree.leaves)
+        step(
+            f"{node_role} committed a batch of {tree.count} file{'s' if tree.count > 1 else ''}: one record on chain, "
+            f"its Merkle root 0x{tree.root.hex()[:16]}..., {tree.total_units:,} units in all: {files}"
+        )
 
     validator = as_role[Role.VALIDATOR]
     node_2 = addresses[Role.NODE_2]
     burned_before = owner.burned()
-    receipt = validator.invalidate_work(pool_id, node_2, work_keys[1], config.invalid_reason)
-    (invalidated,) = validator.work.events.WorkInvalidated().process_receipt(receipt, errors=DISCARD)
+    proof = trees[1].proof(0)
+    receipt = validator.invalidate_batch(pool_id, node_2, trees[1].root, proof, config.invalid_reason)
+    (invalidated,) = validator.work.events.BatchInvalidated().process_receipt(receipt, errors=DISCARD)
     slashed = int(invalidated["args"]["slashed"])
     ejected_at = block_time(receipt)
     lock_after_slash = owner.lock_of(pool_id, node_2)
     step(
-        f"validator invalidated node 2's first work ({config.invalid_reason.name}, reason "
-        f"{int(config.invalid_reason)}): {tokens(slashed)} tokens taken from node 2's lock in pool #{pool_id} "
+        f"validator showed node 2's first file bad ({config.invalid_reason.name}, reason "
+        f"{int(config.invalid_reason)}) with its Merkle proof ({len(proof.siblings)} sibling hash): the whole batch "
+        f"is void, its good second file too; {tokens(slashed)} tokens taken from node 2's lock in pool #{pool_id} "
         f"({tokens(before.locks[Role.NODE_2].amount)} -> {tokens(lock_after_slash.amount)}) and burned: they stay "
         f"in the NodeRegistry for good, paid to nobody (burned {tokens(burned_before)} -> {tokens(owner.burned())}); "
-        f"node 2 ejected, so its other pending work is void; its lock is held until block time "
+        f"node 2 ejected, so any other pending work of it is void; its lock is held until block time "
         f"{lock_after_slash.release_at}"
     )
 
@@ -318,27 +341,26 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
 
     provider_1 = as_role[Role.PROVIDER_1]
     node_1 = addresses[Role.NODE_1]
-    receipt = provider_1.claim_rewards(pool_id, node_1, [work_keys[0]])
-    (paid,) = owner.work.events.RewardsClaimed().process_receipt(receipt, errors=DISCARD)
+    receipt = provider_1.claim_batches(pool_id, node_1, [trees[0].root])
+    (paid,) = owner.work.events.BatchesClaimed().process_receipt(receipt, errors=DISCARD)
     claimed = int(paid["args"]["amount"])
     step(
-        f"provider 1 claimed {tokens(claimed)} tokens for node 1's work "
-        f"({config.units[0]:,} units x {tokens(pool_config.reward_per_unit)})"
+        f"provider 1 claimed {tokens(claimed)} tokens for node 1's batch "
+        f"({trees[0].total_units:,} units x {tokens(pool_config.reward_per_unit)})"
     )
 
     repeat_claim = _refused(
-        lambda: provider_1.claim_rewards(pool_id, node_1, [work_keys[0]]), "claiming claimed work again"
+        lambda: provider_1.claim_batches(pool_id, node_1, [trees[0].root]), "claiming a claimed batch again"
     )
-    step(f"provider 1 tried to claim node 1's work again -> {repeat_claim.explanation}\n    {repeat_claim.message}")
+    step(f"provider 1 tried to claim node 1's batch again -> {repeat_claim.explanation}\n    {repeat_claim.message}")
 
     ejected_claim = _refused(
-        lambda: as_role[Role.PROVIDER_2].claim_rewards(pool_id, node_2, [work_keys[2]]),
-        "claiming the pending work of an ejected node",
+        lambda: as_role[Role.PROVIDER_2].claim_batches(pool_id, node_2, [trees[1].root]),
+        "claiming the batch of an ejected node",
     )
     step(
-        f"provider 2 tried to claim node 2's second work, past its challenge window and never invalidated -> "
-        f"{ejected_claim.explanation} (its invalidated work is refused the same way: the ejection is checked "
-        f"before any key)\n    {ejected_claim.message}"
+        f"provider 2 tried to claim node 2's batch, past its challenge window -> {ejected_claim.explanation} (the "
+        f"ejection is checked before any batch)\n    {ejected_claim.message}"
     )
 
     receipt = as_role[Role.NODE_1].leave(pool_id)
@@ -389,6 +411,7 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
         decimals=decimals,
         addresses=addresses,
         work_keys=work_keys,
+        roots=(trees[0].root, trees[1].root),
         before=before,
         after=_snapshot(owner, pool_id, addresses),
         funded=funded,

@@ -46,7 +46,7 @@ from engine.model.loading import model_hash_of
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
-from ledger.events import EventFollower, WorkInvalidated, WorkSubmitted
+from ledger.events import BatchInvalidated, BatchSubmitted, EventFollower
 from ledger.types import PoolConfig, Reason
 from protocol.terms import DEFAULT_ASYNC_LEVEL
 from trainer.config import (
@@ -208,9 +208,10 @@ class Devnet:
         self.pool_id = 0
         self.workers = [f"worker-{i + 1}" for i in range(settings.workers)]
         self.cheat = self.workers[-1] if settings.cheater else None
-        # every submitted (node, work key), in chain order: work records are per node, so a key alone names none
-        self._submitted: dict[tuple[str, bytes], None] = {}
-        self._dead: set[tuple[str, bytes]] = set()  # invalidated (node, work key)
+        # every submitted batch, (node, root) -> its files, in chain order: records are per node, so a root alone
+        # names none
+        self._submitted: dict[tuple[str, bytes], int] = {}
+        self._dead: set[tuple[str, bytes]] = set()  # invalidated batches (node, root): void, never paid
         self._slashed: dict[str, int] = {}  # node -> base units its invalidations took
         self._stake_before: dict[str, int] = {}
         self._last_validator: dict[str, float] = {}
@@ -426,7 +427,7 @@ class Devnet:
         """Snapshots until the trainer has written its last step (it then serves on: `serve_after`); its run
         time and last metrics record."""
         started = time.monotonic()
-        self._follower = EventFollower(owner, pool_id=self.pool_id, events=("WorkSubmitted", "WorkInvalidated"))
+        self._follower = EventFollower(owner, pool_id=self.pool_id, events=("BatchSubmitted", "BatchInvalidated"))
         last: dict[str, float] = {}
         while True:
             self._check_alive()
@@ -467,19 +468,21 @@ class Devnet:
 
     def _snapshot(self, owner: Ledger, last: dict[str, float], seconds: float) -> Snapshot:
         for event in self._follower.poll():
-            if isinstance(event, WorkSubmitted):
-                self._submitted[(event.node, event.work_key)] = None
-            elif isinstance(event, WorkInvalidated):  # names the node whose record it invalidated
+            if isinstance(event, BatchSubmitted):
+                self._submitted[(event.node, event.root)] = event.count
+            elif isinstance(event, BatchInvalidated):  # names the node whose batch it voided
                 self._slashed[event.node] = self._slashed.get(event.node, 0) + event.slashed
-                self._dead.add((event.node, event.work_key))
+                self._dead.add((event.node, event.root))
         validator = self._validator_metrics()
         rejected = {
             Reason.label(r.value): int(validator.get(f'validator_files_rejected_total{{reason="{r.name.lower()}"}}', 0))
             for r in Reason
         }
         nodes = []
-        submitted = Counter(node for node, _ in self._submitted)
-        invalidated = Counter(node for node, _ in self._dead)
+        submitted: Counter[str] = Counter()
+        for (node, _), files in self._submitted.items():
+            submitted[node] += files
+        invalidated = Counter(node for node, _ in self._dead)  # batches
         for i, name in enumerate(self.workers):
             address, provider = dev_account(NODES[i]).address, dev_account(PROVIDERS[i]).address
             child = self.supervisor.children.get(name)
@@ -509,7 +512,7 @@ class Devnet:
             reward_mean=last.get("reward_mean"),
             pass_rate=last.get("pass_rate"),
             trained_files=self._trained_files(),
-            submitted=len(self._submitted),
+            submitted=sum(self._submitted.values()),
             accepted=int(validator.get("validator_files_accepted_total", 0)),
             rejected={k: v for k, v in rejected.items() if v},
             nodes=tuple(nodes),
@@ -563,25 +566,25 @@ class Devnet:
         return png if done.returncode == 0 and png.is_file() else None
 
     def _claim(self, owner: Ledger) -> tuple[dict[str, int], dict[str, int]]:
-        """Moves chain time past the challenge window; each honest provider claims its node's surviving work, one
-        claim per node. Returns what each provider was paid, and the pending files of each node an invalidation
-        ejected: void, never paid (`claimRewards` refuses it with `NodeEjected`), so not claimed."""
+        """Moves chain time past the challenge window; each honest provider claims its node's surviving batches,
+        one claim per node. Returns what each provider was paid, and the pending files of each node an invalidation
+        ejected: void, never paid (`claimBatches` refuses it with `NodeEjected`), so not claimed."""
         assert self.chain is not None
         self.chain.increase_time(self.settings.challenge_window + 1)
         claimed: dict[str, int] = {}
         void: dict[str, int] = {}
         for i, name in enumerate(self.workers):
             node = dev_account(NODES[i]).address
-            keys = [k for n, k in self._submitted if n == node and (n, k) not in self._dead]  # none claimed yet
+            roots = [r for n, r in self._submitted if n == node and (n, r) not in self._dead]  # none claimed yet
             if owner.is_voided(self.pool_id, node):
-                if keys:
-                    void[node] = len(keys)
+                if roots:
+                    void[node] = sum(self._submitted[(node, r)] for r in roots)
                 continue
-            if name == self.cheat or not keys:
+            if name == self.cheat or not roots:
                 continue
             provider = owner.as_account(dev_account(PROVIDERS[i]))
             before = provider.balance_of(provider.address)
-            provider.claim_rewards(self.pool_id, node, keys)
+            provider.claim_batches(self.pool_id, node, roots)
             claimed[provider.address] = provider.balance_of(provider.address) - before
         if claimed:
             window = self.settings.challenge_window

@@ -24,7 +24,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.types import Reason, WorkStatus
+from ledger.types import BatchStatus, Reason, WorkStatus
 from ledger.units import parse_amount
 from tests.ledger.helpers import make_pool, onboard
 
@@ -94,9 +94,13 @@ def test_lifecycle_refuses_the_void_work_of_ejected_node_2_and_a_second_claim(li
         "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid"
     )
     repeat = report.repeat_claim
-    assert repeat.error == "WorkNotPending" and repeat.values["node"] == node_1
-    assert repeat.values["status"] == WorkStatus.CLAIMED
-    assert repeat.explanation == "refused: the work was already claimed"
+    assert repeat.error == "BatchNotPending" and repeat.values["node"] == node_1
+    assert repeat.values["status"] == BatchStatus.CLAIMED and repeat.values["root"] == report.roots[0]
+    assert repeat.explanation == "refused: the batch was already claimed"
+    committed = [text for _, text in steps if "committed a batch" in text]
+    assert len(committed) == 2 and "batch of 2 files" in committed[1]  # node 2's two files, one record
+    shown = next(text for _, text in steps if "with its Merkle proof" in text)
+    assert "the whole batch is void, its good second file too" in shown
     assert set(report.before.members) == {node_1, node_2}
     assert report.after.members == ()  # node 2 ejected, node 1 left
     assert [number for number, _ in steps] == list(range(1, len(steps) + 1))
@@ -150,10 +154,10 @@ def test_lifecycle_cli_prints_steps_refusals_and_tables() -> None:
     out = result.stdout
     assert "anvil development key (public, never use on a real chain)" in out
     assert " 1. started anvil at http://127.0.0.1:" in out
-    assert "provider 1 claimed 15 tokens for node 1's work (1,500 units x 0.01)" in out
+    assert "provider 1 claimed 15 tokens for node 1's batch (1,500 units x 0.01)" in out
     assert "50 tokens taken from node 2's lock in pool #1 (100 -> 50) and burned" in out
     assert "(burned 0 -> 50)" in out
-    assert "WorkNotPending(poolId=1, node=0x" in out and "status=3)" in out
+    assert "BatchNotPending(poolId=1, node=0x" in out and "status=3)" in out
     assert "NodeEjected(poolId=1, node=0x" in out
     assert "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid" in out
     assert "LockHeld(poolId=1, node=0x" in out and "member=False, releaseAt=" in out
@@ -208,14 +212,16 @@ def test_the_devnet_report_says_where_the_slashed_tokens_went(tmp_path: Path) ->
     assert saved["nodes"][0]["lock"] == 100 * TOKEN
 
 
-def test_the_devnet_follows_work_per_node_claims_per_node_and_leaves_void_work_unclaimed(
+def test_the_devnet_follows_batches_per_node_claims_per_node_and_leaves_void_work_unclaimed(
     tmp_path: Path, chain: LocalChain, ledger_for: Callable[[int], Ledger]
 ) -> None:
-    """`Devnet`'s chain bookkeeping on a real anvil, without its processes: records by (node, key), invalidations by
-    the node they name, one claim per honest node, and an ejected node's pending work counted as void."""
+    """`Devnet`'s chain bookkeeping on a real anvil, without its processes: batches by (node, root), their files
+    counted, invalidations by the node they name, one claim per honest node, and an ejected node's other pending
+    batches counted as void files."""
     from devnet import network
     from devnet.network import Devnet, DevnetSettings
     from ledger.events import EventFollower
+    from ledger.merkle import BatchTree, Leaf
 
     owner = ledger_for(network.OWNER)
     pool_id = make_pool(owner)  # window 3600 s, 100 per node, slash 50
@@ -227,24 +233,27 @@ def test_the_devnet_follows_work_per_node_claims_per_node_and_leaves_void_work_u
     for i in range(2):
         nodes.append(onboard(owner, ledger_for(network.PROVIDERS[i]), dev_account(network.NODES[i]), pool_id))
     honest, cheat = nodes
-    shared = rollout_work_key("shared")  # the same key from both nodes: two records
-    honest.submit_work_batch(pool_id, [shared, rollout_work_key("honest")], [1000, 2000])
-    cheat.submit_work_batch(pool_id, [shared, rollout_work_key("cheat")], [3000, 4000])
-    validator.invalidate_work(pool_id, cheat.address, shared, Reason.REWARD_MISMATCH)
+    shared = rollout_work_key("shared")  # the same batch from both nodes: two records
+    first = BatchTree([Leaf(shared, 1000), Leaf(rollout_work_key("honest"), 2000)])
+    later = BatchTree([Leaf(rollout_work_key("cheat"), 4000)])
+    honest.submit_batch(pool_id, first.root, first.count, first.total_units)
+    cheat.submit_batch(pool_id, first.root, first.count, first.total_units)
+    cheat.submit_batch(pool_id, later.root, later.count, later.total_units)
+    validator.invalidate_batch(pool_id, cheat.address, first.root, first.proof(0), Reason.REWARD_MISMATCH)
 
     devnet = Devnet(DevnetSettings(root=tmp_path, workers=2, cheater=True), lambda _: None, lambda _: None)
     devnet.chain, devnet.pool_id = chain, pool_id
-    devnet._follower = EventFollower(owner, pool_id=pool_id, events=("WorkSubmitted", "WorkInvalidated"))
+    devnet._follower = EventFollower(owner, pool_id=pool_id, events=("BatchSubmitted", "BatchInvalidated"))
     view = {n.name: n for n in devnet._snapshot(owner, {}, 0.0).nodes}
     assert (view["worker-1"].submitted, view["worker-1"].invalidated, view["worker-1"].slashed) == (2, 0, 0)
-    assert (view["worker-2"].submitted, view["worker-2"].invalidated) == (2, 1)
+    assert (view["worker-2"].submitted, view["worker-2"].invalidated) == (3, 1)  # files; invalidated batches
     assert view["worker-2"].slashed == 50 * network.TOKEN and view["worker-2"].ejected
     assert view["worker-1"].lock == 100 * network.TOKEN and view["worker-2"].lock == 50 * network.TOKEN
     assert view["worker-2"].lock_release_at > 0  # held one window after the ejection
 
     claimed, void = devnet._claim(owner)
     assert claimed == {dev_account(network.PROVIDERS[0]).address: 3000 * 10**15}  # 1000 + 2000 units x 1e15
-    assert void == {cheat.address: 1}  # its second file: never invalidated, never paid
+    assert void == {cheat.address: 1}  # its later batch's one file: never invalidated, never paid
     assert owner.escrow_of(pool_id) == 1000 * network.TOKEN - 3 * network.TOKEN
     assert owner.burned() == 50 * network.TOKEN
 
@@ -314,3 +323,10 @@ def test_chain_refuses_a_port_in_use() -> None:
     assert result.exit_code == 1
     assert f"port {port} on 127.0.0.1 is in use" in result.stderr
     assert result.stdout == ""
+
+
+def test_explain_refusal_names_the_batch_status() -> None:
+    values = {"poolId": 1, "node": "0x" + "11" * 20, "root": b"\x01" * 32}
+    void = explain_refusal(ContractRevert("BatchNotPending", values | {"status": int(BatchStatus.INVALIDATED)}))
+    assert void == "refused: the batch was invalidated: one of its files was shown bad, and none of it is paid"
+    assert explain_refusal(ContractRevert("BatchNotFound", values)) == "refused: no such batch was submitted"

@@ -25,7 +25,7 @@ from ledger.deployment import Deployment
 from ledger.errors import ChainError, ContractRevert
 from ledger.hardhat import HardhatChain, find_hardhat
 from ledger.tx import Transactor
-from ledger.types import Reason, WorkStatus
+from ledger.types import BatchStatus, Reason, WorkStatus
 from ledger.units import parse_amount
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import assert_revert, events, make_pool, onboard, transact_at, work_key
@@ -124,8 +124,8 @@ def test_lifecycle_pays_burns_and_releases_by_the_numbers(lifecycle: tuple[Local
 def test_lifecycle_refusals_name_the_contracts_custom_errors(lifecycle: tuple[LocalChain, LifecycleReport]) -> None:
     _, report = lifecycle
     node_1, node_2 = report.addresses[Role.NODE_1], report.addresses[Role.NODE_2]
-    assert report.repeat_claim.error == "WorkNotPending"
-    assert (report.repeat_claim.values["node"], report.repeat_claim.values["status"]) == (node_1, WorkStatus.CLAIMED)
+    assert report.repeat_claim.error == "BatchNotPending"
+    assert (report.repeat_claim.values["node"], report.repeat_claim.values["status"]) == (node_1, BatchStatus.CLAIMED)
     assert (report.ejected_claim.error, report.ejected_claim.values) == (
         "NodeEjected",
         {"poolId": report.pool_id, "node": node_2},
