@@ -877,8 +877,10 @@ class ValidatorDaemon:
         if verdict.accepted:  # one assignment pays once: a second file under the node's counter is a re-slice
             verdict = self._counter_once(row, verdict)
         if not verdict.accepted:  # the evidence exists before anything can go on chain
+            # the leaf's proof is read from the store here, on the loop's thread: SQLite's connection is its own
+            batch = None if row.root is None else (row.root, self._batch_proof(row))
             try:
-                await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row)
+                await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row, batch)
             except Exception as exc:  # a full disk, memory: this validator's failure, never a reason to skip evidence
                 log.warning("%s: keeping the evidence of its rejection failed, verifying again later: %s", short, exc)
                 self._retry(row, f"keeping evidence: {exc}")
@@ -931,8 +933,16 @@ class ValidatorDaemon:
             first=f"0x{first.hex()}",
         )
 
-    def _keep_evidence(self, data: bytes, verdict: Verdict, expected: Expected, row: WorkRow) -> None:
-        """In a worker thread: the file, the verdict and the checkpoint of its step, until its window closes."""
+    def _keep_evidence(
+        self,
+        data: bytes,
+        verdict: Verdict,
+        expected: Expected,
+        row: WorkRow,
+        batch: tuple[bytes, LeafProof] | None,
+    ) -> None:
+        """In a worker thread: the file, the verdict and the checkpoint of its step, until its window closes; for a
+        leaf of a batch, `batch` is its root and proof."""
         try:
             step: int | None = read_rollouts(data, max_bytes=self.config.max_file_bytes).rows[0].step
         except RolloutFormatError as exc:
@@ -954,7 +964,7 @@ class ValidatorDaemon:
             step=step,
             checkpoint=checkpoint if checkpoint is not None and checkpoint.is_dir() else None,
             manifest_hash=self.checkpoints.manifest_hash(step) if step is not None else None,
-            batch=None if row.root is None else (row.root, self._batch_proof(row)),
+            batch=batch,
         )
         self.evidence.prune(time.time())
 

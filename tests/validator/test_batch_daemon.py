@@ -415,3 +415,25 @@ def test_a_leaf_list_the_coordinator_receipted_and_lost_is_never_the_workers_fau
         assert after.reason is None and validator.store.due_batch(2e9) is None  # nothing will ever be sent
 
     listing(ledger_for, pool_id, tmp_path, scenario)
+
+
+def test_the_evidence_of_a_rejected_leaf_keeps_its_batch_and_proof(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """`_record` on a file of a batch: its evidence, written in a worker thread, names the batch and holds the proof
+    its invalidation sends (read from the store on the loop's thread: SQLite's connection is bound to it)."""
+    pool_id, node = pool
+    validator = daemon(ledger_for, pool_id, tmp_path / "state")
+    batch, tree = submitted(validator, node, pool_id, "a", "b", "c")
+    files = listed(validator, batch, tree)
+    row = validator.store.get(files[1].work_key, node.address)
+    assert row is not None
+    verdict = reject(Reason.BAD_FORMAT, "format", "not a Parquet file")
+
+    asyncio.run(validator._record(row, verdict, 0.1, b"not a parquet file", validator._expected(row, [])))
+
+    recorded = validator.store.get(row.work_key, node.address)
+    assert recorded is not None and recorded.reason == 2 and recorded.last_error is None
+    kept = json.loads((tmp_path / "state" / "evidence" / row.work_key.hex() / "record.json").read_text())
+    assert kept["batch"]["root"] == "0x" + tree.root.hex() and kept["batch"]["index"] == 1
+    assert kept["batch"]["siblings"] == ["0x" + s.hex() for s in tree.proof(1).siblings]
