@@ -1,10 +1,11 @@
 """The worker dashboard's chain reads: blocking web3 calls, made in a thread on a refresh interval, never per request.
 
 One `WorkerChain.read` is a handful of calls (block, stake, membership, the node's lock in the pool) plus, for the
-journal's files, what only changes rarely: a file's `getWork(pool, node, key)` (this node's own record: records are
-per node) is read once (its submission time never changes) and again only while it looks claimable (someone may
-claim it outside this daemon); invalidations and refusals come from following `WorkInvalidated` and `WorkRefused`
-events, this node's only, from where the last read stopped, so a refresh costs the same after a week as after a minute.
+journal's batches, what only changes rarely: a batch's `getBatch(pool, node, root)` (this node's own record: records
+are per node) is read once (its submission time never changes) and again only while it looks claimable (someone may
+claim it outside this daemon); invalidations and refused leaves come from following `BatchInvalidated` and
+`LeafRefused` events, this node's only, from where the last read stopped, so a refresh costs the same after a week as
+after a minute.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from collections.abc import Iterable
 from eth_utils import to_checksum_address
 
 from ledger.client import Ledger
-from ledger.events import EventFollower, WorkInvalidated, WorkRefused
-from ledger.types import Ejection, PoolConfig, WorkRecord, WorkStatus
+from ledger.events import BatchInvalidated, EventFollower, LeafRefused
+from ledger.types import BatchRecord, BatchStatus, Ejection, PoolConfig
+from node.daemon.batches import batch_state
 from node.dashboard.model import ChainReading
-from protocol.terms import work_state
 
 
 class WorkerChain:
@@ -28,13 +29,13 @@ class WorkerChain:
         self.ledger, self.pool_id, self.node = ledger, pool_id, node
         self._pool: PoolConfig | None = None
         self._provider: str | None = None
-        self._works: dict[bytes, WorkRecord] = {}
-        self._invalidated: dict[bytes, WorkInvalidated] = {}  # every invalidation of this node's work, by work key
-        self._refused: dict[bytes, WorkRefused] = {}  # every refusal of this node's work, by work key
-        self._follower = EventFollower(ledger, pool_id=pool_id, events=("WorkInvalidated", "WorkRefused"))
+        self._batches: dict[bytes, BatchRecord] = {}
+        self._invalidated: dict[bytes, BatchInvalidated] = {}  # every invalidation of this node's batches, by root
+        self._refused: dict[tuple[bytes, int], LeafRefused] = {}  # every refused leaf of this node's, by (root, index)
+        self._follower = EventFollower(ledger, pool_id=pool_id, events=("BatchInvalidated", "LeafRefused"))
 
-    def read(self, work_keys: Iterable[bytes]) -> ChainReading:
-        """A fresh reading; `work_keys` are the journal's files that were (or may have been) submitted.
+    def read(self, roots: Iterable[bytes]) -> ChainReading:
+        """A fresh reading; `roots` are the journal's batches that were (or may have been) submitted.
 
         Blocking: call it in a thread. Raises what the ledger raises (an unreachable RPC endpoint); the state
         kept from earlier reads stays valid.
@@ -56,20 +57,21 @@ class WorkerChain:
         if (fork := self._follower.rewound_to) is not None:  # a reorganisation: what it replaced is read again
             self._invalidated = {k: e for k, e in self._invalidated.items() if e.at.block_number < fork}
             self._refused = {k: e for k, e in self._refused.items() if e.at.block_number < fork}
-            self._works = {}
+            self._batches = {}
         for event in events:
-            # another node's record of the same key is its own: only this node's invalidations are this node's
-            if isinstance(event, WorkInvalidated) and event.node == node:
-                self._invalidated[event.work_key] = event
-            elif isinstance(event, WorkRefused) and event.node == node:
-                self._refused[event.work_key] = event
-        keys = list(work_keys)
-        for key in keys:
-            known = self._works.get(key)
-            stale = known is None or known.status == WorkStatus.NONE
-            maybe_claimed = known is not None and work_state(known, pool.challenge_window, chain_time) == "claimable"
+            # another node's record of the same root is its own: only this node's invalidations are this node's
+            if isinstance(event, BatchInvalidated) and event.node == node:
+                self._invalidated[event.root] = event
+            elif isinstance(event, LeafRefused) and event.node == node:
+                self._refused[(event.root, event.leaf_index)] = event
+        wanted = list(roots)
+        journaled = set(wanted)
+        for root in wanted:
+            known = self._batches.get(root)
+            stale = known is None or known.status == BatchStatus.NONE
+            maybe_claimed = known is not None and batch_state(known, pool.challenge_window, chain_time) == "claimable"
             if stale or maybe_claimed:
-                self._works[key] = ledger.get_work(self.pool_id, self.node, key)
+                self._batches[root] = ledger.get_batch(self.pool_id, self.node, root)
         return ChainReading(
             read_at=time.time(),
             block=number,
@@ -82,7 +84,7 @@ class WorkerChain:
             ejected=ejection != Ejection.NONE,
             voided=ejection == Ejection.BY_INVALIDATION,
             lock=lock,
-            works={key: self._works[key] for key in keys},
-            invalidations={key: self._invalidated[key] for key in keys if key in self._invalidated},
-            refusals={key: self._refused[key] for key in keys if key in self._refused},
+            batches={root: self._batches[root] for root in wanted},
+            invalidations={root: self._invalidated[root] for root in wanted if root in self._invalidated},
+            refusals={leaf: e for leaf, e in self._refused.items() if leaf[0] in journaled},
         )

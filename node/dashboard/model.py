@@ -8,11 +8,13 @@ string (`ledger.units.format_amount`): base units of an 18-decimal token do not 
 Where a number is an estimate it says so (`estimate: true` or a label): throughput over a recent window, rewards
 that are only paid if no validator invalidates the file first, and slash exposure as an upper bound.
 
-A slash reaches only the stake this node locks in this pool (`NodeRegistry.lockOf`), and burns it; the pending work
-of a node ejected by an invalidation is void (never paid), while a node its owner ejected is still paid for what it
-submitted before, unless invalidated. Either way its lock is held one challenge window after the ejection (or after
-leaving) before `releaseStake` frees it. A file a validator refused (`refuseWork`, a borderline verdict) is neither
-paid nor slashed.
+Files reach the chain in batches, one Merkle root each: a file's challenge window is its batch's, and an
+invalidation of one leaf voids every file of the batch (the slash shows on the leaf shown bad). A slash reaches only
+the stake this node locks in this pool (`NodeRegistry.lockOf`), and burns it; the pending work of a node ejected by
+an invalidation is void (never paid), while a node its owner ejected is still paid for what it submitted before,
+unless invalidated. Either way its lock is held one challenge window after the ejection (or after leaving) before
+`releaseStake` frees it. A file a validator refused (`refuseLeaf`, a borderline verdict) is neither paid nor
+slashed; the rest of its batch is paid.
 """
 
 from __future__ import annotations
@@ -21,18 +23,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.events import WorkInvalidated, WorkRefused
-from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
+from ledger.events import BatchInvalidated, LeafRefused
+from ledger.types import BatchRecord, BatchStatus, PoolConfig, Reason, StakeInfo, StakeLock
 from ledger.units import format_amount
-from node.daemon.state import STAGES, FileRecord
-from protocol.terms import challenge_closes_at, work_state
+from node.daemon.batches import VOID_DETAIL, batch_state, leaf_name
+from node.daemon.state import BATCH_STAGES, STAGES, BatchEntry, FileRecord
+from protocol.terms import challenge_closes_at
 
 THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate averages over
 MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file
 
 # A file's challenge-window state, as the dashboard shows it; the first three are the journal's own stages
 # before the file reaches the chain. `void`: pending work of a node ejected by an invalidation, which is never paid.
-# `refused`: a validator's refuseWork (a borderline file): never paid, never slashed.
+# `refused`: a validator's refuseLeaf (a borderline file): never paid, never slashed.
 FILE_STATES = (
     "written",
     "uploaded",
@@ -45,8 +48,6 @@ FILE_STATES = (
     "refused",
     "void",
 )
-# The daemon journals an ejected node's claimable files as `expired` with a detail starting so (node/daemon/worker.py)
-VOID_DETAIL = "void"
 VOID_REASON = "the node was ejected from the pool by an invalidation: its pending work is never paid"
 
 
@@ -64,9 +65,9 @@ class ChainReading:
     member: bool
     ejected: bool  # by its owner or by an invalidation: it submits no more
     lock: StakeLock | None  # this node's lock in this pool (`lockOf`); None when not read
-    works: dict[bytes, WorkRecord] = field(default_factory=dict)  # this node's records of journal keys
-    invalidations: dict[bytes, WorkInvalidated] = field(default_factory=dict)  # of this node's journal keys
-    refusals: dict[bytes, WorkRefused] = field(default_factory=dict)  # of this node's journal keys
+    batches: dict[bytes, BatchRecord] = field(default_factory=dict)  # this node's records of the journal's roots
+    invalidations: dict[bytes, BatchInvalidated] = field(default_factory=dict)  # of the journal's batches, by root
+    refusals: dict[tuple[bytes, int], LeafRefused] = field(default_factory=dict)  # by (root, leaf index)
     voided: bool = False  # ejected by an invalidation: its pending work is never paid (an owner's ejection voids none)
 
 
@@ -89,46 +90,53 @@ class FileState:
 
 def file_state(
     record: FileRecord,
-    work: WorkRecord | None,
-    invalidation: WorkInvalidated | None,
+    batch: BatchRecord | None,
+    invalidation: BatchInvalidated | None,
     window: int,
     now: int,
     *,
     voided: bool = False,
-    refusal: WorkRefused | None = None,
+    refusal: LeafRefused | None = None,
 ) -> FileState:
-    """Where one file stands: the chain's word when it has one (an invalidation or refusal the daemon has not looked
-    at yet shows at once), else the journal's.
+    """Where one file stands: the chain's word on its batch when it has one (an invalidation or a refusal the daemon
+    has not looked at yet shows at once), else the journal's.
 
-    `now` is the chain's time; a submitted file is `pending` until `submitted_at + window`, then `claimable`; once
-    the node is `voided` (ejected by an invalidation) its pending work is `void` instead (`claimRewards` refuses it),
-    though a validator may still invalidate it until its window closes. A `refused` file is never paid, and may
-    still be invalidated in its window (then it shows as invalidated).
+    `now` is the chain's time; a submitted file is `pending` until its batch's `submitted_at + window`, then
+    `claimable`; once the node is `voided` (ejected by an invalidation) its pending work is `void` instead
+    (`claimBatches` refuses it), though a validator may still invalidate the batch until its window closes. An
+    invalidation of any leaf voids the whole batch; the slash shows on the leaf it proved. A `refused` file is never
+    paid, and may still be invalidated (with its batch) in its window.
     """
     if record.stage == "expired" and (record.detail or "").startswith(VOID_DETAIL):
         return FileState("void", None, record.detail, 0)  # the daemon found it void and journaled so
     if record.stage in ("written", "uploaded", "expired"):
         return FileState(record.stage, None, record.detail if record.stage == "expired" else None, 0)
-    known = work is not None and work.status != WorkStatus.NONE
-    closes_at = challenge_closes_at(work.submitted_at, window) if work is not None and known else None
-    on_chain = WorkStatus.NONE if work is None else work.status
-    if invalidation is not None or record.stage == "invalidated" or on_chain == WorkStatus.INVALIDATED:
+    known = batch is not None and batch.status != BatchStatus.NONE
+    closes_at = challenge_closes_at(batch.submitted_at, window) if batch is not None and known else None
+    on_chain = BatchStatus.NONE if batch is None else batch.status
+    if invalidation is not None or record.stage == "invalidated" or on_chain == BatchStatus.INVALIDATED:
         if invalidation is not None:
-            reason = f"{Reason.label(invalidation.reason)}; validator {invalidation.validator}"
-            return FileState("invalidated", closes_at, reason, invalidation.slashed)
+            why = f"{Reason.label(invalidation.reason)}; validator {invalidation.validator}"
+            shown, key = invalidation.leaf_index, invalidation.work_key
+            if shown is None or key is None:  # no leaf list made available: the slash shows on leaf 0
+                return FileState("invalidated", closes_at, f"its batch was invalidated: {why}",
+                                 invalidation.slashed if record.leaf_index == 0 else 0)  # fmt: skip
+            if record.leaf_index == shown:
+                return FileState("invalidated", closes_at, why, invalidation.slashed)
+            return FileState("invalidated", closes_at, f"its batch was voided by {leaf_name(shown, key)}: {why}", 0)
         return FileState("invalidated", closes_at, record.detail or "reason not read from the chain yet", 0)
-    if refusal is not None or record.stage == "refused" or on_chain == WorkStatus.REFUSED:
+    if refusal is not None or record.stage == "refused":
         if refusal is not None:
             return FileState("refused", closes_at, f"{Reason.label(refusal.reason)}; validator {refusal.validator}", 0)
         return FileState("refused", closes_at, record.detail or "reason not read from the chain yet", 0)
-    if record.stage == "claimed" or on_chain == WorkStatus.CLAIMED:
+    if record.stage == "claimed" or on_chain == BatchStatus.CLAIMED:
         return FileState("claimed", closes_at, None, 0)
     if closes_at is None:  # journaled as submitted, not read from the chain yet
         return FileState("submitted", None, None, 0)
     if voided:
         return FileState("void", closes_at, VOID_REASON, 0)
-    assert work is not None  # closes_at is known
-    return FileState(work_state(work, window, now), closes_at, None, 0)
+    assert batch is not None  # closes_at is known
+    return FileState(batch_state(batch, window, now), closes_at, None, 0)
 
 
 def throughput(records: Sequence[FileRecord], *, now: float, since: float, window: float) -> dict[str, Any]:
@@ -169,11 +177,16 @@ def worker_snapshot(
     live: WorkerLive,
     now: float,
     chain_error: str | None = None,
+    batches: Sequence[BatchEntry] = (),
 ) -> dict[str, Any]:
-    """The worker view of `GET /api/state`. `records` are the journal's rows in creation order."""
+    """The worker view of `GET /api/state`. `records` are the journal's file rows in creation order, `batches` its
+    batches."""
     counts = {stage: 0 for stage in STAGES}
     for record in records:
         counts[record.stage] += 1
+    batch_counts = {stage: 0 for stage in BATCH_STAGES}
+    for batch in batches:
+        batch_counts[batch.stage] += 1
     snapshot: dict[str, Any] = {
         "role": "worker",
         "generated_at": now,
@@ -186,6 +199,7 @@ def worker_snapshot(
         "newest_file_step": max((r.step for r in records), default=None),
         "throughput": throughput(records, now=now, since=live.started_at, window=THROUGHPUT_WINDOW),
         "counts": counts,
+        "batch_counts": batch_counts,
         "chain": _chain(reading, chain_error, now),
     }
     if reading is None:
@@ -196,12 +210,12 @@ def worker_snapshot(
         states = {
             r.work_key: file_state(
                 r,
-                reading.works.get(r.work_key),
-                reading.invalidations.get(r.work_key),
+                reading.batches.get(r.root) if r.root is not None else None,
+                reading.invalidations.get(r.root) if r.root is not None else None,
                 window,
                 now_chain,
                 voided=reading.voided,
-                refusal=reading.refusals.get(r.work_key),
+                refusal=_refusal(reading, r),
             )
             for r in records
         }
@@ -218,6 +232,12 @@ def worker_snapshot(
     snapshot["files_total"] = len(records)
     snapshot["files"] = [_file(r, states[r.work_key], per_unit, tokens) for r in shown]
     return snapshot
+
+
+def _refusal(reading: ChainReading, record: FileRecord) -> LeafRefused | None:
+    if record.root is None or record.leaf_index is None:
+        return None
+    return reading.refusals.get((record.root, record.leaf_index))
 
 
 def _chain(reading: ChainReading | None, error: str | None, now: float) -> dict[str, Any]:
@@ -287,6 +307,7 @@ def _tokens(records: Sequence[FileRecord], states: dict[bytes, FileState], readi
     per_unit, d = reading.pool.reward_per_unit, reading.decimals
     sums = {"claimed": 0, "claimable": 0, "pending": 0, "invalidated": 0, "refused": 0, "void": 0}
     pending, void, refused, exposed, slashed = 0, 0, 0, 0, 0
+    open_batches: set[bytes] = set()
     for record in records:
         state = states[record.work_key]
         if state.state in sums:
@@ -294,22 +315,26 @@ def _tokens(records: Sequence[FileRecord], states: dict[bytes, FileState], readi
         pending += state.state == "pending"
         void += state.state == "void"
         refused += state.state == "refused"
-        # a file may be invalidated while its window is open, void or refused or not
+        # a batch may be invalidated while its window is open, void or refused leaves or not
         open_window = state.closes_at is not None and reading.chain_time < state.closes_at
-        exposed += state.state in ("pending", "void", "refused") and open_window
+        if state.state in ("pending", "void", "refused") and open_window:
+            exposed += 1
+            if record.root is not None:
+                open_batches.add(record.root)
         slashed += state.slashed
     lock = reading.lock
     slashable = lock.amount if lock is not None and lock.open else 0
-    # each invalidation burns `slashAmount` from this node's lock in this pool, never more than it holds, and
-    # nothing else of the provider's stake (NodeRegistry.slash)
-    exposure = min(exposed * reading.pool.slash_amount, slashable)
+    # each invalidation (one per batch: it voids the batch) burns `slashAmount` from this node's lock in this pool,
+    # never more than it holds, and nothing else of the provider's stake (NodeRegistry.slash)
+    exposure = min(len(open_batches) * reading.pool.slash_amount, slashable)
     return {
         "claimed": format_amount(sums["claimed"], d),
         "claimable": format_amount(sums["claimable"], d),
         "pending_rewards": format_amount(sums["pending"], d),  # paid only if no validator invalidates first
-        "slash_exposure": format_amount(exposure, d),  # upper bound: every file in its window invalidated
+        "slash_exposure": format_amount(exposure, d),  # upper bound: every batch in its window invalidated
         "pending_files": pending,
-        "exposed_files": exposed,  # pending and void files whose challenge window is still open
+        "exposed_files": exposed,  # pending, void and refused files whose challenge window is still open
+        "exposed_batches": len(open_batches),  # their batches: each invalidation burns one slash
         "void_rewards": format_amount(sums["void"], d),  # of an ejected node's pending work: never paid
         "void_files": void,
         "refused_rewards": format_amount(sums["refused"], d),  # of borderline files validators refused: never paid
@@ -333,6 +358,8 @@ def _file(record: FileRecord, state: FileState, per_unit: int | None, decimals: 
         "reason": state.reason,
         "slashed": format_amount(state.slashed, decimals) if state.slashed else None,
         "reward": None if per_unit is None or not paid else format_amount(record.units * per_unit, decimals),
+        "batch": "0x" + record.root.hex() if record.root is not None else None,
+        "leaf_index": record.leaf_index,
         "tx": record.tx,
         "verdict": record.verdict,
         "created": record.created,

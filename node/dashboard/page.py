@@ -134,7 +134,8 @@ function fileState(f, chainTime) {
   } else if (f.state === "submitted") {
     parts.push("submitted; window not read from the chain yet");
   } else {
-    parts.push(f.state === "written" ? "not uploaded yet" : "uploaded; waiting for a submit batch");
+    parts.push(f.state === "written" ? "not uploaded yet" : f.batch ? "uploaded; its batch is being submitted" :
+      "uploaded; waiting for a submit batch");
   }
   return el("td", { class: "state state-" + f.state }, parts);
 }
@@ -159,6 +160,9 @@ function renderWorker(d) {
   document.getElementById("subtitle").textContent = d.node + " · pool " + d.pool_id + (pool.name ? " " +
     JSON.stringify(pool.name) : "");
   const counts = Object.entries(d.counts).filter(([, n]) => n).map(([s, n]) => n + " " + s).join(", ");
+  const batches = Object.entries(d.batch_counts || {}).filter(([, n]) => n);
+  const batchTotal = batches.reduce((sum, [, n]) => sum + n, 0);
+  const batchCounts = batches.map(([s, n]) => n + " " + s).join(", ");
   const cards = el("div", { class: "grid" },
     card("Node", [
       ["node", el("span", { class: "mono" }, d.node)],
@@ -173,6 +177,7 @@ function renderWorker(d) {
       ["files / min", tp.files_per_min.toFixed(2), "files-per-min"],
       ["output tokens / s", tp.tokens_per_s.toFixed(1), "tokens-per-s"],
       ["files", d.files_total + (counts ? " (" + counts + ")" : "")],
+      ["batches", batchTotal + (batchCounts ? " (" + batchCounts + ")" : ""), "batches"],
     ], "Throughput is an estimate: " + tp.files + " files, " + tp.units + " units over the last " +
        span(tp.window_s) + " (units = output tokens)."),
     card("Stake (provider's)", [
@@ -198,8 +203,9 @@ function renderWorker(d) {
       ["lost rewards", tokens(tok.lost_rewards)],
       ["slashed (burned)", tokens(tok.slashed), "slashed"],
     ], "Estimates: rewards are units x reward per unit (" + dash(pool.reward_per_unit) + "), paid only if no " +
-       "validator invalidates the file in its window; slash exposure is an upper bound, " + dash(tok.exposed_files) +
-       " files in their window x " + dash(pool.slash_amount) + " tokens, capped by this node's lock in the pool. " +
+       "validator invalidates the file's batch in its window; slash exposure is an upper bound, " +
+       dash(tok.exposed_batches) + " batches in their window x " + dash(pool.slash_amount) + " tokens, capped by " +
+       "this node's lock in the pool. One bad file voids its whole batch. " +
        "A node ejected by an invalidation has its pending work void: never paid (an owner's ejection voids " +
        "nothing). A refused file is neither paid nor slashed. This node's journal only."),
     card("Chain", [
@@ -216,13 +222,15 @@ function renderWorker(d) {
     el("td", { class: "num" }, f.units),
     fileState(f, chain.time),
     el("td", { class: "num" }, f.reward === null ? NONE : f.reward),
+    el("td", { class: "mono", title: f.batch || "" }, f.batch ? [short(f.batch), el("span", { class: "note" },
+      " leaf " + f.leaf_index)] : NONE),
     el("td", { class: "mono", title: f.tx || "" }, short(f.tx)),
     el("td", {}, dash(f.verdict)),
   ));
   const shown = d.files.length < d.files_total ? " (newest " + d.files.length + " of " + d.files_total + ")" : "";
   return [cards, el("section", {}, el("h2", {}, "Files" + shown), table(
     [["work key"], ["step", "num"], ["units", "num"], ["challenge-window state"], ["reward (est.)", "num"],
-     ["submit tx"], ["validators attested"]], rows, "No files yet."))];
+     ["batch"], ["submit tx"], ["validators attested"]], rows, "No files yet."))];
 }
 
 // --- validator ----------------------------------------------------------------------------------------------

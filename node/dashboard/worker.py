@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("node.dashboard")
 
-ON_CHAIN_STAGES = ("submitted", "claimed", "invalidated")
+ON_CHAIN_STAGES = ("submitted", "claimed", "invalidated", "void")  # of batches: those the chain may hold
 
 
 class WorkerDashboard:
@@ -48,8 +48,8 @@ class WorkerDashboard:
     async def refresh(self) -> None:
         while True:
             try:
-                keys = [record.work_key for record in self.state.in_stage(*ON_CHAIN_STAGES)]
-                self.reading = await asyncio.to_thread(self.chain.read, keys)
+                roots = [batch.root for batch in self.state.batches_in_stage(*ON_CHAIN_STAGES)]
+                self.reading = await asyncio.to_thread(self.chain.read, roots)
                 self.error = None
             except Exception as exc:  # an RPC endpoint down: show the last reading, its age, and why
                 if self.error is None:
@@ -62,6 +62,7 @@ class WorkerDashboard:
             node=self.chain.node,
             pool_id=self.chain.pool_id,
             records=self.state.all(),
+            batches=self.state.all_batches(),
             reading=self.reading,
             live=self.live(),
             now=time.time(),
@@ -71,7 +72,7 @@ class WorkerDashboard:
 
 def worker_dashboard(ledger: Ledger) -> ServeDashboard:
     """The worker's page over a running daemon, reading the chain with `ledger` (the pool's contracts): its journal,
-    the chain's word on each file, stake and tokens, and the step it holds."""
+    the chain's word on each file's batch, stake and tokens, and the step it holds."""
 
     async def serve(daemon: WorkerDaemon, host: str, port: int) -> tuple[web.AppRunner, str]:
         def live() -> WorkerLive:

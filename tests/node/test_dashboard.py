@@ -2,13 +2,15 @@
 work void), stake and the node's lock in the pool, earned and at-risk tokens, in `/api/state` and in the page as
 headless Chromium renders it; `prime-node start --dashboard` serves it.
 
-The journal and the chain are real: files recorded with `WorkerState`, submitted, claimed and invalidated on anvil.
+The journal and the chain are real: files recorded with `WorkerState`, formed into batches, submitted, claimed and
+invalidated on anvil.
 Screenshots land in each test's tmp path; their paths are printed and recorded as the test's `screenshot` property.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import re
@@ -26,9 +28,10 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.events import EventPosition, WorkInvalidated, WorkRefused
-from ledger.types import PoolConfig, Reason, StakeInfo, StakeLock, WorkRecord, WorkStatus
-from node.daemon.state import FileRecord, WorkerState
+from ledger.events import BatchInvalidated, EventPosition, LeafRefused
+from ledger.merkle import BatchTree
+from ledger.types import BatchRecord, BatchStatus, PoolConfig, Reason, StakeInfo, StakeLock
+from node.daemon.state import BatchEntry, FileRecord, WorkerState
 from node.dashboard import serve_dashboard
 from node.dashboard.chain import WorkerChain
 from node.dashboard.model import ChainReading, WorkerLive, file_state, lock_state, throughput, worker_snapshot
@@ -56,20 +59,31 @@ def keep_screenshot(path: Path, record_property: Callable[[str, object], None]) 
 # --- pure: states, throughput, exposure -----------------------------------------------------------------------
 
 
-def record(key: bytes, stage: str, *, created: float = 0.0, units: int = 10, detail: str | None = None) -> FileRecord:
-    return FileRecord(key, 0, 0, units, stage, created, created, "0xtx", detail, None)
+ROOT = b"\xaa" * 32  # the batch the pure tests' files are leaves of
 
 
-def work(key: bytes, submitted_at: int, status: WorkStatus = WorkStatus.PENDING) -> WorkRecord:
-    return WorkRecord(1, key, "0xnode", "0xprovider", 10, submitted_at, status)
+def record(
+    key: bytes, stage: str, *, created: float = 0.0, units: int = 10, detail: str | None = None, leaf: int = 0
+) -> FileRecord:
+    return FileRecord(key, 0, 0, units, stage, created, created, "0xtx", detail, None, None, ROOT, leaf)
 
 
-def test_a_file_is_pending_until_its_window_closes_and_claimable_from_that_second() -> None:
+def batch(submitted_at: int, status: BatchStatus = BatchStatus.PENDING, root: bytes = ROOT) -> BatchRecord:
+    return BatchRecord(1, root, "0xnode", "0xprovider", 2, 20, 0, submitted_at, status)
+
+
+def invalidation(leaf: int | None, key: bytes | None, validator: str = "0xvalidator") -> BatchInvalidated:
+    return BatchInvalidated(
+        1, ROOT, "0xnode", validator, leaf, key, int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 0, "0x")
+    )
+
+
+def test_a_file_is_pending_until_its_batchs_window_closes_and_claimable_from_that_second() -> None:
     key = b"\x01" * 32
     submitted = record(key, "submitted")
-    assert file_state(submitted, work(key, 1000), None, 3600, 4599).state == "pending"
-    assert file_state(submitted, work(key, 1000), None, 3600, 4600).state == "claimable"  # claimRewards' boundary
-    assert file_state(submitted, work(key, 1000), None, 3600, 4599).closes_at == 4600
+    assert file_state(submitted, batch(1000), None, 3600, 4599).state == "pending"
+    assert file_state(submitted, batch(1000), None, 3600, 4600).state == "claimable"  # claimBatches' boundary
+    assert file_state(submitted, batch(1000), None, 3600, 4599).closes_at == 4600
     assert file_state(submitted, None, None, 3600, 4599).state == "submitted"  # the chain not read yet
 
 
@@ -77,27 +91,37 @@ def test_the_pending_work_of_a_node_ejected_by_an_invalidation_is_void_not_claim
     key = b"\x03" * 32
     submitted = record(key, "submitted")
     for now in (4599, 4600):  # in its window or past it: never paid once an invalidation ejected the node
-        state = file_state(submitted, work(key, 1000), None, 3600, now, voided=True)
+        state = file_state(submitted, batch(1000), None, 3600, now, voided=True)
         assert (state.state, state.closes_at) == ("void", 4600)
         assert state.reason is not None and "ejected" in state.reason
-    claimed = file_state(record(key, "claimed"), work(key, 1000, WorkStatus.CLAIMED), None, 3600, 9999, voided=True)
+    claimed = file_state(record(key, "claimed"), batch(1000, BatchStatus.CLAIMED), None, 3600, 9999, voided=True)
     assert claimed.state == "claimed"  # paid before the ejection: stays paid
     # the daemon journals claimable work of an ejected node as expired, with a detail that says void
     journaled = file_state(record(key, "expired", detail="void: node ejected from pool 1"), None, None, 0, 0)
     assert (journaled.state, journaled.reason) == ("void", "void: node ejected from pool 1")
 
 
-def test_the_chains_invalidation_shows_before_the_journal_hears_of_it() -> None:
-    key = b"\x02" * 32
-    event = WorkInvalidated(
-        1, key, "0xnode", "0xvalidator", int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 0, "0x")
+def test_the_chains_invalidation_voids_every_file_of_the_batch_before_the_journal_hears_of_it() -> None:
+    bad, neighbour = b"\x02" * 32, b"\x05" * 32
+    event = invalidation(1, bad)
+    shown = file_state(record(bad, "submitted", leaf=1), batch(1000), event, 3600, 1001, voided=True)
+    assert (shown.state, shown.slashed, shown.reason) == (
+        "invalidated",
+        50 * TOKEN,
+        "proof_invalid (7); validator 0xvalidator",
     )
-    state = file_state(record(key, "submitted"), work(key, 1000), event, 3600, 1001, voided=True)
-    assert (state.state, state.slashed) == ("invalidated", 50 * TOKEN)
-    assert state.reason is not None and state.reason.startswith("proof_invalid (7)")
-    journaled = file_state(record(key, "invalidated", detail="proof_invalid (7), 50 tokens slashed"), None, None, 0, 0)
+    voided = file_state(record(neighbour, "submitted", leaf=0), batch(1000), event, 3600, 1001, voided=True)
+    assert (voided.state, voided.slashed) == ("invalidated", 0)  # the slash is counted once, on the leaf it proved
+    assert (
+        voided.reason
+        == f"its batch was voided by leaf 1 (0x{bad.hex()[:12]}): proof_invalid (7); validator 0xvalidator"
+    )
+    unlisted = invalidation(None, None)  # reason 8 with no list to prove a leaf of: the slash shows on leaf 0
+    assert file_state(record(neighbour, "submitted", leaf=0), batch(1000), unlisted, 3600, 1001).slashed == 50 * TOKEN
+    assert file_state(record(bad, "submitted", leaf=1), batch(1000), unlisted, 3600, 1001).slashed == 0
+    journaled = file_state(record(bad, "invalidated", detail="proof_invalid (7), 50 tokens slashed"), None, None, 0, 0)
     assert (journaled.state, journaled.reason) == ("invalidated", "proof_invalid (7), 50 tokens slashed")
-    expired = file_state(record(key, "expired", detail="step < 1 when submitting"), None, None, 0, 0)
+    expired = file_state(record(bad, "expired", detail="step < 1 when submitting"), None, None, 0, 0)
     assert (expired.state, expired.reason) == ("expired", "step < 1 when submitting")
 
 
@@ -112,61 +136,74 @@ def test_throughput_averages_over_the_recent_window_or_since_the_start() -> None
 
 def test_a_refused_file_is_never_paid_and_shows_its_validator_before_the_journal_hears_of_it() -> None:
     key = b"\x04" * 32
-    event = WorkRefused(1, key, "0xnode", "0xvalidator", int(Reason.PROOF_INVALID), EventPosition(9, 0, "0x"))
-    state = file_state(record(key, "submitted"), work(key, 1000), None, 3600, 1001, refusal=event)
+    event = LeafRefused(
+        1, ROOT, "0xnode", "0xvalidator", 0, key, 10, int(Reason.PROOF_INVALID), EventPosition(9, 0, "0x")
+    )
+    state = file_state(record(key, "submitted"), batch(1000), None, 3600, 1001, refusal=event)
     assert (state.state, state.closes_at, state.slashed) == ("refused", 4600, 0)
     assert state.reason == "proof_invalid (7); validator 0xvalidator"
-    on_chain = file_state(record(key, "submitted"), work(key, 1000, WorkStatus.REFUSED), None, 3600, 9999)
-    assert on_chain.state == "refused"  # past its window: never claimable
+    past = file_state(record(key, "submitted"), batch(1000), None, 3600, 9999, refusal=event)
+    assert past.state == "refused"  # past its window: never claimable, though the rest of its batch is
     journaled = file_state(record(key, "refused", detail="refused on chain"), None, None, 0, 0)
     assert (journaled.state, journaled.reason) == ("refused", "refused on chain")
-    invalidated = WorkInvalidated(
-        1, key, "0xnode", "0xv2", int(Reason.PROOF_INVALID), 50 * TOKEN, EventPosition(9, 1, "0x")
+    overridden = file_state(
+        record(key, "refused"), batch(1000, BatchStatus.INVALIDATED), invalidation(0, key), 3600, 1002
     )
-    overridden = file_state(record(key, "refused"), work(key, 1000, WorkStatus.INVALIDATED), invalidated, 3600, 1002)
     assert overridden.state == "invalidated"  # an invalidation overrides a refusal
 
 
 def reading_of(
-    keys: list[bytes], *, lock: StakeLock, ejected: bool = False, voided: bool | None = None, chain_time: int = 2000
+    roots: list[bytes], *, lock: StakeLock, ejected: bool = False, voided: bool | None = None, chain_time: int = 2000
 ) -> ChainReading:
     """`ejected` alone is an ejection by invalidation (void); pass `voided=False` for the owner's ejection."""
     return ChainReading(
         read_at=0.0, block=1, chain_time=chain_time, pool=DEFAULT_POOL, decimals=18, provider="0xprovider",
         stake=StakeInfo(active=300 * TOKEN, unbonding=0, locked=lock.amount, release_at=0), member=not ejected,
-        ejected=ejected, lock=lock, works={k: work(k, 1000) for k in keys}, invalidations={},
+        ejected=ejected, lock=lock, batches={r: batch(1000, root=r) for r in roots}, invalidations={},
         voided=ejected if voided is None else voided,
     )  # fmt: skip
+
+
+def alone(key: bytes) -> FileRecord:
+    """A submitted file of 1000 units that is a batch of one, whose root is its key."""
+    return dataclasses.replace(record(key, "submitted", units=1000), root=key)
 
 
 def test_an_owner_ejected_nodes_files_stay_pending_then_claimable() -> None:
     keys = [bytes([i]) * 32 for i in range(2)]
     live = WorkerLive(stopping=False, held_step=3, started_at=0.0)
-    records = [record(k, "submitted", units=1000) for k in keys]
+    records = [record(k, "submitted", units=1000, leaf=i) for i, k in enumerate(keys)]  # one batch
     held = StakeLock(1, "0xnode", 100 * TOKEN, 5600, False, True)
     for chain_time, state in ((2000, "pending"), (4600, "claimable")):
-        reading = reading_of(keys, lock=held, ejected=True, voided=False, chain_time=chain_time)
+        reading = reading_of([ROOT], lock=held, ejected=True, voided=False, chain_time=chain_time)
         snapshot = worker_snapshot(node="0xnode", pool_id=1, records=records, reading=reading, live=live, now=1.0)
         assert snapshot["standing"] == "ejected by its owner"
         assert {f["state"] for f in snapshot["files"]} == {state} and all(f["reward"] == "1" for f in snapshot["files"])
         assert snapshot["tokens"]["void_files"] == 0
 
 
-def test_slash_exposure_counts_each_file_in_its_window_and_is_capped_by_the_nodes_lock_in_the_pool() -> None:
+def test_slash_exposure_counts_each_batch_in_its_window_and_is_capped_by_the_nodes_lock_in_the_pool() -> None:
     keys = [bytes([i]) * 32 for i in range(3)]
     live = WorkerLive(stopping=False, held_step=3, started_at=0.0)
-    records = [record(k, "submitted", units=1000) for k in keys]
+    records = [alone(k) for k in keys]  # three batches of one
     member = StakeLock(1, "0xnode", 100 * TOKEN, 0, True, True)
     snapshot = worker_snapshot(
         node="0xnode", pool_id=1, records=records, reading=reading_of(keys, lock=member), live=live, now=1.0
     )
     tokens = snapshot["tokens"]
-    assert (tokens["pending_files"], tokens["exposed_files"]) == (3, 3)
+    assert (tokens["pending_files"], tokens["exposed_files"], tokens["exposed_batches"]) == (3, 3, 3)
     # 3 x 50 = 150 slashable, but a slash reaches only this pool's lock of 100 (not the provider's other 200)
     assert tokens["slash_exposure"] == "100"
     assert tokens["pending_rewards"] == "3"  # 3 x 1000 units x 1e15 per unit
     assert snapshot["lock"] == {"amount": "100", "state": "member", "release_at": None}
     assert snapshot["stake"]["node_locked"] == "100"
+    one_batch = [record(k, "submitted", units=1000, leaf=i) for i, k in enumerate(keys)]
+    snapshot = worker_snapshot(
+        node="0xnode", pool_id=1, records=one_batch, reading=reading_of([ROOT], lock=member), live=live, now=1.0
+    )
+    # one invalidation voids the batch: one slash, however many of its files are in their window
+    assert (snapshot["tokens"]["exposed_files"], snapshot["tokens"]["exposed_batches"]) == (3, 1)
+    assert snapshot["tokens"]["slash_exposure"] == "50"
 
     # ejected: the files are void, the lock (50 left after a slash) is held until 5600, and a void file can still
     # be invalidated until its window closes at 4600
@@ -225,14 +262,18 @@ class Journal:
     pool_id: int
     node: str
     keys: dict[str, bytes]
+    trees: dict[str, BatchTree]  # each submitted file's batch, by the file's name
     config: PoolConfig
     chain: LocalChain
     validator: Ledger
 
     def invalidate_cheat(self) -> int:
-        """The validator invalidates the file `cheat` (the journal does not look): 50 of the node's lock of 100 are
-        burned and the node is ejected. Returns the block time of the ejection."""
-        receipt = self.validator.invalidate_work(self.pool_id, self.node, self.keys["cheat"], Reason.PROOF_INVALID)
+        """The validator invalidates the batch of `cheat` with its proof (the journal does not look): 50 of the node's
+        lock of 100 are burned and the node is ejected. Returns the block time of the ejection."""
+        tree = self.trees["cheat"]
+        receipt = self.validator.invalidate_batch(
+            self.pool_id, self.node, tree.root, tree.proof(0), Reason.PROOF_INVALID
+        )
         return int(self.chain.w3.eth.get_block(receipt["blockNumber"])["timestamp"])
 
 
@@ -240,9 +281,10 @@ class Journal:
 def journaled(
     tmp_path: Path, chain: LocalChain, ledger_for: Callable[[int], Ledger], deployment: Deployment
 ) -> Iterator[Journal]:
-    """A member node's files in every state: claimed, claimable, pending (accepted by a validator) and `cheat`
-    (pending), written, expired. `invalidate_cheat()` then invalidates `cheat` on chain, leaving it `submitted` in the
-    journal: the node is ejected and its other pending files are void."""
+    """A member node's files in every state, each submitted file a batch of one: claimed, claimable, pending
+    (accepted by a validator) and `cheat` (pending), written, expired. `invalidate_cheat()` then invalidates
+    `cheat`'s batch on chain, leaving it `submitted` in the journal: the node is ejected and its other pending
+    batches are void."""
     owner, provider, validator = ledger_for(0), ledger_for(1), ledger_for(6)
     pool_id = make_pool(owner)  # window 3600 s, 100 tokens per node, 1e15 per unit, slash 50
     node = dev_account(3)
@@ -252,6 +294,7 @@ def journaled(
     owner.fund_rewards(pool_id, 1000 * TOKEN)
     state = WorkerState(tmp_path / "state", chain_id=deployment.chain_id, pool_id=pool_id, node=node.address)
     keys: dict[str, bytes] = {}
+    trees: dict[str, BatchTree] = {}
 
     def write(name: str, units: int, step: int) -> bytes:
         data = f"rollouts of {name}".encode()
@@ -260,27 +303,32 @@ def journaled(
         state.add(key, step=step, counter=len(keys), units=units)
         return key
 
-    def submit(*names: str) -> None:
-        batch = [keys[n] for n in names]
-        units = [state.get(k).units for k in batch]  # type: ignore[union-attr]
-        receipt = node_ledger.submit_work_batch(pool_id, batch, units)
-        state.move(batch, "submitted", tx="0x" + bytes(receipt["transactionHash"]).hex())
+    def submit(name: str) -> BatchEntry:
+        state.move([keys[name]], "uploaded")
+        batch = state.form_batch([state.get(keys[name])])  # type: ignore[list-item]
+        trees[name] = BatchTree([state.get(keys[name]).leaf])  # type: ignore[union-attr]
+        receipt = node_ledger.submit_batch(pool_id, batch.root, batch.count, batch.total_units)
+        tx = "0x" + bytes(receipt["transactionHash"]).hex()
+        state.move_batch(batch.root, "submitted", tx=tx, files="submitted")
+        return batch
 
     write("claimed", 1000, 0)
     write("claimable", 2000, 0)
-    submit("claimed", "claimable")
+    claimed = submit("claimed")
+    submit("claimable")
     chain.increase_time(3601)
     write("pending", 3000, 1)
     write("cheat", 4000, 1)
-    submit("pending", "cheat")
+    submit("pending")
+    submit("cheat")
     state.note_verdict(keys["pending"], f"accepted by {validator.address}")
-    provider.claim_rewards(pool_id, node.address, [keys["claimed"]])
-    state.move([keys["claimed"]], "claimed")
+    provider.claim_batches(pool_id, node.address, [claimed.root])
+    state.move_batch(claimed.root, "claimed", files="claimed")
     write("written", 500, 2)
     write("expired", 600, 0)
     state.move([keys["expired"]], "expired", detail="step < 1 when submitting")
     reader = Ledger(chain.w3, deployment)
-    yield Journal(state, reader, pool_id, node.address, keys, owner.pool(pool_id).config, chain, validator)
+    yield Journal(state, reader, pool_id, node.address, keys, trees, owner.pool(pool_id).config, chain, validator)
     state.close()
 
 
@@ -330,8 +378,10 @@ def test_the_state_api_puts_the_chains_word_first_and_accounts_for_every_token(j
         "expired": "expired",
     }
     pending = by_name["pending"]
-    work = journaled.ledger.get_work(journaled.pool_id, journaled.node, journaled.keys["pending"])
-    assert pending["closes_at"] == work.submitted_at + journaled.config.challenge_window
+    root = journaled.trees["pending"].root
+    submitted = journaled.ledger.get_batch(journaled.pool_id, journaled.node, root)
+    assert pending["closes_at"] == submitted.submitted_at + journaled.config.challenge_window
+    assert pending["batch"] == "0x" + root.hex() and pending["leaf_index"] == 0
     assert pending["verdict"] == f"accepted by {dev_account(6).address}" and pending["reward"] == "3"
     assert by_name["expired"]["reward"] is None  # never submitted, never paid
     assert state["standing"] == "member" and state["step"] == 1
@@ -341,9 +391,10 @@ def test_the_state_api_puts_the_chains_word_first_and_accounts_for_every_token(j
         "claimed": "1",  # 1000 units x 1e15
         "claimable": "2",
         "pending_rewards": "7",  # pending 3000 + cheat 4000 units
-        "slash_exposure": "100",  # two files in their window x 50, and the node's lock holds 100
+        "slash_exposure": "100",  # two batches in their window x 50, and the node's lock holds 100
         "pending_files": 2,
         "exposed_files": 2,
+        "exposed_batches": 2,
         "void_rewards": "0",
         "void_files": 0,
         "refused_rewards": "0",
@@ -352,6 +403,14 @@ def test_the_state_api_puts_the_chains_word_first_and_accounts_for_every_token(j
         "slashed": "0",
     }
     assert state["counts"]["submitted"] == 3 and state["files_total"] == 6
+    assert state["batch_counts"] == {
+        "formed": 0,
+        "listed": 0,
+        "submitted": 3,
+        "claimed": 1,
+        "invalidated": 0,
+        "void": 0,
+    }
     assert state["chain"]["error"] is None and state["chain"]["block"] >= 1
 
 
@@ -384,6 +443,7 @@ def test_after_an_invalidation_the_node_is_ejected_its_pending_work_void_and_its
         "slash_exposure": "50",  # `pending` is void but still in its window: it may burn the 50 left
         "pending_files": 0,
         "exposed_files": 1,
+        "exposed_batches": 1,
         "void_rewards": "5",  # claimable 2000 + pending 3000 units, never paid
         "void_files": 2,
         "refused_rewards": "0",
@@ -401,7 +461,8 @@ def test_after_an_invalidation_the_node_is_ejected_its_pending_work_void_and_its
 def test_a_refused_file_shows_refused_from_the_chain_and_an_owners_ejection_voids_nothing(journaled: Journal) -> None:
     """The validator refuses `cheat` (a borderline file) and the pool's owner ejects the node: `cheat` is refused
     (never paid, not slashed), the others stay pending or claimable, and the standing says who ejected it."""
-    journaled.validator.refuse_work(journaled.pool_id, journaled.node, journaled.keys["cheat"], Reason.PROOF_INVALID)
+    tree = journaled.trees["cheat"]
+    journaled.validator.refuse_leaf(journaled.pool_id, journaled.node, tree.root, tree.proof(0), Reason.PROOF_INVALID)
     owner = journaled.validator.as_account(dev_account(0))
     owner.eject(journaled.pool_id, journaled.node)
     state = served_state(journaled)
@@ -409,7 +470,7 @@ def test_a_refused_file_shows_refused_from_the_chain_and_an_owners_ejection_void
     assert {name: by_name[name]["state"] for name in ("claimable", "pending", "cheat")} == {
         "claimable": "claimable",  # an owner's ejection voids nothing
         "pending": "pending",
-        "cheat": "refused",  # the journal still says submitted; the chain's WorkRefused said it first
+        "cheat": "refused",  # the journal still says submitted; the chain's LeafRefused said it first
     }
     assert by_name["cheat"]["reason"] == f"proof_invalid (7); validator {journaled.validator.address}"
     assert by_name["cheat"]["reward"] is None and by_name["pending"]["reward"] == "3"
@@ -423,12 +484,14 @@ def test_a_refused_file_shows_refused_from_the_chain_and_an_owners_ejection_void
 def test_another_nodes_invalidation_of_the_same_key_is_not_this_nodes(
     journaled: Journal, ledger_for: Callable[[int], Ledger]
 ) -> None:
-    """Records are per node: another member submitting this node's key, and being invalidated for it, leaves this
-    node's record pending and the node a member."""
+    """Records are per node: another member submitting this node's batch (its root), and being invalidated for it,
+    leaves this node's record pending and the node a member."""
     other = onboard(ledger_for(0), ledger_for(2), dev_account(4), journaled.pool_id)
-    key = journaled.keys["pending"]
-    other.submit_work(journaled.pool_id, key, 3000)
-    journaled.validator.invalidate_work(journaled.pool_id, other.address, key, Reason.PROOF_INVALID)
+    tree = journaled.trees["pending"]
+    other.submit_batch(journaled.pool_id, tree.root, tree.count, tree.total_units)
+    journaled.validator.invalidate_batch(
+        journaled.pool_id, other.address, tree.root, tree.proof(0), Reason.PROOF_INVALID
+    )
     state = served_state(journaled)
     by_name = states_by_name(journaled, state)
     assert by_name["pending"]["state"] == "pending" and by_name["pending"]["slashed"] is None
@@ -448,8 +511,8 @@ def test_the_page_in_chromium_shows_each_files_state_and_the_lock(
     dom, shot = asyncio.run(with_dashboard(journaled, use))
     keep_screenshot(shot, record_property)
     row = {name: row_text(dom, "0x" + key.hex()) for name, key in journaled.keys.items()}
-    work = journaled.ledger.get_work(journaled.pool_id, journaled.node, journaled.keys["pending"])
-    closes = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(work.submitted_at + 3600))
+    pending = journaled.ledger.get_batch(journaled.pool_id, journaled.node, journaled.trees["pending"].root)
+    closes = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(pending.submitted_at + 3600))
     assert "void: never paid, the node was ejected from the pool" in row["pending"], row["pending"]
     assert f"may still be invalidated until {closes}" in row["pending"]
     assert f"accepted by {dev_account(6).address}" in row["pending"]
@@ -507,15 +570,16 @@ def test_prime_node_start_dashboard_shows_a_submitted_files_state_and_the_stake(
 def test_an_invalidation_a_reorganisation_removed_is_no_longer_shown(journaled: Journal) -> None:
     """The dashboard follows the chain through reorganisations: what the new blocks no longer hold goes away."""
     reader = WorkerChain(journaled.ledger, journaled.pool_id, journaled.node)
-    cheat = journaled.keys["cheat"]
+    cheat = journaled.trees["cheat"].root
+    roots = [tree.root for tree in journaled.trees.values()]
     journaled.invalidate_cheat()
-    before = reader.read(journaled.keys.values())
-    assert cheat in before.invalidations and before.works[cheat].status == WorkStatus.INVALIDATED
+    before = reader.read(roots)
+    assert cheat in before.invalidations and before.batches[cheat].status == BatchStatus.INVALIDATED
     w3 = journaled.chain.w3
     assert "error" not in w3.provider.make_request("anvil_reorg", [1, []])  # type: ignore[arg-type]
     w3.provider.make_request("anvil_dropAllTransactions", [])  # type: ignore[arg-type]
 
-    after = reader.read(journaled.keys.values())
+    after = reader.read(roots)
 
     assert cheat not in after.invalidations
-    assert after.works[cheat].status == WorkStatus.PENDING and not after.ejected
+    assert after.batches[cheat].status == BatchStatus.PENDING and not after.ejected
