@@ -1,5 +1,6 @@
-"""`prime-node start` as a process against anvil and a trainer in network mode: files generated, uploaded and
-submitted once each, through SIGKILL, SIGTERM and a transaction the journal never heard of."""
+"""`prime-node start` as a process against anvil and a trainer in network mode: files generated, uploaded, and
+submitted in batches (one Merkle root each) once each, through SIGKILL and SIGTERM. (A crash at each step of a batch,
+injected in-process, is tests/node/test_worker_batches.py's.)"""
 
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.events import EventFollower, WorkSubmitted
-from ledger.types import Reason, WorkStatus
+from ledger.events import BatchSubmitted, EventFollower
+from ledger.merkle import BatchTree, Leaf
+from ledger.types import BatchStatus, Reason
 from node.daemon.state import REFUSED_DETAIL
 from node.daemon.worker import WorkerError, check_assignment
 from protocol.plan import Job
-from protocol.rollouts import read_rollouts, work_units
-from protocol.signing import Assignment, SigningDomain, UploadReceipt, recover, sign
+from protocol.signing import Assignment, BatchReceipt, SigningDomain, UploadReceipt, recover, sign
 from protocol.tasks.spec import load_task_spec, spec_hash
 from protocol.terms import AssignmentTiming
 from tests.ledger.helpers import fund_provider, make_pool, onboard
@@ -92,9 +93,17 @@ def pool(
     )
     try:
         endpoints = tmp_path / "run" / "endpoints.json"
-        wait_for(lambda: endpoints.exists() or trainer.poll() is not None, "the trainer's endpoints")
+        urls: dict[str, str] = {}
+
+        def written() -> bool:  # the trainer writes the file in place: it may be seen empty or half-written
+            try:
+                urls.update(json.loads(endpoints.read_text()))
+            except (FileNotFoundError, json.JSONDecodeError):
+                return trainer.poll() is not None
+            return True
+
+        wait_for(written, "the trainer's endpoints")
         assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()[-3000:]
-        urls = json.loads(endpoints.read_text())
         spec_file.write_text(
             f'coordinator = "{urls["coordinator"]}"\ncheckpoints = ["{urls["origin"]}"]\ntask = "{TASK}"\n'
         )
@@ -135,9 +144,34 @@ def journal(pool: Pool, dev_key: int = 3) -> dict[str, tuple[str, str | None]]:
         return {k: (s, d) for k, s, d in db.execute("SELECT work_key, stage, detail FROM files")}
 
 
+def batches(pool: Pool, dev_key: int = 3) -> dict[str, tuple[str, list[str]]]:
+    """root hex -> (stage, its files' work keys in leaf order), read from the journal without the daemon's code."""
+    path = pool.root / f"state-{dev_key}" / "state.db"
+    if not path.exists():
+        return {}
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        found = {root: (stage, []) for root, stage in db.execute("SELECT root, stage FROM batches ORDER BY created")}
+        rows = db.execute("SELECT root, work_key FROM files WHERE root IS NOT NULL ORDER BY root, leaf_index")
+        for root, key in rows:
+            found[root][1].append(key)
+    return found
+
+
 def submissions(pool: Pool) -> list[bytes]:
-    follower = EventFollower(pool.owner, pool_id=pool.id, events=("WorkSubmitted",))
-    return [e.work_key for e in follower.poll() if isinstance(e, WorkSubmitted)]
+    """The roots of the batches submitted on chain, in order."""
+    follower = EventFollower(pool.owner, pool_id=pool.id, events=("BatchSubmitted",))
+    return [e.root for e in follower.poll() if isinstance(e, BatchSubmitted)]
+
+
+def submitted_once(pool: Pool) -> None:
+    """Every batch the journal holds submitted is on chain once, and every file it holds submitted is a leaf of one
+    of them, and of one only."""
+    held = batches(pool)
+    roots = [bytes.fromhex(r) for r, (stage, _) in held.items() if stage == "submitted"]
+    assert sorted(submissions(pool)) == sorted(roots)  # each root once
+    leaves = [k for r, (stage, keys) in held.items() if stage == "submitted" for k in keys]
+    assert len(leaves) == len(set(leaves))  # no file in two batches
+    assert sorted(leaves) == sorted(k for k, (s, _) in journal(pool).items() if s == "submitted")
 
 
 def test_a_worker_generates_uploads_and_submits_each_file_once(pool: Pool) -> None:
@@ -147,15 +181,19 @@ def test_a_worker_generates_uploads_and_submits_each_file_once(pool: Pool) -> No
         assert "generating with vllm on cpu" in (pool.root / "worker.log").read_text()
     files = journal(pool)
     assert len(files) == 2 and {stage for stage, _ in files.values()} == {"submitted"}
-    assert sorted(submissions(pool)) == sorted(bytes.fromhex(k) for k in files)
-    for key in files:
-        work = pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(key))
-        assert work.status == WorkStatus.PENDING and work.node == pool.node.address
+    [(root, (stage, keys))] = batches(pool).items()  # one batch of both files
+    assert stage == "submitted" and sorted(keys) == sorted(files)
+    submitted_once(pool)
+    batch = pool.owner.get_batch(pool.id, pool.node.address, bytes.fromhex(root))
+    assert batch.status == BatchStatus.PENDING and batch.node == pool.node.address and batch.count == 2
+    for key in keys:
         served = urllib.request.urlopen(f"{pool.coordinator}/v1/rollouts/{key}", timeout=10).read()
         assert hashlib.sha256(served).hexdigest() == key  # the coordinator holds what was submitted
-        assert work.units > 0
+    listed = urllib.request.urlopen(f"{pool.coordinator}/v1/batches/{root}", timeout=10).read()
+    assert [listed[i : i + 32].hex() for i in range(0, len(listed), 40)] == keys  # and the batch's leaf list
+    assert batch.total_units == sum(int.from_bytes(listed[i + 32 : i + 40], "big") for i in range(0, len(listed), 40))
     log = (pool.root / "worker.log").read_text()
-    assert "submitted 2 files in 0x" in log and "metrics at http://127.0.0.1:" in log
+    assert f"submitted batch 0x{root[:12]} of 2 files" in log and "metrics at http://127.0.0.1:" in log
 
 
 def test_a_killed_worker_resumes_without_losing_or_resubmitting_a_file(pool: Pool) -> None:
@@ -172,6 +210,7 @@ def test_a_killed_worker_resumes_without_losing_or_resubmitting_a_file(pool: Poo
 
     wait_for(page_counts_the_uploads, "the uploads on the metrics page")
     check_metrics(pages[-1])
+    assert re.search(r'^worker_batches\{stage="submitted"\} 0', pages[-1], re.MULTILINE), pages[-1]
     process.send_signal(signal.SIGKILL)
     process.wait()
     before = journal(pool)
@@ -182,21 +221,18 @@ def test_a_killed_worker_resumes_without_losing_or_resubmitting_a_file(pool: Poo
         signed = UploadReceipt(pool.id, bytes.fromhex(key), pool.node.address)
         domain = SigningDomain(pool.deployment.chain_id, pool.deployment.address("ComputePool"))
         assert recover(signed, receipt, domain) == dev_account(0).address  # the trainer runs with --dev-key 0
-    # a crash right after a transaction, before the journal recorded it: the chain knows, the journal does not
-    sent_by_hand = bytes.fromhex(uploaded[0])
-    units = work_units(
-        read_rollouts(pool.root / "state-3" / "files" / f"{uploaded[0]}.parquet", max_bytes=1 << 26).rows
-    )
-    pool.node_ledger.submit_work(pool.id, sent_by_hand, units)
 
-    process = start(pool, "--max-files", "1", "--submit-batch", "1", log="worker-2.log")
+    process = start(pool, "--max-files", "1", "--submit-batch", "50", log="worker-2.log")
     assert finish(pool, process, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
     after = journal(pool)
-    assert set(before) <= set(after) and len(after) == len(before) + 1
+    assert set(before) <= set(after) and len(after) == len(before) + 1  # no file lost
     assert {stage for stage, _ in after.values()} == {"submitted"}
-    assert after[uploaded[0]][1] == "found on chain after a restart"
-    submitted = submissions(pool)
-    assert sorted(submitted) == sorted(bytes.fromhex(k) for k in after)  # every file once, none twice
+    submitted_once(pool)
+    domain = SigningDomain(pool.deployment.chain_id, pool.deployment.address("ComputePool"))
+    for root, (_, keys) in batches(pool).items():  # each list's receipt, signed by the pool's trainer, is kept
+        receipt = bytes.fromhex((pool.root / "state-3" / "files" / f"{root}.batch-receipt").read_text())
+        signed = BatchReceipt(pool.id, bytes.fromhex(root), pool.node.address, len(keys))
+        assert recover(signed, receipt, domain) == dev_account(0).address
 
 
 def test_sigterm_finishes_the_file_in_progress_and_submits_what_is_ready(pool: Pool) -> None:
@@ -206,7 +242,7 @@ def test_sigterm_finishes_the_file_in_progress_and_submits_what_is_ready(pool: P
     assert finish(pool, process) == 0
     files = journal(pool)
     assert files and {stage for stage, _ in files.values()} == {"submitted"}
-    assert sorted(submissions(pool)) == sorted(bytes.fromhex(k) for k in files)
+    submitted_once(pool)
     assert "stopped after" in (pool.root / "worker.log").read_text()
 
 
@@ -330,7 +366,8 @@ def test_files_that_left_the_window_expire_instead_of_being_submitted(pool: Pool
     expired = {k for k, (s, _) in after.items() if s == "expired"}
     assert expired == set(held), after  # step 0 < 3 - 2: a validator would reject them as stale
     assert all(after[k][1] == "step < 1 when submitting" for k in expired)
-    assert submissions(pool) == [bytes.fromhex(k) for k, (s, _) in after.items() if s == "submitted"]
+    submitted_once(pool)
+    assert [keys for _, keys in batches(pool).values()] == [[k for k, (s, _) in after.items() if s == "submitted"]]
     assert "fell out of the window" in (pool.root / "worker-2.log").read_text()
 
 
@@ -351,6 +388,7 @@ def test_with_claim_the_worker_claims_what_left_its_challenge_window(pool: Pool)
     first = start(pool, "--max-files", "1", "--submit-batch", "1")
     assert finish(pool, first) == 0
     [matured] = journal(pool)
+    [root] = batches(pool)
     window = pool.owner.pool(pool.id).config.challenge_window
     pool.chain.increase_time(window + 1)
     before = pool.owner.balance_of(pool.provider.address)
@@ -359,27 +397,38 @@ def test_with_claim_the_worker_claims_what_left_its_challenge_window(pool: Pool)
     files = journal(pool)
     assert files[matured][0] == "claimed" and files[matured][1].startswith("claimed in 0x")
     assert [s for k, (s, _) in files.items() if k != matured] == ["submitted"]  # still inside its window
-    assert pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(matured)).status == WorkStatus.CLAIMED
-    units = pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(matured)).units
-    reward = units * pool.owner.pool(pool.id).config.reward_per_unit
+    assert batches(pool)[root][0] == "claimed"
+    batch = pool.owner.get_batch(pool.id, pool.node.address, bytes.fromhex(root))
+    assert batch.status == BatchStatus.CLAIMED
+    reward = batch.total_units * pool.owner.pool(pool.id).config.reward_per_unit
     assert pool.owner.balance_of(pool.provider.address) == before + reward  # paid to the provider, not the node
 
 
 def test_a_refused_file_is_journaled_refused_and_never_claimed(pool: Pool) -> None:
     first = start(pool, "--max-files", "2", "--submit-batch", "2")
     assert finish(pool, first) == 0, (pool.root / "worker.log").read_text()[-3000:]
-    refused, paid = sorted(journal(pool))
+    [(root, (_, keys))] = batches(pool).items()
+    refused, paid = keys
+    units = pool.owner.get_batch(pool.id, pool.node.address, bytes.fromhex(root)).total_units
+    with sqlite3.connect(f"file:{pool.root / 'state-3' / 'state.db'}?mode=ro", uri=True) as db:
+        leaves = [
+            Leaf(bytes.fromhex(k), u) for k, u in db.execute("SELECT work_key, units FROM files ORDER BY leaf_index")
+        ]
+    tree = BatchTree(leaves)
     validator = pool.owner.as_account(dev_account(VALIDATOR))
-    validator.refuse_work(pool.id, pool.node.address, bytes.fromhex(refused), Reason.PROOF_INVALID)  # borderline
+    validator.refuse_leaf(pool.id, pool.node.address, tree.root, tree.proof(0), Reason.PROOF_INVALID)  # borderline
     pool.chain.increase_time(pool.owner.pool(pool.id).config.challenge_window + 1)
+    before = pool.owner.balance_of(pool.provider.address)
 
     second = start(pool, "--max-files", "0", "--claim", log="worker-2.log")
     assert finish(pool, second, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
 
     files = journal(pool)
     assert files[refused] == ("refused", REFUSED_DETAIL)
-    assert files[paid][0] == "claimed"  # the node is still a member: its other work is paid
-    assert pool.owner.get_work(pool.id, pool.node.address, bytes.fromhex(refused)).status == WorkStatus.REFUSED
+    assert files[paid][0] == "claimed"  # the node is still a member: the rest of its batch is paid
+    assert pool.owner.get_batch(pool.id, pool.node.address, tree.root).status == BatchStatus.CLAIMED
+    per_unit = pool.owner.pool(pool.id).config.reward_per_unit
+    assert pool.owner.balance_of(pool.provider.address) == before + (units - leaves[0].units) * per_unit
 
 
 def test_the_journal_and_status_show_what_validators_attested_inside_the_window(pool: Pool) -> None:
@@ -478,27 +527,28 @@ def test_a_submitted_file_the_coordinator_lost_is_uploaded_again_before_a_valida
 def test_a_submission_a_reorganisation_removed_is_submitted_again(pool: Pool) -> None:
     """Issue 19 (item 9): a submission mined and then taken out by a reorganisation would stay unpaid, recorded
     as submitted in the journal; the worker sees that the chain no longer has it, nor its transaction, and submits
-    the file again."""
+    the batch again, with the same root."""
     first = start(pool, "--max-files", "1", "--submit-batch", "1")
     assert finish(pool, first) == 0, (pool.root / "worker.log").read_text()[-3000:]
     [key] = journal(pool)
+    [root] = batches(pool)
     w3 = pool.chain.w3
     node = pool.node.address
-    assert pool.node_ledger.get_work(pool.id, node, bytes.fromhex(key)).status == WorkStatus.PENDING
+    assert pool.node_ledger.get_batch(pool.id, node, bytes.fromhex(root)).status == BatchStatus.PENDING
     submitted_in = next(
         e.at.block_number
-        for e in EventFollower(pool.node_ledger, pool_id=pool.id, events=("WorkSubmitted",)).poll()
-        if isinstance(e, WorkSubmitted) and e.work_key.hex() == key
+        for e in EventFollower(pool.node_ledger, pool_id=pool.id, events=("BatchSubmitted",)).poll()
+        if isinstance(e, BatchSubmitted) and e.root.hex() == root
     )
     depth = w3.eth.block_number - submitted_in + 1
     assert "error" not in w3.provider.make_request("anvil_reorg", [depth, []])  # type: ignore[arg-type]
     w3.provider.make_request("anvil_dropAllTransactions", [])  # type: ignore[arg-type]
-    assert pool.node_ledger.get_work(pool.id, node, bytes.fromhex(key)).status == WorkStatus.NONE
+    assert pool.node_ledger.get_batch(pool.id, node, bytes.fromhex(root)).status == BatchStatus.NONE
 
     again = start(pool, "--max-files", "0", log="worker-2.log")
     assert finish(pool, again, "worker-2.log") == 0, (pool.root / "worker-2.log").read_text()[-3000:]
 
     log = (pool.root / "worker-2.log").read_text()
     assert "a reorganisation removed its submission" in log, log[-3000:]
-    assert pool.node_ledger.get_work(pool.id, node, bytes.fromhex(key)).status == WorkStatus.PENDING
-    assert journal(pool)[key][0] == "submitted"
+    assert pool.node_ledger.get_batch(pool.id, node, bytes.fromhex(root)).status == BatchStatus.PENDING
+    assert journal(pool)[key][0] == "submitted" and batches(pool) == {root: ("submitted", [key])}
