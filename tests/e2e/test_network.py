@@ -23,11 +23,13 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.events import EventFollower, WorkSubmitted, invalidations
-from ledger.types import Reason, WorkStatus
+from ledger.events import BatchSubmitted, EventFollower, batch_invalidations
+from ledger.types import BatchStatus, Reason
+from protocol.batches import MAX_BATCH_LEAVES, decode_leaves
 from tests.e2e.running import Processes, wait_for
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK, write_trainer_config
+from validator.store import ValidatorStore
 
 OWNER, HONEST_PROVIDER, CHEAT_PROVIDER, VALIDATOR, HONEST, CHEAT = 0, 1, 2, 5, 3, 4
 WINDOW = 3600
@@ -114,33 +116,46 @@ def test_three_rl_steps_slash_the_cheater_and_train_only_on_accepted_files(
         assert "generating with vllm on cpu (float32)" in processes.log(worker), processes.log(worker)[-3000:]
     assert "into vllm in" in processes.log("honest")  # a later policy went into the running engine, in place
 
-    submitted = [e for e in EventFollower(owner, pool_id=pool_id).poll() if isinstance(e, WorkSubmitted)]
-    by_node: dict[str, set[bytes]] = {dev_account(HONEST).address: set(), dev_account(CHEAT).address: set()}
-    for event in submitted:
-        by_node[event.node].add(event.work_key)
+    # the files each node committed, batch by batch: the validator fetched every batch's leaf list
+    batches = [e for e in EventFollower(owner, pool_id=pool_id).poll() if isinstance(e, BatchSubmitted)]
+    roots: dict[str, set[bytes]] = {dev_account(HONEST).address: set(), CHEATER: set()}
+    for event in batches:
+        roots[event.node].add(event.root)
     wait_for(
-        lambda: all(owner.get_work(pool_id, CHEATER, k).status != WorkStatus.NONE for k in by_node[CHEATER]),
+        lambda: any(node == CHEATER for node, _ in batch_invalidations(owner, pool_id)),
         "the validator's verdicts",
         processes,
         timeout=120,
     )
-    invalid = invalidations(owner, pool_id)
-    cheats = by_node[CHEATER]
-    invalid_cheats = {k for node, k in invalid if node == CHEATER}
-    assert cheats and invalid_cheats & cheats, processes.logs()
-    assert {invalid[(CHEATER, k)].reason for k in invalid_cheats} == {Reason.REWARD_MISMATCH}
+    invalid = batch_invalidations(owner, pool_id)
+    invalid_cheats = {root for node, root in invalid if node == CHEATER}
+    assert roots[CHEATER] and invalid_cheats <= roots[CHEATER], processes.logs()
+    assert {invalid[(CHEATER, root)].reason for root in invalid_cheats} == {Reason.REWARD_MISMATCH}
+    assert all(invalid[(CHEATER, root)].leaf_index is not None for root in invalid_cheats)  # shown with a proof
     assert owner.is_ejected(pool_id, CHEATER)
-    assert not any(node == dev_account(HONEST).address for node, _ in invalid), "an honest file was invalidated"
+    assert not any(node == dev_account(HONEST).address for node, _ in invalid), "an honest batch was invalidated"
 
+    store = ValidatorStore.open_existing(tmp_path / "val")
+    try:
+        listed = {(b.node, b.root): b.leaves for b in store.batches() if b.leaves is not None}
+    finally:
+        store.close()
+    honest_files = {
+        leaf.work_key
+        for root in roots[dev_account(HONEST).address]
+        if (dev_account(HONEST).address, root) in listed
+        for leaf in decode_leaves(listed[(dev_account(HONEST).address, root)], max_leaves=MAX_BATCH_LEAVES)
+    }
     steps = [json.loads(line) for line in trained.read_text().splitlines()]
     assert [t["step"] for t in steps] == list(range(1, STEPS + 1))
     trained_keys = {bytes.fromhex(k[2:]) for t in steps for k in t["work_keys"]}
-    assert trained_keys and trained_keys <= by_node[dev_account(HONEST).address]  # accepted files only
+    assert trained_keys and trained_keys <= honest_files  # accepted files only
 
     chain.increase_time(WINDOW + 1)
-    honest_keys = sorted(by_node[dev_account(HONEST).address])
+    honest_roots = sorted(roots[dev_account(HONEST).address])
     claim = ledger_for(HONEST_PROVIDER)
     before = claim.balance_of(claim.address)
-    claim.claim_rewards(pool_id, dev_account(HONEST).address, honest_keys)
+    claim.claim_batches(pool_id, dev_account(HONEST).address, honest_roots)
     assert claim.balance_of(claim.address) > before
-    assert {owner.get_work(pool_id, dev_account(HONEST).address, k).status for k in honest_keys} == {WorkStatus.CLAIMED}
+    claimed = {owner.get_batch(pool_id, dev_account(HONEST).address, r).status for r in honest_roots}
+    assert claimed == {BatchStatus.CLAIMED}

@@ -20,7 +20,7 @@ from aiohttp import web
 from eth_account import Account
 
 from ledger.client import Ledger
-from ledger.types import WorkStatus
+from ledger.types import BatchStatus
 from node.config import WorkerSettings
 from node.daemon.chain import LedgerWorkChain
 from node.daemon.worker import WorkerDaemon
@@ -263,11 +263,15 @@ def test_a_worker_over_its_quota_keeps_the_file_and_uploads_it_once_room_comes_b
             state.publish(2, time.time())  # the first file's step has left the window (k = 1)
             await daemon.flush(coordinator, force=True)
             assert stages() == {key(first): "submitted", key(second): "submitted"}
+            roots.extend(record.root for record in daemon.state.all())
 
+    roots: list[bytes | None] = []
     asyncio.run(main())
     assert api.service.inbox.has(key(second))
-    for data in (first, second):
-        assert node_ledger.get_work(pool_id, member.address, key(data)).status == WorkStatus.PENDING
+    assert len(set(roots)) == 2  # each file in a batch of its own: the second was not uploaded with the first
+    for root in roots:
+        assert root is not None
+        assert node_ledger.get_batch(pool_id, member.address, root).status == BatchStatus.PENDING
 
 
 def test_a_node_at_the_pools_pace_stays_far_below_the_default_quota(tmp_path: Path) -> None:
