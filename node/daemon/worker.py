@@ -371,6 +371,10 @@ class WorkerDaemon:
             metrics=await self._serve_metrics(),
             dashboard=await self._serve_dashboard(),
         )
+        per_key = [r for r in self.state.in_stage("submitted") if r.root is None]
+        if per_key:  # a journal from before batches: those records are claimed with claimRewards, not by this worker
+            log.warning("%d files of this journal were submitted key by key before batches; this worker does not "
+                        "follow or claim them", len(per_key))  # fmt: skip
         log.info(
             "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
             "generating with %s",

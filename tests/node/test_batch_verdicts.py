@@ -1,0 +1,50 @@
+"""What the worker reads from a batch's record and its invalidation (`node.daemon.batches`): pure, no chain."""
+
+from __future__ import annotations
+
+from ledger.events import BatchInvalidated, EventPosition
+from ledger.types import BatchRecord, BatchStatus, Reason
+from node.daemon.batches import batch_state, invalidation_details
+
+TOKEN = 10**18
+ROOT = b"\xaa" * 32
+KEYS = [bytes([i]) * 32 for i in range(3)]
+
+
+def record(status: BatchStatus, submitted_at: int = 1000) -> BatchRecord:
+    return BatchRecord(1, ROOT, "0xnode", "0xprovider", 3, 30, 0, submitted_at, status)
+
+
+def invalidated(leaf: int | None, key: bytes | None) -> BatchInvalidated:
+    return BatchInvalidated(1, ROOT, "0xnode", "0xv", leaf, key, int(Reason.PROOF_INVALID), 50 * TOKEN,
+                            EventPosition(1, 0, "0x"))  # fmt: skip
+
+
+def test_a_batch_is_pending_until_its_window_closes_then_claimable_unless_its_node_was_voided() -> None:
+    assert batch_state(record(BatchStatus.PENDING), 3600, 4599) == "pending"
+    assert batch_state(record(BatchStatus.PENDING), 3600, 4600) == "claimable"  # claimBatches' boundary
+    assert batch_state(record(BatchStatus.PENDING), 3600, 4600, voided=True) == "void"
+    assert batch_state(record(BatchStatus.CLAIMED), 3600, 4600, voided=True) == "claimed"
+    assert batch_state(record(BatchStatus.INVALIDATED), 3600, 0) == "invalidated"
+    assert batch_state(record(BatchStatus.NONE), 3600, 0) == "none"
+
+
+def test_an_invalidation_names_the_leaf_it_proved_on_it_and_voids_the_others_by_it() -> None:
+    voided = invalidation_details(ROOT, KEYS, invalidated(1, KEYS[1]), 18)
+    slash = "proof_invalid (7), 50 tokens slashed"
+    leaf = f"leaf 1 (0x{KEYS[1].hex()[:12]})"
+    assert (voided.batch, voided.bad_leaf) == (f"{leaf}: {slash}", 1)
+    assert voided.files == {
+        0: f"its batch 0x{ROOT.hex()[:12]} was voided by {leaf}: {slash}",
+        1: slash,
+        2: f"its batch 0x{ROOT.hex()[:12]} was voided by {leaf}: {slash}",
+    }
+
+
+def test_an_invalidation_without_a_leaf_of_the_journals_voids_every_file_alike() -> None:
+    for event in (invalidated(None, None), invalidated(1, KEYS[2])):  # no list made available; another file there
+        voided = invalidation_details(ROOT, KEYS, event, 18)
+        assert voided.bad_leaf is None and voided.batch == "proof_invalid (7), 50 tokens slashed"
+        assert set(voided.files.values()) == {f"its batch 0x{ROOT.hex()[:12]} was invalidated: {voided.batch}"}
+    unknown = invalidation_details(ROOT, KEYS, None, 18)  # the event not found
+    assert unknown.batch == "invalidated (the event was not found)" and len(unknown.files) == 3
