@@ -242,7 +242,12 @@ class ValidatorDaemon:
             "internal): tried again, never a verdict.",
         )
         self._invalidations = m.counter(
-            "validator_invalidations_sent_total", "Invalidations sent (invalidateWork, invalidateBatch), by kind."
+            "validator_invalidations_sent_total",
+            "Invalidations of a file sent (invalidateWork, or invalidateBatch with the file's proof).",
+        )
+        self._batch_invalidations = m.counter(
+            "validator_batch_invalidations_sent_total",
+            "Invalidations of a batch for its leaf list sent (invalidateBatch, invalidateUnavailableBatch).",
         )
         self._batches_seen = m.counter("validator_batches_seen_total", "Batch submissions read from the chain.")
         self._batches_rejected = m.counter(
@@ -672,7 +677,7 @@ class ValidatorDaemon:
             return
         tx = "0x" + bytes(receipt["transactionHash"]).hex()
         self.store.move_batch(batch, INVALIDATED, tx_hash=tx)
-        self._invalidations.inc(kind="batch")
+        self._batch_invalidations.inc()
         log.info("batch %s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short,
                  reason.name.lower(), reason, tx, batch.node)  # fmt: skip
 
@@ -1039,7 +1044,7 @@ class ValidatorDaemon:
                      reason.name.lower(), reason, tx, row.node)  # fmt: skip
             return
         self.store.move(row, INVALIDATED, tx_hash=tx)
-        self._invalidations.inc(kind="file")
+        self._invalidations.inc()
         log.info("%s: invalidated (%s, reason %d) in %s; node %s slashed and ejected", short, reason.name.lower(),
                  reason, tx, row.node)  # fmt: skip
 

@@ -150,7 +150,7 @@ def test_a_rejected_file_of_a_batch_is_invalidated_with_its_proof_and_the_whole_
     record = owner.get_batch(pool_id, node.address, tree.root)
     assert record.status == BatchStatus.INVALIDATED  # leaves a and b, never judged bad, are not paid either
     assert owner.burned() == 50 * TOKEN and owner.ejection_of(pool_id, node.address) == Ejection.BY_INVALIDATION
-    assert 'validator_invalidations_sent_total{kind="file"} 1\n' in validator.metrics.render()
+    assert "validator_invalidations_sent_total 1\n" in validator.metrics.render()
 
     again = act(validator, bad)  # a restart after the transaction, before the store knew: not sent twice
     assert again.stage == INVALIDATED and again.note == "its batch is already invalidated on chain"
@@ -202,6 +202,7 @@ def test_a_batch_naming_a_file_twice_is_invalidated_with_the_proof_of_the_second
     assert after.stage == INVALIDATED and after.tx_hash is not None
     assert owner.get_batch(pool_id, node.address, tree.root).status == BatchStatus.INVALIDATED
     assert owner.burned() == 50 * TOKEN
+    assert "validator_batch_invalidations_sent_total 1\n" in validator.metrics.render()
     kept = json.loads((tmp_path / "state" / "evidence" / "batches" / tree.root.hex() / "record.json").read_text())
     assert (kept["reason"], kept["detail"], kept["proof"]["index"]) == (3, detail, 2)
     assert kept["proof"]["siblings"] == ["0x" + s.hex() for s in tree.proof(2).siblings]
