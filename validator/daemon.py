@@ -605,6 +605,11 @@ class ValidatorDaemon:
             return
         earlier = self.store.recorded_keys(batch.node, [leaf.work_key for leaf in leaves])
         earlier = {key: root for key, root in earlier.items() if root != batch.root}  # its own rows, read again
+        try:  # a batch a reorganisation took out is no earlier submission: its files may come back in another
+            earlier = await self._still_on_chain(batch.node, earlier)
+        except LedgerError as exc:
+            self._retry_batch(batch, f"reading earlier batches on chain: {exc}")
+            return
         max_units = self._max_units if self._max_units is not None else max(leaf.units for leaf in leaves)
         fault = check_leaves(
             leaves, count=batch.count, total_units=batch.total_units, max_units=max_units, earlier=earlier
@@ -625,6 +630,25 @@ class ValidatorDaemon:
         self._seen.inc(added)
         log.info("batch %s from %s: %d files worth %d units listed", short, batch.node, len(leaves), batch.total_units)
         self._covered.inc(self.store.cover([leaf.work_key for leaf in leaves], replication))
+
+    async def _still_on_chain(self, node: str, earlier: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+        """`earlier` (work key -> the batch it was a leaf of, None for a per-key record) without the keys whose batch
+        or record the chain no longer holds: read from a block a reorganisation replaced."""
+        gone: set[bytes | None] = set()
+        for root in {root for root in earlier.values() if root is not None}:
+            record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, node, root)
+            if record.status == BatchStatus.NONE:
+                gone.add(root)
+        kept = {}
+        for key, root in earlier.items():
+            if root is None:
+                work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, node, key)
+                if work.status == WorkStatus.NONE:
+                    continue
+            elif root in gone:
+                continue
+            kept[key] = root
+        return kept
 
     def _reject_batch(
         self, batch: BatchRow, reason: Reason, detail: str, *, leaf_index: int | None, leaves: bytes | None

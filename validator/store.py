@@ -457,6 +457,20 @@ class ValidatorStore:
                 ],
             )  # fmt: skip
             added = self.db.total_changes - before
+            # a file whose earlier batch the chain no longer holds (the daemon checked) is this batch's leaf now,
+            # judged again from `seen` unless its transaction went out
+            self.db.executemany(
+                "UPDATE work SET root = ?, leaf_index = ?, block = ?, log_index = ?, submitted_at = ?, units = ?, "
+                "stage = CASE WHEN tx_hash IS NULL THEN ? ELSE stage END, "
+                "outcome = CASE WHEN tx_hash IS NULL THEN NULL ELSE outcome END, "
+                "note = CASE WHEN tx_hash IS NULL THEN NULL ELSE note END, next_try = ?, updated = ? "
+                "WHERE pool_id = ? AND node = ? AND work_key = ? AND root IS NOT ?",
+                [
+                    (batch.root.hex(), f.leaf_index, f.block, f.log_index, f.submitted_at, f.units, SEEN, now, now,
+                     self.pool_id, f.node, f.work_key.hex(), batch.root.hex())
+                    for f in files
+                ],
+            )  # fmt: skip
             self.db.execute(
                 f"UPDATE batches SET stage = ?, leaves = ?, note = NULL, next_try = ?, updated = ? {_BATCH}",
                 (LISTED, leaves, now, now, *self._batch_identity(batch)),

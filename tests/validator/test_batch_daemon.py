@@ -438,3 +438,30 @@ def test_the_evidence_of_a_rejected_leaf_keeps_its_batch_and_proof(
     kept = json.loads((tmp_path / "state" / "evidence" / row.work_key.hex() / "record.json").read_text())
     assert kept["batch"]["root"] == "0x" + tree.root.hex() and kept["batch"]["index"] == 1
     assert kept["batch"]["siblings"] == ["0x" + s.hex() for s in tree.proof(1).siblings]
+
+
+def test_a_file_of_a_batch_a_reorganisation_took_out_may_come_back_in_another_batch(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """The validator listed batch A, then a reorganisation took A out and the worker committed its file in batch B:
+    B is no second submission of the file (A is not on chain), so B is listed and its leaf judged under B."""
+    pool_id, node = pool
+    key, data = held("a")
+    gone_leaves = [Leaf(key, 10), Leaf(held("b")[0], 10)]
+    again = [Leaf(key, 10)]
+
+    async def scenario(validator: ValidatorDaemon, api: CoordinatorApi, worker: CoordinatorClient) -> None:
+        api.service.inbox.put(key, data, node.address)
+        await worker.upload_batch(again)
+        gone = BatchTree(gone_leaves)  # recorded and listed here, never on this chain: as if a reorganisation took it
+        taken = BatchSubmission(pool_id, gone.root, node.address, 2, 20, 1, 0, 1_700_000_000)
+        validator.store.record([], next_block=1, batches=[taken])
+        listed(validator, taken, gone)
+        batch = on_chain(validator, node, pool_id, again)
+        after = await list_once(validator, batch.root, node.address)
+        assert after.stage == LISTED, after.detail
+        row = validator.store.get(key, node.address)
+        assert row is not None and (row.root, row.leaf_index, row.stage) == (batch.root, 0, SEEN)
+        assert row.submitted_at == batch.submitted_at
+
+    listing(ledger_for, pool_id, tmp_path, scenario)
