@@ -639,7 +639,7 @@ class ValidatorDaemon:
             record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, node, root)
             if record.status == BatchStatus.NONE:
                 gone.add(root)
-        kept = {}
+        kept: dict[bytes, bytes | None] = {}
         for key, root in earlier.items():
             if root is None:
                 work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, node, key)
