@@ -634,11 +634,11 @@ class ValidatorDaemon:
     async def _still_on_chain(self, node: str, earlier: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
         """`earlier` (work key -> the batch it was a leaf of, None for a per-key record) without the keys whose batch
         or record the chain no longer holds: read from a block a reorganisation replaced."""
-        gone: set[bytes | None] = set()
-        for root in {root for root in earlier.values() if root is not None}:
-            record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, node, root)
+        gone: set[bytes] = set()
+        for batch_root in {root for root in earlier.values() if root is not None}:
+            record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, node, batch_root)
             if record.status == BatchStatus.NONE:
-                gone.add(root)
+                gone.add(batch_root)
         kept: dict[bytes, bytes | None] = {}
         for key, root in earlier.items():
             if root is None:
