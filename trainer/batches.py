@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
-from trainer.inbox import StoredFile
+from trainer.inbox import StoredFile, store_with_uploader
 
 _ROOT_HEX = re.compile("[0-9a-f]{64}")
 
@@ -50,17 +49,7 @@ class BatchInbox:
         final = self.path(root)
         if final.exists():
             return False
-        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            (self.root / f"{root.hex()}.node").write_text(node + "\n")
-            os.rename(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        store_with_uploader(final, data, self.root / f"{root.hex()}.node", node)
         return True
 
     def stored(self, since: float) -> list[StoredFile]:

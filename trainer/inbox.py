@@ -85,17 +85,7 @@ class RolloutInbox:
         final = self.path(work_key)
         if final.exists():
             return False
-        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            (self.root / f"{work_key.hex()}.node").write_text(node + "\n")
-            os.rename(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        store_with_uploader(final, data, self.root / f"{work_key.hex()}.node", node)
         self._remember(work_key, node)
         self._arrivals.append(work_key)
         return True
@@ -121,6 +111,23 @@ class RolloutInbox:
     def arrivals(self, since: int = 0) -> list[bytes]:
         """Work keys in the order they were stored, from the `since`-th on: `since` = how many a reader has seen."""
         return self._arrivals[since:]
+
+
+def store_with_uploader(final: Path, data: bytes, uploader: Path, node: str) -> None:
+    """Writes `data` to `final` durably (a temporary file beside it, fsynced, renamed) and `node` to `uploader`
+    before the rename: a stored object always has its uploader recorded, which is how a loss is told from a
+    never-stored object afterwards (the record outlives the bytes)."""
+    fd, tmp = tempfile.mkstemp(dir=final.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        uploader.write_text(node + "\n")
+        os.rename(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def named_work_key(path: Path) -> bytes | None:
