@@ -257,17 +257,29 @@ class CoordinatorClient:
 
         Reads at most `max_bytes + 1` bytes: enough for a size check to refuse a larger file without holding it all.
         """
-        url = self.url + routes.rollout(work_key)
         total = self.limits.transfer_timeout if timeout is None else timeout
-        async with self._exchange("GET", url, total) as response:
+        # a longer file is read in part and judged by its size: its bytes are the worker's, named by their hash
+        return await self._stored(routes.rollout(work_key), "file", max_bytes, total, refuse_longer=False)
+
+    async def _stored(
+        self, path: str, what: str, max_bytes: int, timeout: float, *, refuse_longer: bool
+    ) -> bytes | None:
+        """A stored object's bytes (at most `max_bytes + 1` of them read), None on 404; `CoordinatorLostFile` on 410
+        (stored, acknowledged and lost). With `refuse_longer`, a declared length over `max_bytes` is the
+        coordinator's failure, refused before anything is read."""
+        url = self.url + path
+        async with self._exchange("GET", url, timeout) as response:
             if response.status == 404:
                 return None
             if response.status == 410:
-                raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this file and lost it")
+                raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this {what} and lost it")
             if response.status >= 500:
                 raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
             if response.status != 200:
                 raise CoordinatorRefused(response.status, ErrorCode.HTTP, f"GET {url} answered HTTP {response.status}")
+            size = response.content_length
+            if refuse_longer and size is not None and size > max_bytes:
+                raise CoordinatorUnavailable(f"GET {url}: a {what} of {size} bytes, over {max_bytes}")
             return await read_body(response.content, max_bytes)
 
     async def request_task(self) -> Job:
@@ -314,19 +326,9 @@ class CoordinatorClient:
         `CoordinatorUnavailable`: what the coordinator serves is its own doing, never the worker's."""
         url = self.url + routes.batch(root)
         total = self.limits.call_timeout if timeout is None else timeout
-        async with self._exchange("GET", url, total) as response:
-            if response.status == 404:
-                return None
-            if response.status == 410:
-                raise CoordinatorLostFile(f"GET {url}: the coordinator acknowledged this leaf list and lost it")
-            if response.status >= 500:
-                raise CoordinatorUnavailable(f"GET {url}: HTTP {response.status}")
-            if response.status != 200:
-                raise CoordinatorRefused(response.status, ErrorCode.HTTP, f"GET {url} answered HTTP {response.status}")
-            size = response.content_length
-            if size is not None and size > MAX_BATCH_BYTES:
-                raise CoordinatorUnavailable(f"GET {url}: a leaf list of {size} bytes, over {MAX_BATCH_BYTES}")
-            data = await read_body(response.content, MAX_BATCH_BYTES)
+        data = await self._stored(routes.batch(root), "leaf list", MAX_BATCH_BYTES, total, refuse_longer=True)
+        if data is None:
+            return None
         if len(data) > MAX_BATCH_BYTES:
             raise CoordinatorUnavailable(f"GET {url}: a leaf list over {MAX_BATCH_BYTES} bytes")
         try:
