@@ -31,7 +31,7 @@ from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.errors import ContractRevert
 from ledger.merkle import BatchTree, Leaf
-from ledger.types import BatchStatus, PoolConfig, Reason, StakeLock, WorkStatus
+from ledger.types import BatchStatus, PoolConfig, Reason, StakeLock
 from ledger.units import format_amount, parse_amount
 
 # The receipts also hold the token's and registry's logs, which these contracts' ABIs cannot decode.
@@ -85,12 +85,6 @@ _BATCH_STATUS_WORDS = {
     BatchStatus.PENDING: "the batch is still pending",
     BatchStatus.INVALIDATED: "the batch was invalidated: one of its files was shown bad, and none of it is paid",
     BatchStatus.CLAIMED: "the batch was already claimed",
-}
-_STATUS_WORDS = {
-    WorkStatus.PENDING: "the work is still pending",
-    WorkStatus.INVALIDATED: "the work was invalidated",
-    WorkStatus.CLAIMED: "the work was already claimed",
-    WorkStatus.REFUSED: "a validator refused the work (a borderline file): it is never paid",
 }
 
 
@@ -179,17 +173,12 @@ def explain_refusal(revert: ContractRevert) -> str:
     if revert.name == "BatchNotPending":
         batch_status = BatchStatus(int(values["status"]))
         return f"refused: {_BATCH_STATUS_WORDS.get(batch_status, f'the batch is {batch_status.name.lower()}')}"
-    if revert.name in ("ChallengeWindowOpen", "BatchChallengeWindowOpen"):
+    if revert.name == "BatchChallengeWindowOpen":
         return "refused: the challenge window is still open"
     if revert.name == "BatchNotFound":
         return "refused: no such batch was submitted"
-    if revert.name == "WorkNotPending":
-        status = WorkStatus(int(values["status"]))
-        return f"refused: {_STATUS_WORDS.get(status, f'the work is {status.name.lower()}')}"
     if revert.name == "NodeEjected":
-        return "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid"
-    if revert.name == "WorkNotFound":
-        return "refused: no such work was submitted"
+        return "refused: an invalidation ejected the node from the pool, so its pending batches are void and never paid"
     if revert.name == "LockHeld":
         if values.get("member"):
             return "refused: the node is still a member of the pool; its lock ends only after it leaves"

@@ -28,8 +28,6 @@ from ledger.types import (
     Reason,
     StakeInfo,
     StakeLock,
-    WorkRecord,
-    WorkStatus,
 )
 
 
@@ -276,40 +274,8 @@ class Ledger:
         self.ensure_allowance(self.work.address, amount)
         return self._send(self.work.functions.fundRewards(pool_id, amount), "fundRewards")
 
-    def submit_work(self, pool_id: int, work_key: bytes, units: int) -> TxReceipt:
-        return self._send(self.work.functions.submitWork(pool_id, work_key, units), "submitWork")
-
-    def submit_work_batch(self, pool_id: int, work_keys: Sequence[bytes], units: Sequence[int]) -> TxReceipt:
-        return self._send(self.work.functions.submitWorkBatch(pool_id, list(work_keys), list(units)), "submitWorkBatch")
-
-    def invalidate_work(self, pool_id: int, node: str, work_key: bytes, reason: Reason | int) -> TxReceipt:
-        return self._send(self.work.functions.invalidateWork(pool_id, node, work_key, int(reason)), "invalidateWork")
-
-    def refuse_work(self, pool_id: int, node: str, work_key: bytes, reason: Reason | int) -> TxReceipt:
-        """Voids `node`'s pending work without a slash (a borderline file): never paid, the node stays a member."""
-        return self._send(self.work.functions.refuseWork(pool_id, node, work_key, int(reason)), "refuseWork")
-
-    def claim_rewards(self, pool_id: int, node: str, work_keys: Sequence[bytes]) -> TxReceipt:
-        """Pays `node`'s provider for `node`'s work `work_keys` (anyone may send this)."""
-        return self._send(self.work.functions.claimRewards(pool_id, node, list(work_keys)), "claimRewards")
-
     def escrow_of(self, pool_id: int) -> int:
         return int(self._call(self.work.functions.escrowOf(pool_id), "escrowOf"))
-
-    def get_work(self, pool_id: int, node: str, work_key: bytes) -> WorkRecord:
-        """`node`'s record of `work_key`: status NONE when `node` never submitted it (whoever else did)."""
-        provider, units, submitted_at, status = self._call(
-            self.work.functions.getWork(pool_id, node, work_key), "getWork"
-        )
-        return WorkRecord(
-            pool_id=pool_id,
-            work_key=bytes(work_key),
-            node=to_checksum_address(node),
-            provider=to_checksum_address(provider),
-            units=int(units),
-            submitted_at=int(submitted_at),
-            status=WorkStatus(int(status)),
-        )
 
     # --- batches: one Merkle root per batch (ledger.merkle builds the tree and the proofs) -------------------
     def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> TxReceipt:

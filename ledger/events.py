@@ -22,10 +22,6 @@ from ledger.tx import with_retries
 log = logging.getLogger(__name__)
 
 FOLLOWED = (
-    "WorkSubmitted",
-    "WorkInvalidated",
-    "WorkRefused",
-    "RewardsClaimed",
     "BatchSubmitted",
     "BatchInvalidated",
     "LeafRefused",
@@ -49,49 +45,6 @@ class EventPosition:
     block_number: int
     log_index: int
     tx_hash: str
-
-
-@dataclass(frozen=True)
-class WorkSubmitted:
-    pool_id: int
-    work_key: bytes
-    node: str
-    provider: str
-    units: int
-    at: EventPosition
-
-
-@dataclass(frozen=True)
-class WorkInvalidated:
-    pool_id: int
-    work_key: bytes
-    node: str
-    validator: str
-    reason: int
-    slashed: int
-    at: EventPosition
-
-
-@dataclass(frozen=True)
-class WorkRefused:
-    """A validator voided `node`'s work without a slash: it is never paid (unless later invalidated, still unpaid)."""
-
-    pool_id: int
-    work_key: bytes
-    node: str
-    validator: str
-    reason: int
-    at: EventPosition
-
-
-@dataclass(frozen=True)
-class RewardsClaimed:
-    pool_id: int
-    provider: str
-    node: str
-    amount: int
-    count: int
-    at: EventPosition
 
 
 @dataclass(frozen=True)
@@ -152,16 +105,7 @@ class BatchesClaimed:
     at: EventPosition
 
 
-LedgerEvent = (
-    WorkSubmitted
-    | WorkInvalidated
-    | WorkRefused
-    | RewardsClaimed
-    | BatchSubmitted
-    | BatchInvalidated
-    | LeafRefused
-    | BatchesClaimed
-)
+LedgerEvent = BatchSubmitted | BatchInvalidated | LeafRefused | BatchesClaimed
 
 
 class CursorFile:
@@ -212,10 +156,8 @@ class EventFollower:
     """Reads WorkLedger events block range by block range, `confirmations` blocks behind the head, reorg-safe.
 
     `poll()` returns every followed event from the cursor up to the newest block less `confirmations`, in
-    chain order, then moves the cursor past them (and saves it, when a `CursorFile` is given). A batch
-    submission's `WorkBatchSubmitted` is expanded into one `WorkSubmitted` per key; a batch root's events
-    (`BatchSubmitted` ... `BatchesClaimed`) are one record each, as on chain. When the node refuses a
-    range as too large, the page is halved and retried.
+    chain order, then moves the cursor past them (and saves it, when a `CursorFile` is given), one record per
+    event, as on chain. When the node refuses a range as too large, the page is halved and retried.
 
     Reorganisations: the follower remembers the hashes of the last `remember` blocks it read. Before reading on,
     it checks that the block before the cursor still has the hash it had; when it does not, the chain was
@@ -260,8 +202,7 @@ class EventFollower:
         self.reorgs = 0  # reorganisations under the cursor seen since start
         contract_events = ledger.work.events
         self._decoders: dict[bytes, Any] = {}
-        names = [*events, "WorkBatchSubmitted"] if "WorkSubmitted" in events else list(events)
-        for name in names:
+        for name in events:
             event = getattr(contract_events, name)()
             self._decoders[bytes(HexBytes(event.topic))] = event  # web3 8 gives the topic as a hex string
 
@@ -364,31 +305,7 @@ class EventFollower:
             int(entry["blockNumber"]), int(entry["logIndex"]), "0x" + bytes(entry["transactionHash"]).hex()
         )
         name = decoded["event"]
-        if name == "WorkSubmitted":
-            yield WorkSubmitted(
-                args["poolId"], bytes(args["workKey"]), to_checksum_address(args["node"]),
-                to_checksum_address(args["provider"]), args["units"], at,
-            )  # fmt: skip
-        elif name == "WorkBatchSubmitted":
-            node, provider = to_checksum_address(args["node"]), to_checksum_address(args["provider"])
-            for key, units in zip(args["workKeys"], args["units"], strict=True):
-                yield WorkSubmitted(args["poolId"], bytes(key), node, provider, units, at)
-        elif name == "WorkInvalidated":
-            yield WorkInvalidated(
-                args["poolId"], bytes(args["workKey"]), to_checksum_address(args["node"]),
-                to_checksum_address(args["validator"]), args["reason"], args["slashed"], at,
-            )  # fmt: skip
-        elif name == "WorkRefused":
-            yield WorkRefused(
-                args["poolId"], bytes(args["workKey"]), to_checksum_address(args["node"]),
-                to_checksum_address(args["validator"]), args["reason"], at,
-            )  # fmt: skip
-        elif name == "RewardsClaimed":
-            yield RewardsClaimed(
-                args["poolId"], to_checksum_address(args["provider"]), to_checksum_address(args["node"]),
-                args["amount"], args["count"], at,
-            )  # fmt: skip
-        elif name == "BatchSubmitted":
+        if name == "BatchSubmitted":
             yield BatchSubmitted(
                 args["poolId"], bytes(args["root"]), to_checksum_address(args["node"]), args["count"],
                 args["totalUnits"], at,
@@ -413,17 +330,6 @@ class EventFollower:
             )  # fmt: skip
 
 
-def refusals(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkRefused]:
-    """Every refusal in the pool since the deployment (of `node`'s work only, when given), by (node, work key)."""
-    return {(e.node, e.work_key): e for e in _judgements(ledger, pool_id, WorkRefused, node)}
-
-
-def invalidations(ledger: Ledger, pool_id: int, node: str | None = None) -> dict[tuple[str, bytes], WorkInvalidated]:
-    """Every invalidation in the pool since the deployment (of `node`'s work only, when given), by (node, work key):
-    records are per node, so two nodes' records of one key are two entries."""
-    return {(e.node, e.work_key): e for e in _judgements(ledger, pool_id, WorkInvalidated, node)}
-
-
 def batch_invalidations(
     ledger: Ledger, pool_id: int, node: str | None = None
 ) -> dict[tuple[str, bytes], BatchInvalidated]:
@@ -438,7 +344,7 @@ def leaf_refusals(ledger: Ledger, pool_id: int, node: str | None = None) -> dict
     return {(e.node, e.root, e.leaf_index): e for e in _judgements(ledger, pool_id, LeafRefused, node)}
 
 
-_Judged = TypeVar("_Judged", WorkInvalidated, WorkRefused, BatchInvalidated, LeafRefused)
+_Judged = TypeVar("_Judged", BatchInvalidated, LeafRefused)
 
 
 def _judgements(ledger: Ledger, pool_id: int, kind: type[_Judged], node: str | None) -> list[_Judged]:

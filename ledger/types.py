@@ -6,18 +6,6 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 
-class WorkStatus(IntEnum):
-    """Mirrors `IWorkLedger.WorkStatus`."""
-
-    NONE = 0
-    PENDING = 1
-    INVALIDATED = 2  # slashed, and the node ejected by invalidation
-    CLAIMED = 3
-    REFUSED = (
-        4  # voided by a validator without a slash (a borderline file): never paid; still invalidatable in its window
-    )
-
-
 class BatchStatus(IntEnum):
     """Mirrors `IWorkLedger.BatchStatus`: a batch is paid whole (less its refused leaves) or not at all."""
 
@@ -36,7 +24,7 @@ class Ejection(IntEnum):
 
 
 class Reason(IntEnum):
-    """Why a validator rejected a file (DESIGN section 5); the uint8 passed to `invalidateWork`."""
+    """Why a validator rejected a file (DESIGN section 5); the uint8 passed to `invalidateBatch` and `refuseLeaf`."""
 
     HASH_MISMATCH = 1
     BAD_FORMAT = 2
@@ -112,17 +100,6 @@ class StakeLock:
 
     def releasable(self, now: int) -> bool:
         return self.open and not self.member and now >= self.release_at
-
-
-@dataclass(frozen=True)
-class WorkRecord:
-    pool_id: int
-    work_key: bytes
-    node: str
-    provider: str
-    units: int
-    submitted_at: int
-    status: WorkStatus
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ and never trained on. So those facts live here, as one frozen `PoolTerms` per po
 pure functions that every role calls instead of restating:
 
 - `step_window` (and `PoolTerms.window`): the policy steps a file may come from, [current - async_level, current];
-- `work_state` (and `PoolTerms.state_of`): pending, claimable, void, invalidated, refused or claimed (the contract's
+- `batch_state` (and `PoolTerms.state_of`): a batch pending, claimable, void, invalidated or claimed (the contract's
   rules);
 - `DEFAULT_MAX_FILE_BYTES`: the file-size limit a pool has when its spec says nothing;
 - `AssignmentTiming` (and `PoolTerms.timing`): how long a signed assignment lives, judged by the issue time the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import NodeError
-from ledger.types import PoolInfo, WorkRecord, WorkStatus
+from ledger.types import BatchRecord, BatchStatus, PoolInfo
 
 DEFAULT_ASYNC_LEVEL = 2  # files from policy steps >= current - 2 count (DESIGN section 8)
 # The widest window any role takes: the origin serves async_level + 2 checkpoint versions, so 64 is already 66 full
@@ -139,20 +139,20 @@ def challenge_closes_at(submitted_at: int, challenge_window: int) -> int:
     return submitted_at + challenge_window
 
 
-def work_state(work: WorkRecord, challenge_window: int, now: int, *, voided: bool = False) -> str:
-    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated', 'refused', 'claimed'
-    or 'none'.
+def batch_state(batch: BatchRecord, challenge_window: int, now: int, *, voided: bool = False) -> str:
+    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated', 'claimed' or 'none';
+    'void' once its node was ejected by an invalidation (`claimBatches` refuses every batch of such a node; an owner's
+    ejection voids nothing: its batches are still claimable).
 
-    The contract's rules (WorkLedger): `invalidateWork` and `refuseWork` need `now < submittedAt + window`,
-    `claimRewards` needs `now >= submittedAt + window`, and refuses every key of a node ejected by an invalidation
-    (`voided`): its pending work is 'void'. A node its owner ejected is not voided: its work is still claimable.
-    'refused' work is never paid, and may still be invalidated while its window is open.
+    The contract's rules (WorkLedger): `invalidateBatch` and `refuseLeaf` need `now < submittedAt + window`,
+    `claimBatches` needs `now >= submittedAt + window`. A refused leaf leaves its batch pending: only its units are
+    not paid.
     """
-    if work.status == WorkStatus.PENDING:
+    if batch.status == BatchStatus.PENDING:
         if voided:
             return "void"
-        return "claimable" if now >= challenge_closes_at(work.submitted_at, challenge_window) else "pending"
-    return work.status.name.lower()
+        return "claimable" if now >= challenge_closes_at(batch.submitted_at, challenge_window) else "pending"
+    return batch.status.name.lower()
 
 
 @dataclass(frozen=True)
@@ -200,8 +200,8 @@ class PoolTerms:
     def window(self, current: int, *, earliest: int | None = None) -> StepWindow:
         return step_window(current, self.async_level, earliest=earliest)
 
-    def state_of(self, work: WorkRecord, now: int, *, voided: bool = False) -> str:
-        return work_state(work, self.challenge_window, now, voided=voided)
+    def state_of(self, batch: BatchRecord, now: int, *, voided: bool = False) -> str:
+        return batch_state(batch, self.challenge_window, now, voided=voided)
 
     @classmethod
     def of_chain(cls, info: PoolInfo, **spec_terms: object) -> PoolTerms:

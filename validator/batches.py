@@ -42,11 +42,11 @@ def check_leaves(
     count: int,
     total_units: int,
     max_units: int,
-    earlier: Mapping[bytes, bytes | None],
+    earlier: Mapping[bytes, bytes],
 ) -> ListFault | None:
     """The first fault of a batch's leaf list against its record (`count`, `total_units`) and the pool's cap on a
     file's units, given the node's files submitted before (`earlier`: work key -> the root of the batch it is a leaf
-    of, None for a per-key record); None when the list is sound."""
+    of); None when the list is sound."""
     if len(leaves) != count:
         return ListFault(
             Reason.FILE_UNAVAILABLE,
@@ -74,12 +74,10 @@ def check_leaves(
         )
     for index, leaf in enumerate(leaves):
         if leaf.work_key in earlier:
-            root = earlier[leaf.work_key]
-            before = "as a per-key record" if root is None else f"in batch 0x{root.hex()}"
             return ListFault(
                 Reason.WRONG_ASSIGNMENT,
                 index,
-                f"leaf {index} names file 0x{leaf.work_key.hex()}, which this node submitted before {before}: a file "
-                "is paid once",
+                f"leaf {index} names file 0x{leaf.work_key.hex()}, which this node submitted before in batch "
+                f"0x{earlier[leaf.work_key].hex()}: a file is paid once",
             )
     return None

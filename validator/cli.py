@@ -520,7 +520,7 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
     known = {r.value: r.name.lower() for r in Reason}
     return {
         "work_key": "0x" + row.work_key.hex(),
-        "batch": None if row.root is None else "0x" + row.root.hex(),  # None: a per-key record
+        "batch": None if row.root is None else "0x" + row.root.hex(),  # None: a state from before batches
         "leaf_index": row.leaf_index,
         "node": row.node,
         "units": row.units,
@@ -559,7 +559,7 @@ def _batch_rejection(batch: BatchRow) -> dict[str, Any]:
 
 
 def _invalidation(row: WorkRow) -> str:
-    """The invalidateWork transaction, or the refuseWork one of a borderline rejection, or why there is none."""
+    """The invalidateBatch transaction, or the refuseLeaf one of a borderline rejection, or why there is none."""
     from validator.store import REFUSED
 
     if row.tx_hash:

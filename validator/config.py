@@ -114,7 +114,7 @@ class Tuning(Settings):
     )
     # Slash only on clear evidence (docs/verification.md): a failing row is recomputed alone in float64, and the file
     # is slashable only when the row fails there too by more than clear_factor times a threshold; otherwise it is
-    # refused as borderline (refuseWork: not paid, not slashed). At most max_rechecked_rows failing rows of a file
+    # refused as borderline (refuseLeaf: not paid, not slashed). At most max_rechecked_rows failing rows of a file
     # are recomputed that way.
     clear_factor: float = setting(
         "a float64 recheck must fail by this many times a threshold to slash", default=4.0, above=1, maximum=1000

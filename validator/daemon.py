@@ -1,8 +1,10 @@
 """The validator daemon (`prime-validate run`): every submission of its pool verified, attested, and acted on.
 
 One loop, one submission at a time (DESIGN section 1, step 5):
-1. follow `WorkSubmitted` of the pool from the stored cursor (the deployment block at first), recording each
-   submission and the new cursor in one transaction (`validator.store`);
+1. follow `BatchSubmitted` of the pool from the stored cursor (the deployment block at first), recording each
+   batch and the new cursor in one transaction (`validator.store`), then fetch each batch's leaf list from the
+   coordinator and check it (`validator.batches`): a sound list becomes one row per file, a faulty one condemns the
+   batch (invalidated with the proof of the faulty leaf, or without one when no list was ever made available);
 2. download the file from the coordinator; a file the coordinator still does not have `grace_seconds` after
    the submission was first seen gets the verdict "file unavailable" (reason 8). An unreachable coordinator
    is never held against the worker: the file is tried again later; nor is a file the coordinator stored,
@@ -19,11 +21,12 @@ One loop, one submission at a time (DESIGN section 1, step 5):
 4. post a signed attestation to the coordinator, and (with a p2p port) publish it on the pool's attestations
    topic (`validator.gossip`; best effort, never fatal);
 5. on a rejection, keep the evidence first (`validator.evidence`: the file, the verdict with its per-chunk
-   statistics, the checkpoint; until the challenge window closes), then re-read the work on chain and, unless it
-   is already invalidated or its window has closed, call `invalidateWork` with the reason (slashing the provider
-   and ejecting the node). A borderline rejection (not clear on the second route of `validator.recompute`) is
-   attested, so nobody trains on it, and refused on chain (`refuseWork`): never paid, never slashed, the node not
-   ejected. A refused file may still be invalidated inside its window by a validator that finds it clearly bad.
+   statistics, the checkpoint, the leaf's Merkle proof; until the challenge window closes), then re-read the batch
+   on chain and, unless it is already invalidated or its window has closed, call `invalidateBatch` with the reason
+   and the file's proof (the whole batch void, the provider slashed, the node ejected). A borderline rejection (not
+   clear on the second route of `validator.recompute`) is attested, so nobody trains on it, and its leaf refused on
+   chain (`refuseLeaf`): never paid, never slashed, the node not ejected. A refused leaf may still be shown by an
+   invalidation inside its window by a validator that finds it clearly bad.
 
 Validators that share a pool (validator.sharing) each follow every submission and check their share of the keys:
 their heartbeats and attestations travel on gossip, the chain's `ValidatorSet` says who they are, and a validator
@@ -58,13 +61,11 @@ from ledger.events import (
     BatchInvalidated,
     BatchSubmitted,
     EventFollower,
-    WorkInvalidated,
-    WorkSubmitted,
     default_confirmations,
 )
 from ledger.merkle import BatchTree, LeafProof
 from ledger.tx import with_retries
-from ledger.types import BatchStatus, Reason, WorkStatus
+from ledger.types import BatchStatus, Reason
 from ledger.validators import ValidatorSet
 from protocol.batches import decode_leaves, encode_leaves
 from protocol.coordinator.client import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
@@ -212,20 +213,20 @@ class ValidatorDaemon:
         self._setup_metrics()
 
     def _follower(self) -> EventFollower:
-        """Follows the pool's submissions from the stored cursor and block hashes."""
+        """Follows the pool's batches and their invalidations from the stored cursor and block hashes."""
         return EventFollower(
             self.ledger,
             pool_id=self.setup.pool_id,
             start_block=self.store.cursor(self.ledger.deployment.block),
             hashes=self.store.block_hashes(),
-            # another validator's invalidation covers a key, or a whole batch
-            events=("WorkSubmitted", "WorkInvalidated", "BatchSubmitted", "BatchInvalidated"),
+            # another validator's invalidation covers every file of a batch
+            events=("BatchSubmitted", "BatchInvalidated"),
             confirmations=self.confirmations,
         )
 
     def _setup_metrics(self) -> None:
         m = self.metrics = Registry()
-        self._seen = m.counter("validator_files_seen_total", "Submissions read from the chain.")
+        self._seen = m.counter("validator_files_seen_total", "Files read from the chain: the leaves of listed batches.")
         self._accepted = m.counter("validator_files_accepted_total", "Files accepted.")
         self._rejected = m.counter("validator_files_rejected_total", "Files rejected, by reason.")
         self._unavailable = m.counter(
@@ -243,7 +244,7 @@ class ValidatorDaemon:
         )
         self._invalidations = m.counter(
             "validator_invalidations_sent_total",
-            "Invalidations of a file sent (invalidateWork, or invalidateBatch with the file's proof).",
+            "Invalidations of a file sent (invalidateBatch with the file's proof).",
         )
         self._batch_invalidations = m.counter(
             "validator_batch_invalidations_sent_total",
@@ -255,7 +256,7 @@ class ValidatorDaemon:
             "Batches whose leaf list itself condemned them (never made available, or not what the chain records), "
             "by reason.",
         )
-        self._refusals = m.counter("validator_refusals_sent_total", "refuseWork transactions sent (borderline).")
+        self._refusals = m.counter("validator_refusals_sent_total", "refuseLeaf transactions sent (borderline).")
         self._borderline = m.counter(
             "validator_files_borderline_total", "Rejections not clear enough to slash: attested, refused, not slashed."
         )
@@ -389,7 +390,7 @@ class ValidatorDaemon:
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
     async def _follow(self) -> None:
-        """Records new submissions with the cursor past them; a chain that fails is read again next time."""
+        """Records new batches with the cursor past them; a chain that fails is read again next time."""
         self._last_poll = time.monotonic()
         follower, store = self.follower, self.store
         w3, url = self.ledger.w3, self.ledger.deployment.rpc_url
@@ -397,71 +398,49 @@ class ValidatorDaemon:
         def block_timestamp(block: int) -> int:
             return int(with_retries(lambda: w3.eth.get_block(block)["timestamp"], what="read a block", url=url))
 
-        invalidations: list[WorkInvalidated | BatchInvalidated] = []
-        batches: list[BatchSubmission] = []
+        invalidations: list[BatchInvalidated] = []
 
-        def read() -> list[Submission]:
+        def read() -> list[BatchSubmission]:
             stamps: dict[int, int] = {}
-            found = []
+            batches = []
             for event in follower.poll():
                 if event.pool_id != self.setup.pool_id:
                     continue
-                if isinstance(event, WorkInvalidated | BatchInvalidated):
+                if isinstance(event, BatchInvalidated):
                     invalidations.append(event)
-                if not isinstance(event, WorkSubmitted | BatchSubmitted):
+                if not isinstance(event, BatchSubmitted):
                     continue
                 block = event.at.block_number
                 if block not in stamps:
                     stamps[block] = block_timestamp(block)
-                if isinstance(event, BatchSubmitted):
-                    batches.append(
-                        BatchSubmission(
-                            event.pool_id, event.root, event.node, event.count, event.total_units, block,
-                            event.at.log_index, stamps[block],
-                        )
-                    )  # fmt: skip
-                    continue
-                found.append(
-                    Submission(
-                        event.pool_id, event.work_key, event.node, event.units, block, event.at.log_index, stamps[block]
+                batches.append(
+                    BatchSubmission(
+                        event.pool_id, event.root, event.node, event.count, event.total_units, block,
+                        event.at.log_index, stamps[block],
                     )
-                )
-            return found
+                )  # fmt: skip
+            return batches
 
         try:
-            submissions = await asyncio.to_thread(read)
+            batches = await asyncio.to_thread(read)
         except (LedgerError, OSError, ValueError) as exc:
             self.follower = self._follower()  # nothing recorded: read the same blocks again
             log.warning("reading the chain failed, trying again: %s", exc)
             return
         if follower.rewound_to is not None:
             self._reorgs.inc()
-        now, replication = time.time(), self.setup.replication
-        added = store.record(
-            submissions,
-            follower.next_block,
-            follower.hashes,
-            mine=lambda key: self.peers.mine(key, replication, now),
-            batches=batches,
-        )
-        if added:
-            self._seen.inc(len(submissions))
+        added = store.record([], follower.next_block, follower.hashes, batches=batches)
+        if added:  # their files are counted as seen when their lists are read (`_list`)
             self._batches_seen.inc(len(batches))
-            log.info("%d new submissions (cursor at block %d)", added, follower.next_block)
-            self._covered.inc(store.cover([s.work_key for s in submissions], replication))  # heard before recorded
+            log.info("%d new batches (cursor at block %d)", added, follower.next_block)
         for event in invalidations:
             if event.validator == self.account.address:
                 continue
-            if isinstance(event, BatchInvalidated):
-                moved = store.batch_invalidated_elsewhere(event.root, event.node, event.validator)
-                if moved:
-                    self._covered.inc(moved)
-                    log.info("batch %s from %s: invalidated by validator %s; not judging its files here",
-                             _short(event.root), event.node, event.validator)  # fmt: skip
-            elif store.invalidated_elsewhere(event.work_key, event.node, event.validator):
-                self._covered.inc()
-                log.info("%s from %s: invalidated by validator %s; not verifying it here",
-                         _short(event.work_key), event.node, event.validator)  # fmt: skip
+            moved = store.batch_invalidated_elsewhere(event.root, event.node, event.validator)
+            if moved:
+                self._covered.inc(moved)
+                log.info("batch %s from %s: invalidated by validator %s; not judging its files here",
+                         _short(event.root), event.node, event.validator)  # fmt: skip
         await self._share()
 
     # --- sharing the pool (validator.sharing) -------------------------------------------------------
@@ -631,24 +610,15 @@ class ValidatorDaemon:
         log.info("batch %s from %s: %d files worth %d units listed", short, batch.node, len(leaves), batch.total_units)
         self._covered.inc(self.store.cover([leaf.work_key for leaf in leaves], replication))
 
-    async def _still_on_chain(self, node: str, earlier: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
-        """`earlier` (work key -> the batch it was a leaf of, None for a per-key record) without the keys whose batch
-        or record the chain no longer holds: read from a block a reorganisation replaced."""
+    async def _still_on_chain(self, node: str, earlier: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        """`earlier` (work key -> the batch it was a leaf of) without the keys whose batch the chain no longer holds:
+        read from a block a reorganisation replaced."""
         gone: set[bytes] = set()
-        for batch_root in {root for root in earlier.values() if root is not None}:
+        for batch_root in set(earlier.values()):
             record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, node, batch_root)
             if record.status == BatchStatus.NONE:
                 gone.add(batch_root)
-        kept: dict[bytes, bytes | None] = {}
-        for key, root in earlier.items():
-            if root is None:
-                work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, node, key)
-                if work.status == WorkStatus.NONE:
-                    continue
-            elif root in gone:
-                continue
-            kept[key] = root
-        return kept
+        return {key: root for key, root in earlier.items() if root not in gone}
 
     def _reject_batch(
         self, batch: BatchRow, reason: Reason, detail: str, *, leaf_index: int | None, leaves: bytes | None
@@ -746,8 +716,8 @@ class ValidatorDaemon:
 
     def _batch_proof(self, row: WorkRow) -> LeafProof:
         """The proof of a listed file's leaf in its batch."""
-        assert row.root is not None and row.leaf_index is not None
-        batch = self.store.get_batch(row.root, row.node)
+        assert row.leaf_index is not None
+        batch = self.store.get_batch(_root(row), row.node)
         assert batch is not None  # leaf rows are written with their batch's list
         return self._proof(batch.leaves, row.leaf_index)
 
@@ -786,19 +756,14 @@ class ValidatorDaemon:
         await self._record(row, verdict, seconds, data, expected)
 
     async def _still_submitted(self, row: WorkRow) -> bool:
-        """Whether the chain still holds the submission (a reorganisation may have removed it: judged only if it is
+        """Whether the chain still holds the file's batch (a reorganisation may have removed it: judged only if it is
         submitted again); False too when the chain could not be read (retried)."""
         try:
-            if row.root is not None:
-                batch = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, row.node, row.root)
-                gone = batch.status == BatchStatus.NONE
-            else:
-                work = await asyncio.to_thread(self.ledger.get_work, self.setup.pool_id, row.node, row.work_key)
-                gone = work.status == WorkStatus.NONE
+            batch = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, row.node, _root(row))
         except LedgerError as exc:
-            self._retry(row, f"reading the work on chain: {exc}")
+            self._retry(row, f"reading the batch on chain: {exc}")
             return False
-        if gone:  # read from a block a reorganisation replaced
+        if batch.status == BatchStatus.NONE:  # read from a block a reorganisation replaced
             self.store.move(row, UNVERIFIABLE, note=GONE)
             self._gone.inc()
             log.warning("%s from %s: %s; judged if it is submitted again", _short(row.work_key), row.node, GONE)
@@ -907,7 +872,7 @@ class ValidatorDaemon:
             verdict = self._counter_once(row, verdict)
         if not verdict.accepted:  # the evidence exists before anything can go on chain
             # the leaf's proof is read from the store here, on the loop's thread: SQLite's connection is its own
-            batch = None if row.root is None else (row.root, self._batch_proof(row))
+            batch = (_root(row), self._batch_proof(row))
             try:
                 await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row, batch)
             except Exception as exc:  # a full disk, memory: this validator's failure, never a reason to skip evidence
@@ -1019,7 +984,7 @@ class ValidatorDaemon:
             self._retry(row, str(exc))
             return
         self.store.move(row, ATTESTED)  # a rejection then goes on chain: invalidated, or refused when borderline
-        if row.outcome is Outcome.BORDERLINE:  # refused for training by this attestation, for payment by refuseWork
+        if row.outcome is Outcome.BORDERLINE:  # refused for training by this attestation, for payment by refuseLeaf
             self._borderline.inc()
             log.warning("%s from %s: borderline: refused for training and payment, not slashed (prime-validate "
                         "explain shows why): %s", _short(row.work_key), row.node, row.detail)  # fmt: skip
@@ -1027,10 +992,10 @@ class ValidatorDaemon:
             await self.gossip.publish(attestation)
 
     async def _invalidate(self, row: WorkRow) -> None:
-        """Sends what the row's outcome calls for (`validator.verdict.sanction`): invalidateWork for a slashable
-        rejection, refuseWork for a borderline one (not paid, not slashed), and nothing for any other outcome;
-        unless the chain says it is done or too late."""
-        ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
+        """Sends what the row's outcome calls for (`validator.verdict.sanction`), with the file's Merkle proof:
+        invalidateBatch for a slashable rejection (the whole batch void), refuseLeaf for a borderline one (its units
+        not paid, nothing slashed), and nothing for any other outcome; unless the chain says it is done or too late."""
+        ledger, pool_id, short = self.ledger, self.setup.pool_id, _short(row.work_key)
         action = None if row.outcome is None else sanction(row.outcome)
         if action is None:  # accepted, or never judged: the store hands no such row to this stage
             return
@@ -1042,13 +1007,9 @@ class ValidatorDaemon:
         try:
             if await self._settled_on_chain(row, action):
                 return
-            if row.root is not None:  # a leaf of a batch: shown with its proof; an invalidation voids the batch
-                proof = self._batch_proof(row)
-                send_leaf = ledger.invalidate_batch if action is Sanction.INVALIDATE else ledger.refuse_leaf
-                receipt = await asyncio.to_thread(send_leaf, pool_id, row.node, row.root, proof, reason)
-            else:
-                send = ledger.invalidate_work if action is Sanction.INVALIDATE else ledger.refuse_work
-                receipt = await asyncio.to_thread(send, pool_id, row.node, key, reason)
+            proof = self._batch_proof(row)
+            send = ledger.invalidate_batch if action is Sanction.INVALIDATE else ledger.refuse_leaf
+            receipt = await asyncio.to_thread(send, pool_id, row.node, _root(row), proof, reason)
         except ContractRevert as exc:  # judged by another validator meanwhile, or the window closed: ask again
             log.warning("%s: %s reverted: %s", short, name, exc)
             with contextlib.suppress(LedgerError):
@@ -1091,42 +1052,20 @@ class ValidatorDaemon:
         return delay > 0
 
     async def _settled_on_chain(self, row: WorkRow, action: Sanction) -> bool:
-        """Records and returns True when nothing is left to send: already invalidated (or, when `action` is a refusal,
-        refused), gone, or its window closed. A clear rejection of refused work is still sent: an invalidation
-        overrides a refusal inside the window (WorkLedger)."""
-        if row.root is not None:
-            return await self._leaf_settled_on_chain(row, action)
-        ledger, pool_id, key, short = self.ledger, self.setup.pool_id, row.work_key, _short(row.work_key)
-        work = await asyncio.to_thread(ledger.get_work, pool_id, row.node, key)
-        if work.status == WorkStatus.INVALIDATED:
-            self.store.move(row, INVALIDATED, note="already invalidated on chain")
-            log.info("%s: already invalidated on chain; not sending it again", short)
-            return True
-        if work.status == WorkStatus.REFUSED and action is Sanction.REFUSE:
-            self.store.move(row, REFUSED, note="already refused on chain")
-            log.info("%s: already refused on chain; not sending it again", short)
-            return True
-        if work.status not in (WorkStatus.PENDING, WorkStatus.REFUSED):
-            note = f"the work is {work.status.name.lower()} on chain; nothing to send"
-            self.store.move(row, ATTESTED, note=note)
-            log.warning("%s: %s", short, note)
-            return True
-        return await self._window_closed(row, work.submitted_at)
-
-    async def _leaf_settled_on_chain(self, row: WorkRow, action: Sanction) -> bool:
-        """`_settled_on_chain` for a leaf of a batch: its batch invalidated (by this file or another), its leaf
-        refused already when a refusal is all there is to send, the batch no longer pending, or its window closed.
-        A clear rejection of a refused leaf is still sent: a refusal never shields a slash (WorkLedger)."""
-        assert row.root is not None and row.leaf_index is not None
-        ledger, pool_id, short = self.ledger, self.setup.pool_id, _short(row.work_key)
-        batch = await asyncio.to_thread(ledger.get_batch, pool_id, row.node, row.root)
+        """Records and returns True when nothing is left to send: the file's batch invalidated (by this file or
+        another), its leaf refused already when a refusal is all there is to send, the batch no longer pending, or
+        its window closed. A clear rejection of a refused leaf is still sent: a refusal never shields a slash
+        (WorkLedger)."""
+        assert row.leaf_index is not None  # a file row is a leaf of its batch
+        ledger, pool_id, short, root = self.ledger, self.setup.pool_id, _short(row.work_key), _root(row)
+        batch = await asyncio.to_thread(ledger.get_batch, pool_id, row.node, root)
         if batch.status == BatchStatus.INVALIDATED:
             self.store.move(row, INVALIDATED, note="its batch is already invalidated on chain")
             log.info("%s: its batch %s is already invalidated on chain; not sending it again", short,
-                     _short(row.root))  # fmt: skip
+                     _short(root))  # fmt: skip
             return True
         if action is Sanction.REFUSE and await asyncio.to_thread(
-            ledger.is_leaf_refused, pool_id, row.node, row.root, row.leaf_index
+            ledger.is_leaf_refused, pool_id, row.node, root, row.leaf_index
         ):
             self.store.move(row, REFUSED, note="already refused on chain")
             log.info("%s: already refused on chain; not sending it again", short)
@@ -1143,7 +1082,7 @@ class ValidatorDaemon:
         window = await asyncio.to_thread(self.ledger.challenge_window, self.setup.pool_id)
         now = await asyncio.to_thread(self.ledger.timestamp)
         closes = challenge_closes_at(submitted_at, window)
-        if now >= closes:  # pending or refused, past its window
+        if now >= closes:  # pending, past its window
             note = f"the challenge window closed at {closes} (chain time {now})"
             self.store.move(row, ATTESTED, note=note)
             log.warning("%s: rejected too late to act on chain: %s", _short(row.work_key), note)
@@ -1153,3 +1092,11 @@ class ValidatorDaemon:
 
 def _short(work_key: bytes) -> str:
     return "0x" + work_key.hex()[:12]
+
+
+def _root(row: WorkRow) -> bytes:
+    """The root of the batch `row`'s file is a leaf of: every file on chain is (a batch of one is the single-file
+    case); a row without one was never read from the chain."""
+    if row.root is None:
+        raise ValueError(f"0x{row.work_key.hex()} from {row.node} is in no batch: not a submission read from chain")
+    return row.root

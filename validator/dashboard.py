@@ -118,7 +118,7 @@ def validator_snapshot(
             {"reason": label, "count": n} for label, n in sorted(by_reason.items(), key=lambda item: -item[1])
         ],
         "invalidations_sent": invalidations_sent,
-        "refusals_sent": refusals_sent,  # refuseWork of borderline rejections: not paid, not slashed
+        "refusals_sent": refusals_sent,  # refuseLeaf of borderline rejections: not paid, not slashed
         "files": [_file(row) for row in rows],
     }
 

@@ -63,7 +63,7 @@ def report(kept: Kept, again: Verdict) -> list[str]:
     ]
     if recorded_outcome(then) is Outcome.BORDERLINE:  # the evidence of any version (validator.verdict.to_dict)
         lines.append(
-            "borderline: refused for training and payment (refuseWork), never slashed (not clear on the second route)"
+            "borderline: refused for training and payment (refuseLeaf), never slashed (not clear on the second route)"
         )
     thresholds = then["evidence"].get("thresholds") or record["config"]["thresholds"]
     for recheck in then["evidence"].get("rechecked", []):

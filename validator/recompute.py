@@ -8,7 +8,7 @@ A slash takes an honest worker's money if the validator is wrong, so a row that 
 an independent route before anything is decided: the row alone, with the checkpoint in float64 (no batch
 neighbours, no float32 reduction order). A file is rejected as slashable only when a row fails on both routes and,
 on the second, lies clearly past a threshold (`clear_factor` times it). Otherwise the verdict is borderline: the
-file is refused (never trained on, and never paid: the daemon sends `refuseWork`) but not slashed, and the daemon
+file is refused (never trained on, and never paid: the daemon sends `refuseLeaf`) but not slashed, and the daemon
 logs it and shows it on the dashboard.
 """
 
@@ -273,7 +273,7 @@ def check_model(
 
     Every row is recomputed; failing rows go to the second route (at most `max_rechecked_rows` of them), and the
     first row confirmed there clearly decides a slashable rejection. Failures that none confirm clearly give a
-    borderline verdict (`Outcome.BORDERLINE`), which the daemon refuses on chain without a slash (`refuseWork`).
+    borderline verdict (`Outcome.BORDERLINE`), which the daemon refuses on chain without a slash (`refuseLeaf`).
     """
     if verdict := check_model_hash(meta.model_hash, checkpoint.model_hash):
         return verdict

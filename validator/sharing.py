@@ -9,7 +9,7 @@ belongs to the first `replication` of them that are alive (`replicas`). The pool
 
 - **Every key has exactly one primary**, the first live validator of its ranking; with `replication` r, the next
   r - 1 live ones check it too, and the trainer trains on it once `min_attestations` distinct validators accepted.
-- **Who sends invalidateWork**: a replica that rejects a key waits `rank x takeover_seconds` (`slash_delay`), reads
+- **Who sends invalidateBatch**: a replica that rejects a key waits `rank x takeover_seconds` (`slash_delay`), reads
   the chain again, and sends only if the work is still pending: the primary sends at once and a second replica
   finds it invalidated, yet a primary that accepted a file its replica rejects does not let the cheater escape.
 - **Liveness** comes from gossip: each validator publishes a signed heartbeat on the pool's validators topic, and

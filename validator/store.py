@@ -1,13 +1,15 @@
-"""The validator daemon's progress, in SQLite: the event cursor and one row per submitted work record.
+"""The validator daemon's progress, in SQLite: the event cursor, one row per batch on chain and one row per file.
 
-A record is (node, work key): records belong to their submitter on chain, so two nodes submitting the same key are
-two records, each verified against its own node (a copied file names another node and is rejected).
+A batch is (node, root): records belong to their submitter on chain, so two nodes committing the same root are two
+batches. A file is (node, work key), a leaf of its node's batch, verified against its own node (a copied file names
+another node and is rejected). A batch is `seen` until its leaf list is read and checked (`listed`: its files are
+rows) or condemned (`rejected`, then `invalidated` on chain).
 
-A submission moves through these stages; each transition is committed before the daemon's next side effect:
+A file moves through these stages; each transition is committed before the daemon's next side effect:
 
-    seen --verify--> verified --attest--> attested --invalidateWork--> invalidated
+    seen --verify--> verified --attest--> attested --invalidateBatch--> invalidated (the whole batch void)
        |                                      |  (an accept, or a reject whose window closed, ends at attested)
-       |                                      `--refuseWork (a borderline reject: no slash, not paid)--> refused
+       |                                      `--refuseLeaf (a borderline reject: no slash, not paid)--> refused
        |--(not downloadable within the grace period)--> unavailable --attest--> attested --> invalidated
        |--(the checkpoint of its step is gone, or this validator could not judge it in judge_attempts tries)-->
        |       unverifiable (final: not the worker's fault, never slashed)
@@ -25,7 +27,7 @@ borderline, or unjudged (this validator could not judge it). Which rows still ha
 
 `seen` rows are written together with the cursor that moves past their block, in one transaction, so a crash
 never skips a submission. A crash during verification leaves the row `seen` and a restart verifies it again; a
-verdict once recorded is never recomputed. Before sending invalidateWork the daemon re-reads the work on chain,
+verdict once recorded is never recomputed. Before sending invalidateBatch the daemon re-reads the batch on chain,
 so a crash between sending the transaction and recording it never invalidates twice.
 """
 
@@ -45,7 +47,7 @@ from validator.verdict import Outcome, Verdict, sanction
 
 SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalidated"
 UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED = "unverifiable", "unavailable", "covered", "expired"
-REFUSED = "refused"  # a borderline rejection refused on chain (refuseWork): never paid, never slashed
+REFUSED = "refused"  # a borderline rejection refused on chain (refuseLeaf): never paid, never slashed
 STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE, COVERED, EXPIRED, REFUSED)
 # A batch's stages: `seen` (its leaf list to fetch and check), then `listed` (its leaves are work rows, judged file by
 # file), or `rejected` (the list itself is at fault: never made available, or not what the chain recorded) until
@@ -61,7 +63,7 @@ CREATE TABLE IF NOT EXISTS work (
     work_key TEXT NOT NULL,          -- sha256 of the file, hex without 0x
     node TEXT NOT NULL,              -- the on-chain submitter
     units INTEGER NOT NULL,
-    block INTEGER NOT NULL,          -- of the WorkSubmitted event
+    block INTEGER NOT NULL,          -- of its batch's BatchSubmitted event
     log_index INTEGER NOT NULL,
     submitted_at INTEGER NOT NULL,   -- that block's timestamp
     stage TEXT NOT NULL,
@@ -69,17 +71,17 @@ CREATE TABLE IF NOT EXISTS work (
     reason INTEGER,
     check_name TEXT,
     detail TEXT,
-    tx_hash TEXT,                    -- of the invalidateWork (or refuseWork) this validator sent
+    tx_hash TEXT,                    -- of the invalidateBatch (or refuseLeaf) this validator sent
     note TEXT,                       -- why the row ended where it did (an attested rejection with a note is done)
     last_error TEXT,                 -- the last transient failure (the row is tried again)
     attempts INTEGER NOT NULL DEFAULT 0,
     mine INTEGER NOT NULL DEFAULT 1, -- this validator checks it (validator.sharing); 0: another validator's share
-    slash_after REAL,                -- a replica's rejection: unix time from which it may send invalidateWork
+    slash_after REAL,                -- a replica's rejection: unix time from which it may send invalidateBatch
     unjudged INTEGER NOT NULL DEFAULT 0,  -- verifications that failed on this validator's side (CouldNotJudge)
     first_seen REAL NOT NULL,        -- unix time this validator first read the submission
     next_try REAL NOT NULL,          -- unix time before which the row is left alone
     updated REAL NOT NULL,
-    root TEXT,                       -- the batch whose leaf it is (hex, no 0x); NULL: a per-key record
+    root TEXT,                       -- its batch (hex, no 0x); NULL only in a state of a ledger before batches
     leaf_index INTEGER,              -- its position in that batch's leaf list
     PRIMARY KEY (pool_id, node, work_key)
 );
@@ -147,8 +149,8 @@ _BATCH_OPEN = f"stage IN ('{SEEN}', '{REJECTED}') AND note IS NULL"  # a list to
 
 @dataclass(frozen=True)
 class Submission:
-    """One submitted file, with its block's timestamp: a WorkSubmitted event, or a leaf of a BatchSubmitted one
-    (`root` and `leaf_index` set; block, log index and timestamp are the batch's)."""
+    """One submitted file: a leaf of a BatchSubmitted event (`root` and `leaf_index`; block, log index and timestamp
+    are the batch's). The daemon writes them when it lists a batch; a row without a root is one a test wrote."""
 
     pool_id: int
     work_key: bytes
@@ -423,19 +425,19 @@ class ValidatorStore:
         """Every batch its leaf list condemned, in chain order."""
         return self._batches("WHERE reason IS NOT NULL ORDER BY block, log_index", ())
 
-    def recorded_keys(self, node: str, work_keys: Sequence[bytes]) -> dict[bytes, bytes | None]:
+    def recorded_keys(self, node: str, work_keys: Sequence[bytes]) -> dict[bytes, bytes]:
         """Which of `work_keys` `node` submitted before, still on chain as far as this validator knows: key -> the
-        root of the batch it is a leaf of (None: a per-key record). A file submitted twice would be paid twice."""
-        found: dict[bytes, bytes | None] = {}
+        root of the batch it is a leaf of. A file submitted twice would be paid twice."""
+        found: dict[bytes, bytes] = {}
         for start in range(0, len(work_keys), 500):  # SQLite's bound on a statement's variables
             chunk = [k.hex() for k in work_keys[start : start + 500]]
             marks = ",".join("?" * len(chunk))
             for key, root in self.db.execute(
                 f"SELECT work_key, root FROM work WHERE pool_id = ? AND node = ? AND work_key IN ({marks}) "
-                "AND note IS NOT ?",
+                "AND root IS NOT NULL AND note IS NOT ?",
                 (self.pool_id, node, *chunk, GONE),
             ):
-                found[bytes.fromhex(key)] = None if root is None else bytes.fromhex(root)
+                found[bytes.fromhex(key)] = bytes.fromhex(root)
         return found
 
     def list_batch(
@@ -604,15 +606,6 @@ class ValidatorStore:
         """Drops the attestations heard before `before` (unix time): their keys' windows have closed."""
         return self.db.execute("DELETE FROM heard WHERE heard_at < ?", (before,)).rowcount
 
-    def invalidated_elsewhere(self, work_key: bytes, node: str, validator: str) -> bool:
-        """Another validator's invalidateWork of `node`'s record: the record, unless this validator already judged
-        it, is `covered`. Returns whether a row moved."""
-        cursor = self.db.execute(
-            f"UPDATE work SET stage = ?, note = ?, updated = ? {_ROW} AND stage = '{SEEN}'",
-            (COVERED, f"invalidated on chain by {validator}", time.time(), self.pool_id, node, work_key.hex()),
-        )
-        return cursor.rowcount > 0
-
     def take_unheard(self, submitted_before: int) -> int:
         """Makes mine every row of another validator's share submitted before `submitted_before` (chain time) with no
         verdict heard: its validator is alive but has not judged it (lazy, swamped, or its gossip lost), and what
@@ -747,7 +740,7 @@ class ValidatorStore:
         return self._sent(INVALIDATED)
 
     def refusals_sent(self) -> int:
-        """Borderline rejections whose refuseWork transaction was sent."""
+        """Borderline rejections whose refuseLeaf transaction was sent."""
         return self._sent(REFUSED)
 
     def _sent(self, stage: str) -> int:
@@ -790,7 +783,7 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE work ADD COLUMN slash_after REAL")
     if "unjudged" not in have:
         db.execute("ALTER TABLE work ADD COLUMN unjudged INTEGER NOT NULL DEFAULT 0")
-    if "root" not in have:  # a state from before batches: every row a per-key record
+    if "root" not in have:  # a state from before batches (another ledger's): every row a per-key record
         db.execute("ALTER TABLE work ADD COLUMN root TEXT")
         db.execute("ALTER TABLE work ADD COLUMN leaf_index INTEGER")
 

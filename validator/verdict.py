@@ -36,13 +36,13 @@ class Outcome(StrEnum):
 class Sanction(StrEnum):
     """What a validator sends on chain against a rejected file (WorkLedger); the value is the call's name."""
 
-    INVALIDATE = "invalidateWork"  # slashes the provider and ejects the node; the work is never paid
-    REFUSE = "refuseWork"  # the work is never paid; no slash, the node stays a member
+    INVALIDATE = "invalidateBatch"  # slashes the provider and ejects the node; the whole batch is never paid
+    REFUSE = "refuseLeaf"  # the file is never paid; no slash, the node stays a member
 
 
 def sanction(outcome: Outcome) -> Sanction | None:
-    """What goes on chain for `outcome`: invalidateWork only for a slashable rejection, refuseWork for a borderline one,
-    nothing for an accepted file (it is paid) or one this validator could not judge (never the worker's fault).
+    """What goes on chain for `outcome`: invalidateBatch only for a slashable rejection, refuseLeaf for a borderline
+    one, nothing for an accepted file (it is paid) or one this validator could not judge (never the worker's fault).
 
     The daemon's choice of transaction, and which of its rows still have one to send, are both this function.
     """

@@ -15,7 +15,7 @@ contract ComputePool is IComputePool, AccessControl {
 
     /// @notice May eject members by invalidation (`ejectForInvalidation`): the WorkLedger, when it invalidates work.
     bytes32 public constant LEDGER_ROLE = keccak256("LEDGER_ROLE");
-    /// @notice The largest `maxUnitsPerKey`: a work record stores units in 48 bits.
+    /// @notice The largest `maxUnitsPerKey`: a batch record stores count (< 2^32) x this in 80 bits.
     uint64 public constant MAX_UNITS = type(uint48).max;
 
     struct Pool {

@@ -10,24 +10,17 @@ import {IWorkLedger} from "./interfaces/IWorkLedger.sol";
 import {BatchMerkle} from "./libraries/BatchMerkle.sol";
 
 /// @title WorkLedger
-/// @notice Holds each pool's reward escrow, records submitted work, lets validators invalidate (slash) or refuse (void,
-/// no slash) it inside the challenge window, and pays providers for work that outlived the window.
-/// @dev A work record is one storage slot (units, submittedAt, status) under (pool, node, key): submitting costs
-/// one fresh slot, and a record belongs to the node that made it. The provider is not stored: a node's binding in
-/// the registry is permanent, so it is looked up. Slashed stake is burned in the registry, never credited here: a
-/// pool's escrow holds only what was funded, so no invalidation pays anyone.
-/// A batch record is one storage slot too (count, submittedAt, status, totalUnits, refusedUnits) under
-/// (pool, node, root): one record and one fresh slot per batch, whatever its count. Refused leaves are bits of a
-/// bitmap under the batch. The per-key records (`submitWork` ... `claimRewards`) stay until their callers move to
-/// batches, then go.
+/// @notice Holds each pool's reward escrow, records submitted work one Merkle root per batch, lets validators
+/// invalidate (slash) a batch or refuse (void, no slash) one of its files inside the challenge window, each with the
+/// file's Merkle proof, and pays providers for batches that outlived the window.
+/// @dev A batch record is one storage slot (count, submittedAt, status, totalUnits, refusedUnits) under
+/// (pool, node, root): one record and one fresh slot per batch, whatever its count, and a record belongs to the node
+/// that made it. A batch of one file is the single-file case: there is no other way to record work. Refused leaves
+/// are bits of a bitmap under the batch. The provider is not stored: a node's binding in the registry is permanent,
+/// so it is looked up. Slashed stake is burned in the registry, never credited here: a pool's escrow holds only what
+/// was funded, so no invalidation pays anyone.
 contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
-
-    struct Work {
-        uint48 units; // output tokens, at most the pool's maxUnitsPerKey (< 2^48)
-        uint40 submittedAt; // seconds; good for 34,000 years
-        WorkStatus status; // 8 bits
-    }
 
     struct Batch {
         uint32 count; // leaves, at least 1
@@ -51,7 +44,6 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     IERC20 public immutable token;
 
     mapping(uint256 poolId => uint256) public escrowOf;
-    mapping(uint256 poolId => mapping(address node => mapping(bytes32 workKey => Work))) private _works;
     mapping(uint256 poolId => mapping(address node => mapping(bytes32 root => Batch))) private _batches;
     /// @dev Bit `index % 256` of word `index / 256`: leaf `index` of the batch was refused.
     mapping(uint256 poolId => mapping(address node => mapping(bytes32 root => mapping(uint256 word => uint256))))
@@ -77,95 +69,6 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: the caller is a member node, the key is new for it, `0 < units <= maxUnitsPerKey`.
-    /// Emits {WorkSubmitted}.
-    function submitWork(uint256 poolId, bytes32 workKey, uint256 units) external {
-        (address provider, uint256 maxUnits) = _memberTerms(poolId);
-        _record(_works[poolId][msg.sender], poolId, workKey, units, maxUnits);
-        emit WorkSubmitted(poolId, workKey, msg.sender, provider, units);
-    }
-
-    /// @inheritdoc IWorkLedger
-    /// @dev Requirements: as {submitWork} for every key, equal non-zero lengths. Emits one {WorkBatchSubmitted}:
-    /// a per-key event would cost more than the storage budget of a batched key allows.
-    function submitWorkBatch(uint256 poolId, bytes32[] calldata workKeys, uint256[] calldata units) external {
-        uint256 n = workKeys.length;
-        if (n == 0) revert EmptyBatch();
-        if (n != units.length) revert LengthMismatch(n, units.length);
-        (address provider, uint256 maxUnits) = _memberTerms(poolId);
-        mapping(bytes32 => Work) storage works = _works[poolId][msg.sender];
-        for (uint256 i; i < n; ++i) {
-            _record(works, poolId, workKeys[i], units[i], maxUnits);
-        }
-        emit WorkBatchSubmitted(poolId, msg.sender, provider, workKeys, units);
-    }
-
-    /// @inheritdoc IWorkLedger
-    /// @dev Requirements: the caller validates the pool, the work is pending or refused, `1 <= reason <= MAX_REASON`,
-    /// and `block.timestamp < submittedAt + challengeWindow`. Emits {WorkInvalidated}.
-    function invalidateWork(uint256 poolId, address node, bytes32 workKey, uint8 reason) external nonReentrant {
-        (Work storage work, uint256 slashAmount) = _challengeable(poolId, node, workKey, reason, true);
-        work.status = WorkStatus.Invalidated;
-        // Interactions with the registry and pool fixed at construction (trusted code, guarded by nonReentrant).
-        // The registry burns what it takes from the lock; the ejection voids the node's other pending work.
-        uint256 slashed = registry.slash(poolId, node, slashAmount);
-        pools.ejectForInvalidation(poolId, node);
-        emit WorkInvalidated(poolId, workKey, node, msg.sender, reason, slashed);
-    }
-
-    /// @inheritdoc IWorkLedger
-    /// @dev Requirements: the caller validates the pool, the work is pending, `1 <= reason <= MAX_REASON`, and
-    /// `block.timestamp < submittedAt + challengeWindow`: a refusal, like an invalidation, is only possible while the
-    /// work is not yet claimable, and only once. No interaction: no stake moves and the node stays a member.
-    /// Emits {WorkRefused}.
-    function refuseWork(uint256 poolId, address node, bytes32 workKey, uint8 reason) external {
-        (Work storage work,) = _challengeable(poolId, node, workKey, reason, false);
-        work.status = WorkStatus.Refused;
-        emit WorkRefused(poolId, workKey, node, msg.sender, reason);
-    }
-
-    /// @inheritdoc IWorkLedger
-    /// @dev Requirements: `node` was not ejected from the pool by an invalidation (its owner's ejection voids
-    /// nothing), every key is its pending work past its window, and the escrow covers the payout. Anyone may call:
-    /// the tokens always go to the node's provider. Emits {RewardsClaimed}.
-    function claimRewards(uint256 poolId, address node, bytes32[] calldata workKeys) external nonReentrant {
-        uint256 n = workKeys.length;
-        if (n == 0) revert EmptyBatch();
-        if (pools.ejectionOf(poolId, node) == IComputePool.Ejection.ByInvalidation) revert NodeEjected(poolId, node);
-        (uint64 window, uint256 rewardPerUnit,,) = pools.terms(poolId);
-        address provider = registry.providerOf(node);
-        uint256 units;
-        for (uint256 i; i < n; ++i) {
-            Work storage work = _pending(poolId, node, workKeys[i]);
-            uint64 closesAt = uint64(work.submittedAt) + window;
-            if (block.timestamp < closesAt) revert ChallengeWindowOpen(poolId, node, workKeys[i], closesAt);
-            units += work.units;
-            work.status = WorkStatus.Claimed;
-        }
-        uint256 amount = units * rewardPerUnit;
-        uint256 available = escrowOf[poolId];
-        if (amount > available) revert InsufficientEscrow(poolId, amount, available);
-        // unchecked: amount <= available
-        unchecked {
-            escrowOf[poolId] = available - amount;
-        }
-        emit RewardsClaimed(poolId, provider, node, amount, n);
-        token.safeTransfer(provider, amount);
-    }
-
-    /// @inheritdoc IWorkLedger
-    function getWork(uint256 poolId, address node, bytes32 workKey)
-        external
-        view
-        returns (address provider, uint256 units, uint64 submittedAt, WorkStatus status)
-    {
-        Work storage work = _works[poolId][node][workKey];
-        status = work.status;
-        if (status != WorkStatus.None) provider = registry.providerOf(node);
-        return (provider, work.units, work.submittedAt, status);
-    }
-
-    /// @inheritdoc IWorkLedger
     /// @dev Requirements: the caller is a member node, the root is new for it, `1 <= count <= MAX_LEAVES`,
     /// `0 < totalUnits <= count x maxUnitsPerKey`. Emits {BatchSubmitted}.
     function submitBatch(uint256 poolId, bytes32 root, uint256 count, uint256 totalUnits) external {
@@ -175,8 +78,9 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         if (totalUnits == 0 || totalUnits > cap) revert UnitsOutOfRange(totalUnits, cap);
         Batch storage batch = _batches[poolId][msg.sender][root];
         if (batch.status != BatchStatus.None) revert BatchExists(poolId, msg.sender, root);
-        // One SSTORE of the whole slot, as `_record` does. The layout is the struct's, low bits first: count 0-31,
-        // submittedAt 32-71, status 72-79, totalUnits 80-159, refusedUnits 160-239 (zero).
+        // One SSTORE of the whole slot; a struct assignment would write each field with its own read-modify-write.
+        // The layout is the struct's, low bits first: count 0-31, submittedAt 32-71, status 72-79, totalUnits 80-159,
+        // refusedUnits 160-239 (zero). block.timestamp < 2^40 holds until the year 36812.
         uint256 packed =
             count | (block.timestamp << 32) | (uint256(uint8(BatchStatus.Pending)) << 72) | (totalUnits << 80);
         assembly ("memory-safe") {
@@ -186,7 +90,8 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IWorkLedger
-    /// @dev Requirements: as {invalidateWork} for the batch (reason, pending, validator, window, in that order), then
+    /// @dev Requirements: `1 <= reason <= MAX_REASON`, the batch pending, the caller a validator of the pool and
+    /// `block.timestamp < submittedAt + challengeWindow`, in that order, then
     /// `leaf.index < count`, a proof of `depth(count)` siblings, and the leaf hashing up to `root`. A refused leaf
     /// may be shown: a refusal is never a shield against a slash. Emits {BatchInvalidated}.
     function invalidateBatch(uint256 poolId, address node, bytes32 root, LeafProof calldata leaf, uint8 reason)
@@ -287,46 +192,6 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         if (provider == address(0)) revert NotPoolMember(poolId, msg.sender);
     }
 
-    function _record(
-        mapping(bytes32 => Work) storage works,
-        uint256 poolId,
-        bytes32 workKey,
-        uint256 units,
-        uint256 maxUnits
-    ) private {
-        if (units == 0 || units > maxUnits) revert UnitsOutOfRange(units, maxUnits);
-        Work storage work = works[workKey];
-        if (work.status != WorkStatus.None) revert WorkExists(poolId, msg.sender, workKey);
-        // One SSTORE of the whole slot; a struct assignment would write each field with its own read-modify-write.
-        // The layout is the struct's, low bits first: units 0-47, submittedAt 48-87, status 88-95. units <= maxUnits
-        // < 2^48 (ComputePool caps it); block.timestamp < 2^40 holds until the year 36812.
-        uint256 packed = units | (block.timestamp << 48) | (uint256(uint8(WorkStatus.Pending)) << 88);
-        assembly ("memory-safe") {
-            sstore(work.slot, packed)
-        }
-    }
-
-    /// @dev The work a validator of `poolId` may still judge, and the pool's slash: checks the reason, the status
-    /// (pending, or refused when `refusedToo`), the caller's role and the open challenge window, in that order.
-    function _challengeable(uint256 poolId, address node, bytes32 workKey, uint8 reason, bool refusedToo)
-        private
-        view
-        returns (Work storage work, uint256 slashAmount)
-    {
-        if (reason == 0 || reason > MAX_REASON) revert InvalidReason(reason);
-        work = _works[poolId][node][workKey];
-        WorkStatus status = work.status;
-        if (status == WorkStatus.None) revert WorkNotFound(poolId, node, workKey);
-        if (status != WorkStatus.Pending && !(refusedToo && status == WorkStatus.Refused)) {
-            revert WorkNotPending(poolId, node, workKey, status);
-        }
-        if (!pools.isValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
-        uint64 window;
-        (window,, slashAmount,) = pools.terms(poolId);
-        uint64 closesAt = uint64(work.submittedAt) + window;
-        if (block.timestamp >= closesAt) revert ChallengeWindowClosed(poolId, node, workKey, closesAt);
-    }
-
     /// @dev The pending batch a validator of `poolId` may still judge by `leaf`, and the pool's slash: checks the
     /// reason, then the batch as `_challengeableBatch` does, then that the leaf is inside the tree and that its proof
     /// reaches `root`.
@@ -347,7 +212,7 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @dev The pending batch a validator of `poolId` may still judge, and the pool's slash: checks the status, the
-    /// caller's role and the open window, in that order, as `_challengeable` does for work.
+    /// caller's role and the open window, in that order.
     function _challengeableBatch(uint256 poolId, address node, bytes32 root)
         private
         view
@@ -365,7 +230,7 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
     }
 
     /// @dev An invalidation's effects: the batch void, `slashAmount` burned from the node's lock (at most what it
-    /// holds), the node ejected by invalidation (which voids its other pending work and batches in the pool).
+    /// holds), the node ejected by invalidation (which voids its other pending batches in the pool).
     function _invalidate(
         Batch storage batch,
         uint256 poolId,
@@ -395,11 +260,5 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
         uint256 word = refused[index >> 8];
         if (word & bit != 0) revert LeafAlreadyRefused(poolId, node, root, index);
         refused[index >> 8] = word | bit;
-    }
-
-    function _pending(uint256 poolId, address node, bytes32 workKey) private view returns (Work storage work) {
-        work = _works[poolId][node][workKey];
-        if (work.status == WorkStatus.None) revert WorkNotFound(poolId, node, workKey);
-        if (work.status != WorkStatus.Pending) revert WorkNotPending(poolId, node, workKey, work.status);
     }
 }

@@ -33,8 +33,7 @@ from ledger.cli.common import (
 )
 from ledger.errors import ContractRevert
 from ledger.types import BatchRecord, BatchStatus, Ejection, Reason
-from node.daemon.batches import batch_state
-from protocol.terms import challenge_closes_at
+from protocol.terms import batch_state, challenge_closes_at
 
 if TYPE_CHECKING:
     from ledger.client import Ledger

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ledger.types import BatchRecord, BatchStatus, Reason
+from ledger.types import Reason
 from ledger.units import format_amount
-from protocol.terms import challenge_closes_at
 
 if TYPE_CHECKING:
     from ledger.events import BatchInvalidated
@@ -22,20 +21,6 @@ if TYPE_CHECKING:
 # What the journal says of the files of a batch that is never paid because an invalidation ejected its node; the
 # dashboard reads a file `expired` with a detail starting so as void.
 VOID_DETAIL = "void"
-
-
-def batch_state(batch: BatchRecord, challenge_window: int, now: int, *, voided: bool = False) -> str:
-    """'pending' while validators may still invalidate it, then 'claimable'; else 'invalidated', 'claimed' or 'none';
-    'void' once its node was ejected by an invalidation (`claimBatches` refuses every batch of such a node).
-
-    The contract's rules (WorkLedger): `invalidateBatch` and `refuseLeaf` need `now < submittedAt + window`,
-    `claimBatches` needs `now >= submittedAt + window`, the same boundary as a file's (`protocol.terms.work_state`).
-    """
-    if batch.status == BatchStatus.PENDING:
-        if voided:
-            return "void"
-        return "claimable" if now >= challenge_closes_at(batch.submitted_at, challenge_window) else "pending"
-    return batch.status.name.lower()
 
 
 def void_detail(pool_id: int) -> str:

@@ -54,7 +54,7 @@ from engine.inference.select import Engine, choose
 from engine.memory import MemoryShortfall, longest_sequence
 from engine.model.loading import LoadedModel
 from ledger.types import BatchRecord, BatchStatus
-from node.daemon.batches import batch_state, invalidation_details, void_detail
+from node.daemon.batches import invalidation_details, void_detail
 from node.daemon.state import REFUSED_DETAIL, BatchEntry, FileRecord, WorkerState
 from node.daemon.weights import Weights, memory_gate
 from protocol.coordinator.client import (
@@ -75,7 +75,7 @@ from protocol.rollouts.writer import publish_atomically
 from protocol.signing import Assignment, SignatureError, SigningDomain, UploadReceipt, recover
 from protocol.tasks.sources import TaskSource, open_source
 from protocol.tasks.spec import TaskSpec, load_task_spec, spec_hash
-from protocol.terms import AssignmentTiming, step_window
+from protocol.terms import AssignmentTiming, batch_state, step_window
 from shardcast.sources import SourcePool
 from shardcast.trust import TrustPolicy
 
@@ -311,7 +311,7 @@ class WorkerDaemon:
                     except MemoryShortfall:  # the pool's model does not fit here: no later turn would fit it
                         raise
                     except Exception as exc:  # a fetch that failed, a version pruned meanwhile, an RPC error
-                        if await self._ejected():  # e.g. submitWork reverted: NotPoolMember
+                        if await self._ejected():  # e.g. submitBatch reverted: NotPoolMember
                             await self._explain_ejection()
                             return 1
                         failures += 1
@@ -372,9 +372,9 @@ class WorkerDaemon:
             dashboard=await self._serve_dashboard(),
         )
         per_key = [r for r in self.state.in_stage("submitted") if r.root is None]
-        if per_key:  # a journal from before batches: those records are claimed with claimRewards, not by this worker
-            log.warning("%d files of this journal were submitted key by key before batches; this worker does not "
-                        "follow or claim them", len(per_key))  # fmt: skip
+        if per_key:  # a journal from before batches: records of a ledger with per-key work, which this one has not
+            log.warning("%d files of this journal were submitted key by key, to a ledger from before batches; this "
+                        "worker neither follows nor claims them", len(per_key))  # fmt: skip
         log.info(
             "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
             "generating with %s",

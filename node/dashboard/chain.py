@@ -18,8 +18,8 @@ from eth_utils import to_checksum_address
 from ledger.client import Ledger
 from ledger.events import BatchInvalidated, EventFollower, LeafRefused
 from ledger.types import BatchRecord, BatchStatus, Ejection, PoolConfig
-from node.daemon.batches import batch_state
 from node.dashboard.model import ChainReading
+from protocol.terms import batch_state
 
 
 class WorkerChain:

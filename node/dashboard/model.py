@@ -26,9 +26,9 @@ from typing import Any
 from ledger.events import BatchInvalidated, LeafRefused
 from ledger.types import BatchRecord, BatchStatus, PoolConfig, Reason, StakeInfo, StakeLock
 from ledger.units import format_amount
-from node.daemon.batches import VOID_DETAIL, batch_state, leaf_name
+from node.daemon.batches import VOID_DETAIL, leaf_name
 from node.daemon.state import BATCH_STAGES, STAGES, BatchEntry, FileRecord
-from protocol.terms import challenge_closes_at
+from protocol.terms import batch_state, challenge_closes_at
 
 THROUGHPUT_WINDOW = 600.0  # seconds of recent files the throughput estimate averages over
 MAX_FILES_SHOWN = 200  # newest files listed; the counts cover every file

@@ -267,7 +267,7 @@ function renderValidator(d) {
       ["invalidations sent", d.invalidations_sent, "invalidations-sent"],
       ["refusals sent", d.refusals_sent, "refusals-sent"],
     ], "Unverifiable: the checkpoint of the file's step is gone; never slashed. Refused: a borderline rejection, " +
-       "refused on chain (refuseWork): not paid, not slashed."),
+       "refused on chain (refuseLeaf): not paid, not slashed."),
   );
   const reasons = d.rejections_by_reason.map((r) => el("tr", {}, el("td", {}, r.reason), el("td", { class: "num" },
     r.count)));

@@ -30,7 +30,7 @@ DATA_PAGE_SIZE = 1 << 20
 
 @dataclass(frozen=True)
 class WrittenFile:
-    """A published rollout file and what `WorkLedger.submitWork` needs about it."""
+    """A published rollout file and what its leaf in a batch (`WorkLedger.submitBatch`) needs about it."""
 
     path: Path
     work_key: bytes  # sha256 of the file bytes, 32 bytes

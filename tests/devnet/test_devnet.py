@@ -91,7 +91,7 @@ def test_lifecycle_refuses_the_void_work_of_ejected_node_2_and_a_second_claim(li
     ejected = report.ejected_claim
     assert (ejected.error, ejected.values) == ("NodeEjected", {"poolId": report.pool_id, "node": node_2})
     assert ejected.explanation == (
-        "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid"
+        "refused: an invalidation ejected the node from the pool, so its pending batches are void and never paid"
     )
     repeat = report.repeat_claim
     assert repeat.error == "BatchNotPending" and repeat.values["node"] == node_1
@@ -141,7 +141,7 @@ def test_explain_refusal_names_the_work_status(status: WorkStatus, words: str) -
 def test_explain_refusal_says_an_ejected_nodes_work_is_void_and_when_a_lock_frees() -> None:
     node = "0x" + "11" * 20
     ejected = explain_refusal(ContractRevert("NodeEjected", {"poolId": 1, "node": node}))
-    assert "ejected" in ejected and "pending work is void" in ejected
+    assert "ejected" in ejected and "pending batches are void" in ejected
     held = ContractRevert("LockHeld", {"poolId": 1, "node": node, "member": False, "releaseAt": 1234})
     assert explain_refusal(held).startswith("refused: the lock is held until block time 1234")
     member = ContractRevert("LockHeld", {"poolId": 1, "node": node, "member": True, "releaseAt": 0})
@@ -159,7 +159,9 @@ def test_lifecycle_cli_prints_steps_refusals_and_tables() -> None:
     assert "(burned 0 -> 50)" in out
     assert "BatchNotPending(poolId=1, node=0x" in out and "status=3)" in out
     assert "NodeEjected(poolId=1, node=0x" in out
-    assert "refused: an invalidation ejected the node from the pool, so its pending work is void and never paid" in out
+    assert (
+        "refused: an invalidation ejected the node from the pool, so its pending batches are void and never paid" in out
+    )
     assert "LockHeld(poolId=1, node=0x" in out and "member=False, releaseAt=" in out
     assert "provider 1 locked 100 -> 0" in out and "provider 2 locked 50 -> 0" in out
     for line in (

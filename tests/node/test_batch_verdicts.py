@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 from ledger.events import BatchInvalidated, EventPosition
-from ledger.types import BatchRecord, BatchStatus, Reason
-from node.daemon.batches import batch_state, invalidation_details
+from ledger.types import Reason
+from node.daemon.batches import invalidation_details
 
 TOKEN = 10**18
 ROOT = b"\xaa" * 32
 KEYS = [bytes([i]) * 32 for i in range(3)]
 
 
-def record(status: BatchStatus, submitted_at: int = 1000) -> BatchRecord:
-    return BatchRecord(1, ROOT, "0xnode", "0xprovider", 3, 30, 0, submitted_at, status)
-
-
 def invalidated(leaf: int | None, key: bytes | None) -> BatchInvalidated:
     return BatchInvalidated(1, ROOT, "0xnode", "0xv", leaf, key, int(Reason.PROOF_INVALID), 50 * TOKEN,
                             EventPosition(1, 0, "0x"))  # fmt: skip
-
-
-def test_a_batch_is_pending_until_its_window_closes_then_claimable_unless_its_node_was_voided() -> None:
-    assert batch_state(record(BatchStatus.PENDING), 3600, 4599) == "pending"
-    assert batch_state(record(BatchStatus.PENDING), 3600, 4600) == "claimable"  # claimBatches' boundary
-    assert batch_state(record(BatchStatus.PENDING), 3600, 4600, voided=True) == "void"
-    assert batch_state(record(BatchStatus.CLAIMED), 3600, 4600, voided=True) == "claimed"
-    assert batch_state(record(BatchStatus.INVALIDATED), 3600, 0) == "invalidated"
-    assert batch_state(record(BatchStatus.NONE), 3600, 0) == "none"
 
 
 def test_an_invalidation_names_the_leaf_it_proved_on_it_and_voids_the_others_by_it() -> None:

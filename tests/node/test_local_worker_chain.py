@@ -15,10 +15,9 @@ import pytest
 from ledger.merkle import BatchTree, Leaf
 from ledger.types import BatchStatus
 from node.config import WorkerSettings
-from node.daemon.batches import batch_state
 from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain, local_pool
 from node.daemon.worker import WorkerDaemon
-from protocol.terms import DEFAULT_ASYNC_LEVEL
+from protocol.terms import DEFAULT_ASYNC_LEVEL, batch_state
 from tests.network_trainer import TASK
 from tests.trainer.test_api import DOMAIN, POOL, TRAINER, WORKER
 from tests.trainer.test_upload_quota import coordinator, files, key, serving

@@ -1,4 +1,4 @@
-"""The pool's terms and the rules every role reads them with (protocol.terms): the step window, the work states."""
+"""The pool's terms and the rules every role reads them with (protocol.terms): the step window, the batch states."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.types import PoolConfig, PoolInfo, WorkRecord, WorkStatus
+from ledger.types import BatchRecord, BatchStatus, PoolConfig, PoolInfo
 from protocol.pool_spec import load_pool_spec, pool_terms
 from protocol.tasks.spec import load_task_spec, spec_hash
 from protocol.terms import (
@@ -16,8 +16,8 @@ from protocol.terms import (
     AssignmentTiming,
     PoolTerms,
     TermsMismatch,
+    batch_state,
     step_window,
-    work_state,
 )
 
 WINDOW = 3600
@@ -28,19 +28,18 @@ TASK = Path(__file__).resolve().parents[2] / "configs" / "tasks" / "default.toml
 @pytest.mark.parametrize(
     ("status", "now", "state"),
     [
-        (WorkStatus.PENDING, 1000 + WINDOW - 1, "pending"),  # invalidateWork needs now < submittedAt + window
-        (WorkStatus.PENDING, 1000 + WINDOW, "claimable"),  # claimRewards needs now >= submittedAt + window
-        (WorkStatus.INVALIDATED, 1000 + WINDOW, "invalidated"),
-        (WorkStatus.CLAIMED, 1000 + WINDOW, "claimed"),
-        (WorkStatus.REFUSED, 1000 + WINDOW - 1, "refused"),  # refuseWork: never claimable, in its window or after
-        (WorkStatus.REFUSED, 1000 + WINDOW, "refused"),
+        (BatchStatus.PENDING, 1000 + WINDOW - 1, "pending"),  # invalidateBatch needs now < submittedAt + window
+        (BatchStatus.PENDING, 1000 + WINDOW, "claimable"),  # claimBatches needs now >= submittedAt + window
+        (BatchStatus.INVALIDATED, 1000 + WINDOW, "invalidated"),
+        (BatchStatus.CLAIMED, 1000 + WINDOW, "claimed"),
+        (BatchStatus.NONE, 1000 + WINDOW, "none"),
     ],
 )
-def test_work_state_follows_the_window(status: WorkStatus, now: int, state: str) -> None:
-    work = WorkRecord(1, b"\1" * 32, NODE, TRAINER, 10, 1000, status)
-    assert work_state(work, WINDOW, now) == state
-    # a node an invalidation ejected: its pending work is void (an owner's ejection voids nothing: not `voided`)
-    assert work_state(work, WINDOW, now, voided=True) == ("void" if status == WorkStatus.PENDING else state)
+def test_a_batch_is_pending_until_its_window_closes_then_claimable(status: BatchStatus, now: int, state: str) -> None:
+    batch = BatchRecord(1, b"\1" * 32, NODE, TRAINER, 3, 30, 0, 1000, status)
+    assert batch_state(batch, WINDOW, now) == state
+    # a node an invalidation ejected: its pending batches are void (an owner's ejection voids nothing: not `voided`)
+    assert batch_state(batch, WINDOW, now, voided=True) == ("void" if status == BatchStatus.PENDING else state)
 
 
 def test_the_step_window_holds_the_current_step_and_async_level_steps_before_it() -> None:
@@ -71,8 +70,8 @@ def test_terms_come_from_the_chain_record_and_the_spec(tmp_path: Path) -> None:
     terms = pool_terms(pool(spec.uri), spec)
     assert (terms.async_level, terms.max_file_bytes, terms.prompts_per_task, terms.group_size) == (3, 8192, 4, 16)
     assert terms.task_hash == spec_hash(load_task_spec(TASK)) and terms.window(5) == step_window(5, 3)
-    work = WorkRecord(1, b"\1" * 32, NODE, TRAINER, 10, 1000, WorkStatus.PENDING)
-    assert terms.state_of(work, 1000 + WINDOW) == "claimable"
+    batch = BatchRecord(1, b"\1" * 32, NODE, TRAINER, 3, 30, 0, 1000, BatchStatus.PENDING)
+    assert terms.state_of(batch, 1000 + WINDOW - 1) == "pending" and terms.state_of(batch, 1000 + WINDOW) == "claimable"
     assert terms.timing == AssignmentTiming(lifetime=4 * 3600, clock_slack=DEFAULT_CLOCK_SLACK)  # k + 1 = 4 steps
     (tmp_path / "pool.toml").write_text(
         f'coordinator = "http://c:1"\ncheckpoints = ["http://o:2"]\ntask = "{TASK}"\nassignment_lifetime = 900\n'

@@ -93,16 +93,6 @@ def test_heard_acceptances_cover_other_shares_and_a_rejection_covers_nothing(sto
     assert store.cover([KEYS[3]], 1) == 1
 
 
-def test_another_validators_invalidation_covers_a_row_not_judged_here(store: ValidatorStore) -> None:
-    node = dev_account(3).address
-    store.record([submission(0), submission(1)], 20)
-    store.move(submission(1), "verified")
-    assert store.invalidated_elsewhere(KEYS[0], node, B)
-    assert not store.invalidated_elsewhere(KEYS[1], node, B)  # judged here: its own path reads the chain
-    row = store.get(KEYS[0], node)
-    assert row is not None and row.stage == COVERED and B in (row.note or "")
-
-
 def test_other_shares_expire_when_their_window_closed_unheard_but_own_rows_never(store: ValidatorStore) -> None:
     store.record([submission(0, 100), submission(1, 100), submission(2, 5_000)], 20, mine=lambda key: key == KEYS[0])
     assert store.expire_theirs(closed_before=1_000) == 1
