@@ -24,7 +24,7 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.types import BatchStatus, Reason, WorkStatus
+from ledger.types import BatchStatus, Reason
 from ledger.units import parse_amount
 from tests.ledger.helpers import make_pool, onboard
 
@@ -123,19 +123,6 @@ def test_lifecycle_holds_each_lock_one_window_after_the_membership_then_releases
         assert (report.before.holdings[provider].locked, report.after.holdings[provider].locked) == (min_stake, 0)
     for node in (Role.NODE_1, Role.NODE_2):
         assert report.before.locks[node].member and not report.after.locks[node].open
-
-
-@pytest.mark.parametrize(
-    ("status", "words"),
-    [
-        (WorkStatus.INVALIDATED, "the work was invalidated"),
-        (WorkStatus.CLAIMED, "the work was already claimed"),
-        (WorkStatus.REFUSED, "a validator refused the work (a borderline file): it is never paid"),
-    ],
-)
-def test_explain_refusal_names_the_work_status(status: WorkStatus, words: str) -> None:
-    values = {"poolId": 1, "node": "0x" + "11" * 20, "workKey": b"\x01" * 32, "status": int(status)}
-    assert explain_refusal(ContractRevert("WorkNotPending", values)) == f"refused: {words}"
 
 
 def test_explain_refusal_says_an_ejected_nodes_work_is_void_and_when_a_lock_frees() -> None:

@@ -81,14 +81,14 @@ def test_a_file_twice_in_one_batch_is_a_wrong_assignment_at_its_second_leaf() ->
     assert (fault.reason, fault.leaf_index) == (Reason.WRONG_ASSIGNMENT, 2)  # type: ignore[attr-defined]
 
 
-def test_a_file_submitted_before_in_another_batch_or_per_key_is_a_wrong_assignment() -> None:
+def test_a_file_submitted_before_in_another_batch_is_a_wrong_assignment() -> None:
     other = b"\x07" * 32
     fault = check(leaves("a", "b"), earlier={key("b"): other})
     assert fault is not None
     assert (fault.reason, fault.leaf_index) == (Reason.WRONG_ASSIGNMENT, 1)  # type: ignore[attr-defined]
     assert other.hex() in fault.detail  # type: ignore[attr-defined]
-    fault = check(leaves("a", "b"), earlier={key("a"): None})
-    assert fault is not None and "per-key record" in fault.detail  # type: ignore[attr-defined]
+    fault = check(leaves("a", "b"), earlier={key("a"): other, key("b"): other})
+    assert fault is not None and fault.leaf_index == 0  # type: ignore[attr-defined]  # the first repeated leaf
 
 
 # --- the store's batch rows --------------------------------------------------------------------------------
