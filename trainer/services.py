@@ -26,6 +26,7 @@ from core import trace
 from core.heap import heap_bytes
 from protocol.coordinator.client import PublishedStep
 from protocol.rollouts import RolloutFile
+from protocol.rollouts.writer import publish_atomically
 from protocol.signing import SigningDomain
 from protocol.tasks.spec import spec_hash
 from trainer.api import CoordinatorApi
@@ -176,7 +177,8 @@ async def open_services(config: RunConfig, network: Network, loop: TrainingLoop)
         endpoints = {"coordinator": api_url, "origin": origin_url, "trainer": network.account.address}
         if gossip is not None:
             endpoints["p2p"] = gossip.listen_addr
-        (config.run_dir / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
+        # whole or not at all: a devnet or a benchmark polls for this file and parses it as soon as it exists
+        publish_atomically(config.run_dir / "endpoints.json", (json.dumps(endpoints, indent=2) + "\n").encode())
         yield services
     finally:
         if gossip is not None:

@@ -95,11 +95,10 @@ def pool(
         endpoints = tmp_path / "run" / "endpoints.json"
         urls: dict[str, str] = {}
 
-        def written() -> bool:  # the trainer writes the file in place: it may be seen empty or half-written
-            try:
-                urls.update(json.loads(endpoints.read_text()))
-            except (FileNotFoundError, json.JSONDecodeError):
+        def written() -> bool:  # the trainer writes the file whole (a rename): once it exists, it parses
+            if not endpoints.exists():
                 return trainer.poll() is not None
+            urls.update(json.loads(endpoints.read_text()))
             return True
 
         wait_for(written, "the trainer's endpoints")
