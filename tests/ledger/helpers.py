@@ -69,10 +69,15 @@ def work_key(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
 
 
+def batch_of(*leaves: tuple[str, int]) -> BatchTree:
+    """The batch of the files `(label, units)`, in that order, each keyed `work_key(label)`."""
+    return BatchTree([Leaf(work_key(label), units) for label, units in leaves])
+
+
 def commit_batch(node: Ledger, pool_id: int, *leaves: tuple[str, int]) -> tuple[BatchTree, TxReceipt]:
-    """Submits from `node` one batch of the files `(label, units)`, in that order, each keyed `work_key(label)`.
-    Returns the batch's tree (its root, and the proofs a challenge takes) and the submission's receipt."""
-    tree = BatchTree([Leaf(work_key(label), units) for label, units in leaves])
+    """Submits `batch_of(*leaves)` from `node`. Returns the batch's tree (its root, and the proofs a challenge takes)
+    and the submission's receipt."""
+    tree = batch_of(*leaves)
     return tree, node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
 
 

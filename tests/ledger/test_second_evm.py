@@ -24,12 +24,12 @@ from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.errors import ChainError, ContractRevert
 from ledger.hardhat import HardhatChain, find_hardhat
-from ledger.merkle import BatchTree, Leaf, LeafProof, leaf_hash, root_of
+from ledger.merkle import Leaf, LeafProof, leaf_hash, root_of
 from ledger.tx import Transactor
 from ledger.types import BatchStatus, Reason
 from ledger.units import parse_amount
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import assert_revert, events, make_pool, onboard, transact_at, work_key
+from tests.ledger.helpers import assert_revert, batch_of, commit_batch, events, make_pool, onboard, transact_at
 
 pytestmark = [
     pytest.mark.slow,  # a Hardhat Network node per session
@@ -139,15 +139,10 @@ def test_lifecycle_refusals_name_the_contracts_custom_errors(lifecycle: tuple[Lo
 # --- work: submit a batch, refuse a leaf, invalidate, claim ------------------------------------------
 
 
-def files(label: str, units: list[int]) -> BatchTree:
-    """A batch of files `label 0`, `label 1` ... worth `units`."""
-    return BatchTree([Leaf(work_key(f"{label} {i}"), u) for i, u in enumerate(units)])
-
-
 def test_a_submitted_batch_is_one_pending_record_at_its_block_time_and_one_event(
     chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    node, tree = ledger_for(NODE), files("batch", [10, 20, 30])
+    node, tree = ledger_for(NODE), batch_of(("file 0", 10), ("file 1", 20), ("file 2", 30))
 
     receipt = node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
 
@@ -167,8 +162,8 @@ def test_a_submitted_batch_is_one_pending_record_at_its_block_time_and_one_event
 def test_a_refused_leaf_is_checked_against_its_proof_and_left_out_of_the_claim(
     chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    node, validator, tree = ledger_for(NODE), ledger_for(VALIDATOR), files("borderline", [100, 200, 300, 400, 500])
-    node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
+    node, validator = ledger_for(NODE), ledger_for(VALIDATOR)
+    tree, _ = commit_batch(node, pool.pool_id, *[(f"borderline {i}", 100 * (i + 1)) for i in range(5)])
     wrong = LeafProof(3, Leaf(tree.leaves[3].work_key, 401), tree.proof(3).siblings)
 
     with pytest.raises(ContractRevert) as info:
@@ -184,8 +179,8 @@ def test_a_refused_leaf_is_checked_against_its_proof_and_left_out_of_the_claim(
 
 
 def test_invalidation_burns_the_slash_from_the_lock_and_ejects_the_node(ledger_for: LedgerFor, pool: Pool) -> None:
-    node, validator, tree = ledger_for(NODE), ledger_for(VALIDATOR), files("forged", [10, 20, 30, 40])
-    node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
+    node, validator = ledger_for(NODE), ledger_for(VALIDATOR)
+    tree, _ = commit_batch(node, pool.pool_id, *[(f"forged {i}", 10 * (i + 1)) for i in range(4)])
     registry_balance = node.balance_of(node.registry.address)
 
     receipt = validator.invalidate_batch(pool.pool_id, pool.node, tree.root, tree.proof(2), Reason.REWARD_MISMATCH)
@@ -207,8 +202,8 @@ def test_invalidation_burns_the_slash_from_the_lock_and_ejects_the_node(ledger_f
 def test_a_claim_after_the_window_pays_the_provider_units_times_reward(
     chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    node, tree = ledger_for(NODE), files("paid", [1000, 500])
-    node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
+    node = ledger_for(NODE)
+    tree, _ = commit_batch(node, pool.pool_id, ("paid 0", 1000), ("paid 1", 500))
     chain.increase_time(WINDOW + 1)
 
     receipt = ledger_for(STRANGER).claim_batches(pool.pool_id, pool.node, [tree.root])  # anyone may send the claim
@@ -222,8 +217,8 @@ def test_a_claim_after_the_window_pays_the_provider_units_times_reward(
 
 def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledger_for: LedgerFor, pool: Pool) -> None:
     """evm_setNextBlockTimestamp: the claim's block is stamped exactly when the window closes."""
-    node, provider, tree = ledger_for(NODE), ledger_for(PROVIDER), files("at the edge", [10])
-    node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
+    node, provider = ledger_for(NODE), ledger_for(PROVIDER)
+    tree, _ = commit_batch(node, pool.pool_id, ("at the edge", 10))
     closes_at = node.get_batch(pool.pool_id, pool.node, tree.root).submitted_at + WINDOW
 
     transact_at(chain, provider, provider.work.functions.claimBatches(pool.pool_id, pool.node, [tree.root]), closes_at)
@@ -238,8 +233,8 @@ def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledg
 def test_a_revert_at_estimation_names_the_custom_error_and_its_values(
     chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    node, tree = ledger_for(NODE), files("early", [10])
-    node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
+    node = ledger_for(NODE)
+    tree, _ = commit_batch(node, pool.pool_id, ("early", 10))
     closes_at = node.get_batch(pool.pool_id, pool.node, tree.root).submitted_at + WINDOW
 
     with pytest.raises(ContractRevert) as info:

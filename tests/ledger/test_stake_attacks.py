@@ -18,18 +18,17 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.merkle import BatchTree, Leaf
 from ledger.types import BatchStatus, Reason, StakeLock
 from tests.conftest import TOKEN, UNBONDING_PERIOD
 from tests.ledger.helpers import (
     assert_revert,
+    batch_of,
     commit_batch,
     events,
     make_pool,
     onboard,
     pool_config,
     transact_at,
-    work_key,
 )
 
 LedgerFor = Callable[[int], Ledger]
@@ -200,7 +199,7 @@ def test_unbonding_and_leaving_before_the_slash_keeps_the_lock_slashable(
     assert_revert(
         info.value, "InsufficientActiveStake", provider=provider.address, active=100 * TOKEN, required=100 * TOKEN + 1
     )
-    bad = BatchTree([Leaf(work_key("bad"), 10), Leaf(work_key("good"), 10)])
+    bad = batch_of(("bad", 10), ("good", 10))
     submitted_at = provider.timestamp() + 10
     transact_at(
         chain, node, node.work.functions.submitBatch(pool_id, bad.root, bad.count, bad.total_units), submitted_at
@@ -350,7 +349,7 @@ def test_a_squatted_root_neither_blocks_nor_taints_the_honest_record(chain: Loca
     provider_a, provider_b = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B)
     honest = onboard(owner, provider_a, dev_account(NODE_A), pool_id)
     squatter = onboard(owner, provider_b, dev_account(NODE_B), pool_id)
-    tree = BatchTree([Leaf(work_key("the honest node's rollout file"), 10)])
+    tree = batch_of(("the honest node's rollout file", 10))
 
     squatter.submit_batch(pool_id, tree.root, tree.count, 999)  # first in the block
     honest.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
@@ -391,7 +390,7 @@ def test_one_batch_cannot_claim_more_units_than_its_files_at_the_pools_cap(
     """
     owner, _, pool_id = honest_pool(ledger_for, max_units_per_key=1000)
     node = onboard(owner, ledger_for(PROVIDER_A), dev_account(NODE_A), pool_id)
-    fair = BatchTree([Leaf(work_key("fair"), 1000), Leaf(work_key("fair too"), 1000)])
+    fair = batch_of(("fair", 1000), ("fair too", 1000))
 
     for units in (2001, 2 * MAX_UNITS, 2**80 - 1):
         with pytest.raises(ContractRevert) as info:

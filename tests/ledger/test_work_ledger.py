@@ -14,10 +14,19 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
-from ledger.merkle import BatchTree, Leaf
+from ledger.merkle import BatchTree
 from ledger.types import BatchStatus, Ejection, Reason, StakeLock
 from tests.conftest import TOKEN
-from tests.ledger.helpers import assert_revert, commit_batch, events, fund_provider, make_pool, onboard, work_key
+from tests.ledger.helpers import (
+    assert_revert,
+    batch_of,
+    commit_batch,
+    events,
+    fund_provider,
+    make_pool,
+    onboard,
+    work_key,
+)
 
 LedgerFor = Callable[[int], Ledger]
 OWNER, PROVIDER_A, PROVIDER_B, STRANGER, VALIDATOR = 0, 1, 2, 8, 9
@@ -102,7 +111,7 @@ def test_a_bound_node_that_never_joined_submits_no_batch(ledger_for: LedgerFor) 
     fund_provider(owner, provider, 100)
     provider.add_node(node_account)  # registered, but never joined
     node = provider.as_account(node_account)
-    tree = BatchTree([Leaf(work_key("outsider"), 10)])
+    tree = batch_of(("outsider", 10))
 
     with pytest.raises(ContractRevert) as info:
         node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
