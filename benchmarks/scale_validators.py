@@ -1,19 +1,22 @@
 """K validators sharing one pool: files verified per second, and the backlog while a burst drains.
 
 Run: `.venv/bin/python benchmarks/scale_validators.py` (K = 1 and 2, 48 files; or `benchmarks/scale.py
---validators K`); `--validators 1,2,3`, `--files N`, `--prompts`, `--group-size` and `--json PATH` change it.
+--validators K`); `--validators 1,2,3`, `--files N`, `--batch-size N`, `--prompts`, `--group-size` and `--json PATH`
+change it.
 
 For each K, on a fresh anvil: a pool whose spec names the coordinator, the origin, `replication = 1` and the K
 validators' libp2p addresses (how they find each other); a network-mode `prime-train run` that never trains (step
 0 stays, so every file is judged against one checkpoint); K `prime-validate run` processes, started together, each
-waiting until it hears the others. Then the whole burst is uploaded and submitted at once, faster than any
-validator checks, and every 0.25 s the benchmark reads each validator's `validator_open_files` (its share not yet
-judged). It prints, per K:
+waiting until it hears the others. Then the whole burst is made available (every file, then each batch's leaf list:
+each member's files in batches of `--batch-size`) and the batch roots are submitted at once, faster than any
+validator checks, and every 0.25 s the benchmark reads each validator's `validator_open_files` (the batches it has
+still to list and the files of its share not yet judged). It prints, per K:
 
-- files judged per second, from the first submission to the last attestation the coordinator recorded;
-- the backlog (open files, summed over the validators) over the drain, and its peak;
+- files judged per second, from the first batch's submission to the last attestation the coordinator recorded;
+- the backlog (open batches and files, summed over the validators) over the drain, and its peak;
 - how long the last file waited for its attestation, against the pool's challenge window;
-- whether each validator judged its share oldest first (inversions of chain order in the coordinator's journal);
+- whether each validator judged its share oldest first (inversions of chain order, batch by batch and leaf by leaf,
+  in the coordinator's journal);
 - how many files were verified more than once (attestations per key beyond one): it must be 0.
 
 The files are real: generated once, before any K runs, by the tiny model, with assignments signed by the pool's
@@ -44,6 +47,7 @@ sys.path.insert(0, str(REPO))  # tests/ holds the trainer.toml writer and the ro
 from ledger.accounts import dev_account  # noqa: E402
 from ledger.chain import LocalChain, free_port  # noqa: E402
 from ledger.client import Ledger  # noqa: E402
+from ledger.merkle import BatchTree, Leaf  # noqa: E402
 from p2p import peer_id_of  # noqa: E402
 from protocol.coordinator.client import CoordinatorClient  # noqa: E402
 from protocol.signing import SigningDomain  # noqa: E402
@@ -61,6 +65,10 @@ class File:
     key: bytes
     units: int
 
+    @property
+    def leaf(self) -> Leaf:
+        return Leaf(self.key, self.units)
+
 
 @dataclass
 class Result:
@@ -68,7 +76,7 @@ class Result:
     files: int
     seconds: float
     peak_backlog: int
-    backlog: list[tuple[float, int]]  # (seconds since the burst, open files over all validators)
+    backlog: list[tuple[float, int]]  # (seconds since the burst, open batches and files over all validators)
     longest_wait: float  # seconds from the burst's submission to the last file's attestation
     inversions: dict[str, int]  # validator -> pairs of its attestations out of chain order
     verified_twice: int
@@ -199,27 +207,47 @@ def run_k(root: Path, k: int, args: argparse.Namespace, model: Path) -> Result:
             _wait(lambda s=state: (s / "endpoints.json").exists() and _metrics(s).get("validator_peers_heard") == k - 1,
                   "the other validators' heartbeats", processes, 120)  # fmt: skip
 
-        return _burst(root, k, files, nodes, pool_id, domain, coordinator, states, processes)
+        return _burst(root, k, files, args.batch_size, nodes, pool_id, domain, coordinator, states, processes)
     finally:
         for process in processes:
             _stop(process)
         chain.stop()
 
 
-def _burst(root: Path, k: int, files: list[File], nodes: dict[str, Ledger], pool_id: int, domain: SigningDomain,
-           coordinator: str, states: dict[str, Path], processes: list[subprocess.Popen[bytes]]) -> Result:  # fmt: skip
-    async def upload_all() -> None:
-        async with new_session() as session:
-            for f in files:
-                node = nodes[f.node].account
-                assert node is not None
-                await CoordinatorClient(session, coordinator, node, domain).upload(f.key, f.data)
+def batches_of(files: list[File], size: int) -> list[list[File]]:
+    """Each member's files, in their order, in batches of at most `size`; the batches in the order of their first
+    file (the order they are submitted in)."""
+    by_node: dict[str, list[File]] = {}
+    for f in files:
+        by_node.setdefault(f.node, []).append(f)
+    batches = [mine[i : i + size] for mine in by_node.values() for i in range(0, len(mine), size)]
+    first = {f.key: i for i, f in enumerate(files)}
+    return sorted(batches, key=lambda batch: first[batch[0].key])
 
-    asyncio.run(upload_all())
+
+def _burst(root: Path, k: int, files: list[File], batch_size: int, nodes: dict[str, Ledger], pool_id: int,
+           domain: SigningDomain, coordinator: str, states: dict[str, Path],
+           processes: list[subprocess.Popen[bytes]]) -> Result:  # fmt: skip
+    batches = batches_of(files, batch_size)
+
+    async def make_available() -> None:
+        """Every file, then each batch's leaf list (the coordinator takes a list once it holds its files)."""
+        async with new_session() as session:
+            clients = {}
+            for address, ledger in nodes.items():
+                assert ledger.account is not None
+                clients[address] = CoordinatorClient(session, coordinator, ledger.account, domain)
+            for f in files:
+                await clients[f.node].upload(f.key, f.data)
+            for batch in batches:
+                await clients[batch[0].node].upload_batch([f.leaf for f in batch])
+
+    asyncio.run(make_available())
     journal = root / "run" / "attestations.jsonl"
     started = time.monotonic()
-    for f in files:  # one transaction a file, as fast as anvil takes them: faster than any validator checks
-        nodes[f.node].submit_work(pool_id, f.key, f.units)
+    for batch in batches:  # one transaction a batch, as fast as anvil takes them: faster than any validator checks
+        tree = BatchTree([f.leaf for f in batch])
+        nodes[batch[0].node].submit_batch(pool_id, tree.root, tree.count, tree.total_units)
     backlog: list[tuple[float, int]] = []
 
     def attested() -> list[dict[str, Any]]:
@@ -235,7 +263,7 @@ def _burst(root: Path, k: int, files: list[File], nodes: dict[str, Ledger], pool
         time.sleep(0.25)
     seconds = time.monotonic() - started
     records = attested()
-    position = {f.key: i for i, f in enumerate(files)}  # submitted in this order, so chain order
+    position = {f.key: i for i, f in enumerate(f for batch in batches for f in batch)}  # chain order, leaf by leaf
     by_validator: dict[str, list[bytes]] = {}
     counts: dict[str, int] = {}
     for record in records:
@@ -260,7 +288,7 @@ def print_result(result: Result) -> None:
           f"= {result.files_per_second:.2f} files/s")  # fmt: skip
     print(f"  per validator: {', '.join(f'{v[:10]} {n}' for v, n in sorted(result.per_validator.items()))}")
     series = result.backlog[:: max(1, len(result.backlog) // 12)]
-    print("  backlog (open files, all validators) over the drain: "
+    print("  backlog (open batches and files, all validators) over the drain: "
           + ", ".join(f"{t:.0f}s:{n}" for t, n in series))  # fmt: skip
     print(
         f"  peak backlog {result.peak_backlog}; the last file waited {result.longest_wait:.1f} s of a {WINDOW} s window"
@@ -273,6 +301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--validators", default="1,2", help="comma-separated K to run (default 1,2)")
     parser.add_argument("--files", type=int, default=48, help="files in the burst (default 48)")
+    parser.add_argument("--batch-size", type=int, default=16, help="files per batch, at most (default 16)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per file (the default terms: 8)")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (default 8)")
     parser.add_argument("--json", type=Path, help="also write the figures here")

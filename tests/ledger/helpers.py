@@ -1,4 +1,5 @@
-"""Shared setup for ledger tests: a pool with sane defaults, an onboarded node, a work key, revert checks."""
+"""Shared setup for ledger tests: a pool with sane defaults, an onboarded node, a work key, a committed batch, revert
+checks."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from web3.types import TxReceipt
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import ContractRevert
+from ledger.merkle import BatchTree, Leaf
 from ledger.types import PoolConfig
 from tests.conftest import TOKEN  # not `conftest`: a test folder with its own conftest.py shadows that name
 
@@ -67,6 +69,18 @@ def work_key(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
 
 
+def batch_of(*leaves: tuple[str, int]) -> BatchTree:
+    """The batch of the files `(label, units)`, in that order, each keyed `work_key(label)`."""
+    return BatchTree([Leaf(work_key(label), units) for label, units in leaves])
+
+
+def commit_batch(node: Ledger, pool_id: int, *leaves: tuple[str, int]) -> tuple[BatchTree, TxReceipt]:
+    """Submits `batch_of(*leaves)` from `node`. Returns the batch's tree (its root, and the proofs a challenge takes)
+    and the submission's receipt."""
+    tree = batch_of(*leaves)
+    return tree, node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
+
+
 def _normalized(value: Any) -> Any:
     """Addresses compare checksummed: eth_abi decodes them in lower case."""
     if isinstance(value, str) and is_address(value):
@@ -103,7 +117,7 @@ def transact_at(chain: LocalChain, sender: Ledger, call: Any, timestamp: int, *,
 
 
 def events(contract_event: Any, receipt: TxReceipt) -> list[dict[str, Any]]:
-    """The args of every `contract_event` log in `receipt` (e.g. `ledger.work.events.WorkSubmitted()`).
+    """The args of every `contract_event` log in `receipt` (e.g. `ledger.work.events.BatchSubmitted()`).
 
     Logs of other contracts and events in the same receipt are skipped.
     """

@@ -57,12 +57,6 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "WorkLedger": {
         "fundRewards(uint256,uint256)": (),
-        "submitWork(uint256,bytes32,uint256)": (),
-        "submitWorkBatch(uint256,bytes32[],uint256[])": (),
-        "invalidateWork(uint256,address,bytes32,uint8)": (),
-        "refuseWork(uint256,address,bytes32,uint8)": (),
-        "claimRewards(uint256,address,bytes32[])": (),
-        "getWork(uint256,address,bytes32)": ("address", "uint256", "uint64", "uint8"),
         "submitBatch(uint256,bytes32,uint256,uint256)": (),
         f"invalidateBatch(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
         "invalidateUnavailableBatch(uint256,address,bytes32)": (),
@@ -88,23 +82,17 @@ VIEWS = {
     "isValidator",
     "ejectionOf",
     "members",
-    "getWork",
     "getBatch",
     "isLeafRefused",
 }
-# The old ABI: a slash paid into any pool's escrow from unbonding stake, a claim could mix nodes, a work key was
-# the pool's. None of it may come back.
+# The old ABI: a slash paid into any pool's escrow from unbonding stake, a claim could mix nodes. None of it may come
+# back.
 REMOVED_FUNCTIONS: dict[str, set[str]] = {
     "NodeRegistry": {
         "slash(address,uint256,address)",
         "lockStake(address,uint256)",
         "unlockStake(address,uint256)",
         "isCollateralized(address)",
-    },
-    "WorkLedger": {
-        "invalidateWork(uint256,bytes32,uint8)",
-        "claimRewards(uint256,bytes32[])",
-        "getWork(uint256,bytes32)",
     },
 }
 REMOVED_ERRORS: dict[str, set[str]] = {
@@ -131,10 +119,6 @@ EVENTS: dict[str, set[str]] = {
         "NodeEjected(uint256,address,address,uint8)",
     },
     "WorkLedger": {
-        "WorkSubmitted(uint256,bytes32,address,address,uint256)",
-        "WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)",
-        "WorkRefused(uint256,bytes32,address,address,uint8)",
-        "RewardsClaimed(uint256,address,address,uint256,uint256)",
         "BatchSubmitted(uint256,bytes32,address,uint256,uint256)",  # no provider: the node's binding names it
         "BatchInvalidated(uint256,bytes32,address,address,uint256,bytes32,uint8,uint256)",
         "LeafRefused(uint256,bytes32,address,address,uint256,bytes32,uint256,uint8)",
@@ -250,13 +234,6 @@ def test_pool_config_fields_are_in_design_order() -> None:
     ]
 
 
-def test_get_work_takes_the_node_and_returns_provider_units_submitted_at_status() -> None:
-    get_work = abi_entries("WorkLedger", "function")["getWork(uint256,address,bytes32)"]
-    assert [arg["name"] for arg in get_work["inputs"]] == ["poolId", "node", "workKey"]
-    assert [out["name"] for out in get_work["outputs"]] == ["provider", "units", "submittedAt", "status"]
-    assert get_work["outputs"][3]["internalType"] == "enum IWorkLedger.WorkStatus"
-
-
 def test_get_batch_takes_the_node_and_root_and_returns_the_one_slot_record() -> None:
     get_batch = abi_entries("WorkLedger", "function")["getBatch(uint256,address,bytes32)"]
     assert [arg["name"] for arg in get_batch["inputs"]] == ["poolId", "node", "root"]
@@ -273,30 +250,42 @@ def test_get_batch_takes_the_node_and_root_and_returns_the_one_slot_record() -> 
     assert [c["name"] for c in leaf["inputs"][3]["components"]] == ["index", "workKey", "units", "siblings"]
 
 
-def test_work_events_name_their_arguments_as_designed() -> None:
+def test_batch_events_name_their_arguments_as_designed() -> None:
     work_events = abi_entries("WorkLedger", "event")
     names = {sig: [arg["name"] for arg in e["inputs"]] for sig, e in work_events.items()}
-    assert names["WorkSubmitted(uint256,bytes32,address,address,uint256)"] == [
+    assert names["BatchSubmitted(uint256,bytes32,address,uint256,uint256)"] == [
         "poolId",
-        "workKey",
+        "root",
         "node",
-        "provider",
-        "units",
+        "count",
+        "totalUnits",
     ]
-    assert names["WorkInvalidated(uint256,bytes32,address,address,uint8,uint256)"] == [
+    assert names["BatchInvalidated(uint256,bytes32,address,address,uint256,bytes32,uint8,uint256)"] == [
         "poolId",
-        "workKey",
+        "root",
         "node",
         "validator",
+        "leafIndex",
+        "workKey",
         "reason",
         "slashed",
     ]
-    assert names["RewardsClaimed(uint256,address,address,uint256,uint256)"] == [
+    assert names["LeafRefused(uint256,bytes32,address,address,uint256,bytes32,uint256,uint8)"] == [
+        "poolId",
+        "root",
+        "node",
+        "validator",
+        "leafIndex",
+        "workKey",
+        "units",
+        "reason",
+    ]
+    assert names["BatchesClaimed(uint256,address,address,uint256,bytes32[])"] == [
         "poolId",
         "provider",
         "node",
         "amount",
-        "count",
+        "roots",
     ]
 
 
@@ -323,14 +312,14 @@ def error_data(sig: str, types: list[str], values: list[Any]) -> bytes:
 
 
 def test_decode_revert_decodes_custom_errors_with_names() -> None:
-    key, node = keccak(text="work"), "0x" + "cd" * 20
+    root, node = keccak(text="batch"), "0x" + "cd" * 20
     types = ["uint256", "address", "bytes32", "uint8"]
-    data = error_data("WorkNotPending(uint256,address,bytes32,uint8)", types, [3, node, key, 2])
+    data = error_data("BatchNotPending(uint256,address,bytes32,uint8)", types, [3, node, root, 2])
     name, values = decode_revert(data)
-    assert name == "WorkNotPending"
-    assert values.keys() == {"poolId", "node", "workKey", "status"}
+    assert name == "BatchNotPending"
+    assert values.keys() == {"poolId", "node", "root", "status"}
     assert (values["poolId"], to_checksum_address(values["node"])) == (3, to_checksum_address(node))
-    assert (values["workKey"], values["status"]) == (key, 2)
+    assert (values["root"], values["status"]) == (root, 2)
 
 
 def test_decode_revert_decodes_errors_of_the_new_terms() -> None:
@@ -381,7 +370,7 @@ def test_decode_revert_handles_empty_and_short_data() -> None:
 
 def test_decode_revert_reports_truncated_custom_error() -> None:
     types = ["uint256", "address", "bytes32"]
-    data = error_data("WorkExists(uint256,address,bytes32)", types, [1, "0x" + "00" * 20, b"\x00" * 32])[:-16]
+    data = error_data("BatchExists(uint256,address,bytes32)", types, [1, "0x" + "00" * 20, b"\x00" * 32])[:-16]
     name, values = decode_revert(data)
     assert name == "UndecodableRevert"
     assert values["data"] == data

@@ -14,9 +14,9 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger, node_binding_signature
 from ledger.deployment import role_id
 from ledger.errors import ContractRevert
-from ledger.types import Reason, StakeInfo, StakeLock, WorkStatus
+from ledger.types import BatchStatus, Reason, StakeInfo, StakeLock
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import assert_revert, events, fund_provider, make_pool, onboard, transact_at, work_key
+from tests.ledger.helpers import assert_revert, commit_batch, events, fund_provider, make_pool, onboard, transact_at
 from tests.ledger.stake_locks import assert_unbonds_once_released, stake_unlocked
 
 LedgerFor = Callable[[int], Ledger]
@@ -252,7 +252,7 @@ def test_rejoining_while_the_lock_is_held_reuses_it(ledger_for: LedgerFor) -> No
     assert owner.stake_of(provider.address).locked == 100 * TOKEN
 
 
-# --- slashing, driven through WorkLedger.invalidateWork ---------------------------------------------
+# --- slashing, driven through WorkLedger.invalidateBatch --------------------------------------------
 
 
 def test_slash_takes_the_lock_never_unbonding_stake_and_burns_it(ledger_for: LedgerFor) -> None:
@@ -260,13 +260,12 @@ def test_slash_takes_the_lock_never_unbonding_stake_and_burns_it(ledger_for: Led
     pool_id = make_pool(owner)  # locks 100, slashes 50
     owner.set_validator(pool_id, validator.address)
     node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=170)
-    key = work_key("slashed")
-    node.submit_work(pool_id, key, 10)
+    tree, _ = commit_batch(node, pool_id, ("slashed", 10))
     node.leave(pool_id)  # the lock stays held for the window, so only the free 70 may start unbonding
     provider.request_unstake(70 * TOKEN)
     release_at = provider.stake_of(provider.address).release_at
 
-    receipt = validator.invalidate_work(pool_id, node.address, key, Reason.HASH_MISMATCH)
+    receipt = validator.invalidate_batch(pool_id, node.address, tree.root, tree.proof(0), Reason.HASH_MISMATCH)
 
     assert events(owner.registry.events.Slashed(), receipt) == [
         {"provider": provider.address, "node": node.address, "poolId": pool_id, "amount": 50 * TOKEN}
@@ -279,7 +278,7 @@ def test_slash_takes_the_lock_never_unbonding_stake_and_burns_it(ledger_for: Led
     assert owner.escrow_of(pool_id) == 0  # nothing is credited to the pool
     assert owner.balance_of(owner.work.address) == 0
     assert owner.balance_of(owner.registry.address) == 170 * TOKEN  # the burned tokens never leave the registry
-    assert owner.get_work(pool_id, node.address, key).status == WorkStatus.INVALIDATED
+    assert owner.get_batch(pool_id, node.address, tree.root).status == BatchStatus.INVALIDATED
 
 
 def test_slashes_in_one_pool_take_at_most_its_lock(ledger_for: LedgerFor) -> None:
@@ -287,13 +286,12 @@ def test_slashes_in_one_pool_take_at_most_its_lock(ledger_for: LedgerFor) -> Non
     pool_id = make_pool(owner, slash_amount=60 * TOKEN)  # locks 100
     owner.set_validator(pool_id, validator.address)
     node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=300)
-    keys = [work_key(f"bad-{i}") for i in range(3)]
-    node.submit_work_batch(pool_id, keys, [10, 10, 10])
+    trees = [commit_batch(node, pool_id, (f"bad-{i}", 10))[0] for i in range(3)]
 
     slashed = []
-    for key in keys:  # the first ejects the node; its other pending work may still be invalidated
-        receipt = validator.invalidate_work(pool_id, node.address, key, Reason.BAD_FORMAT)
-        (invalidated,) = events(owner.work.events.WorkInvalidated(), receipt)
+    for tree in trees:  # the first ejects the node; its other pending batches may still be invalidated
+        receipt = validator.invalidate_batch(pool_id, node.address, tree.root, tree.proof(0), Reason.BAD_FORMAT)
+        (invalidated,) = events(owner.work.events.BatchInvalidated(), receipt)
         slashed.append(invalidated["slashed"])
 
     assert slashed == [60 * TOKEN, 40 * TOKEN, 0]
@@ -309,12 +307,11 @@ def test_slash_leaves_unbonding_stake_and_its_release_time(chain: LocalChain, le
     pool_id = make_pool(owner, slash_amount=100 * TOKEN)
     owner.set_validator(pool_id, validator.address)
     node = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=160)
-    key = work_key("emptied")
-    node.submit_work(pool_id, key, 10)
+    tree, _ = commit_batch(node, pool_id, ("emptied", 10))
     provider.request_unstake(60 * TOKEN)
     release_at = provider.stake_of(provider.address).release_at
 
-    validator.invalidate_work(pool_id, node.address, key, Reason.PROOF_INVALID)
+    validator.invalidate_batch(pool_id, node.address, tree.root, tree.proof(0), Reason.PROOF_INVALID)
 
     assert provider.stake_of(provider.address) == StakeInfo(
         active=0, unbonding=60 * TOKEN, locked=0, release_at=release_at

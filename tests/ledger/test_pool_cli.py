@@ -19,7 +19,7 @@ from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.types import Reason
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import make_pool, onboard, work_key
+from tests.ledger.helpers import commit_batch, make_pool, onboard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEV_KEY_WARNING = "public, never use on a real chain"
@@ -279,9 +279,8 @@ def test_show_lists_each_members_lock_here_and_the_burned_total(
     owner.set_validator(pool_id, validator.address)
     cheater = onboard(owner, provider, dev_account(2), pool_id, stake_tokens=200)
     honest = onboard(owner, provider, dev_account(3), pool_id, stake_tokens=0)
-    key = work_key("forged")
-    cheater.submit_work(pool_id, key, 10)
-    validator.invalidate_work(pool_id, cheater.address, key, Reason.BAD_FORMAT)
+    forged, _ = commit_batch(cheater, pool_id, ("forged", 10))
+    validator.invalidate_batch(pool_id, cheater.address, forged.root, forged.proof(0), Reason.BAD_FORMAT)
 
     text = pool_cli("show", str(pool_id), "--deployment", deployment_file)
     assert text.exit_code == 0, text.output

@@ -2,8 +2,8 @@
 
 Anvil and Hardhat answer the same JSON-RPC calls in their own words (revert data, nonce errors, fee methods),
 and Hardhat 2.20 executes with ethereumjs where anvil uses revm. Here the whole devnet lifecycle and the
-client's sharp edges (batch submission, a slash, a claim after the window, decoded custom errors, nonce
-resynchronisation, fees, time control) must come out the same on both. Hardhat is pinned in
+client's sharp edges (a batch's submission, a leaf's proof, a slash, a claim after the window, decoded custom
+errors, nonce resynchronisation, fees, time control) must come out the same on both. Hardhat is pinned in
 contracts/package.json; without it the hardhat cases skip, except under CI=true, where they fail.
 """
 
@@ -24,11 +24,12 @@ from ledger.client import Ledger
 from ledger.deployment import Deployment
 from ledger.errors import ChainError, ContractRevert
 from ledger.hardhat import HardhatChain, find_hardhat
+from ledger.merkle import Leaf, LeafProof, leaf_hash, root_of
 from ledger.tx import Transactor
-from ledger.types import BatchStatus, Reason, WorkStatus
+from ledger.types import BatchStatus, Reason
 from ledger.units import parse_amount
 from tests.conftest import TOKEN, UNBONDING_PERIOD
-from tests.ledger.helpers import assert_revert, events, make_pool, onboard, transact_at, work_key
+from tests.ledger.helpers import assert_revert, batch_of, commit_batch, events, make_pool, onboard, transact_at
 
 pytestmark = [
     pytest.mark.slow,  # a Hardhat Network node per session
@@ -135,75 +136,95 @@ def test_lifecycle_refusals_name_the_contracts_custom_errors(lifecycle: tuple[Lo
     assert report.early_release.values["member"] is False
 
 
-# --- work: submit, batch, invalidate, claim -----------------------------------------------------------
+# --- work: submit a batch, refuse a leaf, invalidate, claim ------------------------------------------
 
 
-def test_submitted_work_is_pending_at_its_block_time(chain: LocalChain, ledger_for: LedgerFor, pool: Pool) -> None:
-    node, key = ledger_for(NODE), work_key("one file")
+def test_a_submitted_batch_is_one_pending_record_at_its_block_time_and_one_event(
+    chain: LocalChain, ledger_for: LedgerFor, pool: Pool
+) -> None:
+    node, tree = ledger_for(NODE), batch_of(("file 0", 10), ("file 1", 20), ("file 2", 30))
 
-    receipt = node.submit_work(pool.pool_id, key, 1500)
+    receipt = node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
 
-    record = node.get_work(pool.pool_id, pool.node, key)
-    assert (record.status, record.units, record.provider) == (WorkStatus.PENDING, 1500, pool.provider)
+    assert events(node.work.events.BatchSubmitted(), receipt) == [
+        {"poolId": pool.pool_id, "root": tree.root, "node": pool.node, "count": 3, "totalUnits": 60}
+    ]
+    record = node.get_batch(pool.pool_id, pool.node, tree.root)
+    assert (record.status, record.count, record.total_units, record.provider) == (
+        BatchStatus.PENDING,
+        3,
+        60,
+        pool.provider,
+    )
     assert record.submitted_at == chain.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
 
 
-def test_a_batch_records_every_key_with_its_units_in_one_event(ledger_for: LedgerFor, pool: Pool) -> None:
-    node = ledger_for(NODE)
-    keys, units = [work_key(f"batch {i}") for i in range(3)], [10, 20, 30]
+def test_a_refused_leaf_is_checked_against_its_proof_and_left_out_of_the_claim(
+    chain: LocalChain, ledger_for: LedgerFor, pool: Pool
+) -> None:
+    node, validator = ledger_for(NODE), ledger_for(VALIDATOR)
+    tree, _ = commit_batch(node, pool.pool_id, *[(f"borderline {i}", 100 * (i + 1)) for i in range(5)])
+    wrong = LeafProof(3, Leaf(tree.leaves[3].work_key, 401), tree.proof(3).siblings)
 
-    receipt = node.submit_work_batch(pool.pool_id, keys, units)
+    with pytest.raises(ContractRevert) as info:
+        validator.refuse_leaf(pool.pool_id, pool.node, tree.root, wrong, Reason.PROOF_INVALID)
+    computed = root_of(leaf_hash(wrong.leaf), 3, wrong.siblings)
+    assert_revert(info.value, "InvalidProof", root=tree.root, index=3, computed=computed)
+    validator.refuse_leaf(pool.pool_id, pool.node, tree.root, tree.proof(3), Reason.PROOF_INVALID)
+    chain.increase_time(WINDOW + 1)
+    node.claim_batches(pool.pool_id, pool.node, [tree.root])
 
-    assert events(node.work.events.WorkBatchSubmitted(), receipt) == [
-        {"poolId": pool.pool_id, "node": pool.node, "provider": pool.provider, "workKeys": keys, "units": units}
-    ]
-    records = [node.get_work(pool.pool_id, pool.node, key) for key in keys]
-    assert [(r.status, r.units) for r in records] == [(WorkStatus.PENDING, u) for u in units]
+    assert node.is_leaf_refused(pool.pool_id, pool.node, tree.root, 3)
+    assert node.balance_of(pool.provider) == (1500 - 400) * REWARD
 
 
 def test_invalidation_burns_the_slash_from_the_lock_and_ejects_the_node(ledger_for: LedgerFor, pool: Pool) -> None:
-    node, validator, key = ledger_for(NODE), ledger_for(VALIDATOR), work_key("forged")
-    node.submit_work(pool.pool_id, key, 10)
+    node, validator = ledger_for(NODE), ledger_for(VALIDATOR)
+    tree, _ = commit_batch(node, pool.pool_id, *[(f"forged {i}", 10 * (i + 1)) for i in range(4)])
     registry_balance = node.balance_of(node.registry.address)
 
-    receipt = validator.invalidate_work(pool.pool_id, pool.node, key, Reason.REWARD_MISMATCH)
+    receipt = validator.invalidate_batch(pool.pool_id, pool.node, tree.root, tree.proof(2), Reason.REWARD_MISMATCH)
 
-    (invalidated,) = events(node.work.events.WorkInvalidated(), receipt)
-    assert (invalidated["slashed"], invalidated["reason"]) == (SLASH, int(Reason.REWARD_MISMATCH))
+    (invalidated,) = events(node.work.events.BatchInvalidated(), receipt)
+    assert (invalidated["slashed"], invalidated["reason"], invalidated["leafIndex"]) == (
+        SLASH,
+        int(Reason.REWARD_MISMATCH),
+        2,
+    )
     stake = node.stake_of(pool.provider)
     assert (stake.active, stake.locked) == (100 * TOKEN - SLASH, 100 * TOKEN - SLASH)  # the rest, held in the lock
     assert (node.burned(), node.balance_of(node.registry.address)) == (SLASH, registry_balance)
     assert node.escrow_of(pool.pool_id) == 100 * TOKEN  # burned, not paid into the escrow
-    assert node.get_work(pool.pool_id, pool.node, key).status == WorkStatus.INVALIDATED
+    assert node.get_batch(pool.pool_id, pool.node, tree.root).status == BatchStatus.INVALIDATED
     assert node.is_ejected(pool.pool_id, pool.node) and not node.is_member(pool.pool_id, pool.node)
 
 
 def test_a_claim_after_the_window_pays_the_provider_units_times_reward(
     chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    node, key = ledger_for(NODE), work_key("paid")
-    node.submit_work(pool.pool_id, key, 1500)
+    node = ledger_for(NODE)
+    tree, _ = commit_batch(node, pool.pool_id, ("paid 0", 1000), ("paid 1", 500))
     chain.increase_time(WINDOW + 1)
 
-    receipt = ledger_for(STRANGER).claim_rewards(pool.pool_id, pool.node, [key])  # anyone may send the claim
+    receipt = ledger_for(STRANGER).claim_batches(pool.pool_id, pool.node, [tree.root])  # anyone may send the claim
 
-    (claimed,) = events(node.work.events.RewardsClaimed(), receipt)
-    assert (claimed["provider"], claimed["amount"]) == (pool.provider, 1500 * REWARD)
+    (claimed,) = events(node.work.events.BatchesClaimed(), receipt)
+    assert (claimed["provider"], claimed["amount"], claimed["roots"]) == (pool.provider, 1500 * REWARD, [tree.root])
     assert node.balance_of(pool.provider) == 1500 * REWARD
     assert node.escrow_of(pool.pool_id) == 100 * TOKEN - 1500 * REWARD
-    assert node.get_work(pool.pool_id, pool.node, key).status == WorkStatus.CLAIMED
+    assert node.get_batch(pool.pool_id, pool.node, tree.root).status == BatchStatus.CLAIMED
 
 
 def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledger_for: LedgerFor, pool: Pool) -> None:
     """evm_setNextBlockTimestamp: the claim's block is stamped exactly when the window closes."""
-    node, provider, key = ledger_for(NODE), ledger_for(PROVIDER), work_key("at the edge")
-    node.submit_work(pool.pool_id, key, 10)
-    closes_at = node.get_work(pool.pool_id, pool.node, key).submitted_at + WINDOW
+    node, provider = ledger_for(NODE), ledger_for(PROVIDER)
+    tree, _ = commit_batch(node, pool.pool_id, ("at the edge", 10))
+    closes_at = node.get_batch(pool.pool_id, pool.node, tree.root).submitted_at + WINDOW
 
-    transact_at(chain, provider, provider.work.functions.claimRewards(pool.pool_id, pool.node, [key]), closes_at)
+    transact_at(chain, provider, provider.work.functions.claimBatches(pool.pool_id, pool.node, [tree.root]), closes_at)
 
     assert node.balance_of(pool.provider) == 10 * REWARD
-    assert node.get_work(pool.pool_id, pool.node, key).status == WorkStatus.CLAIMED
+    assert node.get_batch(pool.pool_id, pool.node, tree.root).status == BatchStatus.CLAIMED
 
 
 # --- reverts ------------------------------------------------------------------------------------------
@@ -212,16 +233,21 @@ def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledg
 def test_a_revert_at_estimation_names_the_custom_error_and_its_values(
     chain: LocalChain, ledger_for: LedgerFor, pool: Pool
 ) -> None:
-    node, key = ledger_for(NODE), work_key("early")
-    node.submit_work(pool.pool_id, key, 10)
-    closes_at = node.get_work(pool.pool_id, pool.node, key).submitted_at + WINDOW
+    node = ledger_for(NODE)
+    tree, _ = commit_batch(node, pool.pool_id, ("early", 10))
+    closes_at = node.get_batch(pool.pool_id, pool.node, tree.root).submitted_at + WINDOW
 
     with pytest.raises(ContractRevert) as info:
-        ledger_for(PROVIDER).claim_rewards(pool.pool_id, pool.node, [key])
+        ledger_for(PROVIDER).claim_batches(pool.pool_id, pool.node, [tree.root])
 
     assert info.value.tx_hash is None  # refused before anything was sent
     assert_revert(
-        info.value, "ChallengeWindowOpen", poolId=pool.pool_id, node=pool.node, workKey=key, closesAt=closes_at
+        info.value,
+        "BatchChallengeWindowOpen",
+        poolId=pool.pool_id,
+        node=pool.node,
+        root=tree.root,
+        closesAt=closes_at,
     )
 
 

@@ -1,9 +1,9 @@
-"""The validator daemon on a chain that reorganises (anvil's `anvil_reorg`): a submission moved into blocks the
-daemon already read is still judged, one removed is never judged nor invalidated, and `confirmations` holds the
-newest blocks back.
+"""The validator daemon on a chain that reorganises (anvil's `anvil_reorg`): a batch moved into blocks the daemon
+already read is still recorded (its leaf list to fetch, its files to judge), one removed is never listed nor
+invalidated, and `confirmations` holds the newest blocks back.
 
-The daemon runs for real against anvil; its coordinator is a closed port, so a file it tries to download is tried
-again later (never held against the worker): these tests are about what it reads from the chain.
+The daemon runs for real against anvil; its coordinator is a closed port, so a batch's leaf list it tries to download
+is tried again later (never held against the worker): these tests are about what it reads from the chain.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import pytest
 from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
+from ledger.merkle import BatchTree, Leaf
 from protocol.tasks.spec import load_task_spec
 from tests.ledger.helpers import make_pool, onboard, work_key
 from tests.network_trainer import TASK
+from tests.validator.batching import submit
 from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
 from validator.errors import ValidatorError
@@ -45,9 +47,14 @@ def daemon(ledger_for: LedgerFor, pool_id: int, state: Path, **config: object) -
     return ValidatorDaemon(ledger_for(VALIDATOR), setup, ValidatorConfig(poll_seconds=0.05, **config), state)  # type: ignore[arg-type]
 
 
-def raw_submission(node: Ledger, pool_id: int, label: str, nonce: int) -> str:
+def batch(label: str) -> BatchTree:
+    """A batch of one file, `label`, of 1000 units."""
+    return BatchTree([Leaf(work_key(label), 1000)])
+
+
+def raw_submission(node: Ledger, pool_id: int, tree: BatchTree, nonce: int) -> str:
     account = dev_account(NODE)
-    tx = node.work.functions.submitWork(pool_id, work_key(label), 1000).build_transaction(
+    tx = node.work.functions.submitBatch(pool_id, tree.root, tree.count, tree.total_units).build_transaction(
         {"from": account.address, "nonce": nonce, "gas": 300_000, "maxFeePerGas": 10 * 10**9,
          "maxPriorityFeePerGas": 10**9, "chainId": node.w3.eth.chain_id}
     )  # fmt: skip
@@ -61,13 +68,14 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
         await asyncio.sleep(0.05)
 
 
-def test_a_submission_moved_behind_the_cursor_is_judged_and_one_removed_is_never_invalidated(
+def test_a_batch_moved_behind_the_cursor_is_recorded_and_one_removed_is_never_invalidated(
     chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
 ) -> None:
     pool_id, node = pool
     address = dev_account(NODE).address
     nonce = chain.w3.eth.get_transaction_count(address)
-    node.submit_work(pool_id, work_key("removed"), 1000)
+    removed, moved = batch("removed"), batch("moved")
+    submit(node, pool_id, removed)
     for _ in range(3):
         chain.mine()
     validator = daemon(ledger_for, pool_id, tmp_path / "state")
@@ -76,16 +84,16 @@ def test_a_submission_moved_behind_the_cursor_is_judged_and_one_removed_is_never
     async def scenario() -> None:
         running = asyncio.create_task(validator.run())
         try:
-            await until(lambda: store.get(work_key("removed"), address) is not None, "first submission recorded")
+            await until(lambda: store.get_batch(removed.root, address) is not None, "first submission recorded")
             # four new blocks from the one before the submission: the submission is gone, another one (same nonce)
             # sits one block later, at a height the daemon has read already
             response = chain.w3.provider.make_request(
-                "anvil_reorg", [4, [[raw_submission(node, pool_id, "moved", nonce), 1]]]
+                "anvil_reorg", [4, [[raw_submission(node, pool_id, moved, nonce), 1]]]
             )  # type: ignore[arg-type]
             assert "error" not in response, response
-            await until(lambda: store.get(work_key("moved"), address) is not None, "the moved submission recorded")
+            await until(lambda: store.get_batch(moved.root, address) is not None, "the moved submission recorded")
             await until(
-                lambda: (row := store.get(work_key("removed"), address)) is not None and row.stage == UNVERIFIABLE,
+                lambda: (row := store.get_batch(removed.root, address)) is not None and row.stage == UNVERIFIABLE,
                 "the removed submission parked",
             )
             assert "validator_chain_reorganisations_total 1\n" in validator.metrics.render()
@@ -97,10 +105,11 @@ def test_a_submission_moved_behind_the_cursor_is_judged_and_one_removed_is_never
 
     store = validator.store.open(tmp_path / "state", chain_id=31337, work_ledger=node.work.address, pool_id=pool_id,
                                  validator=dev_account(VALIDATOR).address)  # fmt: skip
-    removed, moved = store.get(work_key("removed"), address), store.get(work_key("moved"), address)
-    assert removed is not None and (removed.stage, removed.note, removed.tx_hash) == (UNVERIFIABLE, GONE, None)
-    assert moved is not None and moved.stage == SEEN  # waiting for the (closed) coordinator, not skipped
-    assert moved.block < store.cursor(0)
+    gone, kept = store.get_batch(removed.root, address), store.get_batch(moved.root, address)
+    assert gone is not None and (gone.stage, gone.note, gone.tx_hash) == (UNVERIFIABLE, GONE, None)
+    assert kept is not None and kept.stage == SEEN  # its leaf list waits for the (closed) coordinator, not skipped
+    assert kept.last_error is not None and kept.block < store.cursor(0)
+    assert store.get(work_key("removed"), address) is None  # never listed: no file of it was judged
 
 
 def test_confirmations_hold_a_submission_back_until_it_is_that_deep(
@@ -110,17 +119,18 @@ def test_confirmations_hold_a_submission_back_until_it_is_that_deep(
     address = dev_account(NODE).address
     validator = daemon(ledger_for, pool_id, tmp_path / "state", confirmations=3)
     store = validator.store
+    deep = batch("deep")
 
     async def scenario() -> None:
         running = asyncio.create_task(validator.run())
         try:
-            await asyncio.to_thread(node.submit_work, pool_id, work_key("deep"), 1000)
+            await asyncio.to_thread(submit, node, pool_id, deep)
             for _ in range(2):
                 await asyncio.to_thread(chain.mine)
             await asyncio.sleep(0.5)  # ten polls
-            assert store.get(work_key("deep"), address) is None  # two blocks deep: not yet
+            assert store.get_batch(deep.root, address) is None  # two blocks deep: not yet
             await asyncio.to_thread(chain.mine)
-            await until(lambda: store.get(work_key("deep"), address) is not None, "the submission three blocks deep")
+            await until(lambda: store.get_batch(deep.root, address) is not None, "the submission three blocks deep")
         finally:
             validator.stopping.set()
             await running

@@ -31,17 +31,19 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain, free_port
 from ledger.client import Ledger
 from ledger.deployment import Deployment
-from ledger.types import Reason, WorkStatus
+from ledger.merkle import BatchTree
+from ledger.types import BatchStatus, Reason
 from node.daemon.worker import check_assignment
 from protocol.coordinator.client import CoordinatorClient
 from protocol.coordinator.pool import PublishedStep
-from protocol.rollouts import encode_rollouts, work_units
+from protocol.rollouts import encode_rollouts
 from protocol.signing import Assignment, SigningDomain, UntimedAssignment, sign
 from protocol.tasks.sources import TaskSource
 from protocol.tasks.spec import TaskSpec, spec_hash
 from protocol.terms import AssignmentTiming
 from tests.ledger.helpers import make_pool, onboard
 from tests.loopback_coordinator import coordinator_service, serving
+from tests.validator.batching import make_available, submit
 from trainer.coordinator import ApiConfig, CoordinatorService
 from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
@@ -155,9 +157,10 @@ def pool_coordinator(tmp_path: Path, pool_id: int, domain: SigningDomain, spec: 
 
 async def honest_work(
     url: str, pool_id: int, domain: SigningDomain, spec: TaskSpec, source: TaskSource, loaded: LoadedModel
-) -> tuple[bytes, int]:
+) -> tuple[bytes, BatchTree]:
     """What an honest worker does: asks for an assignment, checks it (signature and clock), generates its file and
-    uploads it, keeping the receipt. Returns the file and its units."""
+    uploads it, keeping the receipt, then the leaf list of a batch of that one file. Returns the file and the batch,
+    for the caller to submit."""
     async with CoordinatorClient.connect(url, dev_account(WORKER), domain, pool_id=pool_id) as client:
         job = await client.request_task()
         check_assignment(job, spec, dev_account(OWNER).address, domain, TIMING, now=time.time())
@@ -165,7 +168,8 @@ async def honest_work(
         data = encode_rollouts(made.meta, made.rows)
         upload = await client.upload(hashlib.sha256(data).digest(), data)
         assert upload.receipt is not None
-    return data, work_units(made.rows)
+        tree = await make_available(client, [data], upload=False)
+    return data, tree
 
 
 async def judged_by_the_daemon(daemon: ValidatorDaemon, work_key: bytes, node: str) -> WorkRow:
@@ -215,7 +219,7 @@ def test_a_coordinator_lying_about_its_steps_gets_an_honest_file_refused_but_nev
 ) -> None:
     """The attack as filed: an honest step-0 file, its assignment signed by the trainer and its upload acknowledged,
     submitted on chain; then the coordinator serves `[step 0 at T - 2 h, step 5 at T - 1 h]`. The real validator
-    daemon reads that history and refuses the file as borderline, on chain with refuseWork (not paid): never
+    daemon reads that history and refuses the file as borderline, on chain with refuseLeaf (not paid): its batch never
     invalidated, the node a member, its provider's stake whole."""
     pool_id, node = onboarded_pool(ledger_for)
     domain = SigningDomain(deployment.chain_id, deployment.address("ComputePool"))
@@ -223,25 +227,25 @@ def test_a_coordinator_lying_about_its_steps_gets_an_honest_file_refused_but_nev
     chain_now(chain)
     service = pool_coordinator(tmp_path, pool_id, domain, task_spec)
 
-    async def scenario() -> WorkRow:
+    async def scenario() -> tuple[WorkRow, BatchTree]:
         async with serving(service) as (_, url):
-            data, units = await honest_work(url, pool_id, domain, task_spec, task_source, checkpoint)
-            work_key = hashlib.sha256(data).digest()
-            await asyncio.to_thread(node.submit_work, pool_id, work_key, units)
+            data, tree = await honest_work(url, pool_id, domain, task_spec, task_source, checkpoint)
+            await asyncio.to_thread(submit, node, pool_id, tree)
             now = time.time()  # the lie: the file's step left the window an hour before it was submitted
             service.state.remember([PublishedStep(0, now - 7200), PublishedStep(5, now - 3600)])
             service.state.step = 5
             async with CoordinatorClient.connect(url, dev_account(VALIDATOR), domain, pool_id=pool_id) as reader:
                 assert [entry.step for entry in await reader.steps()] == [0, 5]  # served as the attacker filed it
             daemon = validator_daemon(ledger_for, pool_id, url, task_spec, tmp_path / "validator")
-            return await judged_by_the_daemon(daemon, work_key, address)
+            return await judged_by_the_daemon(daemon, hashlib.sha256(data).digest(), address), tree
 
     stake_before = node.stake_of(dev_account(PROVIDER).address)
-    row = asyncio.run(scenario())
+    row, tree = asyncio.run(scenario())
     assert (row.outcome, row.reason, row.check) == (Outcome.BORDERLINE, int(Reason.STALE_STEP), "step"), row
-    assert row.tx_hash is not None  # refuseWork: the lie can cost the file its reward, never the stake
-    work = node.get_work(pool_id, address, row.work_key)
-    assert work.status == WorkStatus.REFUSED  # not invalidated
+    assert row.tx_hash is not None  # refuseLeaf: the lie can cost the file its reward, never the stake
+    assert (row.root, row.leaf_index) == (tree.root, 0)
+    assert node.is_leaf_refused(pool_id, address, tree.root, 0)
+    assert node.get_batch(pool_id, address, tree.root).status == BatchStatus.PENDING  # not invalidated
     assert node.is_member(pool_id, address) and not node.is_ejected(pool_id, address)
     assert node.stake_of(dev_account(PROVIDER).address) == stake_before
 
@@ -265,23 +269,22 @@ def test_a_file_submitted_past_its_signed_deadline_by_chain_time_is_slashed_as_s
     service = pool_coordinator(tmp_path, pool_id, domain, task_spec)
     service.state.remember([PublishedStep(0, time.time() - 10)])  # step 0 is current, and stays so
 
-    async def scenario() -> WorkRow:
+    async def scenario() -> tuple[WorkRow, BatchTree]:
         async with serving(service) as (_, url):
-            data, units = await honest_work(url, pool_id, domain, task_spec, task_source, checkpoint)
-            work_key = hashlib.sha256(data).digest()
+            data, tree = await honest_work(url, pool_id, domain, task_spec, task_source, checkpoint)
             issued_at = read_issued_at(data)
             chain.set_next_timestamp(TIMING.stale_after(issued_at) + 1)  # the submission's block: one second late
-            await asyncio.to_thread(node.submit_work, pool_id, work_key, units)
-            submitted = node.get_work(pool_id, address, work_key).submitted_at
+            await asyncio.to_thread(submit, node, pool_id, tree)
+            submitted = node.get_batch(pool_id, address, tree.root).submitted_at
             assert submitted == TIMING.stale_after(issued_at) + 1
             daemon = validator_daemon(ledger_for, pool_id, url, task_spec, tmp_path / "validator")
-            return await judged_by_the_daemon(daemon, work_key, address)
+            return await judged_by_the_daemon(daemon, hashlib.sha256(data).digest(), address), tree
 
-    row = asyncio.run(scenario())
+    row, tree = asyncio.run(scenario())
     assert (row.outcome, row.reason, row.check) == (Outcome.SLASHABLE, int(Reason.STALE_STEP), "step"), row
     assert "after the trainer signed its assignment" in (row.detail or "")
-    assert node.get_work(pool_id, address, row.work_key).status == WorkStatus.INVALIDATED
-    assert row.tx_hash is not None
+    assert node.get_batch(pool_id, address, tree.root).status == BatchStatus.INVALIDATED
+    assert row.tx_hash is not None and not node.is_member(pool_id, address)
 
 
 def read_issued_at(data: bytes) -> int:

@@ -23,13 +23,16 @@ from ledger.accounts import dev_account
 from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.deployment import Deployment
+from ledger.merkle import BatchTree, Leaf
 from ledger.types import Reason
 from node.dashboard import serve_dashboard
+from protocol.batches import encode_leaves
 from tests.chromium import Chromium, element_text, find_chromium, require_chromium, row_text
 from tests.ledger.helpers import make_pool, onboard
 from tests.network_trainer import TASK
+from tests.validator.batching import submit
 from validator.dashboard import ValidatorDashboard
-from validator.store import ATTESTED, INVALIDATED, UNAVAILABLE, Submission, ValidatorStore
+from validator.store import ATTESTED, INVALIDATED, UNAVAILABLE, BatchSubmission, Submission, ValidatorStore
 from validator.verdict import accept, reject
 
 VALIDATOR = dev_account(2)
@@ -44,25 +47,37 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
+def listed_batches(store: ValidatorStore, names: tuple[str, ...]) -> dict[str, Submission]:
+    """A batch of one file per name, in blocks 10, 11 ... (units 100, 101 ...), each recorded and listed as the
+    daemon lists one: its file a `seen` row. Returns the files."""
+    node, files = dev_account(3).address, {}
+    for i, name in enumerate(names):
+        leaf = Leaf(key_of(name), 100 + i)
+        tree = BatchTree([leaf])
+        batch = BatchSubmission(1, tree.root, node, 1, leaf.units, 10 + i, 0, 1_700_000_000)
+        store.record([], next_block=20, batches=[batch])
+        files[name] = Submission(
+            1, leaf.work_key, node, leaf.units, batch.block, 0, batch.submitted_at, root=tree.root, leaf_index=0
+        )
+        store.list_batch(batch, encode_leaves([leaf]), [files[name]], mine=lambda key: True)
+    return files
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[ValidatorStore]:
-    """Five submissions: accepted, rejected and invalidated by this validator, rejected but invalidated by another,
-    unavailable (attested, invalidation pending), and one still to verify after a failed download."""
+    """Five files, each of a batch of its own: accepted, rejected and invalidated by this validator, rejected but
+    invalidated by another, unavailable (attested, invalidation pending), and one still to verify after a failed
+    download."""
     store = ValidatorStore.open(
         tmp_path / "state", chain_id=31337, work_ledger="0x" + "11" * 20, pool_id=1, validator=VALIDATOR.address
     )
-    names = ("good", "faked", "late", "missing", "waiting")
-    rows = {
-        n: Submission(1, key_of(n), dev_account(3).address, 100 + i, 10 + i, 0, 1_700_000_000)
-        for i, n in enumerate(names)
-    }
-    store.record(list(rows.values()), next_block=20)
+    rows = listed_batches(store, ("good", "faked", "late", "missing", "waiting"))
     store.record_verdict(rows["good"], accept("every check passed"))
     store.move(rows["good"], ATTESTED)
     store.record_verdict(rows["faked"], reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0"))
     store.move(rows["faked"], INVALIDATED, tx_hash="0x" + "ab" * 32)
     store.record_verdict(rows["late"], reject(Reason.REWARD_MISMATCH, "rewards", "row 1: reward 2.0, recomputed 0.0"))
-    store.move(rows["late"], INVALIDATED, note="already invalidated on chain")
+    store.move(rows["late"], INVALIDATED, note="its batch is already invalidated on chain")
     store.record_verdict(rows["missing"], reject(Reason.FILE_UNAVAILABLE, "download", "gone"), stage=UNAVAILABLE)
     store.retry_later(rows["waiting"], 5.0, "the coordinator does not have the file yet")
     yield store
@@ -131,9 +146,11 @@ def test_prime_validate_run_serves_the_dashboard_with_the_backlog_it_reads_from_
     pool_id = make_pool(owner)
     node_ledger = onboard(owner, ledger_for(1), dev_account(3), pool_id)
     owner.set_validator(pool_id, VALIDATOR.address)
-    node_ledger.submit_work(pool_id, key_of("never uploaded"), 123)
+    submit(node_ledger, pool_id, BatchTree([Leaf(key_of("never uploaded"), 123)]))
     deployment.save(tmp_path / "deployment.json")
-    dead = "http://127.0.0.1:9"  # the coordinator is down: the file is tried again later, never held against anyone
+    dead = (
+        "http://127.0.0.1:9"  # the coordinator is down: the leaf list is tried again later, never held against anyone
+    )
     log = tmp_path / "validator.log"
     command = [
         sys.executable, "-m", "validator.cli", "run", "--pool", str(pool_id), "--dev-key", "2",
@@ -152,7 +169,7 @@ def test_prime_validate_run_serves_the_dashboard_with_the_backlog_it_reads_from_
         assert found, log.read_text()
         endpoints = json.loads((tmp_path / "validator-state" / "endpoints.json").read_text())
         assert endpoints == {"dashboard": found.group(1)}
-        while (state := get_json(f"{found.group(1)}/api/state"))["seen"] < 1:
+        while (state := get_json(f"{found.group(1)}/api/state"))["backlog"] < 1:
             assert time.monotonic() < deadline, state
             time.sleep(0.2)
     finally:
@@ -161,4 +178,4 @@ def test_prime_validate_run_serves_the_dashboard_with_the_backlog_it_reads_from_
     assert code == 0, log.read_text()[-3000:]
     assert (state["role"], state["pool_id"], state["backlog"], state["verified"]) == ("validator", pool_id, 1, 0)
     assert state["cursor_block"] > deployment.block
-    assert state["files"][0]["work_key"] == "0x" + key_of("never uploaded").hex()
+    assert (state["seen"], state["files"]) == (0, [])  # the batch's files are known once its leaf list is fetched

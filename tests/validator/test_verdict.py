@@ -11,8 +11,10 @@ from ledger.types import Reason
 from validator.verdict import Outcome, Sanction, Verdict, accept, borderline, recorded_outcome, reject, sanction
 
 
-def test_only_a_slashable_outcome_is_ever_sent_as_invalidate_work() -> None:
-    """Every outcome there is, a new one too: the daemon's transaction and its store's open rows both ask `sanction`."""
+def test_only_a_slashable_outcome_is_ever_sent_as_an_invalidation() -> None:
+    """Every outcome there is, a new one too: the daemon's transaction and its store's open rows both ask `sanction`.
+    On batches an invalidation is `invalidateBatch` (the batch void, the node slashed and ejected) and a refusal
+    `refuseLeaf` (tests/validator/test_daemon_refusal.py sends both on anvil)."""
     sent = {outcome: sanction(outcome) for outcome in Outcome}
     assert [outcome for outcome, action in sent.items() if action is Sanction.INVALIDATE] == [Outcome.SLASHABLE]
     assert sent == {
@@ -21,7 +23,6 @@ def test_only_a_slashable_outcome_is_ever_sent_as_invalidate_work() -> None:
         Outcome.BORDERLINE: Sanction.REFUSE,  # never paid, never slashed
         Outcome.UNJUDGED: None,  # this validator's failure, never the worker's
     }
-    assert (str(Sanction.INVALIDATE), str(Sanction.REFUSE)) == ("invalidateWork", "refuseWork")
 
 
 def test_a_file_that_could_not_be_judged_has_no_verdict() -> None:
