@@ -382,24 +382,25 @@ class ValidatorStore:
     def _batch_moved_by_reorganisation(self, b: BatchSubmission, now: float) -> None:
         """A batch read again at another place takes it, and its leaves with it. One parked as gone, or a rejection
         of its list not yet sent, is fetched and checked again from `seen`; its leaves follow
-        `_moved_by_reorganisation`'s rule, each."""
+        `_moved_by_reorganisation`'s rule, each, wherever the batch was read."""
         row = self.get_batch(b.root, b.node)
         if row is None:
             return
         place = (b.block, b.log_index, b.submitted_at)
-        if place == (row.block, row.log_index, row.submitted_at) and row.note != GONE:
-            return
         identity = (self.pool_id, b.node, b.root.hex())
-        self.db.execute(
-            f"UPDATE batches SET block = ?, log_index = ?, submitted_at = ?, updated = ? {_BATCH}",
-            (*place, now, *identity),
-        )
-        if row.tx_hash is None and (row.note == GONE or row.stage == REJECTED):
+        if place != (row.block, row.log_index, row.submitted_at) or row.note == GONE:
             self.db.execute(
-                "UPDATE batches SET stage = ?, reason = NULL, leaf_index = NULL, detail = NULL, note = NULL, "
-                f"next_try = ? {_BATCH}",
-                (SEEN, now, *identity),
+                f"UPDATE batches SET block = ?, log_index = ?, submitted_at = ?, updated = ? {_BATCH}",
+                (*place, now, *identity),
             )
+            if row.tx_hash is None and (row.note == GONE or row.stage == REJECTED):
+                self.db.execute(
+                    "UPDATE batches SET stage = ?, reason = NULL, leaf_index = NULL, detail = NULL, note = NULL, "
+                    f"next_try = ? {_BATCH}",
+                    (SEEN, now, *identity),
+                )
+        # its leaves even when the batch is where it was: a file parked as gone (the chain did not hold the batch
+        # when the file was about to be judged) is judged again now that the batch is read again
         for leaf in self._rows(_BATCH, identity):
             moved = Submission(
                 leaf.pool_id, leaf.work_key, leaf.node, leaf.units, *place, root=b.root, leaf_index=leaf.leaf_index

@@ -206,7 +206,7 @@ def test_a_state_from_before_the_outcome_column_gets_it_from_its_flags_and_keeps
             "new": (SEEN, None, 0, None),
             "fine": (ATTESTED, 1, 0, None),
             "clear": (ATTESTED, 0, 0, None),
-            "near": (ATTESTED, 0, 1, None),  # a borderline rejection whose refuseWork is still to go
+            "near": (ATTESTED, 0, 1, None),  # a borderline rejection whose refuseLeaf is still to go
             "late": (ATTESTED, 0, 1, "the challenge window closed at 1700086400"),
             "stuck": (UNVERIFIABLE, None, 0, "could not judge it in 10 tries, the last one: memory"),
             "gone": (UNVERIFIABLE, None, 0, GONE),  # never judged: the submission left the chain
@@ -348,12 +348,6 @@ def test_a_file_parked_as_gone_is_judged_again_when_its_batch_is_read_again_else
     assert store.open_count() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="validator.store: _batch_moved_by_reorganisation returns before looking at the batch's leaves when the "
-    "batch's place is unchanged and the batch itself is not parked as gone, so a leaf parked as gone stays "
-    "unverifiable (per key, _moved_by_reorganisation judges such a row again)",
-)
 def test_a_file_parked_as_gone_is_judged_again_when_its_batch_is_read_again_in_the_same_place(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     a = submission("a", 10)
