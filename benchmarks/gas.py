@@ -2,12 +2,13 @@
 
 Run: `.venv/bin/python benchmarks/gas.py [--json PATH]` (or `make gas`). It starts its own anvil, deploys
 the four contracts, performs each operation as a real transaction and reads `gasUsed` from the receipt.
-Work keys are sha256 of random bytes and units a few thousand tokens, as a worker submits them; the
-provider being onboarded is a new one (its stake slots start empty), as is each submitting node.
+A batch's leaves are work keys (sha256 of random bytes) worth a few thousand units each, as a worker submits them;
+the provider being onboarded is a new one (its stake slots start empty), as is each submitting node.
 Batches (issue 37): one Merkle root per batch of 1, 32, 256 and 1,024 files (`ledger.merkle`), submitted, one leaf
 challenged with its proof at 1,024 leaves, one batch invalidated because its leaf list was never made available (no
-proof), one leaf refused, and batches claimed after the window. Then where submitBatch(32)'s gas goes, from anvil's
-step trace (`--steps-tracing`): the transaction, its calldata, the record's slot, the membership lookup, the event.
+proof), one leaf refused, an owner's ejection and a leave, and batches claimed after the window (an owner-ejected
+node's too). Then where submitBatch(32)'s gas goes, from anvil's step trace (`--steps-tracing`): the transaction, its
+calldata, the record's slot, the membership lookup, the event.
 
 A benchmark, not a test: missing a goal prints "no" and still exits 0. Only a failure to run at all
 (no anvil, a revert) exits 1: then there is nothing to report.
@@ -20,7 +21,6 @@ import hashlib
 import json
 import os
 import random
-import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,22 +39,15 @@ from ledger.types import PoolConfig, Reason
 TOKEN = 10**18
 MIN_STAKE = 100 * TOKEN
 WINDOW = 3600
-BATCH_SIZES = (1, 8, 32)
-SUBMIT_SAMPLES = 5  # single submissions measured; their median is reported
 LEAF_COUNTS = (1, 32, 256, 1024)  # files per batch root
 CLAIMED_BATCHES = 16  # batches claimed in one claimBatches, reported per batch
 
-# Prime Intellect's protocol contracts measured on anvil, for the same operations.
-ANCHOR = {"onboarding": 1_055_839, "submitWork": 239_442, "invalidateWork": 406_000, "claimRewards(1)": 140_709}
-# refuseWork (issue 32): refusing a file costs a validator no more than submitting it cost the worker; an
-# invalidation that overrides a refusal is held to invalidateWork's goal.
+# Prime Intellect's protocol contracts measured on anvil, for the same jobs: onboarding a node; recording one file
+# of work in one transaction (their one-key submission); invalidating a node's submission for one bad file, which
+# slashes and ejects it (their one-key invalidation).
+ANCHOR = {"onboarding": 1_055_839, "submitBatch(1)": 239_442, "invalidateBatch(1024) with proof": 406_000}
 GOAL = {
     "onboarding": 400_000,
-    "submitWork": 60_000,
-    "submitWorkBatch(32) per key": 25_000,
-    "invalidateWork": 150_000,
-    "refuseWork": 60_000,
-    "invalidateWork of refused work": 150_000,
     # issue 37: one root per batch, challenged file by file
     "submitBatch(32) per file": 1_500,
     "submitBatch(1024) per file": 150,
@@ -176,46 +169,16 @@ def measure(chain: LocalChain) -> tuple[list[Row], dict[str, int]]:
     owner.mint(owner.address, 10_000 * TOKEN)
     owner.fund_rewards(pool_id, 10_000 * TOKEN)
 
-    # A first provider warms the registry's own token balance, so the measured one is a typical newcomer.
+    # A first provider warms the registry's own token balance, so the measured one is a typical newcomer; a second
+    # one's node is slashed, which warms the registry's burned total, so the measured invalidations are typical ones.
+    judge = owner.as_account(validator)
     onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(1)), pool_id)
+    slashed, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(3)), pool_id)
+    unlisted = random_batch(1)
+    slashed.submit_batch(pool_id, unlisted.root, unlisted.count, unlisted.total_units)
+    judge.invalidate_unavailable_batch(pool_id, slashed.address, unlisted.root)
     provider = Ledger(chain.w3, deployment, dev_account(2))
     node, rows = onboard(chain, owner, provider, pool_id)
-
-    # Submitting work: one key per transaction, then batches.
-    single_keys = [random_key() for _ in range(SUBMIT_SAMPLES)]
-    singles = [gas(node.submit_work(pool_id, key, random_units())) for key in single_keys]
-    rows.append(row("submitWork", int(statistics.median(singles))))
-    batch_keys: list[bytes] = []
-    for size in BATCH_SIZES:
-        keys = [random_key() for _ in range(size)]
-        used = gas(node.submit_work_batch(pool_id, keys, [random_units() for _ in keys]))
-        rows += [row(f"submitWorkBatch({size})", used), row(f"submitWorkBatch({size}) per key", used // size)]
-        batch_keys = keys
-
-    # Invalidating one work: burn the slash from the node's lock in this pool and eject the node.
-    doomed_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(3)), pool_id)
-    doomed = random_key()
-    doomed_node.submit_work(pool_id, doomed, random_units())
-    invalidated = owner.as_account(validator).invalidate_work(
-        pool_id, doomed_node.address, doomed, Reason.HASH_MISMATCH
-    )
-    rows.append(row("invalidateWork", gas(invalidated)))
-
-    # Refusing one work (a borderline file): no slash, no ejection; then a clear verdict overriding a refusal.
-    refused_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(5)), pool_id)
-    refused, overridden = random_key(), random_key()
-    refused_node.submit_work_batch(pool_id, [refused, overridden], [random_units(), random_units()])
-    judge = owner.as_account(validator)
-    rows.append(row("refuseWork", gas(judge.refuse_work(pool_id, refused_node.address, refused, Reason.PROOF_INVALID))))
-    judge.refuse_work(pool_id, refused_node.address, overridden, Reason.PROOF_INVALID)
-    override = judge.invalidate_work(pool_id, refused_node.address, overridden, Reason.PROOF_INVALID)
-    rows.append(row("invalidateWork of refused work", gas(override)))
-
-    # The owner's ejection: no new work, the earlier work stays claimable after its window.
-    dismissed, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(6)), pool_id)
-    dismissed_key = random_key()
-    dismissed.submit_work(pool_id, dismissed_key, random_units())
-    rows.append(row("eject (owner)", gas(owner.eject(pool_id, dismissed.address))))
 
     # Batches: one root per batch, whatever its count. The node that submits them is paid for them below.
     trees = {count: random_batch(count) for count in LEAF_COUNTS}
@@ -247,28 +210,30 @@ def measure(chain: LocalChain) -> tuple[list[Row], dict[str, int]]:
     unavailable = judge.invalidate_unavailable_batch(pool_id, hidden_node.address, hidden.root)
     rows.append(row("invalidateUnavailableBatch", gas(unavailable)))
 
+    # The owner's ejection: no new work, the earlier batches stay claimable after their window.
+    dismissed, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(6)), pool_id)
+    kept = random_batch(32)
+    dismissed.submit_batch(pool_id, kept.root, kept.count, kept.total_units)
+    rows.append(row("eject (owner)", gas(owner.eject(pool_id, dismissed.address))))
+
     # Leaving: the lock is held one challenge window, then anyone releases it.
     leaver, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(4)), pool_id)
-    leaver.submit_work(pool_id, random_key(), random_units())
+    last = random_batch(32)
+    leaver.submit_batch(pool_id, last.root, last.count, last.total_units)
     rows.append(row("leave", gas(leaver.leave(pool_id))))
 
-    # Claiming, after the window: one work, then the batch of 32. Anyone may claim; the provider is paid.
+    # Claiming, after the window: one batch, then sixteen. Anyone may claim; the provider is paid.
     chain.increase_time(WINDOW)
     claimer = owner.as_account(validator)
     rows.append(row("releaseStake", gas(claimer.release_stake(pool_id, leaver.address))))
-    rows.append(row("claimRewards(1)", gas(claimer.claim_rewards(pool_id, node.address, single_keys[:1]))))
-    used = gas(claimer.claim_rewards(pool_id, node.address, batch_keys))
-    many = len(batch_keys)
-    rows += [row(f"claimRewards({many})", used), row(f"claimRewards({many}) per work", used // many)]
-    rows.append(
-        row("claimRewards(1), owner-ejected", gas(claimer.claim_rewards(pool_id, dismissed.address, [dismissed_key])))
-    )
     rows.append(row("claimBatches(1)", gas(claimer.claim_batches(pool_id, node.address, [largest.root]))))
     used = gas(claimer.claim_batches(pool_id, node.address, [tree.root for tree in claimable]))
     rows += [
         row(f"claimBatches({CLAIMED_BATCHES})", used),
         row(f"claimBatches({CLAIMED_BATCHES}) per batch", used // CLAIMED_BATCHES),
     ]
+    ejected_claim = claimer.claim_batches(pool_id, dismissed.address, [kept.root])
+    rows.append(row("claimBatches(1), owner-ejected", gas(ejected_claim)))
     return rows, breakdown
 
 
