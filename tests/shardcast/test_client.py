@@ -202,7 +202,7 @@ def test_the_faster_source_carries_most_of_the_download(tmp_path: Path) -> None:
 def test_one_source_gets_at_most_per_source_transfers_of_a_download(tmp_path: Path) -> None:
     """Issue 23: with 8 transfers at once from its one upstream a relay verified its first shard only after 8 shards'
     time (they shared the bandwidth), and held that back from every hop below it. A source now gets at most
-    PER_SOURCE transfers of a download; two sources get twice as many, and the download is whole."""
+    PER_SOURCE transfers of a download; two sources get up to twice as many, and the download is whole."""
     big = make_checkpoint(tmp_path / "big", 3 * MIB, seed=8)
 
     async def scenario(count: int) -> int:
@@ -235,7 +235,9 @@ def test_one_source_gets_at_most_per_source_transfers_of_a_download(tmp_path: Pa
         return peak
 
     assert asyncio.run(scenario(1)) == PER_SOURCE
-    assert asyncio.run(scenario(2)) == 2 * PER_SOURCE
+    # never more than the cap; more than one source's share at once (a loaded machine may not show all 2 x 2 in
+    # flight at one sampled instant, so the exact peak is not asserted)
+    assert PER_SOURCE < asyncio.run(scenario(2)) <= 2 * PER_SOURCE
     assert_same(tmp_path / "out-2", big)
 
 

@@ -19,7 +19,7 @@ from shardcast.manifest import Manifest, build_manifest, encode_manifest
 from shardcast.mirror import Mirror
 from shardcast.origin import Origin
 from shardcast.protocol import SIGNATURE_HEADER
-from shardcast.server import ShardServer
+from shardcast.server import ServerLimits, ShardServer
 from shardcast.store import ShardStore
 from shardcast.trust import TrustPolicy, sign_manifest
 
@@ -49,8 +49,10 @@ async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def with_origin(root: Path, port: int, body: Callable[[Origin], Awaitable[None]]) -> None:
-    server = ShardServer(ShardStore(root / "origin"), role="origin")
+async def with_origin(
+    root: Path, port: int, body: Callable[[Origin], Awaitable[None]], *, limits: ServerLimits | None = None
+) -> None:
+    server = ShardServer(ShardStore(root / "origin"), role="origin", limits=limits)
     await server.start("127.0.0.1", port)
     origin = Origin(server, account=TRAINER, domain=DOMAIN, pool_id=2, keep=5, shard_size=SHARD)
     try:
@@ -158,7 +160,9 @@ def test_a_restarted_relay_resumes_a_half_mirrored_version(tmp_path: Path) -> No
             sent.extend([_bytes_sent(before), _bytes_sent(after)])
 
         sent: list[float] = []
-        await with_origin(tmp_path, port, body)
+        # 1 MB/s to a client: the version takes 2.6 s, so the relay is stopped with a dozen shards to go however
+        # loaded the machine (unthrottled on loopback, it could finish between the test's look and the stop)
+        await with_origin(tmp_path, port, body, limits=ServerLimits(client_rate=1_000_000))
         return int(sent[0]), int(sent[1])
 
     before, after = asyncio.run(scenario())
