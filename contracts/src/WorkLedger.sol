@@ -49,7 +49,10 @@ contract WorkLedger is IWorkLedger, ReentrancyGuardTransient {
 
     mapping(uint256 poolId => uint256) public escrowOf;
     mapping(uint256 poolId => mapping(address node => mapping(uint256 slot => Batch))) private _batches;
-    /// @dev Bit `index % 256` of word `index / 256`: leaf `index` of the node's batch `root` was refused.
+    /// @dev Bit `index % 256` of word `index / 256`: leaf `index` of the node's batch `root` was refused. Keyed by the
+    /// root, not the slot: a node's second record of one root (which names every file a second time, and which
+    /// validators invalidate for that, reason 3) shares its first record's bits; the units a claim leaves out are
+    /// each record's own `refusedUnits`.
     mapping(uint256 poolId => mapping(address node => mapping(bytes32 root => mapping(uint256 word => uint256))))
         private _refusedLeaves;
 
