@@ -175,6 +175,32 @@ def test_the_second_record_of_a_root_is_invalidated_alone(ledger_for: LedgerFor)
     assert owner.burned() == SLASH
 
 
+def test_a_root_submitted_again_finds_its_leaves_refused_before_still_refused_and_its_record_pays_them(
+    chain: LocalChain, ledger_for: LedgerFor
+) -> None:
+    """The refused-leaf bitmap is keyed by the node's root, not by its slot: a root submitted again (here into the
+    slot its first record was claimed from) reads its earlier refusal through `isLeafRefused`, and that leaf cannot be
+    refused in the new record (LeafAlreadyRefused), whose refused units start at zero: a claim pays it in full. In
+    practice the validators condemn such a second record whole (reason 3: files named twice) inside its window."""
+    owner, validator, pool_id, provider, node = member(ledger_for)
+    tree = batch("again", [100, 200])
+    submit(node, pool_id, tree)
+    validator.refuse_leaf(pool_id, node.address, tree.root, tree.proof(1), Reason.PROOF_INVALID, slot=0)
+    chain.increase_time(WINDOW)
+    owner.claim_batches(pool_id, node.address, [tree.root], slots=[0])
+    submit(node, pool_id, tree, slot=0)
+
+    with pytest.raises(ContractRevert) as info:
+        validator.refuse_leaf(pool_id, node.address, tree.root, tree.proof(1), Reason.PROOF_INVALID, slot=0)
+
+    assert_revert(info.value, "LeafAlreadyRefused", poolId=pool_id, node=node.address, root=tree.root, index=1)
+    assert owner.is_leaf_refused(pool_id, node.address, tree.root, 1)
+    assert pending_record(owner, pool_id, node, 0) == (tree.root, 300, 0, BatchStatus.PENDING)
+    chain.increase_time(WINDOW)
+    owner.claim_batches(pool_id, node.address, [tree.root], slots=[0])
+    assert owner.balance_of(provider.address) == (100 + 300) * REWARD
+
+
 # --- the events and the view name the slot --------------------------------------------------------------------
 
 
