@@ -4,11 +4,14 @@ Run: `.venv/bin/python benchmarks/gas.py [--json PATH]` (or `make gas`). It star
 the four contracts, performs each operation as a real transaction and reads `gasUsed` from the receipt.
 A batch's leaves are work keys (sha256 of random bytes) worth a few thousand units each, as a worker submits them;
 the provider being onboarded is a new one (its stake slots start empty), as is each submitting node.
-Batches (issue 37): one Merkle root per batch of 1, 32, 256 and 1,024 files (`ledger.merkle`), submitted, one leaf
-challenged with its proof at 1,024 leaves, one batch invalidated because its leaf list was never made available (no
-proof), one leaf refused, an owner's ejection and a leave, and batches claimed after the window (an owner-ejected
-node's too). Then where submitBatch(32)'s gas goes, from anvil's step trace (`--steps-tracing`): the transaction, its
-calldata, the record's slot, the membership lookup, the event.
+Batches (issue 37): one Merkle root per batch of 1, 32, 256 and 1,024 files (`ledger.merkle`), submitted into one of
+the node's numbered batch slots, two words whatever the count. The goals are the steady state: a slot reused, the
+node's earlier batch in it claimed, so its two words are rewritten (5,000 gas each); the first use of a slot, two
+fresh words (22,100 each), is reported apart ("new slot"). Then one leaf challenged with its proof at 1,024 leaves,
+one batch invalidated because its leaf list was never made available (no proof), one leaf refused, an owner's
+ejection and a leave, and batches claimed after the window (an owner-ejected node's too). Then where submitBatch(32)'s
+gas goes in the steady state, from anvil's step trace (`--steps-tracing`): the transaction, its calldata, the record's
+two words, the membership lookup, the event.
 
 A benchmark, not a test: missing a goal prints "no" and still exits 0. Only a failure to run at all
 (no anvil, a revert) exits 1: then there is nothing to report.
@@ -34,13 +37,14 @@ from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.errors import LedgerError
 from ledger.merkle import BatchTree, Leaf
-from ledger.types import PoolConfig, Reason
+from ledger.types import BatchStatus, PoolConfig, Reason
 
 TOKEN = 10**18
 MIN_STAKE = 100 * TOKEN
 WINDOW = 3600
 LEAF_COUNTS = (1, 32, 256, 1024)  # files per batch root
 CLAIMED_BATCHES = 16  # batches claimed in one claimBatches, reported per batch
+NEW_SLOT = ", new slot"  # the rows of a batch in a slot never used before: two fresh storage words
 
 # Prime Intellect's protocol contracts measured on anvil, for the same jobs: onboarding a node; recording one file
 # of work in one transaction (their one-key submission); invalidating a node's submission for one bad file, which
@@ -48,7 +52,7 @@ CLAIMED_BATCHES = 16  # batches claimed in one claimBatches, reported per batch
 ANCHOR = {"onboarding": 1_055_839, "submitBatch(1)": 239_442, "invalidateBatch(1024) with proof": 406_000}
 GOAL = {
     "onboarding": 400_000,
-    # issue 37: one root per batch, challenged file by file
+    # issue 37: one root per batch, challenged file by file; a node's batch reuses a settled slot
     "submitBatch(32) per file": 1_500,
     "submitBatch(1024) per file": 150,
     "invalidateBatch(1024) with proof": 150_000,
@@ -180,65 +184,92 @@ def measure(chain: LocalChain) -> tuple[list[Row], dict[str, int]]:
     provider = Ledger(chain.w3, deployment, dev_account(2))
     node, rows = onboard(chain, owner, provider, pool_id)
 
-    # Batches: one root per batch, whatever its count. The node that submits them is paid for them below.
+    # Batches: one root per batch, whatever its count, each in a slot of its own that the node never used (slots 0 to
+    # 3): two fresh words. The node is paid for them below, which settles their slots for the steady state.
     trees = {count: random_batch(count) for count in LEAF_COUNTS}
-    receipts = {
-        count: node.submit_batch(pool_id, tree.root, tree.count, tree.total_units) for count, tree in trees.items()
+    first_use = {
+        count: node.submit_batch(pool_id, tree.root, tree.count, tree.total_units, slot=slot)
+        for slot, (count, tree) in enumerate(trees.items())
     }
-    for count, receipt in receipts.items():
-        used = gas(receipt)
-        rows += [row(f"submitBatch({count})", used), row(f"submitBatch({count}) per file", used // count)]
-    breakdown = where_it_goes(chain, receipts[32])
     claimable = [random_batch(32) for _ in range(CLAIMED_BATCHES)]
-    for tree in claimable:
-        node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
+    for slot, tree in enumerate(claimable, start=len(LEAF_COUNTS)):
+        node.submit_batch(pool_id, tree.root, tree.count, tree.total_units, slot=slot)
     largest = trees[max(LEAF_COUNTS)]
     refused = judge.refuse_leaf(
         pool_id, node.address, largest.root, largest.proof(largest.count // 3), Reason.PROOF_INVALID
     )
-    rows.append(row(f"refuseLeaf({largest.count}) with proof", gas(refused)))
     # A leaf shown bad, with its proof of log2(1,024) = 10 siblings: the batch void, the node slashed and ejected.
     cheater, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(7)), pool_id)
     bad = random_batch(max(LEAF_COUNTS))
     cheater.submit_batch(pool_id, bad.root, bad.count, bad.total_units)
     shown = judge.invalidate_batch(pool_id, cheater.address, bad.root, bad.proof(bad.count - 1), Reason.BAD_FORMAT)
-    rows.append(row(f"invalidateBatch({bad.count}) with proof", gas(shown)))
     # A batch whose leaf list never reached the coordinator: no leaf to prove, the same slash and ejection.
     hidden_node, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(8)), pool_id)
     hidden = random_batch(max(LEAF_COUNTS))
     hidden_node.submit_batch(pool_id, hidden.root, hidden.count, hidden.total_units)
     unavailable = judge.invalidate_unavailable_batch(pool_id, hidden_node.address, hidden.root)
-    rows.append(row("invalidateUnavailableBatch", gas(unavailable)))
 
     # The owner's ejection: no new work, the earlier batches stay claimable after their window.
     dismissed, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(6)), pool_id)
     kept = random_batch(32)
     dismissed.submit_batch(pool_id, kept.root, kept.count, kept.total_units)
-    rows.append(row("eject (owner)", gas(owner.eject(pool_id, dismissed.address))))
+    ejected = owner.eject(pool_id, dismissed.address)
 
     # Leaving: the lock is held one challenge window, then anyone releases it.
     leaver, _ = onboard(chain, owner, Ledger(chain.w3, deployment, dev_account(4)), pool_id)
     last = random_batch(32)
     leaver.submit_batch(pool_id, last.root, last.count, last.total_units)
-    rows.append(row("leave", gas(leaver.leave(pool_id))))
+    left = leaver.leave(pool_id)
 
-    # Claiming, after the window: one batch, then sixteen. Anyone may claim; the provider is paid.
+    # Claiming, after the window: one batch, then sixteen, then the rest of the first batches (not measured). Anyone
+    # may claim; the provider is paid.
     chain.increase_time(WINDOW)
     claimer = owner.as_account(validator)
-    rows.append(row("releaseStake", gas(claimer.release_stake(pool_id, leaver.address))))
-    rows.append(row("claimBatches(1)", gas(claimer.claim_batches(pool_id, node.address, [largest.root]))))
-    used = gas(claimer.claim_batches(pool_id, node.address, [tree.root for tree in claimable]))
-    rows += [
-        row(f"claimBatches({CLAIMED_BATCHES})", used),
-        row(f"claimBatches({CLAIMED_BATCHES}) per batch", used // CLAIMED_BATCHES),
-    ]
+    released = claimer.release_stake(pool_id, leaver.address)
+    slot_of_largest = len(LEAF_COUNTS) - 1
+    claimed_one = claimer.claim_batches(pool_id, node.address, [largest.root], slots=[slot_of_largest])
+    claimed_many = claimer.claim_batches(
+        pool_id,
+        node.address,
+        [tree.root for tree in claimable],
+        slots=list(range(len(LEAF_COUNTS), len(LEAF_COUNTS) + CLAIMED_BATCHES)),
+    )
+    claimer.claim_batches(pool_id, node.address, [trees[c].root for c in LEAF_COUNTS[:-1]], slots=[0, 1, 2])
     ejected_claim = claimer.claim_batches(pool_id, dismissed.address, [kept.root])
-    rows.append(row("claimBatches(1), owner-ejected", gas(ejected_claim)))
+
+    # The steady state: the node's next batches go into the slots it was paid for, rewriting their two words.
+    steady: dict[int, TxReceipt] = {}
+    for slot, count in enumerate(LEAF_COUNTS):
+        if node.get_slot(pool_id, node.address, slot).status != BatchStatus.CLAIMED:
+            raise LedgerError(f"slot {slot} is not settled: the steady state would not be measured")
+        tree = random_batch(count)
+        steady[count] = node.submit_batch(pool_id, tree.root, tree.count, tree.total_units, slot=slot)
+
+    for suffix, receipts in (("", steady), (NEW_SLOT, first_use)):
+        for count, receipt in receipts.items():
+            used = gas(receipt)
+            rows += [
+                row(f"submitBatch({count}){suffix}", used),
+                row(f"submitBatch({count}) per file{suffix}", used // count),
+            ]
+    rows += [
+        row(f"refuseLeaf({largest.count}) with proof", gas(refused)),
+        row(f"invalidateBatch({bad.count}) with proof", gas(shown)),
+        row("invalidateUnavailableBatch", gas(unavailable)),
+        row("eject (owner)", gas(ejected)),
+        row("leave", gas(left)),
+        row("releaseStake", gas(released)),
+        row("claimBatches(1)", gas(claimed_one)),
+        row(f"claimBatches({CLAIMED_BATCHES})", gas(claimed_many)),
+        row(f"claimBatches({CLAIMED_BATCHES}) per batch", gas(claimed_many) // CLAIMED_BATCHES),
+        row("claimBatches(1), owner-ejected", gas(ejected_claim)),
+    ]
+    breakdown = where_it_goes(chain, steady[32])
     return rows, breakdown
 
 
 def print_table(rows: list[Row]) -> None:
-    header = f"{'operation':<32}{'ours':>11}{'anchor':>12}{'goal':>11}{'anchor/ours':>13}  goal met"
+    header = f"{'operation':<38}{'ours':>11}{'anchor':>12}{'goal':>11}{'anchor/ours':>13}  goal met"
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -246,7 +277,7 @@ def print_table(rows: list[Row]) -> None:
         goal = f"<= {r.goal:,}" if r.goal else "-"
         ratio = f"{r.ratio:.1f}x" if r.ratio else "-"
         met = {True: "yes", False: "NO", None: "-"}[r.goal_met]
-        print(f"{r.operation:<32}{r.gas:>11,}{anchor:>12}{goal:>11}{ratio:>13}  {met}")
+        print(f"{r.operation:<38}{r.gas:>11,}{anchor:>12}{goal:>11}{ratio:>13}  {met}")
     missed = [r.operation.strip() for r in rows if r.goal_met is False]
     print()
     print(f"goals missed: {', '.join(missed)}" if missed else "all goals met")
@@ -255,7 +286,7 @@ def print_table(rows: list[Row]) -> None:
 def print_breakdown(parts: dict[str, int]) -> None:
     total = sum(parts.values())
     print()
-    print(f"where submitBatch(32)'s {total:,} gas goes (calls: the ComputePool's membership lookup)")
+    print(f"where submitBatch(32)'s {total:,} gas goes in a reused slot (calls: the ComputePool's membership lookup)")
     for name, used in parts.items():
         print(f"  {name:<30}{used:>9,}")
 

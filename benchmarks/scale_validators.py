@@ -245,9 +245,13 @@ def _burst(root: Path, k: int, files: list[File], batch_size: int, nodes: dict[s
     asyncio.run(make_available())
     journal = root / "run" / "attestations.jsonl"
     started = time.monotonic()
+    slots: dict[str, int] = {}  # each node's next batch slot: none is settled during a burst, so none is reused
     for batch in batches:  # one transaction a batch, as fast as anvil takes them: faster than any validator checks
         tree = BatchTree([f.leaf for f in batch])
-        nodes[batch[0].node].submit_batch(pool_id, tree.root, tree.count, tree.total_units)
+        node = batch[0].node
+        slot = slots.get(node, 0)
+        slots[node] = slot + 1
+        nodes[node].submit_batch(pool_id, tree.root, tree.count, tree.total_units, slot=slot)
     backlog: list[tuple[float, int]] = []
 
     def attested() -> list[dict[str, Any]]:

@@ -295,11 +295,12 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
         BatchTree([Leaf(work_keys[0], config.units[0])]),
         BatchTree([Leaf(work_keys[1], config.units[1]), Leaf(work_keys[2], config.units[2])]),
     )
-    for node_role, tree in zip(NODES, trees, strict=True):
-        as_role[node_role].submit_batch(pool_id, tree.root, tree.count, tree.total_units)
+    for node_role, tree in zip(NODES, trees, strict=True):  # each node's first batch, in its batch slot 0
+        as_role[node_role].submit_batch(pool_id, tree.root, tree.count, tree.total_units, slot=0)
         files = ", ".join(f"0x{leaf.work_key.hex()[:16]}... ({leaf.units:,} units)" for leaf in tree.leaves)
         step(
             f"{node_role} committed a batch of {tree.count} file{'s' if tree.count > 1 else ''}: one record on chain, "
+            "in its batch slot 0, "
             f"its Merkle root 0x{tree.root.hex()[:16]}..., {tree.total_units:,} units in all: {files}"
         )
 
@@ -307,7 +308,7 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
     node_2 = addresses[Role.NODE_2]
     burned_before = owner.burned()
     proof = trees[1].proof(0)
-    receipt = validator.invalidate_batch(pool_id, node_2, trees[1].root, proof, config.invalid_reason)
+    receipt = validator.invalidate_batch(pool_id, node_2, trees[1].root, proof, config.invalid_reason, slot=0)
     (invalidated,) = validator.work.events.BatchInvalidated().process_receipt(receipt, errors=DISCARD)
     slashed = int(invalidated["args"]["slashed"])
     ejected_at = block_time(receipt)
@@ -330,7 +331,7 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
 
     provider_1 = as_role[Role.PROVIDER_1]
     node_1 = addresses[Role.NODE_1]
-    receipt = provider_1.claim_batches(pool_id, node_1, [trees[0].root])
+    receipt = provider_1.claim_batches(pool_id, node_1, [trees[0].root], slots=[0])
     (paid,) = owner.work.events.BatchesClaimed().process_receipt(receipt, errors=DISCARD)
     claimed = int(paid["args"]["amount"])
     step(
@@ -339,12 +340,12 @@ def _run(chain: LocalChain, config: LifecycleConfig, on_step: StepCallback) -> L
     )
 
     repeat_claim = _refused(
-        lambda: provider_1.claim_batches(pool_id, node_1, [trees[0].root]), "claiming a claimed batch again"
+        lambda: provider_1.claim_batches(pool_id, node_1, [trees[0].root], slots=[0]), "claiming a claimed batch again"
     )
     step(f"provider 1 tried to claim node 1's batch again -> {repeat_claim.explanation}\n    {repeat_claim.message}")
 
     ejected_claim = _refused(
-        lambda: as_role[Role.PROVIDER_2].claim_batches(pool_id, node_2, [trees[1].root]),
+        lambda: as_role[Role.PROVIDER_2].claim_batches(pool_id, node_2, [trees[1].root], slots=[0]),
         "claiming the batch of an ejected node",
     )
     step(

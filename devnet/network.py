@@ -211,6 +211,7 @@ class Devnet:
         # every submitted batch, (node, root) -> its files, in chain order: records are per node, so a root alone
         # names none
         self._submitted: dict[tuple[str, bytes], int] = {}
+        self._slots: dict[tuple[str, bytes], int] = {}  # the node's batch slot that holds each batch
         self._dead: set[tuple[str, bytes]] = set()  # invalidated batches (node, root): void, never paid
         self._slashed: dict[str, int] = {}  # node -> base units its invalidations took
         self._stake_before: dict[str, int] = {}
@@ -470,6 +471,7 @@ class Devnet:
         for event in self._follower.poll():
             if isinstance(event, BatchSubmitted):
                 self._submitted[(event.node, event.root)] = event.count
+                self._slots[(event.node, event.root)] = event.slot
             elif isinstance(event, BatchInvalidated):  # names the node whose batch it voided
                 self._slashed[event.node] = self._slashed.get(event.node, 0) + event.slashed
                 self._dead.add((event.node, event.root))
@@ -584,7 +586,7 @@ class Devnet:
                 continue
             provider = owner.as_account(dev_account(PROVIDERS[i]))
             before = provider.balance_of(provider.address)
-            provider.claim_batches(self.pool_id, node, roots)
+            provider.claim_batches(self.pool_id, node, roots, slots=[self._slots[(node, r)] for r in roots])
             claimed[provider.address] = provider.balance_of(provider.address) - before
         if claimed:
             window = self.settings.challenge_window

@@ -9,6 +9,7 @@ from eth_account import Account
 from eth_account.messages import encode_typed_data
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
+from hexbytes import HexBytes
 from web3 import Web3
 from web3.contract import Contract
 from web3.exceptions import ContractLogicError
@@ -278,36 +279,55 @@ class Ledger:
         return int(self._call(self.work.functions.escrowOf(pool_id), "escrowOf"))
 
     # --- batches: one Merkle root per batch (ledger.merkle builds the tree and the proofs) -------------------
-    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> TxReceipt:
-        """Records this node's batch of `count` files worth `total_units` under the Merkle `root`."""
-        return self._send(self.work.functions.submitBatch(pool_id, root, count, total_units), "submitBatch")
+    # A batch lives in one of its node's numbered slots, reused once its batch is settled; every call that names a
+    # batch names its slot. `slot=None` finds it: the node's latest `BatchSubmitted` of that root (one log query from
+    # the deployment block). A daemon passes the slot it recorded; the lookup is for people and tests.
+    def submit_batch(
+        self, pool_id: int, root: bytes, count: int, total_units: int, *, slot: int | None = None
+    ) -> TxReceipt:
+        """Records this node's batch of `count` files worth `total_units` under the Merkle `root`, in its slot `slot`
+        (None: the lowest free one, `free_slot`)."""
+        chosen = self.free_slot(pool_id) if slot is None else slot
+        return self._send(self.work.functions.submitBatch(pool_id, chosen, root, count, total_units), "submitBatch")
 
     def invalidate_batch(
-        self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int
+        self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int, *, slot: int | None = None
     ) -> TxReceipt:
         """Shows one file of `node`'s batch bad with its proof: the batch is void, the node slashed and ejected."""
-        call = self.work.functions.invalidateBatch(pool_id, node, root, proof.as_tuple(), int(reason))
+        ref = self._ref(pool_id, node, root, slot)
+        call = self.work.functions.invalidateBatch(pool_id, node, ref, proof.as_tuple(), int(reason))
         return self._send(call, "invalidateBatch")
 
-    def invalidate_unavailable_batch(self, pool_id: int, node: str, root: bytes) -> TxReceipt:
+    def invalidate_unavailable_batch(
+        self, pool_id: int, node: str, root: bytes, *, slot: int | None = None
+    ) -> TxReceipt:
         """Invalidates `node`'s batch whose leaf list was never made available (reason 8, no proof): the batch is
         void, the node slashed and ejected, as by `invalidate_batch`."""
-        call = self.work.functions.invalidateUnavailableBatch(pool_id, node, root)
+        call = self.work.functions.invalidateUnavailableBatch(pool_id, node, self._ref(pool_id, node, root, slot))
         return self._send(call, "invalidateUnavailableBatch")
 
-    def refuse_leaf(self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int) -> TxReceipt:
+    def refuse_leaf(
+        self, pool_id: int, node: str, root: bytes, proof: LeafProof, reason: Reason | int, *, slot: int | None = None
+    ) -> TxReceipt:
         """Refuses one file of `node`'s batch with its proof, without a slash: its units are not paid."""
-        call = self.work.functions.refuseLeaf(pool_id, node, root, proof.as_tuple(), int(reason))
+        ref = self._ref(pool_id, node, root, slot)
+        call = self.work.functions.refuseLeaf(pool_id, node, ref, proof.as_tuple(), int(reason))
         return self._send(call, "refuseLeaf")
 
-    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> TxReceipt:
-        """Pays `node`'s provider for `node`'s batches `roots`, less their refused leaves (anyone may send this)."""
-        return self._send(self.work.functions.claimBatches(pool_id, node, list(roots)), "claimBatches")
+    def claim_batches(
+        self, pool_id: int, node: str, roots: Sequence[bytes], *, slots: Sequence[int] | None = None
+    ) -> TxReceipt:
+        """Pays `node`'s provider for `node`'s batches `roots` (in `slots`, when given), less their refused leaves
+        (anyone may send this)."""
+        if slots is not None and len(slots) != len(roots):
+            raise LedgerError(f"{len(roots)} roots but {len(slots)} slots to claim")
+        refs = [self._ref(pool_id, node, root, None if slots is None else slots[i]) for i, root in enumerate(roots)]
+        return self._send(self.work.functions.claimBatches(pool_id, node, refs), "claimBatches")
 
-    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
-        """`node`'s batch `root`: status NONE when `node` never submitted it."""
-        provider, count, total, refused, submitted_at, status = self._call(
-            self.work.functions.getBatch(pool_id, node, root), "getBatch"
+    def get_slot(self, pool_id: int, node: str, slot: int) -> BatchRecord:
+        """What `node`'s batch slot `slot` holds: its batch's record, status NONE when never used."""
+        root, provider, count, total, refused, submitted_at, status = self._call(
+            self.work.functions.getBatch(pool_id, node, slot), "getBatch"
         )
         return BatchRecord(
             pool_id=pool_id,
@@ -319,7 +339,53 @@ class Ledger:
             refused_units=int(refused),
             submitted_at=int(submitted_at),
             status=BatchStatus(int(status)),
+            slot=slot,
         )
+
+    def get_batch(self, pool_id: int, node: str, root: bytes, *, slot: int | None = None) -> BatchRecord:
+        """`node`'s batch `root`: status NONE when `node` never submitted it, or its slot holds another batch now."""
+        chosen = self.slot_of(pool_id, node, root) if slot is None else slot
+        if chosen is not None:
+            record = self.get_slot(pool_id, node, chosen)
+            if record.root == bytes(root) and record.status != BatchStatus.NONE:
+                return record
+        none = BatchStatus.NONE
+        zero = "0x" + "00" * 20
+        return BatchRecord(pool_id, bytes(root), to_checksum_address(node), zero, 0, 0, 0, 0, none, slot=chosen or 0)
+
+    def free_slot(self, pool_id: int, node: str | None = None) -> int:
+        """The lowest of `node`'s (this account's) slots that takes a new batch: never used, or its batch settled."""
+        owner = self.address if node is None else node
+        slot = 0
+        while self.get_slot(pool_id, owner, slot).status == BatchStatus.PENDING:
+            slot += 1
+        return slot
+
+    def slot_of(self, pool_id: int, node: str, root: bytes) -> int | None:
+        """The slot of `node`'s latest `BatchSubmitted` of `root` in the pool, or None when there is none."""
+        event = self.work.events.BatchSubmitted()
+        params = {
+            "address": self.work.address,
+            "fromBlock": self.deployment.block,
+            "toBlock": "latest",
+            "topics": [
+                bytes(HexBytes(event.topic)),  # web3 8 gives it as a hex string
+                pool_id.to_bytes(32, "big"),
+                bytes(root),
+                bytes(12) + bytes.fromhex(to_checksum_address(node)[2:]),
+            ],
+        }
+        url = self.deployment.rpc_url
+        logs = with_retries(lambda: self.w3.eth.get_logs(params), what="read logs", url=url)  # type: ignore[arg-type]
+        if not logs:
+            return None
+        return int(event.process_log(logs[-1])["args"]["slot"])
+
+    def _ref(self, pool_id: int, node: str, root: bytes, slot: int | None) -> tuple[int, bytes]:
+        """The (slot, root) a call names a batch by; a batch not found names slot 0, and the call reverts
+        `BatchNotFound` for it."""
+        chosen = self.slot_of(pool_id, node, root) if slot is None else slot
+        return (0 if chosen is None else chosen, bytes(root))
 
     def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:
         return bool(self._call(self.work.functions.isLeafRefused(pool_id, node, root, index), "isLeafRefused"))

@@ -7,7 +7,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,6 +58,7 @@ class BatchSubmitted:
     count: int
     total_units: int
     at: EventPosition
+    slot: int = field(default=0, kw_only=True)  # the node's batch slot that holds it
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class LeafRefused:
 
 @dataclass(frozen=True)
 class BatchesClaimed:
-    """`provider` was paid `amount` for `node`'s batches `roots`."""
+    """`provider` was paid `amount` for `node`'s batches `roots`, held in its slots `slots` (in the same order)."""
 
     pool_id: int
     provider: str
@@ -103,6 +104,7 @@ class BatchesClaimed:
     amount: int
     roots: tuple[bytes, ...]
     at: EventPosition
+    slots: tuple[int, ...] = field(default=(), kw_only=True)
 
 
 LedgerEvent = BatchSubmitted | BatchInvalidated | LeafRefused | BatchesClaimed
@@ -308,7 +310,7 @@ class EventFollower:
         if name == "BatchSubmitted":
             yield BatchSubmitted(
                 args["poolId"], bytes(args["root"]), to_checksum_address(args["node"]), args["count"],
-                args["totalUnits"], at,
+                args["totalUnits"], at, slot=args["slot"],
             )  # fmt: skip
         elif name == "BatchInvalidated":
             shown = args["leafIndex"] != NO_LEAF
@@ -326,8 +328,16 @@ class EventFollower:
         elif name == "BatchesClaimed":
             yield BatchesClaimed(
                 args["poolId"], to_checksum_address(args["provider"]), to_checksum_address(args["node"]),
-                args["amount"], tuple(bytes(root) for root in args["roots"]), at,
+                args["amount"], tuple(bytes(_ref(ref)[1]) for ref in args["batches"]), at,
+                slots=tuple(_ref(ref)[0] for ref in args["batches"]),
             )  # fmt: skip
+
+
+def _ref(ref: Any) -> tuple[int, bytes]:
+    """A decoded `BatchRef`: web3 gives a struct in an event as a mapping of its fields (or a tuple, in order)."""
+    if isinstance(ref, Mapping):
+        return int(ref["slot"]), bytes(ref["root"])
+    return int(ref[0]), bytes(ref[1])
 
 
 def batch_invalidations(

@@ -104,7 +104,8 @@ class StakeLock:
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """`node`'s batch `root` in `pool_id` (`WorkLedger.getBatch`); `provider` is the zero address when it has none."""
+    """`node`'s batch `root` in `pool_id`, held in the node's batch slot `slot` (`WorkLedger.getBatch`); status NONE,
+    with zeros, when the slot does not hold it; `provider` is the zero address when it has none."""
 
     pool_id: int
     root: bytes
@@ -115,6 +116,7 @@ class BatchRecord:
     refused_units: int  # what refused leaves took out of the payout, at most total_units
     submitted_at: int
     status: BatchStatus
+    slot: int = 0
 
     @property
     def payable_units(self) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ledger.merkle import Leaf
 from ledger.types import Reason
 from protocol.batches import duplicate_keys
+from validator.slots import SlotBatch
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,11 @@ def check_leaves(
     count: int,
     total_units: int,
     max_units: int,
-    earlier: Mapping[bytes, bytes],
+    earlier: Mapping[bytes, SlotBatch],
 ) -> ListFault | None:
     """The first fault of a batch's leaf list against its record (`count`, `total_units`) and the pool's cap on a
-    file's units, given the node's files submitted before (`earlier`: work key -> the root of the batch it is a leaf
-    of); None when the list is sound."""
+    file's units, given the node's files submitted before (`earlier`: work key -> the batch it is a leaf of, on chain
+    or settled since: `validator.slots`); None when the list is sound."""
     if len(leaves) != count:
         return ListFault(
             Reason.FILE_UNAVAILABLE,
@@ -78,6 +79,6 @@ def check_leaves(
                 Reason.WRONG_ASSIGNMENT,
                 index,
                 f"leaf {index} names file 0x{leaf.work_key.hex()}, which this node submitted before in batch "
-                f"0x{earlier[leaf.work_key].hex()}: a file is paid once",
+                f"{earlier[leaf.work_key]}: a file is paid once",
             )
     return None

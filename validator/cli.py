@@ -483,7 +483,8 @@ def rejections_command(
             leaf = "none (no list)" if batch.leaf_index is None else str(batch.leaf_index)
             invalidation = f"tx {_short(batch.tx_hash)}" if batch.tx_hash else batch.note or "pending"
             reason = f"{record['reason_name']} ({batch.reason})"
-            listed.add_row(_short(record["batch"]), batch.node, reason, leaf, batch.detail or "", invalidation)
+            where = f"{_short(record['batch'])} (slot {batch.slot})"
+            listed.add_row(where, batch.node, reason, leaf, batch.detail or "", invalidation)
         stdout_console().print(listed)
 
 
@@ -521,6 +522,7 @@ def _rejection(row: WorkRow) -> dict[str, Any]:
     return {
         "work_key": "0x" + row.work_key.hex(),
         "batch": None if row.root is None else "0x" + row.root.hex(),  # None: a state from before batches
+        "slot": row.slot,  # the node's batch slot that held it; None with the batch
         "leaf_index": row.leaf_index,
         "node": row.node,
         "units": row.units,
@@ -543,6 +545,7 @@ def _batch_rejection(batch: BatchRow) -> dict[str, Any]:
     return {
         "work_key": None,
         "batch": "0x" + batch.root.hex(),
+        "slot": batch.slot,
         "leaf_index": batch.leaf_index,  # the leaf its invalidation proves; None: no list was made available
         "node": batch.node,
         "units": batch.total_units,

@@ -45,6 +45,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,7 +66,7 @@ from ledger.events import (
 )
 from ledger.merkle import BatchTree, LeafProof
 from ledger.tx import with_retries
-from ledger.types import BatchStatus, Reason
+from ledger.types import BatchRecord, BatchStatus, Reason
 from ledger.validators import ValidatorSet
 from protocol.batches import decode_leaves, encode_leaves
 from protocol.coordinator.client import CoordinatorClient, CoordinatorError, CoordinatorLostFile, CoordinatorRefused
@@ -89,6 +90,7 @@ from validator.config import ValidatorConfig
 from validator.errors import CheckpointGone, CouldNotJudge, NotAValidator, ValidatorError
 from validator.evidence import Evidence
 from validator.sharing import Peers
+from validator.slots import Presence, SlotBatch, held_in, presence
 from validator.store import (
     ATTESTED,
     COVERED,
@@ -416,12 +418,13 @@ class ValidatorDaemon:
                 batches.append(
                     BatchSubmission(
                         event.pool_id, event.root, event.node, event.count, event.total_units, block,
-                        event.at.log_index, stamps[block],
+                        event.at.log_index, stamps[block], slot=event.slot,
                     )
                 )  # fmt: skip
             return batches
 
         try:
+            window = await self._challenge_window()
             batches = await asyncio.to_thread(read)
         except (LedgerError, OSError, ValueError) as exc:
             self.follower = self._follower()  # nothing recorded: read the same blocks again
@@ -429,7 +432,8 @@ class ValidatorDaemon:
             return
         if follower.rewound_to is not None:
             self._reorgs.inc()
-        added = store.record([], follower.next_block, follower.hashes, batches=batches)
+        # a root submitted again into its slot once its batch was settled is a new batch (validator.slots)
+        added = store.record([], follower.next_block, follower.hashes, batches=batches, window=window)
         if added:  # their files are counted as seen when their lists are read (`_list`)
             self._batches_seen.inc(len(batches))
             log.info("%d new batches (cursor at block %d)", added, follower.next_block)
@@ -545,17 +549,17 @@ class ValidatorDaemon:
         node's fault (reason 8), as for a file."""
         short = _short(batch.root)
         try:
-            record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, batch.node, batch.root)
+            found, record = await self._read_slot(batch.node, batch.in_slot)
         except LedgerError as exc:
             self._retry_batch(batch, f"reading the batch on chain: {exc}")
             return
-        if record.status == BatchStatus.NONE:  # read from a block a reorganisation replaced
+        if found is Presence.GONE:  # read from a block a reorganisation replaced
             self.store.move_batch(batch, UNVERIFIABLE, note=GONE)
             self._gone.inc()
             log.warning("batch %s from %s: %s; listed if it is submitted again", short, batch.node, GONE)
             return
-        if record.status != BatchStatus.PENDING:
-            note = f"the batch is {record.status.name.lower()} on chain before its leaves were fetched"
+        if found is Presence.OVERWRITTEN or record.status != BatchStatus.PENDING:
+            note = f"the batch is {_settled(found, record)} on chain before its leaves were fetched"
             self.store.move_batch(batch, COVERED, note=note)
             log.info("batch %s from %s: %s; not judging its files", short, batch.node, note)
             return
@@ -583,7 +587,7 @@ class ValidatorDaemon:
             self._reject_batch(batch, Reason.FILE_UNAVAILABLE, detail, leaf_index=None, leaves=None)
             return
         earlier = self.store.recorded_keys(batch.node, [leaf.work_key for leaf in leaves])
-        earlier = {key: root for key, root in earlier.items() if root != batch.root}  # its own rows, read again
+        earlier = {key: other for key, other in earlier.items() if other != batch.in_slot}  # its own rows, read again
         try:  # a batch a reorganisation took out is no earlier submission: its files may come back in another
             earlier = await self._still_on_chain(batch.node, earlier)
         except LedgerError as exc:
@@ -610,15 +614,27 @@ class ValidatorDaemon:
         log.info("batch %s from %s: %d files worth %d units listed", short, batch.node, len(leaves), batch.total_units)
         self._covered.inc(self.store.cover([leaf.work_key for leaf in leaves], replication))
 
-    async def _still_on_chain(self, node: str, earlier: dict[bytes, bytes]) -> dict[bytes, bytes]:
-        """`earlier` (work key -> the batch it was a leaf of) without the keys whose batch the chain no longer holds:
-        read from a block a reorganisation replaced."""
-        gone: set[bytes] = set()
-        for batch_root in set(earlier.values()):
-            record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, node, batch_root)
-            if record.status == BatchStatus.NONE:
-                gone.add(batch_root)
-        return {key: root for key, root in earlier.items() if root not in gone}
+    async def _still_on_chain(self, node: str, earlier: dict[bytes, SlotBatch]) -> dict[bytes, SlotBatch]:
+        """`earlier` (work key -> the batch it was a leaf of) without the keys whose batch a reorganisation took out
+        (`validator.slots`). A batch settled and written over since stays: its files were submitted, and maybe paid."""
+        gone: set[SlotBatch] = set()
+        for other in set(earlier.values()):
+            found, _ = await self._read_slot(node, other)
+            if found is Presence.GONE:
+                gone.add(other)
+        return {key: other for key, other in earlier.items() if other not in gone}
+
+    async def _read_slot(self, node: str, batch: SlotBatch) -> tuple[Presence, BatchRecord]:
+        """Whether `node`'s slot on chain still holds `batch` (`validator.slots.presence`), and the slot's record:
+        the batch's own only when HELD."""
+        record = await asyncio.to_thread(self.ledger.get_slot, self.setup.pool_id, node, batch.slot)
+        return presence(batch, held_in(record), await self._challenge_window()), record
+
+    async def _challenge_window(self) -> int:
+        """The pool's challenge window (seconds), fixed when the pool was made: read from the chain once."""
+        if self._window is None:
+            self._window = await asyncio.to_thread(self.ledger.challenge_window, self.setup.pool_id)
+        return self._window
 
     def _reject_batch(
         self, batch: BatchRow, reason: Reason, detail: str, *, leaf_index: int | None, leaves: bytes | None
@@ -651,13 +667,15 @@ class ValidatorDaemon:
                 return
             if batch.leaf_index is None:
                 receipt = await asyncio.to_thread(
-                    self.ledger.invalidate_unavailable_batch, self.setup.pool_id, batch.node, batch.root
-                )
+                    partial(self.ledger.invalidate_unavailable_batch, slot=batch.slot),
+                    self.setup.pool_id, batch.node, batch.root,
+                )  # fmt: skip
             else:
                 proof = self._proof(batch.leaves, batch.leaf_index)
                 receipt = await asyncio.to_thread(
-                    self.ledger.invalidate_batch, self.setup.pool_id, batch.node, batch.root, proof, reason
-                )
+                    partial(self.ledger.invalidate_batch, slot=batch.slot),
+                    self.setup.pool_id, batch.node, batch.root, proof, reason,
+                )  # fmt: skip
         except ContractRevert as exc:  # invalidated by another validator meanwhile, or its window closed
             log.warning("batch %s: the invalidation reverted: %s", short, exc)
             with contextlib.suppress(LedgerError):
@@ -677,15 +695,19 @@ class ValidatorDaemon:
 
     async def _batch_settled(self, batch: BatchRow) -> bool:
         """Records and returns True when nothing is left to send for a rejected batch: already invalidated, no
-        longer pending, gone, or its window closed."""
-        record = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, batch.node, batch.root)
-        if record.status == BatchStatus.INVALIDATED:
+        longer pending (settled, perhaps its slot written over since), gone, or its window closed."""
+        found, record = await self._read_slot(batch.node, batch.in_slot)
+        if found is Presence.GONE:  # listed again if a reorganisation brings it back
+            self.store.move_batch(batch, UNVERIFIABLE, note=GONE)
+            log.warning("batch %s from %s: %s; nothing to send", _short(batch.root), batch.node, GONE)
+            return True
+        if found is Presence.HELD and record.status == BatchStatus.INVALIDATED:
             self.store.move_batch(batch, INVALIDATED, note="already invalidated on chain")
             return True
-        if record.status != BatchStatus.PENDING:
-            self.store.move_batch(batch, REJECTED, note=f"the batch is {record.status.name.lower()} on chain")
+        if found is Presence.OVERWRITTEN or record.status != BatchStatus.PENDING:
+            self.store.move_batch(batch, REJECTED, note=f"the batch is {_settled(found, record)} on chain")
             return True
-        window = await asyncio.to_thread(self.ledger.challenge_window, self.setup.pool_id)
+        window = await self._challenge_window()
         now = await asyncio.to_thread(self.ledger.timestamp)
         closes = challenge_closes_at(record.submitted_at, window)
         if now >= closes:
@@ -701,6 +723,7 @@ class ValidatorDaemon:
         window = self._window if self._window is not None else int(self.config.grace_seconds)
         self.evidence.keep_batch(
             batch.root,
+            slot=batch.slot,
             node=batch.node,
             leaves=batch.leaves,
             reason=batch.reason,
@@ -717,7 +740,7 @@ class ValidatorDaemon:
     def _batch_proof(self, row: WorkRow) -> LeafProof:
         """The proof of a listed file's leaf in its batch."""
         assert row.leaf_index is not None
-        batch = self.store.get_batch(_root(row), row.node)
+        batch = self.store.get_batch(_root(row), row.node, _in_slot(row).slot)
         assert batch is not None  # leaf rows are written with their batch's list
         return self._proof(batch.leaves, row.leaf_index)
 
@@ -756,14 +779,16 @@ class ValidatorDaemon:
         await self._record(row, verdict, seconds, data, expected)
 
     async def _still_submitted(self, row: WorkRow) -> bool:
-        """Whether the chain still holds the file's batch (a reorganisation may have removed it: judged only if it is
-        submitted again); False too when the chain could not be read (retried)."""
+        """Whether the file's batch was submitted (a reorganisation may have removed it: judged only if it is
+        submitted again); False too when the chain could not be read (retried). A batch settled and written over
+        since was submitted: its window has closed, so nothing goes on chain, but the file is judged and attested
+        all the same, for training, as any file judged after its window."""
         try:
-            batch = await asyncio.to_thread(self.ledger.get_batch, self.setup.pool_id, row.node, _root(row))
+            found, _ = await self._read_slot(row.node, _in_slot(row))
         except LedgerError as exc:
             self._retry(row, f"reading the batch on chain: {exc}")
             return False
-        if batch.status == BatchStatus.NONE:  # read from a block a reorganisation replaced
+        if found is Presence.GONE:  # read from a block a reorganisation replaced
             self.store.move(row, UNVERIFIABLE, note=GONE)
             self._gone.inc()
             log.warning("%s from %s: %s; judged if it is submitted again", _short(row.work_key), row.node, GONE)
@@ -872,7 +897,7 @@ class ValidatorDaemon:
             verdict = self._counter_once(row, verdict)
         if not verdict.accepted:  # the evidence exists before anything can go on chain
             # the leaf's proof is read from the store here, on the loop's thread: SQLite's connection is its own
-            batch = (_root(row), self._batch_proof(row))
+            batch = (_in_slot(row), self._batch_proof(row))
             try:
                 await asyncio.to_thread(self._keep_evidence, data, verdict, expected, row, batch)
             except Exception as exc:  # a full disk, memory: this validator's failure, never a reason to skip evidence
@@ -933,10 +958,10 @@ class ValidatorDaemon:
         verdict: Verdict,
         expected: Expected,
         row: WorkRow,
-        batch: tuple[bytes, LeafProof] | None,
+        batch: tuple[SlotBatch, LeafProof] | None,
     ) -> None:
         """In a worker thread: the file, the verdict and the checkpoint of its step, until its window closes; for a
-        leaf of a batch, `batch` is its root and proof."""
+        leaf of a batch, `batch` is the batch (its slot and root) and the leaf's proof."""
         try:
             step: int | None = read_rollouts(data, max_bytes=self.config.max_file_bytes).rows[0].step
         except RolloutFormatError as exc:
@@ -1009,7 +1034,9 @@ class ValidatorDaemon:
                 return
             proof = self._batch_proof(row)
             send = ledger.invalidate_batch if action is Sanction.INVALIDATE else ledger.refuse_leaf
-            receipt = await asyncio.to_thread(send, pool_id, row.node, _root(row), proof, reason)
+            receipt = await asyncio.to_thread(
+                partial(send, slot=_in_slot(row).slot), pool_id, row.node, _root(row), proof, reason
+            )
         except ContractRevert as exc:  # judged by another validator meanwhile, or the window closed: ask again
             log.warning("%s: %s reverted: %s", short, name, exc)
             with contextlib.suppress(LedgerError):
@@ -1058,7 +1085,16 @@ class ValidatorDaemon:
         (WorkLedger)."""
         assert row.leaf_index is not None  # a file row is a leaf of its batch
         ledger, pool_id, short, root = self.ledger, self.setup.pool_id, _short(row.work_key), _root(row)
-        batch = await asyncio.to_thread(ledger.get_batch, pool_id, row.node, root)
+        found, batch = await self._read_slot(row.node, _in_slot(row))
+        if found is Presence.GONE:  # judged again if a reorganisation brings its batch back
+            self.store.move(row, ATTESTED, note=GONE)
+            log.warning("%s: %s; nothing to send", short, GONE)
+            return True
+        if found is Presence.OVERWRITTEN:
+            note = f"its batch is {_settled(found, batch)} on chain; nothing to send"
+            self.store.move(row, ATTESTED, note=note)
+            log.warning("%s: %s", short, note)
+            return True
         if batch.status == BatchStatus.INVALIDATED:
             self.store.move(row, INVALIDATED, note="its batch is already invalidated on chain")
             log.info("%s: its batch %s is already invalidated on chain; not sending it again", short,
@@ -1079,7 +1115,7 @@ class ValidatorDaemon:
 
     async def _window_closed(self, row: WorkRow, submitted_at: int) -> bool:
         """Records and returns True when the challenge window of a submission made at `submitted_at` has closed."""
-        window = await asyncio.to_thread(self.ledger.challenge_window, self.setup.pool_id)
+        window = await self._challenge_window()
         now = await asyncio.to_thread(self.ledger.timestamp)
         closes = challenge_closes_at(submitted_at, window)
         if now >= closes:  # pending, past its window
@@ -1092,6 +1128,20 @@ class ValidatorDaemon:
 
 def _short(work_key: bytes) -> str:
     return "0x" + work_key.hex()[:12]
+
+
+def _settled(found: Presence, record: BatchRecord) -> str:
+    """How the chain settled a batch no longer pending, for a note: "claimed", "invalidated", or written over."""
+    if found is Presence.OVERWRITTEN:
+        return "settled, its slot written over by a later batch,"
+    return record.status.name.lower()
+
+
+def _in_slot(row: WorkRow) -> SlotBatch:
+    """The batch `row`'s file is a leaf of, as its slot holds it (a row without one was never read from chain)."""
+    if row.slot is None:
+        raise ValueError(f"0x{row.work_key.hex()} from {row.node} is in no batch slot: not read from this chain")
+    return SlotBatch(row.slot, _root(row), row.submitted_at)
 
 
 def _root(row: WorkRow) -> bytes:

@@ -11,7 +11,8 @@ slash was disputed (issue 17). For each rejected file `<state>/evidence/<work ke
 
 and `<state>/evidence/checkpoints/step_<N>/` the checkpoint of every step a kept file was judged with (hard links
 into the validator's checkpoint folder where the file system allows, so keeping it costs no copy). A file that is a
-leaf of a batch keeps, in its record, the batch's root and the leaf's Merkle proof, as its invalidation sent it.
+leaf of a batch keeps, in its record, the batch's root and slot and the leaf's Merkle proof, as its invalidation sent
+it.
 A batch whose leaf list itself condemned it (`validator.batches`) keeps `<state>/evidence/batches/<root>/`: the list
 as the coordinator served it (`leaves.bin`, absent when it was never made available) and `record.json`. Everything
 is pruned once the last challenge window it backs has closed. `prime-validate explain` reads it back.
@@ -36,6 +37,7 @@ from protocol.signing import SigningDomain
 from protocol.terms import AssignmentTiming
 from validator.config import ValidatorConfig
 from validator.errors import ValidatorError
+from validator.slots import SlotBatch
 from validator.verdict import Verdict
 from validator.verify import Expected
 
@@ -44,10 +46,12 @@ FILE_NAME, RECORD_NAME = "file.parquet", "record.json"
 BATCHES_DIR, LEAVES_NAME = "batches", "leaves.bin"
 
 
-def proof_json(root: bytes, proof: LeafProof) -> dict[str, Any]:
-    """A leaf's Merkle proof as evidence keeps it: enough to send `invalidateBatch` again by hand."""
+def proof_json(root: bytes, proof: LeafProof, *, slot: int) -> dict[str, Any]:
+    """A leaf's Merkle proof as evidence keeps it, with the node's batch slot that held the batch: enough to send
+    `invalidateBatch` again by hand (it names the batch by slot and root)."""
     return {
         "root": "0x" + root.hex(),
+        "slot": slot,
         "index": proof.index,
         "work_key": "0x" + proof.leaf.work_key.hex(),
         "units": proof.leaf.units,
@@ -106,10 +110,10 @@ class Evidence:
         step: int | None = None,
         checkpoint: Path | None = None,
         manifest_hash: bytes | None = None,
-        batch: tuple[bytes, LeafProof] | None = None,
+        batch: tuple[SlotBatch, LeafProof] | None = None,
     ) -> Path:
         """Writes one rejection's folder (file first, record last: a folder without its record is not evidence);
-        `batch` is the root of the batch the file is a leaf of and the leaf's proof."""
+        `batch` is the batch the file is a leaf of (its slot and root) and the leaf's proof."""
         if expected.work_key is None:
             raise ValueError("evidence is kept by work key: Expected.work_key is needed")
         folder = self.root / expected.work_key.hex()
@@ -130,7 +134,7 @@ class Evidence:
             "checkpoint": None if kept_checkpoint is None else kept_checkpoint.name,
             "manifest_hash": None if manifest_hash is None else "0x" + manifest_hash.hex(),
             "verdict": verdict.to_dict(),
-            "batch": None if batch is None else proof_json(*batch),
+            "batch": None if batch is None else proof_json(batch[0].root, batch[1], slot=batch[0].slot),
         }
         publish_atomically(folder / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False).encode())
         return folder
@@ -139,6 +143,7 @@ class Evidence:
         self,
         root: bytes,
         *,
+        slot: int,
         node: str,
         leaves: bytes | None,
         reason: int,
@@ -146,20 +151,22 @@ class Evidence:
         proof: LeafProof | None,
         kept_until: float,
     ) -> Path:
-        """Writes the evidence of a batch its leaf list condemned: the list as served (None: never made available),
-        the reason, and the proof its invalidation sends (None: `invalidateUnavailableBatch`, no proof)."""
+        """Writes the evidence of `node`'s batch `root` in its slot `slot`, which its leaf list condemned: the list as
+        served (None: never made available), the reason, and the proof its invalidation sends (None:
+        `invalidateUnavailableBatch`, no proof)."""
         folder = self.root / BATCHES_DIR / root.hex()
         folder.mkdir(parents=True, exist_ok=True)
         if leaves is not None:
             publish_atomically(folder / LEAVES_NAME, leaves)
         record = {
             "root": "0x" + root.hex(),
+            "slot": slot,
             "node": node,
             "kept_at": time.time(),
             "kept_until": kept_until,
             "reason": reason,
             "detail": detail,
-            "proof": None if proof is None else proof_json(root, proof),
+            "proof": None if proof is None else proof_json(root, proof, slot=slot),
         }
         publish_atomically(folder / RECORD_NAME, json.dumps(record, indent=2, allow_nan=False).encode())
         return folder

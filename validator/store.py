@@ -1,9 +1,10 @@
 """The validator daemon's progress, in SQLite: the event cursor, one row per batch on chain and one row per file.
 
-A batch is (node, root): records belong to their submitter on chain, so two nodes committing the same root are two
-batches. A file is (node, work key), a leaf of its node's batch, verified against its own node (a copied file names
-another node and is rejected). A batch is `seen` until its leaf list is read and checked (`listed`: its files are
-rows) or condemned (`rejected`, then `invalidated` on chain).
+A batch is (node, slot, root): records belong to their submitter on chain, so two nodes committing the same root are
+two batches, and a node's slot holds one batch at a time, reused once it is settled (`validator.slots` reads what a
+slot holds now). A file is (node, work key), a leaf of its node's batch, verified against its own node (a copied
+file names another node and is rejected). A batch is `seen` until its leaf list is read and checked (`listed`: its
+files are rows) or condemned (`rejected`, then `invalidated` on chain).
 
 A file moves through these stages; each transition is committed before the daemon's next side effect:
 
@@ -43,6 +44,7 @@ from typing import Any
 
 from core.statedb import connect, open_bound
 from validator.errors import ValidatorStateError
+from validator.slots import Presence, SlotBatch, presence
 from validator.verdict import Outcome, Verdict, sanction
 
 SEEN, VERIFIED, ATTESTED, INVALIDATED = "seen", "verified", "attested", "invalidated"
@@ -56,7 +58,36 @@ STAGES = (SEEN, VERIFIED, ATTESTED, INVALIDATED, UNVERIFIABLE, UNAVAILABLE, COVE
 LISTED, REJECTED = "listed", "rejected"
 BATCH_STAGES = (SEEN, LISTED, REJECTED, INVALIDATED, UNVERIFIABLE, COVERED)
 DB_NAME = "validator.db"
-SCHEMA = """
+# A batch is its node's submission of a root into one of its slots: a slot is reused once its batch is settled, and a
+# node may commit one root in two slots (or in one, again, once the first is claimed), each a batch of its own. A root
+# submitted again into its slot a window or more later (validator.slots) takes its row over as a new submission.
+_BATCHES_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (  -- BatchSubmitted records: their leaf lists become work rows once fetched
+    pool_id INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    slot INTEGER NOT NULL,           -- the node's batch slot that holds it (0 in a state from before slots)
+    root TEXT NOT NULL,              -- the Merkle root, hex without 0x
+    count INTEGER NOT NULL,          -- leaves, as the chain recorded
+    total_units INTEGER NOT NULL,
+    block INTEGER NOT NULL,          -- of the BatchSubmitted event
+    log_index INTEGER NOT NULL,
+    submitted_at INTEGER NOT NULL,   -- that block's timestamp
+    stage TEXT NOT NULL,             -- seen, listed, rejected, invalidated, unverifiable, covered
+    leaves BLOB,                     -- the leaf list the coordinator served (protocol.batches), once fetched
+    reason INTEGER,                  -- a rejection of the batch as a whole (its leaf list, not one file)
+    leaf_index INTEGER,              -- the leaf that rejection shows with its proof; NULL: no list to prove from
+    detail TEXT,
+    tx_hash TEXT,                    -- of the invalidateBatch (or invalidateUnavailableBatch) this validator sent
+    note TEXT,                       -- why it ended where it did
+    last_error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    first_seen REAL NOT NULL,
+    next_try REAL NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (pool_id, node, slot, root)
+);
+"""
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS work (
     pool_id INTEGER NOT NULL,
@@ -83,6 +114,7 @@ CREATE TABLE IF NOT EXISTS work (
     updated REAL NOT NULL,
     root TEXT,                       -- its batch (hex, no 0x); NULL only in a state of a ledger before batches
     leaf_index INTEGER,              -- its position in that batch's leaf list
+    slot INTEGER,                    -- the node's batch slot that held that batch; NULL with root
     PRIMARY KEY (pool_id, node, work_key)
 );
 CREATE INDEX IF NOT EXISTS work_stage ON work (stage, next_try);
@@ -98,29 +130,7 @@ CREATE TABLE IF NOT EXISTS block_hashes (  -- the last blocks the event cursor p
     number INTEGER PRIMARY KEY,
     hash TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS batches (  -- BatchSubmitted records: their leaf lists become work rows once fetched
-    pool_id INTEGER NOT NULL,
-    node TEXT NOT NULL,
-    root TEXT NOT NULL,              -- the Merkle root, hex without 0x
-    count INTEGER NOT NULL,          -- leaves, as the chain recorded
-    total_units INTEGER NOT NULL,
-    block INTEGER NOT NULL,          -- of the BatchSubmitted event
-    log_index INTEGER NOT NULL,
-    submitted_at INTEGER NOT NULL,   -- that block's timestamp
-    stage TEXT NOT NULL,             -- seen, listed, rejected, invalidated, unverifiable, covered
-    leaves BLOB,                     -- the leaf list the coordinator served (protocol.batches), once fetched
-    reason INTEGER,                  -- a rejection of the batch as a whole (its leaf list, not one file)
-    leaf_index INTEGER,              -- the leaf that rejection shows with its proof; NULL: no list to prove from
-    detail TEXT,
-    tx_hash TEXT,                    -- of the invalidateBatch (or invalidateUnavailableBatch) this validator sent
-    note TEXT,                       -- why it ended where it did
-    last_error TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    first_seen REAL NOT NULL,
-    next_try REAL NOT NULL,
-    updated REAL NOT NULL,
-    PRIMARY KEY (pool_id, node, root)
-);
+{_BATCHES_TABLE.format(table="batches")}
 CREATE INDEX IF NOT EXISTS batches_stage ON batches (stage, next_try);
 CREATE TABLE IF NOT EXISTS counters (  -- assignment counters used by accepted files: each pays once
     pool_id INTEGER NOT NULL,
@@ -143,7 +153,7 @@ _OPEN = (
     f"OR (stage = '{ATTESTED}' AND outcome IN ({_SANCTIONED}) AND note IS NULL))"
 )
 _THEIRS = f"mine = 0 AND stage = '{SEEN}'"  # another validator's share, not judged as far as this one knows
-_BATCH = "WHERE pool_id = ? AND node = ? AND root = ?"
+_BATCH = "WHERE pool_id = ? AND node = ? AND slot = ? AND root = ?"
 _BATCH_OPEN = f"stage IN ('{SEEN}', '{REJECTED}') AND note IS NULL"  # a list to fetch, or an invalidation to send
 
 
@@ -161,11 +171,13 @@ class Submission:
     submitted_at: int
     root: bytes | None = field(default=None, kw_only=True)
     leaf_index: int | None = field(default=None, kw_only=True)
+    slot: int | None = field(default=None, kw_only=True)  # the node's batch slot that held the batch
 
 
 @dataclass(frozen=True)
 class BatchSubmission:
-    """One BatchSubmitted event, with its block's timestamp."""
+    """One BatchSubmitted event, with its block's timestamp; `slot` is the node's batch slot it went into, which every
+    chain call about the batch names."""
 
     pool_id: int
     root: bytes
@@ -175,6 +187,11 @@ class BatchSubmission:
     block: int
     log_index: int
     submitted_at: int
+    slot: int = field(kw_only=True)
+
+    @property
+    def in_slot(self) -> SlotBatch:
+        return SlotBatch(self.slot, self.root, self.submitted_at)
 
 
 @dataclass(frozen=True)
@@ -300,6 +317,7 @@ class ValidatorStore:
         *,
         mine: Callable[[bytes], bool] = lambda work_key: True,
         batches: Sequence[BatchSubmission] = (),
+        window: int | None = None,
     ) -> int:
         """Adds the submissions and `batches` as `seen` and moves the cursor (with the follower's block hashes),
         atomically; returns how many were new. `mine(work_key)` says whether a new file is this validator's to
@@ -307,7 +325,10 @@ class ValidatorStore:
 
         A submission read again at another place in the chain (a reorganisation moved it) takes its new block and
         timestamp. A verdict that may depend on that timestamp and has not gone on chain (a rejection not yet
-        invalidated), and a row parked as no longer on chain, are judged again from `seen`.
+        invalidated), and a row parked as no longer on chain, are judged again from `seen`. A batch's root submitted
+        again into its slot `window` (the pool's challenge window) or more after the recorded one is a new batch: it
+        takes the row over, from `seen`, and the recorded one's files stay as they are, submitted before it
+        (`validator.slots`). Without a window (a store no chain stands behind), a batch read again is the same one.
         """
         now = time.time()
         with self._transaction():
@@ -334,11 +355,11 @@ class ValidatorStore:
                 ],
             )
             self.db.executemany(
-                "INSERT OR IGNORE INTO batches (pool_id, node, root, count, total_units, block, log_index, "
-                "submitted_at, stage, first_seen, next_try, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO batches (pool_id, node, slot, root, count, total_units, block, log_index, "
+                "submitted_at, stage, first_seen, next_try, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (b.pool_id, b.node, b.root.hex(), b.count, b.total_units, b.block, b.log_index, b.submitted_at,
-                     SEEN, now, now, now)
+                    (b.pool_id, b.node, b.slot, b.root.hex(), b.count, b.total_units, b.block, b.log_index,
+                     b.submitted_at, SEEN, now, now, now)
                     for b in batches
                 ],
             )  # fmt: skip
@@ -346,7 +367,7 @@ class ValidatorStore:
             for s in submissions:
                 self._moved_by_reorganisation(s, now)
             for b in batches:
-                self._batch_moved_by_reorganisation(b, now)
+                added += self._batch_read_again(b, now, window)
             self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_block', ?)", (str(next_block),))
             if hashes is not None:
                 self.db.execute("DELETE FROM block_hashes")
@@ -379,15 +400,36 @@ class ValidatorStore:
                 (SEEN, now, *self._identity(s)),
             )
 
-    def _batch_moved_by_reorganisation(self, b: BatchSubmission, now: float) -> None:
+    def _batch_read_again(self, b: BatchSubmission, now: float, window: int | None) -> int:
+        """A batch read again: a new submission of its root into its slot (returns 1), or the recorded one, perhaps
+        moved by a reorganisation (returns 0)."""
+        row = self.get_batch(b.root, b.node, b.slot)
+        if row is None:
+            return 0
+        if window is not None and presence(row.in_slot, b.in_slot, window) is Presence.OVERWRITTEN:
+            self._submitted_again(b, now)
+            return 1
+        self._batch_moved_by_reorganisation(row, b, now)
+        return 0
+
+    def _submitted_again(self, b: BatchSubmission, now: float) -> None:
+        """`b` is its root submitted again into the slot once the recorded batch was settled: the row is the new
+        batch's, from `seen`, its leaf list kept (the root commits to it). The recorded batch's files keep their rows
+        and their place: files submitted before `b`, which `validator.batches` holds against it."""
+        self.db.execute(
+            "UPDATE batches SET count = ?, total_units = ?, block = ?, log_index = ?, submitted_at = ?, stage = ?, "
+            "reason = NULL, leaf_index = NULL, detail = NULL, tx_hash = NULL, note = NULL, last_error = NULL, "
+            f"attempts = 0, first_seen = ?, next_try = ?, updated = ? {_BATCH}",
+            (b.count, b.total_units, b.block, b.log_index, b.submitted_at, SEEN, now, now, now,
+             *self._batch_identity(b)),
+        )  # fmt: skip
+
+    def _batch_moved_by_reorganisation(self, row: BatchRow, b: BatchSubmission, now: float) -> None:
         """A batch read again at another place takes it, and its leaves with it. One parked as gone, or a rejection
         of its list not yet sent, is fetched and checked again from `seen`; its leaves follow
         `_moved_by_reorganisation`'s rule, each, wherever the batch was read."""
-        row = self.get_batch(b.root, b.node)
-        if row is None:
-            return
         place = (b.block, b.log_index, b.submitted_at)
-        identity = (self.pool_id, b.node, b.root.hex())
+        identity = self._batch_identity(b)
         if place != (row.block, row.log_index, row.submitted_at) or row.note == GONE:
             self.db.execute(
                 f"UPDATE batches SET block = ?, log_index = ?, submitted_at = ?, updated = ? {_BATCH}",
@@ -400,11 +442,13 @@ class ValidatorStore:
                     (SEEN, now, *identity),
                 )
         # its leaves even when the batch is where it was: a file parked as gone (the chain did not hold the batch
-        # when the file was about to be judged) is judged again now that the batch is read again
-        for leaf in self._rows(_BATCH, identity):
+        # when the file was about to be judged) is judged again now that the batch is read again. Only its own: the
+        # files of an earlier batch of the root in the slot are another submission's
+        for leaf in self._rows(f"{_BATCH} AND submitted_at = ?", (*identity, row.submitted_at)):
             moved = Submission(
-                leaf.pool_id, leaf.work_key, leaf.node, leaf.units, *place, root=b.root, leaf_index=leaf.leaf_index
-            )
+                leaf.pool_id, leaf.work_key, leaf.node, leaf.units, *place, root=b.root, leaf_index=leaf.leaf_index,
+                slot=b.slot,
+            )  # fmt: skip
             self._moved_by_reorganisation(moved, now)
 
     # --- batches: their leaf lists ----------------------------------------------------------------------
@@ -414,8 +458,9 @@ class ValidatorStore:
         found = self._batches(f"WHERE {_BATCH_OPEN} AND next_try <= ? ORDER BY block, log_index LIMIT 1", (now,))
         return found[0] if found else None
 
-    def get_batch(self, root: bytes, node: str) -> BatchRow | None:
-        found = self._batches(_BATCH, (self.pool_id, node, root.hex()))
+    def get_batch(self, root: bytes, node: str, slot: int) -> BatchRow | None:
+        """`node`'s batch `root` in its slot `slot`, if this validator has read it."""
+        found = self._batches(_BATCH, (self.pool_id, node, slot, root.hex()))
         return found[0] if found else None
 
     def batches(self) -> list[BatchRow]:
@@ -426,19 +471,20 @@ class ValidatorStore:
         """Every batch its leaf list condemned, in chain order."""
         return self._batches("WHERE reason IS NOT NULL ORDER BY block, log_index", ())
 
-    def recorded_keys(self, node: str, work_keys: Sequence[bytes]) -> dict[bytes, bytes]:
-        """Which of `work_keys` `node` submitted before, still on chain as far as this validator knows: key -> the
-        root of the batch it is a leaf of. A file submitted twice would be paid twice."""
-        found: dict[bytes, bytes] = {}
+    def recorded_keys(self, node: str, work_keys: Sequence[bytes]) -> dict[bytes, SlotBatch]:
+        """Which of `work_keys` `node` submitted before, on chain as far as this validator knows: key -> the batch it
+        is a leaf of (its slot, root and submission time; the slot may hold another batch since). A file submitted
+        twice would be paid twice."""
+        found: dict[bytes, SlotBatch] = {}
         for start in range(0, len(work_keys), 500):  # SQLite's bound on a statement's variables
             chunk = [k.hex() for k in work_keys[start : start + 500]]
             marks = ",".join("?" * len(chunk))
-            for key, root in self.db.execute(
-                f"SELECT work_key, root FROM work WHERE pool_id = ? AND node = ? AND work_key IN ({marks}) "
-                "AND root IS NOT NULL AND note IS NOT ?",
+            for key, slot, root, submitted_at in self.db.execute(
+                f"SELECT work_key, slot, root, submitted_at FROM work WHERE pool_id = ? AND node = ? "
+                f"AND work_key IN ({marks}) AND root IS NOT NULL AND slot IS NOT NULL AND note IS NOT ?",
                 (self.pool_id, node, *chunk, GONE),
             ):
-                found[bytes.fromhex(key)] = bytes.fromhex(root)
+                found[bytes.fromhex(key)] = SlotBatch(int(slot), bytes.fromhex(root), int(submitted_at))
         return found
 
     def list_batch(
@@ -447,15 +493,16 @@ class ValidatorStore:
         """Records the batch's leaf list and its leaves as `seen` work rows, atomically; returns how many rows are
         new (a batch listed again after a reorganisation keeps the rows it had)."""
         now = time.time()
+        root, slot = batch.root.hex(), batch.slot
         with self._transaction():
             before = self.db.total_changes
             self.db.executemany(
                 "INSERT OR IGNORE INTO work (pool_id, work_key, node, units, block, log_index, submitted_at, stage, "
-                "first_seen, next_try, updated, mine, root, leaf_index) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "first_seen, next_try, updated, mine, root, leaf_index, slot) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (f.pool_id, f.work_key.hex(), f.node, f.units, f.block, f.log_index, f.submitted_at, SEEN, now,
-                     now, now, int(mine(f.work_key)), batch.root.hex(), f.leaf_index)
+                     now, now, int(mine(f.work_key)), root, f.leaf_index, slot)
                     for f in files
                 ],
             )  # fmt: skip
@@ -463,14 +510,15 @@ class ValidatorStore:
             # a file whose earlier batch the chain no longer holds (the daemon checked) is this batch's leaf now,
             # judged again from `seen` unless its transaction went out
             self.db.executemany(
-                "UPDATE work SET root = ?, leaf_index = ?, block = ?, log_index = ?, submitted_at = ?, units = ?, "
-                "stage = CASE WHEN tx_hash IS NULL THEN ? ELSE stage END, "
+                "UPDATE work SET root = ?, slot = ?, leaf_index = ?, block = ?, log_index = ?, submitted_at = ?, "
+                "units = ?, stage = CASE WHEN tx_hash IS NULL THEN ? ELSE stage END, "
                 "outcome = CASE WHEN tx_hash IS NULL THEN NULL ELSE outcome END, "
                 "note = CASE WHEN tx_hash IS NULL THEN NULL ELSE note END, next_try = ?, updated = ? "
-                "WHERE pool_id = ? AND node = ? AND work_key = ? AND root IS NOT ?",
+                "WHERE pool_id = ? AND node = ? AND work_key = ? "
+                "AND NOT (root IS ? AND slot IS ? AND submitted_at = ?)",
                 [
-                    (batch.root.hex(), f.leaf_index, f.block, f.log_index, f.submitted_at, f.units, SEEN, now, now,
-                     self.pool_id, f.node, f.work_key.hex(), batch.root.hex())
+                    (root, slot, f.leaf_index, f.block, f.log_index, f.submitted_at, f.units, SEEN, now, now,
+                     self.pool_id, f.node, f.work_key.hex(), root, slot, batch.submitted_at)
                     for f in files
                 ],
             )  # fmt: skip
@@ -517,21 +565,22 @@ class ValidatorStore:
         """Another validator's invalidation of `node`'s batch `root`: the batch, if not fetched here yet, and its
         leaves not judged yet are `covered` (a void batch is never paid). Returns how many rows moved."""
         now, note = time.time(), f"its batch was invalidated on chain by {validator}"
-        identity = (self.pool_id, node, root.hex())
+        # the event names no slot: whichever slot holds the root, the node is ejected and its pending batches void
+        identity, where = (self.pool_id, node, root.hex()), "WHERE pool_id = ? AND node = ? AND root = ?"
         moved = self.db.execute(
-            f"UPDATE batches SET stage = ?, note = ?, updated = ? {_BATCH} AND stage = '{SEEN}'",
+            f"UPDATE batches SET stage = ?, note = ?, updated = ? {where} AND stage = '{SEEN}'",
             (COVERED, note, now, *identity),
         ).rowcount
         return (
             moved
             + self.db.execute(
-                f"UPDATE work SET stage = ?, note = ?, updated = ? {_BATCH} AND stage = '{SEEN}'",
+                f"UPDATE work SET stage = ?, note = ?, updated = ? {where} AND stage = '{SEEN}'",
                 (COVERED, note, now, *identity),
             ).rowcount
         )
 
-    def _batch_identity(self, batch: BatchSubmission) -> tuple[int, str, str]:
-        return self.pool_id, batch.node, batch.root.hex()
+    def _batch_identity(self, batch: BatchSubmission) -> tuple[int, str, int, str]:
+        return self.pool_id, batch.node, batch.slot, batch.root.hex()
 
     def _batches(self, where: str, args: Sequence[object]) -> list[BatchRow]:
         rows = self.db.execute(f"SELECT {_BATCH_COLUMNS} FROM batches {where}", args).fetchall()
@@ -787,6 +836,30 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     if "root" not in have:  # a state from before batches (another ledger's): every row a per-key record
         db.execute("ALTER TABLE work ADD COLUMN root TEXT")
         db.execute("ALTER TABLE work ADD COLUMN leaf_index INTEGER")
+    if "slot" not in have:  # a state from before batch slots (another WorkLedger's): NULL, as for no batch
+        db.execute("ALTER TABLE work ADD COLUMN slot INTEGER")
+    if "slot" not in {row[1] for row in db.execute("PRAGMA table_info(batches)")}:
+        _batches_in_slots(db)
+
+
+def _batches_in_slots(db: sqlite3.Connection) -> None:
+    """A state from before batch slots keyed its batches by (node, root); the key takes the slot now, and SQLite
+    changes no table's key in place: the table is copied into one of the new shape (slot 0: that ledger had no slots;
+    the state belongs to another WorkLedger, which the daemon refuses, so its batches are only read), in one
+    transaction."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if "slot" not in {row[1] for row in db.execute("PRAGMA table_info(batches)")}:  # or another process did it
+            columns = ", ".join(row[1] for row in db.execute("PRAGMA table_info(batches)"))
+            db.execute(_BATCHES_TABLE.format(table="batches_in_slots"))
+            db.execute(f"INSERT INTO batches_in_slots ({columns}, slot) SELECT {columns}, 0 FROM batches")
+            db.execute("DROP TABLE batches")  # its index with it
+            db.execute("ALTER TABLE batches_in_slots RENAME TO batches")
+            db.execute("CREATE INDEX IF NOT EXISTS batches_stage ON batches (stage, next_try)")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _outcome_from_flags(db: sqlite3.Connection) -> None:

@@ -32,7 +32,8 @@ from ledger.cli.common import (
     stdout_console,
 )
 from ledger.errors import ContractRevert
-from ledger.types import BatchRecord, BatchStatus, Ejection, Reason
+from ledger.types import BatchStatus, Ejection, Reason
+from node.cli.batch_records import provider_batches
 from protocol.terms import batch_state, challenge_closes_at
 
 if TYPE_CHECKING:
@@ -239,11 +240,16 @@ def claim(
         window, now = ledger.challenge_window(pool), ledger.timestamp()
         batches = provider_batches(ledger, pool, provider)
         if wanted:
-            chosen = [b for b in batches if b.root in set(wanted)]
-            missing = set(wanted) - {b.root for b in chosen}
+            found = [b for b in batches if b.root in set(wanted)]
+            missing = set(wanted) - {b.root for b in found}
             if missing:
                 shown = ", ".join("0x" + r.hex() for r in sorted(missing))
                 raise CommandError(f"no batch of provider {provider}'s nodes in pool {pool} has root {shown}")
+            chosen = [b for b in found if b.status == BatchStatus.PENDING]  # a root settled once may be sent again
+            settled = {b.root: b.status for b in found if b.root not in {c.root for c in chosen}}
+            if settled:
+                shown = ", ".join(f"0x{r.hex()} is {s.name.lower()}" for r, s in settled.items())
+                raise CommandError(f"batch {shown} already: nothing to claim")
         else:
             voided = {n: ledger.is_voided(pool, n) for n in {b.node for b in batches}}  # an owner's ejection: none
             pending = [b for b in batches if b.status == BatchStatus.PENDING and not voided[b.node]]
@@ -260,12 +266,12 @@ def claim(
                 return
         from web3.logs import DISCARD
 
-        by_node: dict[str, list[bytes]] = {}
+        by_node: dict[str, list[tuple[int, bytes]]] = {}
         for batch in chosen:
-            by_node.setdefault(batch.node, []).append(batch.root)
+            by_node.setdefault(batch.node, []).append((batch.slot, batch.root))
         paid = 0
-        for node, node_roots in by_node.items():  # one transaction per node: a batch belongs to its node
-            receipt = ledger.claim_batches(pool, node, node_roots)
+        for node, refs in by_node.items():  # one transaction per node: a batch belongs to its node, in its slot
+            receipt = ledger.claim_batches(pool, node, [root for _, root in refs], slots=[slot for slot, _ in refs])
             events = ledger.work.events.BatchesClaimed().process_receipt(receipt, errors=DISCARD)
             paid += sum(int(event["args"]["amount"]) for event in events)
         files = sum(b.count for b in chosen)
@@ -309,19 +315,6 @@ def status(
         _print_status(ledger, target, pool)
         if journal is not None:
             print_journal(journal, state_dir=state)
-
-
-def provider_batches(ledger: Ledger, pool_id: int, provider: str) -> list[BatchRecord]:
-    """Every batch the provider's nodes submitted to the pool since the deployment, with its current record."""
-    from ledger.events import BatchSubmitted, EventFollower
-
-    follower = EventFollower(ledger, pool_id=pool_id, events=("BatchSubmitted",))
-    records = [(e.node, e.root) for e in follower.poll() if isinstance(e, BatchSubmitted)]
-    providers: dict[str, str | None] = {}  # a node's binding never changes: one lookup per node
-    for node, _ in records:
-        if node not in providers:
-            providers[node] = ledger.provider_of(node)
-    return [ledger.get_batch(pool_id, n, root) for n, root in dict.fromkeys(records) if providers[n] == provider]
 
 
 def _print_status(ledger: Ledger, target: str, pool: int | None) -> None:
@@ -387,7 +380,8 @@ def _print_batches(ledger: Ledger, pool: int, provider: str, tokens: Callable[[i
     table = Table(
         "batch", "files", "units", "submitted", "state", "reward", title=f"batches in pool {pool}", title_justify="left"
     )
-    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0, "void": 0, "refused": 0}
+    # "none": a submission the chain no longer holds (a reorganisation took it out as this was read)
+    totals = {"pending": 0, "claimable": 0, "invalidated": 0, "claimed": 0, "void": 0, "none": 0, "refused": 0}
     for batch in batches:
         state = batch_state(batch, config.challenge_window, now, voided=voided[batch.node])
         paid = (batch.total_units if state == "invalidated" else batch.payable_units) * per_unit
@@ -401,6 +395,8 @@ def _print_batches(ledger: Ledger, pool: int, provider: str, tokens: Callable[[i
             shown = "invalidated: " + _invalidation_text(invalidated.get((batch.node, batch.root)), ledger.decimals)
         elif state == "void":
             shown = "void: its node was ejected from the pool by an invalidation"
+        elif state == "none":
+            shown = "not on chain (a reorganisation took it out?)"
         leaves = [e for (node, root, _), e in refused.items() if (node, root) == (batch.node, batch.root)]
         if batch.refused_units and state != "invalidated":
             why = ", ".join(sorted({Reason.label(e.reason) for e in leaves})) or "reason not found"
@@ -444,8 +440,8 @@ JOURNAL_FILES_SHOWN = 50  # newest files listed by `status --state`; the counts 
 
 
 def print_journal(journal: JournalView, *, state_dir: Path | None) -> None:
-    """The worker's journal: files and batches by stage, then its newest files with their batch and what
-    validators attested (or why they were not paid)."""
+    """The worker's journal: files and batches by stage, then its newest files with their batch (and its slot) and
+    what validators attested (or why they were not paid)."""
     console = stdout_console()
 
     def by_stage(counts: dict[str, int]) -> str:
@@ -460,8 +456,12 @@ def print_journal(journal: JournalView, *, state_dir: Path | None) -> None:
     more = f" (newest {len(shown)} of {len(journal.files)})" if len(shown) < len(journal.files) else ""
     table = Table("file", "batch", "units", "stage", "validators attested / detail", title=f"files{more}",
                   title_justify="left")  # fmt: skip
+    slots = {b.root: b.slot for b in journal.batches}
     for record in shown:
-        batch = "-" if record.root is None else f"0x{record.root.hex()[:12]}… leaf {record.leaf_index}"
+        batch = "-"
+        if record.root is not None:
+            slot = slots.get(record.root)
+            batch = f"0x{record.root.hex()[:12]}… leaf {record.leaf_index}" + ("" if slot is None else f", slot {slot}")
         table.add_row(
             "0x" + record.work_key.hex()[:12] + "…",
             batch,

@@ -7,7 +7,11 @@ The daemon (`node.daemon.worker`) checks its standing, submits its files in batc
 - `LocalWorkChain` (`node.daemon.local`): no chain at all, for the trusted workers of `prime-train run
   --local-workers N`; they are always members, their batches are journaled, never invalidated nor paid.
 
-Every method blocks (the daemon calls them in a thread) and raises what the backing store raises.
+A node's batches live in its numbered slots on chain (`WorkLedger.submitBatch(pool, slot, ...)`): every call that
+names a batch names the slot the journal keeps for it, never looked up.
+
+Every method blocks (the daemon calls them in a thread) and raises what the backing store raises, except a
+submission into a slot that holds a pending batch, which raises `SlotInUse` whatever the store.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ from typing import TYPE_CHECKING, Protocol
 
 from web3.exceptions import TransactionNotFound
 
+from core.errors import NodeError
+from ledger.errors import ContractRevert
 from protocol.signing import SigningDomain
 
 if TYPE_CHECKING:
     from ledger.client import Ledger
     from ledger.events import BatchInvalidated
     from ledger.types import BatchRecord, PoolInfo, StakeInfo
+
+
+class SlotInUse(NodeError):
+    """The node's batch slot `slot` holds its pending batch `root`: a submission into it is refused (`SlotInUse`)."""
+
+    def __init__(self, pool_id: int, slot: int, root: bytes) -> None:
+        super().__init__(f"slot {slot} of this node in pool {pool_id} holds its pending batch 0x{root.hex()}")
+        self.pool_id, self.slot, self.root = pool_id, slot, root
 
 
 class WorkChain(Protocol):
@@ -54,16 +68,18 @@ class WorkChain(Protocol):
 
     def join(self, pool_id: int) -> None: ...
 
-    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
-        """This node's batch `root` (status NONE when it has none)."""
+    def get_batch(self, pool_id: int, node: str, root: bytes, *, slot: int) -> BatchRecord:
+        """This node's batch `root` in its slot `slot` (status NONE when the slot does not hold that root)."""
         ...
 
-    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> str:
-        """Records the batch's root in one transaction; returns its hash ("0x..."), which the journal keeps."""
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int, *, slot: int) -> str:
+        """Records the batch's root in slot `slot` in one transaction; returns its hash ("0x..."), which the journal
+        keeps. Raises `SlotInUse` when the slot holds a pending batch."""
         ...
 
-    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> str:
-        """Claims the rewards of matured batches (their units less refused leaves); returns the transaction's hash."""
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes], *, slots: Sequence[int]) -> str:
+        """Claims the rewards of matured batches `roots` in `slots` (their units less refused leaves); returns the
+        transaction's hash."""
         ...
 
     def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:
@@ -119,15 +135,20 @@ class LedgerWorkChain:
     def join(self, pool_id: int) -> None:
         self.ledger.join(pool_id)
 
-    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
-        return self.ledger.get_batch(pool_id, node, root)
+    def get_batch(self, pool_id: int, node: str, root: bytes, *, slot: int) -> BatchRecord:
+        return self.ledger.get_batch(pool_id, node, root, slot=slot)
 
-    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> str:
-        receipt = self.ledger.submit_batch(pool_id, root, count, total_units)
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int, *, slot: int) -> str:
+        try:
+            receipt = self.ledger.submit_batch(pool_id, root, count, total_units, slot=slot)
+        except ContractRevert as exc:
+            if exc.name == "SlotInUse":
+                raise SlotInUse(pool_id, int(exc.values["slot"]), bytes(exc.values["root"])) from exc
+            raise
         return "0x" + bytes(receipt["transactionHash"]).hex()
 
-    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> str:
-        receipt = self.ledger.claim_batches(pool_id, node, roots)
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes], *, slots: Sequence[int]) -> str:
+        receipt = self.ledger.claim_batches(pool_id, node, roots, slots=slots)
         return "0x" + bytes(receipt["transactionHash"]).hex()
 
     def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:

@@ -33,6 +33,7 @@ from core.errors import InputError, NodeError
 from core.signals import run_until_signalled
 from core.trace import configure_tracing
 from ledger.types import BatchRecord, BatchStatus, PoolConfig, PoolInfo, StakeInfo
+from node.daemon.chain import SlotInUse
 from protocol.signing import SigningDomain
 from protocol.terms import DEFAULT_ASYNC_LEVEL
 
@@ -77,7 +78,7 @@ class LocalWorkChain:
                 slash_amount=0,
             ),
         )
-        self._batches: dict[tuple[str, bytes], BatchRecord] = {}
+        self._slots: dict[tuple[str, int], BatchRecord] = {}  # (node, slot) -> the batch it holds
 
     @property
     def domain(self) -> SigningDomain:
@@ -110,20 +111,23 @@ class LocalWorkChain:
     def join(self, pool_id: int) -> None:
         self.pool(pool_id)  # always a member already
 
-    def get_batch(self, pool_id: int, node: str, root: bytes) -> BatchRecord:
-        found = self._batches.get((node, root))
-        if found is not None:
+    def get_batch(self, pool_id: int, node: str, root: bytes, *, slot: int) -> BatchRecord:
+        found = self._slots.get((node, slot))
+        if found is not None and found.root == root:
             return found
-        return BatchRecord(pool_id, root, node, ZERO_ADDRESS, 0, 0, 0, 0, BatchStatus.NONE)
+        return BatchRecord(pool_id, root, node, ZERO_ADDRESS, 0, 0, 0, 0, BatchStatus.NONE, slot=slot)
 
-    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int) -> str:
+    def submit_batch(self, pool_id: int, root: bytes, count: int, total_units: int, *, slot: int) -> str:
         pool = self.pool(pool_id).pool_id
-        self._batches[(self._node, root)] = BatchRecord(
-            pool, root, self._node, self._node, count, total_units, 0, self.timestamp(), BatchStatus.PENDING
+        held = self._slots.get((self._node, slot))
+        if held is not None and held.status == BatchStatus.PENDING:  # as the contract: a pending batch keeps its slot
+            raise SlotInUse(pool, slot, held.root)
+        self._slots[(self._node, slot)] = BatchRecord(
+            pool, root, self._node, self._node, count, total_units, 0, self.timestamp(), BatchStatus.PENDING, slot=slot
         )
         return LOCAL_TX
 
-    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes]) -> str:
+    def claim_batches(self, pool_id: int, node: str, roots: Sequence[bytes], *, slots: Sequence[int]) -> str:
         raise LocalChainError("local mode pays no rewards: its workers run with claim off")
 
     def is_leaf_refused(self, pool_id: int, node: str, root: bytes, index: int) -> bool:

@@ -23,18 +23,25 @@ transaction) before anything leaves the machine, so after a crash the same files
 once the coordinator stored its leaf list (its signed receipt kept in `files/<root>.batch-receipt`); `submitted`
 with the transaction that recorded the root on chain.
 
+On chain a batch lives in one of the node's numbered slots (`WorkLedger.submitBatch(pool, slot, ...)`), which the
+node reuses once the batch there is settled: writing over a settled record costs about 10,000 gas where a fresh one
+costs 22,100. The slot is chosen with the batch's composition, in the same transaction: the lowest one no batch
+still pending on chain holds (formed, listed or submitted, claimable ones included). A slot frees when its batch is
+claimed, invalidated or voided unsent. (A batch void because an invalidation ejected its node stays pending on
+chain, but an ejected node submits nothing again.)
+
 The file itself lies in `files/<work key>.parquet` (written under a temporary name, fsynced, renamed) before the
 `written` row exists, so after a crash at any point a restart finds each file either absent (its generation is
 lost, nothing was promised) or recorded with its bytes on disk. Uploads are idempotent (content-addressed), and
-before submitting a batch the daemon asks the chain whether this node already recorded its root, so a crash
-between sending a transaction and recording it never submits twice.
+before submitting a batch the daemon asks the chain whether this node's slot journaled with it already holds its
+root, so a crash between sending a transaction and recording it never submits twice.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ from ledger.merkle import BatchTree, Leaf
 
 STAGES = ("written", "uploaded", "submitted", "claimed", "invalidated", "refused", "expired")
 BATCH_STAGES = ("formed", "listed", "submitted", "claimed", "invalidated", "void")
+SLOT_HOLDING_STAGES = ("formed", "listed", "submitted")  # a batch in these holds its slot: pending, or about to be
 # The detail of a file a validator refused on chain (`refuseLeaf`): the chain gives no more.
 REFUSED_DETAIL = "refused on chain by a validator (a borderline file): not paid, not slashed"
 SCHEMA = """
@@ -73,14 +81,17 @@ CREATE TABLE IF NOT EXISTS batches (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     tx TEXT,                     -- the submitBatch transaction
-    detail TEXT                  -- why it was submitted again, voided, or invalidated
+    detail TEXT,                 -- why it was submitted again, voided, or invalidated
+    slot INTEGER                 -- the node's batch slot on chain; NULL only in one submitted before slots
 );
+CREATE INDEX IF NOT EXISTS batches_stage ON batches (stage);
 """
 # Columns a journal from before batches lacks, added on open (as issued_at was before them).
 _ADDED_COLUMNS = (("issued_at", "INTEGER"), ("root", "TEXT"), ("leaf_index", "INTEGER"))
 _FILE_COLUMNS = (
     "work_key, step, counter, units, stage, created, updated, tx, detail, verdict, issued_at, root, leaf_index"
 )
+_BATCH_COLUMNS = "root, count, total_units, stage, created, updated, tx, detail, slot"
 
 
 class WorkerStateError(NodeError):
@@ -120,6 +131,7 @@ class BatchEntry:
     updated: float
     tx: str | None
     detail: str | None
+    slot: int | None = None  # its slot on chain; None only in a batch submitted to a ledger from before slots
 
 
 class WorkerState:
@@ -142,6 +154,24 @@ class WorkerState:
             if name not in columns:
                 self.db.execute(f"ALTER TABLE files ADD COLUMN {name} {kind}")
         self.db.execute("CREATE INDEX IF NOT EXISTS files_root ON files (root)")
+        if "slot" not in {row[1] for row in self.db.execute("PRAGMA table_info(batches)")}:
+            self._add_slots()
+
+    def _add_slots(self) -> None:
+        """Gives a journal from before slots its `slot` column: each batch not yet sent (formed, listed) gets a slot,
+        oldest first, as if formed now. One submitted before keeps none: it is on a ledger from before slots."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("ALTER TABLE batches ADD COLUMN slot INTEGER")
+            unsent = self.db.execute(
+                "SELECT root FROM batches WHERE stage IN ('formed', 'listed') ORDER BY created, rowid"
+            ).fetchall()
+            for slot, (root,) in enumerate(unsent):
+                self.db.execute("UPDATE batches SET slot = ? WHERE root = ?", (slot, root))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def close(self) -> None:
         self.db.close()
@@ -207,9 +237,10 @@ class WorkerState:
 
     # --- batches ----------------------------------------------------------------------------------
 
-    def form_batch(self, records: Sequence[FileRecord]) -> BatchEntry:
-        """Journals a batch of `records` (uploaded files in no batch), in this order, as `formed`: the batch row and
-        each file's root and leaf index in one transaction, before anything about it leaves this machine."""
+    def form_batch(self, records: Sequence[FileRecord], *, avoid: Collection[int] = ()) -> BatchEntry:
+        """Journals a batch of `records` (uploaded files in no batch), in this order, as `formed`: the batch row with
+        its slot (`free_slot`, never one of `avoid`) and each file's root and leaf index in one transaction, before
+        anything about it leaves this machine."""
         for record in records:
             if record.stage != "uploaded" or record.root is not None:
                 raise WorkerStateError(
@@ -221,9 +252,9 @@ class WorkerState:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.execute(
-                "INSERT INTO batches (root, count, total_units, stage, created, updated) "
-                "VALUES (?, ?, ?, 'formed', ?, ?)",
-                (root, tree.count, tree.total_units, now, now),
+                "INSERT INTO batches (root, count, total_units, stage, created, updated, slot) "
+                "VALUES (?, ?, ?, 'formed', ?, ?, ?)",
+                (root, tree.count, tree.total_units, now, now, self.free_slot(avoid)),
             )
             self.db.executemany(
                 "UPDATE files SET root = ?, leaf_index = ?, updated = ? WHERE work_key = ?",
@@ -280,6 +311,31 @@ class WorkerState:
             raise
         self.db.execute("COMMIT")
 
+    def free_slot(self, avoid: Collection[int] = ()) -> int:
+        """The lowest slot no batch of the journal holds (`SLOT_HOLDING_STAGES`), and not one of `avoid`."""
+        marks = ",".join("?" * len(SLOT_HOLDING_STAGES))
+        rows = self.db.execute(
+            f"SELECT slot FROM batches WHERE stage IN ({marks}) AND slot IS NOT NULL", SLOT_HOLDING_STAGES
+        ).fetchall()
+        taken = {slot for (slot,) in rows} | set(avoid)
+        return next(slot for slot in range(len(taken) + 1) if slot not in taken)
+
+    def move_slot(self, root: bytes, avoid: Collection[int]) -> int:
+        """Gives batch `root`, not sent yet, another slot: the lowest free one not in `avoid`, nor its own. Journaled
+        before the batch is sent into it."""
+        batch = self.batch(root)
+        if batch is None or batch.stage not in ("formed", "listed"):
+            raise WorkerStateError(f"batch 0x{root.hex()} cannot move to another slot: it is not waiting to be sent")
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            slot = self.free_slot({*avoid, *([] if batch.slot is None else [batch.slot])})
+            self.db.execute("UPDATE batches SET slot = ?, updated = ? WHERE root = ?", (slot, time.time(), root.hex()))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return slot
+
     def release(self, root: bytes, work_keys: Iterable[bytes]) -> None:
         """Takes files out of batch `root` (one that never reached the chain): they are batched again."""
         self.db.executemany(
@@ -310,10 +366,10 @@ class WorkerState:
         return _select_batches(self.db, where, args)
 
 
-def _select_batches(db: sqlite3.Connection, where: str, args: Sequence[object]) -> list[BatchEntry]:
-    rows = db.execute(
-        f"SELECT root, count, total_units, stage, created, updated, tx, detail FROM batches {where}", args
-    ).fetchall()
+def _select_batches(
+    db: sqlite3.Connection, where: str, args: Sequence[object], *, columns: str = _BATCH_COLUMNS
+) -> list[BatchEntry]:
+    rows = db.execute(f"SELECT {columns} FROM batches {where}", args).fetchall()
     return [BatchEntry(bytes.fromhex(r[0]), *r[1:]) for r in rows]
 
 
@@ -342,7 +398,8 @@ class JournalView:
 
 
 def read_journal(root: Path) -> JournalView:
-    """The journal in a worker's state folder, read-only. One from before batches reads with none."""
+    """The journal in a worker's state folder, read-only. One from before batches reads with none; one from before
+    slots, with batches in no slot."""
     path = root / "state.db"
     if not path.is_file():
         raise WorkerStateError(f"{root} holds no worker state (no state.db)")
@@ -351,12 +408,20 @@ def read_journal(root: Path) -> JournalView:
         columns = {row[1] for row in db.execute("PRAGMA table_info(files)")}
         if not columns:
             raise sqlite3.DatabaseError("no files table")
-        select = ", ".join(c if c in columns else f"NULL AS {c}" for c in _FILE_COLUMNS.replace(" ", "").split(","))
+        select = _present(_FILE_COLUMNS, columns)
         files = [_file_record(r) for r in db.execute(f"SELECT {select} FROM files ORDER BY created, rowid")]
-        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        batches = _select_batches(db, "ORDER BY created, rowid", ()) if "batches" in tables else []
+        batches: list[BatchEntry] = []
+        batch_columns = {row[1] for row in db.execute("PRAGMA table_info(batches)")}
+        if batch_columns:
+            present = _present(_BATCH_COLUMNS, batch_columns)
+            batches = _select_batches(db, "ORDER BY created, rowid", (), columns=present)
     except sqlite3.DatabaseError as exc:
         raise WorkerStateError(f"{path} is not a worker journal: {exc}") from None
     finally:
         db.close()
     return JournalView(files, batches)
+
+
+def _present(wanted: str, columns: set[str]) -> str:
+    """`wanted` (a comma-separated column list) with each column a table lacks read as NULL."""
+    return ", ".join(c if c in columns else f"NULL AS {c}" for c in wanted.replace(" ", "").split(","))

@@ -11,13 +11,15 @@ One iteration (DESIGN section 1, steps 2 to 4):
 5. submit uploaded files on chain in batches of `submit_batch` (or what is ready after `submit_every` seconds): a
    batch's composition is journaled first (`formed`: the same files always form the same Merkle root), its leaf
    list uploaded to the coordinator, which validators fetch it from (`listed`, the trainer's receipt kept), then its
-   root recorded on chain (`submitted`). Never a file whose assignment has expired by this node's clock or the chain
-   head's (`protocol.terms.AssignmentTiming.submit_by`: validators would reject it as stale and slash the stake) nor
-   one whose step has left the pool's window (nobody trains on it): it expires instead;
+   root recorded on chain in the batch slot journaled with it (`submitted`; a slot the chain shows holding a pending
+   batch the journal does not know is left for the next free one). Never a file whose assignment has expired by
+   this node's clock or the chain head's (`protocol.terms.AssignmentTiming.submit_by`: validators would reject it as
+   stale and slash the stake) nor one whose step has left the pool's window (nobody trains on it): it expires
+   instead;
 6. follow the chain, batch by batch: an invalidation voids every file of the batch (journaled with the leaf shown
    bad and the reason), a refused leaf is journaled refused, a submission a reorganisation removed is submitted
-   again with the same root, and, when `claim` is on, batches whose challenge window has passed are claimed in one
-   transaction.
+   again with the same root into the same slot, and, when `claim` is on, batches whose challenge window has passed
+   are claimed in one transaction (their slots free for the next batches).
 
 With `relay_port` the node is also a SHARDCAST relay: it mirrors the pool's checkpoint sources into its state
 folder (every shard verified, only versions the pool's trainer signed) and serves them to other peers; its own
@@ -55,6 +57,7 @@ from engine.memory import MemoryShortfall, longest_sequence
 from engine.model.loading import LoadedModel
 from ledger.types import BatchRecord, BatchStatus
 from node.daemon.batches import invalidation_details, void_detail
+from node.daemon.chain import SlotInUse
 from node.daemon.state import REFUSED_DETAIL, BatchEntry, FileRecord, WorkerState
 from node.daemon.weights import Weights, memory_gate
 from protocol.coordinator.client import (
@@ -92,6 +95,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("node.worker")
 
 LOOPBACK = "127.0.0.1"  # where the metrics, the dashboard and the gossip host listen: this machine only
+# Slots one submission tries before it gives up for this turn: each `SlotInUse` refusal names a pending batch of this
+# node the journal does not know and moves the batch to the next free slot, and a node has only so many such batches.
+SLOT_TRIES = 33
 
 # Serves the operator's page over a running daemon on (host, port), returning it and its URL. `prime-node start`
 # passes `node.dashboard.worker.serve_worker_dashboard`: the dashboard reads the daemon, so the daemon never
@@ -178,6 +184,9 @@ class WorkerDaemon:
         self._waiting_since: float | None = None  # when the oldest uploaded, unsubmitted file became ready
         self._last_chain_look = 0.0
         self._window = 0
+        # slots the chain showed holding a pending batch of this node that the journal does not know (a journal
+        # restored from an older copy): no batch is formed or sent into them while this process runs
+        self._foreign_slots: set[int] = set()
         self._receipts_from: tuple[str, SigningDomain] | None = None  # (trainer, domain), known once running
         self._coordinator: CoordinatorClient | None = None
         # in the pool's precision (its task's sampling.dtype), whatever the device; refuses what this machine cannot
@@ -375,6 +384,10 @@ class WorkerDaemon:
         if per_key:  # a journal from before batches: records of a ledger with per-key work, which this one has not
             log.warning("%d files of this journal were submitted key by key, to a ledger from before batches; this "
                         "worker neither follows nor claims them", len(per_key))  # fmt: skip
+        slotless = [b for b in self.state.batches_in_stage("submitted") if b.slot is None]
+        if slotless:  # a journal from before slots: batches of a ledger whose records had no slot
+            log.warning("%d batches of this journal were submitted to a ledger from before batch slots; this worker "
+                        "neither follows nor claims them", len(slotless))  # fmt: skip
         log.info(
             "node %s in pool %d (trainer %s): coordinator %s, checkpoints %s, task %s, state %s; journal %s; "
             "generating with %s",
@@ -537,7 +550,7 @@ class WorkerDaemon:
             return
         ready = self.submittable(self.state.unbatched(), window, now=now)
         for start in range(0, len(ready), self.settings.submit_batch):
-            batch = self.state.form_batch(ready[start : start + self.settings.submit_batch])
+            batch = self.state.form_batch(ready[start : start + self.settings.submit_batch], avoid=self._foreign_slots)
             await self._submit(coordinator, batch)
         self._waiting_since = None
 
@@ -566,18 +579,51 @@ class WorkerDaemon:
             await self._list(coordinator, batch)
         else:
             await self._restore_list(coordinator, batch)  # listed before: the coordinator may have lost it since
-        if await self._found_on_chain(batch):
+        for _ in range(SLOT_TRIES):
+            if await self._found_on_chain(batch):
+                return
+            slot = _slot(batch)
+            try:
+                with trace.span("submit", root=root.hex(), files=batch.count, slot=slot):
+                    tx = await asyncio.to_thread(
+                        self.chain.submit_batch, self.pool_id, root, batch.count, batch.total_units, slot=slot
+                    )
+            except SlotInUse as exc:
+                batch = self._leave_slot(batch, exc)
+                continue
+            self.state.move_batch(root, "submitted", tx=tx, files="submitted")
+            log.info("submitted batch 0x%s of %d files (%d units) in slot %d in %s", root.hex()[:12], batch.count,
+                     batch.total_units, slot, tx)  # fmt: skip
             return
-        with trace.span("submit", root=root.hex(), files=batch.count):
-            tx = await asyncio.to_thread(self.chain.submit_batch, self.pool_id, root, batch.count, batch.total_units)
-        self.state.move_batch(root, "submitted", tx=tx, files="submitted")
-        log.info("submitted batch 0x%s of %d files (%d units) in %s", root.hex()[:12], batch.count,
-                 batch.total_units, tx)  # fmt: skip
+        raise WorkerError(
+            f"batch 0x{root.hex()[:12]}: the chain refused it in {SLOT_TRIES} slots in a row, each holding a "
+            f"pending batch of this node (slots {sorted(self._foreign_slots)}); is another process submitting as "
+            f"{self.node}? `prime-node status --address {self.node} --pool {self.pool_id}` lists its batches"
+        )
+
+    def _leave_slot(self, batch: BatchEntry, refused: SlotInUse) -> BatchEntry:
+        """After a `SlotInUse`: journals the batch in the next free slot, leaving the one where the chain holds
+        another pending batch of this node for as long as this process runs (a batch the journal does not know, or
+        knows as settled: restored from an older copy?). A refusal for the batch's own root moves nothing: the next
+        look finds it on chain."""
+        if refused.root == batch.root:
+            return batch
+        self._foreign_slots.add(_slot(batch))
+        slot = self.state.move_slot(batch.root, self._foreign_slots)
+        known = self.state.batch(refused.root)
+        which = "does not know" if known is None else f"holds as {known.stage}"
+        log.warning("batch 0x%s: slot %d holds batch 0x%s of this node, pending on chain, which the journal %s "
+                    "(restored from an older copy?); submitting into slot %d instead", batch.root.hex()[:12],
+                    _slot(batch), refused.root.hex()[:12], which, slot)  # fmt: skip
+        moved = self.state.batch(batch.root)
+        assert moved is not None  # just moved
+        return moved
 
     async def _found_on_chain(self, batch: BatchEntry) -> bool:
-        """Whether this node already recorded `batch` on chain (a crash after the transaction, before the journal);
-        journals it submitted if so. Records are per node: another node's batch of the same root is its own."""
-        record = await asyncio.to_thread(self.chain.get_batch, self.pool_id, self.node, batch.root)
+        """Whether this node already recorded `batch` in its slot on chain (a crash after the transaction, before the
+        journal); journals it submitted if so. Records are per node: another node's batch of the same root is its
+        own."""
+        record = await asyncio.to_thread(self.chain.get_batch, self.pool_id, self.node, batch.root, slot=_slot(batch))
         if record.status == BatchStatus.NONE:
             return False
         detail = "found on chain after a restart"
@@ -652,12 +698,13 @@ class WorkerDaemon:
             return
         self._last_chain_look = time.monotonic()
         chain, pool_id = self.chain, self.pool_id
-        submitted = self.state.batches_in_stage("submitted")
+        # one submitted to a ledger from before slots has none: this ledger does not hold it (warned at start)
+        submitted = [b for b in self.state.batches_in_stage("submitted") if b.slot is not None]
         if submitted:
             now = await asyncio.to_thread(chain.timestamp)
-            claimable = []
+            claimable: list[BatchEntry] = []
             for batch in submitted:
-                record = await asyncio.to_thread(chain.get_batch, pool_id, self.node, batch.root)
+                record = await asyncio.to_thread(chain.get_batch, pool_id, self.node, batch.root, slot=_slot(batch))
                 if record.status == BatchStatus.INVALIDATED:
                     await self._note_invalidation(batch)
                     continue
@@ -667,7 +714,7 @@ class WorkerDaemon:
                 if state == "claimed":
                     self.state.move_batch(batch.root, "claimed", files="claimed")
                 elif state == "claimable":
-                    claimable.append(batch.root)
+                    claimable.append(batch)
                 elif state == "pending":
                     await self._check_availability(batch)
                 elif state == "none" and await asyncio.to_thread(self._submission_gone, batch):
@@ -676,12 +723,13 @@ class WorkerDaemon:
                     self.state.move_batch(batch.root, "listed", detail=detail, files="uploaded")
                     log.warning("batch 0x%s: %s %s; submitting it again", batch.root.hex()[:12], detail, batch.tx or "")
             if claimable and await self._voided():  # ejected by an invalidation: its pending work is void on chain
-                for root in claimable:
-                    self.state.move_batch(root, "void", detail=void_detail(pool_id), files="expired")
+                for batch in claimable:
+                    self.state.move_batch(batch.root, "void", detail=void_detail(pool_id), files="expired")
                 claimable = []
             if claimable and self.settings.claim:
-                tx = await asyncio.to_thread(chain.claim_batches, pool_id, self.node, claimable)
-                for root in claimable:
+                roots, slots = [b.root for b in claimable], [_slot(b) for b in claimable]
+                tx = await asyncio.to_thread(chain.claim_batches, pool_id, self.node, roots, slots=slots)
+                for root in roots:  # their slots are free from now on
                     self.state.move_batch(root, "claimed", tx=tx, detail=f"claimed in {tx}", files="claimed")
                 log.info("claimed the rewards of %d batches in %s", len(claimable), tx)
         self._update_stage_gauge()
@@ -898,6 +946,13 @@ class WorkerDaemon:
         runner, url = await self._dashboard(self, LOOPBACK, self.settings.dashboard_port)
         log.info("dashboard on %s", url)
         return runner
+
+
+def _slot(batch: BatchEntry) -> int:
+    """The slot journaled with `batch`: every batch formed since slots has one (`WorkerState.form_batch`)."""
+    if batch.slot is None:
+        raise WorkerError(f"batch 0x{batch.root.hex()[:12]} has no slot in the journal: it was submitted before slots")
+    return batch.slot
 
 
 def check_assignment(

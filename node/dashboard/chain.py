@@ -1,9 +1,11 @@
 """The worker dashboard's chain reads: blocking web3 calls, made in a thread on a refresh interval, never per request.
 
 One `WorkerChain.read` is a handful of calls (block, stake, membership, the node's lock in the pool) plus, for the
-journal's batches, what only changes rarely: a batch's `getBatch(pool, node, root)` (this node's own record: records
-are per node) is read once (its submission time never changes) and again only while it looks claimable (someone may
-claim it outside this daemon); invalidations and refused leaves come from following `BatchInvalidated` and
+journal's batches, what only changes rarely: a batch's record is read from the slot the journal keeps for it
+(`getBatch(pool, node, slot)`: this node's own, records are per node) once (its submission time never changes), and
+again only while it looks claimable (someone may claim it outside this daemon) or, journaled submitted, is not found
+there yet. A settled batch is read once whatever the answer: a later batch of the node may have taken its slot since,
+and the journal holds its fate. Invalidations and refused leaves come from following `BatchInvalidated` and
 `LeafRefused` events, this node's only, from where the last read stopped, so a refresh costs the same after a week as
 after a minute.
 """
@@ -18,6 +20,7 @@ from eth_utils import to_checksum_address
 from ledger.client import Ledger
 from ledger.events import BatchInvalidated, EventFollower, LeafRefused
 from ledger.types import BatchRecord, BatchStatus, Ejection, PoolConfig
+from node.daemon.state import BatchEntry
 from node.dashboard.model import ChainReading
 from protocol.terms import batch_state
 
@@ -34,8 +37,8 @@ class WorkerChain:
         self._refused: dict[tuple[bytes, int], LeafRefused] = {}  # every refused leaf of this node's, by (root, index)
         self._follower = EventFollower(ledger, pool_id=pool_id, events=("BatchInvalidated", "LeafRefused"))
 
-    def read(self, roots: Iterable[bytes]) -> ChainReading:
-        """A fresh reading; `roots` are the journal's batches that were (or may have been) submitted.
+    def read(self, batches: Iterable[BatchEntry]) -> ChainReading:
+        """A fresh reading; `batches` are the journal's that were (or may have been) submitted.
 
         Blocking: call it in a thread. Raises what the ledger raises (an unreachable RPC endpoint); the state
         kept from earlier reads stays valid.
@@ -64,14 +67,16 @@ class WorkerChain:
                 self._invalidated[event.root] = event
             elif isinstance(event, LeafRefused) and event.node == node:
                 self._refused[(event.root, event.leaf_index)] = event
-        wanted = list(roots)
+        # a batch in no slot was submitted to a ledger from before slots: this one does not hold it
+        entries = [b for b in batches if b.slot is not None]
+        wanted = [b.root for b in entries]
         journaled = set(wanted)
-        for root in wanted:
-            known = self._batches.get(root)
-            stale = known is None or known.status == BatchStatus.NONE
+        for entry in entries:
+            known = self._batches.get(entry.root)
+            unknown = known is None or (known.status == BatchStatus.NONE and entry.stage == "submitted")
             maybe_claimed = known is not None and batch_state(known, pool.challenge_window, chain_time) == "claimable"
-            if stale or maybe_claimed:
-                self._batches[root] = ledger.get_batch(self.pool_id, self.node, root)
+            if unknown or maybe_claimed:
+                self._batches[entry.root] = ledger.get_batch(self.pool_id, self.node, entry.root, slot=entry.slot)
         return ChainReading(
             read_at=time.time(),
             block=number,

@@ -48,8 +48,8 @@ class WorkerDashboard:
     async def refresh(self) -> None:
         while True:
             try:
-                roots = [batch.root for batch in self.state.batches_in_stage(*ON_CHAIN_STAGES)]
-                self.reading = await asyncio.to_thread(self.chain.read, roots)
+                batches = self.state.batches_in_stage(*ON_CHAIN_STAGES)
+                self.reading = await asyncio.to_thread(self.chain.read, batches)
                 self.error = None
             except Exception as exc:  # an RPC endpoint down: show the last reading, its age, and why
                 if self.error is None:

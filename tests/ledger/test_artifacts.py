@@ -17,6 +17,7 @@ from ledger.artifacts import ARTIFACT_DIR, CONTRACT_NAMES, decode_revert, load_a
 CONTRACTS_DIR = ARTIFACT_DIR.parent
 POOL_CONFIG = "(string,bytes32,string,address,uint256,uint64,uint256,uint256,uint32,uint64)"
 LEAF_PROOF = "(uint256,bytes32,uint256,bytes32[])"  # IWorkLedger.LeafProof: index, workKey, units, siblings
+BATCH_REF = "(uint256,bytes32)"  # IWorkLedger.BatchRef: the node's batch slot and the batch's root
 
 # DESIGN section 4: function signature -> output types, per contract.
 FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -57,12 +58,20 @@ FUNCTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "WorkLedger": {
         "fundRewards(uint256,uint256)": (),
-        "submitBatch(uint256,bytes32,uint256,uint256)": (),
-        f"invalidateBatch(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
-        "invalidateUnavailableBatch(uint256,address,bytes32)": (),
-        f"refuseLeaf(uint256,address,bytes32,{LEAF_PROOF},uint8)": (),
-        "claimBatches(uint256,address,bytes32[])": (),
-        "getBatch(uint256,address,bytes32)": ("address", "uint256", "uint256", "uint256", "uint64", "uint8"),
+        "submitBatch(uint256,uint256,bytes32,uint256,uint256)": (),
+        f"invalidateBatch(uint256,address,{BATCH_REF},{LEAF_PROOF},uint8)": (),
+        f"invalidateUnavailableBatch(uint256,address,{BATCH_REF})": (),
+        f"refuseLeaf(uint256,address,{BATCH_REF},{LEAF_PROOF},uint8)": (),
+        f"claimBatches(uint256,address,{BATCH_REF}[])": (),
+        "getBatch(uint256,address,uint256)": (
+            "bytes32",
+            "address",
+            "uint256",
+            "uint256",
+            "uint256",
+            "uint64",
+            "uint8",
+        ),
         "isLeafRefused(uint256,address,bytes32,uint256)": ("bool",),
     },
 }
@@ -85,8 +94,8 @@ VIEWS = {
     "getBatch",
     "isLeafRefused",
 }
-# The old ABI: a slash paid into any pool's escrow from unbonding stake, a claim could mix nodes. None of it may come
-# back.
+# The old ABI: a slash paid into any pool's escrow from unbonding stake, a claim could mix nodes, a batch record was
+# keyed by its root (a fresh storage slot every batch). None of it may come back.
 REMOVED_FUNCTIONS: dict[str, set[str]] = {
     "NodeRegistry": {
         "slash(address,uint256,address)",
@@ -94,10 +103,18 @@ REMOVED_FUNCTIONS: dict[str, set[str]] = {
         "unlockStake(address,uint256)",
         "isCollateralized(address)",
     },
+    "WorkLedger": {
+        "submitBatch(uint256,bytes32,uint256,uint256)",
+        f"invalidateBatch(uint256,address,bytes32,{LEAF_PROOF},uint8)",
+        "invalidateUnavailableBatch(uint256,address,bytes32)",
+        f"refuseLeaf(uint256,address,bytes32,{LEAF_PROOF},uint8)",
+        "claimBatches(uint256,address,bytes32[])",
+        "getBatch(uint256,address,bytes32)",
+    },
 }
 REMOVED_ERRORS: dict[str, set[str]] = {
     "ComputePool": {"ChallengeWindowZero"},
-    "WorkLedger": {"MixedProviders", "ProviderUndercollateralized"},
+    "WorkLedger": {"MixedProviders", "ProviderUndercollateralized", "BatchExists"},
 }
 EVENTS: dict[str, set[str]] = {
     "NodeRegistry": {
@@ -119,10 +136,10 @@ EVENTS: dict[str, set[str]] = {
         "NodeEjected(uint256,address,address,uint8)",
     },
     "WorkLedger": {
-        "BatchSubmitted(uint256,bytes32,address,uint256,uint256)",  # no provider: the node's binding names it
+        "BatchSubmitted(uint256,bytes32,address,uint256,uint256,uint256)",  # no provider: the node's binding names it
         "BatchInvalidated(uint256,bytes32,address,address,uint256,bytes32,uint8,uint256)",
         "LeafRefused(uint256,bytes32,address,address,uint256,bytes32,uint256,uint8)",
-        "BatchesClaimed(uint256,address,address,uint256,bytes32[])",
+        f"BatchesClaimed(uint256,address,address,uint256,{BATCH_REF}[])",
     },
 }
 
@@ -234,10 +251,11 @@ def test_pool_config_fields_are_in_design_order() -> None:
     ]
 
 
-def test_get_batch_takes_the_node_and_root_and_returns_the_one_slot_record() -> None:
-    get_batch = abi_entries("WorkLedger", "function")["getBatch(uint256,address,bytes32)"]
-    assert [arg["name"] for arg in get_batch["inputs"]] == ["poolId", "node", "root"]
+def test_get_batch_takes_the_node_and_slot_and_returns_the_slots_record_with_its_root() -> None:
+    get_batch = abi_entries("WorkLedger", "function")["getBatch(uint256,address,uint256)"]
+    assert [arg["name"] for arg in get_batch["inputs"]] == ["poolId", "node", "slot"]
     assert [out["name"] for out in get_batch["outputs"]] == [
+        "root",
         "provider",
         "count",
         "totalUnits",
@@ -245,18 +263,23 @@ def test_get_batch_takes_the_node_and_root_and_returns_the_one_slot_record() -> 
         "submittedAt",
         "status",
     ]
-    assert get_batch["outputs"][5]["internalType"] == "enum IWorkLedger.BatchStatus"
+    assert get_batch["outputs"][6]["internalType"] == "enum IWorkLedger.BatchStatus"
     (leaf,) = [e for e in load_artifact("WorkLedger").abi if e.get("name") == "refuseLeaf"]
+    assert [c["name"] for c in leaf["inputs"][2]["components"]] == ["slot", "root"]
+    assert leaf["inputs"][2]["internalType"] == "struct IWorkLedger.BatchRef"
     assert [c["name"] for c in leaf["inputs"][3]["components"]] == ["index", "workKey", "units", "siblings"]
+    (submit,) = [e for e in load_artifact("WorkLedger").abi if e.get("name") == "submitBatch"]
+    assert [arg["name"] for arg in submit["inputs"]] == ["poolId", "slot", "root", "count", "totalUnits"]
 
 
 def test_batch_events_name_their_arguments_as_designed() -> None:
     work_events = abi_entries("WorkLedger", "event")
     names = {sig: [arg["name"] for arg in e["inputs"]] for sig, e in work_events.items()}
-    assert names["BatchSubmitted(uint256,bytes32,address,uint256,uint256)"] == [
+    assert names["BatchSubmitted(uint256,bytes32,address,uint256,uint256,uint256)"] == [
         "poolId",
         "root",
         "node",
+        "slot",
         "count",
         "totalUnits",
     ]
@@ -280,13 +303,15 @@ def test_batch_events_name_their_arguments_as_designed() -> None:
         "units",
         "reason",
     ]
-    assert names["BatchesClaimed(uint256,address,address,uint256,bytes32[])"] == [
+    assert names[f"BatchesClaimed(uint256,address,address,uint256,{BATCH_REF}[])"] == [
         "poolId",
         "provider",
         "node",
         "amount",
-        "roots",
+        "batches",
     ]
+    claimed = work_events[f"BatchesClaimed(uint256,address,address,uint256,{BATCH_REF}[])"]
+    assert [c["name"] for c in claimed["inputs"][4]["components"]] == ["slot", "root"]
 
 
 def test_stake_events_name_their_arguments_as_designed() -> None:
@@ -368,9 +393,20 @@ def test_decode_revert_handles_empty_and_short_data() -> None:
     assert decode_revert(b"\x01\x02") == ("EmptyRevert", {"data": b"\x01\x02"})
 
 
+def test_decode_revert_decodes_the_slot_errors_with_their_slot() -> None:
+    root, node = keccak(text="batch"), "0x" + "cd" * 20
+    types = ["uint256", "address", "uint256", "bytes32"]
+    for error in ("SlotInUse", "BatchNotFound"):
+        name, values = decode_revert(error_data(f"{error}(uint256,address,uint256,bytes32)", types, [3, node, 7, root]))
+        assert name == error
+        assert values.keys() == {"poolId", "node", "slot", "root"}
+        assert (values["poolId"], values["slot"], values["root"]) == (3, 7, root)
+
+
 def test_decode_revert_reports_truncated_custom_error() -> None:
-    types = ["uint256", "address", "bytes32"]
-    data = error_data("BatchExists(uint256,address,bytes32)", types, [1, "0x" + "00" * 20, b"\x00" * 32])[:-16]
+    types = ["uint256", "address", "uint256", "bytes32"]
+    values = [1, "0x" + "00" * 20, 0, b"\x00" * 32]
+    data = error_data("SlotInUse(uint256,address,uint256,bytes32)", types, values)[:-16]
     name, values = decode_revert(data)
     assert name == "UndecodableRevert"
     assert values["data"] == data

@@ -77,13 +77,15 @@ def test_submit_batch_records_one_pending_record_and_emits_batch_submitted(ledge
             "poolId": pool_id,
             "root": tree.root,
             "node": node.address,
+            "slot": 0,  # the node's first batch: its lowest free slot
             "count": 7,
             "totalUnits": CAP + 21,
         }
     ]  # no provider: the node's binding is permanent, and the record names it
-    record = owner.get_batch(pool_id, node.address, tree.root)
+    record = owner.get_slot(pool_id, node.address, 0)
     block_time = owner.w3.eth.get_block(receipt["blockNumber"])["timestamp"]
-    assert (record.provider, record.count, record.total_units, record.refused_units) == (
+    assert (record.root, record.provider, record.count, record.total_units, record.refused_units) == (
+        tree.root,
         provider.address,
         7,
         CAP + 21,
@@ -122,13 +124,22 @@ def test_submit_batch_by_non_member_reverts_not_pool_member(ledger_for: LedgerFo
         assert owner.get_batch(pool_id, sender.address, tree.root).status == BatchStatus.NONE
 
 
-def test_submit_the_same_root_twice_reverts_batch_exists(ledger_for: LedgerFor) -> None:
+def test_submit_into_a_slot_holding_a_pending_batch_reverts_slot_in_use(ledger_for: LedgerFor) -> None:
+    """The error names the batch the slot holds, not the one refused; the pending record is untouched, whether the
+    new batch has another root or the same one."""
     owner, _, pool_id, _, node, tree, submitted_at = setup(ledger_for)
-    with pytest.raises(ContractRevert) as info:
-        node.submit_batch(pool_id, tree.root, tree.count, 1)
-    assert_revert(info.value, "BatchExists", poolId=pool_id, node=node.address, root=tree.root)
-    record = owner.get_batch(pool_id, node.address, tree.root)
-    assert (record.total_units, record.submitted_at) == (tree.total_units, submitted_at)
+    for root in (batch("newer", [1, 2]).root, tree.root):
+        with pytest.raises(ContractRevert) as info:
+            node.submit_batch(pool_id, root, 2, 3, slot=0)
+        assert_revert(info.value, "SlotInUse", poolId=pool_id, node=node.address, slot=0, root=tree.root)
+    record = owner.get_slot(pool_id, node.address, 0)
+    assert (record.root, record.count, record.total_units, record.submitted_at, record.status) == (
+        tree.root,
+        tree.count,
+        tree.total_units,
+        submitted_at,
+        BatchStatus.PENDING,
+    )
 
 
 def test_the_same_root_from_another_node_is_its_own_record(ledger_for: LedgerFor) -> None:
@@ -303,24 +314,32 @@ def test_a_batch_with_a_refused_leaf_can_still_be_invalidated_as_unavailable(led
 
 # --- each revert of a challenge ------------------------------------------------------------------------------
 
-Challenge = Callable[[Ledger, int, str, bytes, LeafProof, int], Any]
+Challenge = Callable[..., Any]  # (validator, pool, node, root, proof, reason, *, slot=None): the client's call
 CHALLENGES: dict[str, Challenge] = {
-    "invalidate": lambda v, pool, node, root, proof, reason: v.invalidate_batch(pool, node, root, proof, reason),
-    "refuse": lambda v, pool, node, root, proof, reason: v.refuse_leaf(pool, node, root, proof, reason),
+    "invalidate": lambda v, pool, node, root, proof, reason, slot=None: v.invalidate_batch(
+        pool, node, root, proof, reason, slot=slot
+    ),
+    "refuse": lambda v, pool, node, root, proof, reason, slot=None: v.refuse_leaf(
+        pool, node, root, proof, reason, slot=slot
+    ),
     # no leaf, no proof, no reason (8 always): only the batch's checks apply
-    "unavailable": lambda v, pool, node, root, proof, reason: v.invalidate_unavailable_batch(pool, node, root),
+    "unavailable": lambda v, pool, node, root, proof, reason, slot=None: v.invalidate_unavailable_batch(
+        pool, node, root, slot=slot
+    ),
 }
 both = pytest.mark.parametrize("challenge", ["invalidate", "refuse"])  # the challenges with a leaf and its proof
 every = pytest.mark.parametrize("challenge", sorted(CHALLENGES))
 
 
 def challenge_call(sender: Ledger, challenge: str, pool_id: int, node: str, tree: BatchTree, index: int) -> Any:
-    """The bound contract function of `challenge` of leaf `index` (reason 4), for `transact_at`."""
+    """The bound contract function of `challenge` of leaf `index` (reason 4) of the batch in slot 0, for
+    `transact_at`."""
     functions = sender.work.functions
+    ref = (0, tree.root)
     if challenge == "unavailable":
-        return functions.invalidateUnavailableBatch(pool_id, node, tree.root)
+        return functions.invalidateUnavailableBatch(pool_id, node, ref)
     function = functions.invalidateBatch if challenge == "invalidate" else functions.refuseLeaf
-    return function(pool_id, node, tree.root, tree.proof(index).as_tuple(), int(Reason.STALE_STEP))
+    return function(pool_id, node, ref, tree.proof(index).as_tuple(), int(Reason.STALE_STEP))
 
 
 def assert_untouched(owner: Ledger, pool_id: int, node: Ledger, tree: BatchTree) -> None:
@@ -481,12 +500,16 @@ def test_a_challenge_with_an_unknown_reason_reverts_invalid_reason(
 
 @every
 def test_a_challenge_of_an_unknown_batch_reverts_batch_not_found(ledger_for: LedgerFor, challenge: str) -> None:
+    """A root the node never submitted (the client names slot 0 for it, the slot holding the node's batch), a root
+    another node submitted, and a submitted root named in an empty slot."""
     owner, validator, pool_id, _, node, tree, _ = setup(ledger_for)
     other = batch("never-submitted", [1, 2, 3])
-    for who, root, proof in ((node.address, other.root, other.proof(0)), (owner.address, tree.root, tree.proof(0))):
+    cases = ((node.address, other.root, other.proof(0), 0), (owner.address, tree.root, tree.proof(0), 0))
+    for who, root, proof, slot in (*cases, (node.address, tree.root, tree.proof(0), 1)):
         with pytest.raises(ContractRevert) as info:
-            CHALLENGES[challenge](validator, pool_id, who, root, proof, Reason.HASH_MISMATCH)
-        assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=who, root=root)
+            CHALLENGES[challenge](validator, pool_id, who, root, proof, Reason.HASH_MISMATCH, slot=slot)
+        assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=who, slot=slot, root=root)
+    assert_untouched(owner, pool_id, node, tree)
 
 
 @every
@@ -574,7 +597,7 @@ def test_claim_pays_each_batch_its_total_less_its_refused_leaves(chain: LocalCha
             "provider": provider.address,
             "node": node.address,
             "amount": amount,
-            "roots": [first.root, second.root],
+            "batches": [{"slot": 0, "root": first.root}, {"slot": 1, "root": second.root}],
         }
     ]
     assert owner.balance_of(provider.address) == amount
@@ -609,7 +632,7 @@ def test_claim_before_the_windows_end_reverts_batch_challenge_window_open(
     chain: LocalChain, ledger_for: LedgerFor
 ) -> None:
     owner, _, pool_id, provider, node, tree, submitted_at = setup(ledger_for)
-    call = owner.work.functions.claimBatches(pool_id, node.address, [tree.root])
+    call = owner.work.functions.claimBatches(pool_id, node.address, [(0, tree.root)])
 
     with pytest.raises(ContractRevert) as info:
         transact_at(chain, owner, call, submitted_at + WINDOW - 1)
@@ -659,7 +682,7 @@ def test_claim_of_an_unknown_batch_or_none_reverts(chain: LocalChain, ledger_for
     unknown = b"\x09" * 32
     with pytest.raises(ContractRevert) as info:
         owner.claim_batches(pool_id, node.address, [tree.root, unknown])
-    assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=node.address, root=unknown)
+    assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=node.address, slot=0, root=unknown)
     assert owner.get_batch(pool_id, node.address, tree.root).status == BatchStatus.PENDING  # the claim reverted whole
 
 

@@ -150,9 +150,9 @@ def test_poll_decodes_every_batch_event_with_its_fields(chain: LocalChain, setup
 
     node, validator, at = s.node.address, s.validator.address, lambda r: position(s.reader, r)
     assert found == [
-        BatchSubmitted(s.pool_id, honest.root, node, 3, 600, at(submitted)),
-        BatchSubmitted(s.pool_id, shown.root, cheater.address, 3, 18, at(shown_at)),
-        BatchSubmitted(s.pool_id, hidden.root, cheater.address, 1, 9, at(hidden_at)),
+        BatchSubmitted(s.pool_id, honest.root, node, 3, 600, at(submitted), slot=0),
+        BatchSubmitted(s.pool_id, shown.root, cheater.address, 3, 18, at(shown_at), slot=0),
+        BatchSubmitted(s.pool_id, hidden.root, cheater.address, 1, 9, at(hidden_at), slot=1),
         LeafRefused(
             s.pool_id, honest.root, node, validator, 1, work_key("honest-1"), 200, Reason.PROOF_INVALID, at(refused)
         ),
@@ -178,8 +178,31 @@ def test_poll_decodes_every_batch_event_with_its_fields(chain: LocalChain, setup
             100 * TOKEN - SLASH,
             at(unavailable),
         ),  # slashed: what the first slash left of the cheater's lock
-        BatchesClaimed(s.pool_id, s.provider.address, node, (600 - 200) * REWARD_PER_UNIT, (honest.root,), at(claimed)),
+        BatchesClaimed(
+            s.pool_id, s.provider.address, node, (600 - 200) * REWARD_PER_UNIT, (honest.root,), at(claimed), slots=(0,)
+        ),
     ]
+
+
+def test_submissions_and_claims_carry_the_slots_of_their_batches(chain: LocalChain, setup: Setup) -> None:
+    """`BatchSubmitted.slot` is the slot the batch went into, reused ones included; `BatchesClaimed` pairs each root
+    with its slot, in the claim's order."""
+    s = setup
+    first, second, third, fourth = (tree_of(label, [10, 20]) for label in ("first", "second", "third", "fourth"))
+    submit_tree(s.node, s.pool_id, first)  # slot 0
+    submit_tree(s.node, s.pool_id, second)  # slot 1
+    chain.increase_time(WINDOW)
+    s.owner.claim_batches(s.pool_id, s.node.address, [second.root, first.root], slots=[1, 0])
+    s.node.submit_batch(s.pool_id, third.root, third.count, third.total_units, slot=1)  # a settled slot, named
+    submit_tree(s.node, s.pool_id, fourth)  # the lowest free slot: 0, settled
+
+    found = EventFollower(s.reader, events=("BatchSubmitted", "BatchesClaimed")).poll()
+
+    submitted = [(e.root, e.slot) for e in found if isinstance(e, BatchSubmitted)]
+    assert submitted == [(first.root, 0), (second.root, 1), (third.root, 1), (fourth.root, 0)]
+    (claimed,) = [e for e in found if isinstance(e, BatchesClaimed)]
+    assert (claimed.roots, claimed.slots) == ((second.root, first.root), (1, 0))
+    assert claimed.amount == 60 * REWARD_PER_UNIT
 
 
 def test_a_follower_of_some_events_returns_only_those_in_chain_order(chain: LocalChain, setup: Setup) -> None:
@@ -397,10 +420,11 @@ def test_confirmations_beyond_the_chain_height_return_nothing(setup: Setup) -> N
 # --- reorganisations ---------------------------------------------------------------------------------------
 
 
-def signed_batch(s: Setup, tree: BatchTree, *, nonce: int | None = None) -> str:
-    """A raw signed submitBatch of the node (its next nonce), for anvil to place into blocks of a reorganisation."""
+def signed_batch(s: Setup, tree: BatchTree, *, nonce: int | None = None, slot: int = 0) -> str:
+    """A raw signed submitBatch of the node into its slot `slot` (its next nonce), for anvil to place into blocks of
+    a reorganisation."""
     return signed_call(
-        s, s.node.work.functions.submitBatch(s.pool_id, tree.root, tree.count, tree.total_units), nonce=nonce
+        s, s.node.work.functions.submitBatch(s.pool_id, slot, tree.root, tree.count, tree.total_units), nonce=nonce
     )
 
 
@@ -445,7 +469,7 @@ def test_a_batch_a_reorganisation_puts_into_blocks_already_read_is_still_returne
     found = follower.poll()
 
     assert [(type(e), e.at.block_number) for e in found] == [(BatchSubmitted, head - 1)]
-    assert found[0] == BatchSubmitted(s.pool_id, tree.root, s.node.address, 3, 12, found[0].at)
+    assert found[0] == BatchSubmitted(s.pool_id, tree.root, s.node.address, 3, 12, found[0].at, slot=0)
     assert follower.rewound_to is not None and follower.rewound_to <= head - 1
     assert follower.reorgs == 1
     assert follower.poll() == []  # and read once
@@ -462,13 +486,15 @@ def test_a_batch_a_reorganisation_removed_is_not_returned_again_and_its_replacem
     submit_tree(s.node, s.pool_id, orphan)
     chain.mine()
     assert [e.root for e in follower.poll() if isinstance(e, BatchSubmitted)] == [orphan.root]
-    reorg(chain, 2, [(signed_batch(s, replacement, nonce=nonce), 0)])  # the same nonce: the orphan is gone
+    reorg(chain, 2, [(signed_batch(s, replacement, nonce=nonce), 0)])  # the same nonce and slot: the orphan is gone
 
     found = follower.poll()
 
     assert [e.root for e in found if isinstance(e, BatchSubmitted)] == [replacement.root]
     assert follower.rewound_to is not None
     assert s.reader.get_batch(s.pool_id, s.node.address, orphan.root).status == BatchStatus.NONE
+    assert s.reader.get_batch(s.pool_id, s.node.address, orphan.root, slot=0).status == BatchStatus.NONE
+    assert s.reader.get_slot(s.pool_id, s.node.address, 0).root == replacement.root
     assert s.reader.get_batch(s.pool_id, s.node.address, replacement.root).status == BatchStatus.PENDING
 
 

@@ -162,9 +162,10 @@ def test_what_cannot_be_built_raises_merkle_error(make: Callable[[], object], me
 
 
 def simulate_refusal(validator: Ledger, pool_id: int, node: str, root: bytes, proof: LeafProof) -> None:
-    """refuseLeaf as an eth_call: the contract's whole check of the proof, without mining (so every leaf can be
-    tried against one batch). Raises ContractRevert when the contract refuses."""
-    call = validator.work.functions.refuseLeaf(pool_id, node, root, proof.as_tuple(), int(Reason.PROOF_INVALID))
+    """refuseLeaf of the batch in the node's slot 0 as an eth_call: the contract's whole check of the proof, without
+    mining (so every leaf can be tried against one batch). Raises ContractRevert when the contract refuses."""
+    ref = (0, root)
+    call = validator.work.functions.refuseLeaf(pool_id, node, ref, proof.as_tuple(), int(Reason.PROOF_INVALID))
     try:
         call.call({"from": validator.address})
     except ContractLogicError as exc:

@@ -5,12 +5,15 @@ locked per node, 60 slashed per invalidated batch), pool 1 (2 h, 40 locked, 40 s
 file) and pool 2, which provider 0 created with the smallest terms allowed (1 token locked and slashed) and
 validates itself: its node can be "invalidated" by its own provider. Every bound node starts as a member of
 pools 0 and 2 and may join pool 1. Unbonding takes 2 days. A funder tops up the escrows; nodes commit batches (one
-Merkle root for 1 to 8 files, `ledger.merkle`), declaring their leaves' units or fewer or more than those; a
-validator invalidates a batch (the whole batch void, a slash) or refuses its leaves one by one (no slash) with
-proofs, some of them wrong, outside the tree or of the wrong length, or invalidates with no proof a batch whose leaf
-list was never made available (reason 8), in pools 0 and 1, batches with refused leaves included; owners eject
-nodes; anyone releases held locks and claims whole batches. Each operation is first applied to `Model`, which says
-whether it must revert and with which custom error; the chain must agree.
+Merkle root for 1 to 8 files, `ledger.merkle`), declaring their leaves' units or fewer or more than those, into
+numbered batch slots: the lowest free one, one whose batch is settled (reused), one still pending (refused), a root
+again in a second slot; a validator invalidates a batch (the whole batch void, a slash) or refuses its leaves one by
+one (no slash) with proofs, some of them wrong, outside the tree or of the wrong length, or invalidates with no
+proof a batch whose leaf list was never made available (reason 8), in pools 0 and 1, batches with refused leaves
+included, naming each batch by (slot, root), some of them written over or swapped; owners eject nodes; anyone
+releases held locks and claims whole batches. Each operation is first applied to `Model`, which holds what each
+(pool, node, slot) holds and the refused leaves of each node's root (the chain's bitmap is keyed by root, not by
+slot), says whether the operation must revert and with which custom error; the chain must agree.
 
 After every step the invariants are read back from the chain:
 - no token is created or lost; the registry holds exactly the stake plus what was burned, the work ledger
@@ -22,15 +25,16 @@ After every step the invariants are read back from the chain:
 - a node ejected by an invalidation is never paid again; a node ejected by its owner is: its earlier batches are
   paid after their window unless invalidated (after `settle`, only a voided node's batches or batches the escrow
   could not cover are left unpaid), and an owner's ejection never turns one by invalidation back;
-- nothing in an invalidated batch is paid; a batch is invalidated at most once and a leaf refused at most once, a
-  refusal neither slashes, ejects nor pays; a claim pays each batch exactly its declared total less its refused
-  leaves' units (at most the total: a leaf claiming more than its batch takes the batch to zero, not below), as
-  summed from the events alone;
+- a slot takes a new batch only once its batch is settled (claimed or invalidated), as read from the events;
+- nothing in an invalidated batch is paid; a batch is invalidated at most once and a leaf of a node's root refused
+  at most once, a refusal neither slashes, ejects nor pays; a claim pays each batch exactly its declared total less
+  its refused leaves' units (at most the total: a leaf claiming more than its batch takes the batch to zero, not
+  below), as summed from the events (a challenge's event names no slot: the record is the one its call named);
 - stake backing an open window stays put: a provider's locked stake equals what its open locks hold and is
   covered by its active stake, every pending batch whose window is open (it may still be invalidated) is backed by
   an open lock holding the pool's `minStakePerNode` less what was slashed from it (an owner's ejection included),
   and a withdrawal never takes active or locked stake;
-- and the model's view of every balance, stake, lock, membership and batch record matches.
+- and the model's view of every balance, stake, lock, membership, batch slot and refused leaf matches.
 
 Time is exact: every transaction of a step is mined at the model's clock (`evm_setNextBlockTimestamp`), and
 the block before it has that timestamp too, so gas estimation (which runs on the latest block) and execution
@@ -92,7 +96,7 @@ NODES_PER_PROVIDER = 2
 NODE_KEYS: list[LocalAccount] = [
     Account.from_key(hashlib.sha256(f"property-node-{i}".encode()).digest())
     for i in range(len(PROVIDERS) * NODES_PER_PROVIDER)
-]  # node slot i belongs to provider i // 2; a slot is unused when that provider drew one node
+]  # node i belongs to provider i // 2; node i is unused (never bound) when that provider drew one node
 # The batches a node may commit: counts 1 to 8 (depths 0 to 3). In pool 1 (5,000 units a file) batch 3 holds a file
 # over the cap within a total under count x cap (only a validator can tell), batch 4's total is over count x cap,
 # batch 5's exactly at it.
@@ -111,8 +115,12 @@ BATCH_TREES = [
 ]
 ROOTS = [tree.root for tree in BATCH_TREES]
 
-Pair = tuple[int, int]  # (pool index, node slot)
-BatchId = tuple[int, int, int]  # (pool index, node slot, index into BATCH_TREES)
+SLOTS = 3  # the batch slots a submission names, besides the lowest free one: few, so that most are reused
+Pair = tuple[int, int]  # (pool index, node index)
+BatchId = tuple[int, int, int]  # (pool index, node index, index into BATCH_TREES): a node's root in a pool
+SlotKey = tuple[int, int, int]  # (pool index, node index, batch slot): where the chain holds a batch record
+RecordId = tuple[int, int, int, int]  # a slot key and how many batches the slot held before: one record over time
+Ref = tuple[int, int]  # (batch slot, index into BATCH_TREES): how a call names a batch
 
 
 # --- the model ---------------------------------------------------------------------------------------------
@@ -134,11 +142,13 @@ class LockState:
 
 @dataclass
 class BatchState:
+    """The batch a slot holds (the latest one submitted into it)."""
+
+    b: int  # its root: an index into BATCH_TREES
     total: int  # declared at submission
     submitted_at: int
     status: BatchStatus = BatchStatus.PENDING
-    refused: set[int] = field(default_factory=set)  # leaf indexes
-    refused_units: int = 0  # at most `total`
+    refused_units: int = 0  # at most `total`; refused leaves themselves are the root's (`Model.refused`)
 
     @property
     def payable(self) -> int:
@@ -152,14 +162,19 @@ class Model:
 
     now: int
     providers: list[ProviderState]
-    node_provider: list[int | None]  # provider index of each node slot; None for an unused slot (never bound)
+    node_provider: list[int | None]  # provider index of each node; None for an unused node (never bound)
     funder_wallet: int
     escrow: list[int] = field(default_factory=lambda: [0] * len(POOLS))
     members: set[Pair] = field(default_factory=set)
     ejected: set[Pair] = field(default_factory=set)  # by the owner or by an invalidation
     voided: set[Pair] = field(default_factory=set)  # ejected by an invalidation: pending batches never paid
     locks: dict[Pair, LockState] = field(default_factory=dict)  # open locks only
-    batches: dict[BatchId, BatchState] = field(default_factory=dict)
+    batches: dict[SlotKey, BatchState] = field(default_factory=dict)  # what each batch slot holds, never-used absent
+    # refused leaves of each node's root in a pool: the chain's bitmap is keyed by the root, not the slot, so a root
+    # submitted again (into another slot, or the same one once settled) finds its leaves refused before still refused
+    refused: dict[BatchId, set[int]] = field(default_factory=dict)
+    overwritten: list[tuple[SlotKey, int]] = field(default_factory=list)  # (slot, root) of batches written over
+    latest_slot: dict[BatchId, int] = field(default_factory=dict)  # a root's latest submission (`Ledger.slot_of`)
     slashed: dict[Pair, int] = field(default_factory=dict)
     burned: int = 0
 
@@ -266,69 +281,88 @@ class Model:
         self.voided.add(pair)
         return slashed
 
-    def submit_batch(self, pair: Pair, b: int, total: int) -> str | None:
+    def free_slot(self, pair: Pair) -> int:
+        """The node's lowest slot that takes a new batch: never used, or its batch settled (`Ledger.free_slot`)."""
+        slot = 0
+        while (held := self.batches.get((*pair, slot))) is not None and held.status == BatchStatus.PENDING:
+            slot += 1
+        return slot
+
+    def submit_batch(self, key: SlotKey, b: int, total: int) -> str | None:
+        pair = (key[0], key[1])
         if pair not in self.members:
             return "NotPoolMember"
         if total > BATCH_TREES[b].count * POOLS[pair[0]].max_units:
             return "UnitsOutOfRange"
-        if (*pair, b) in self.batches:
-            return "BatchExists"
-        self.batches[(*pair, b)] = BatchState(total, self.now)
+        held = self.batches.get(key)
+        if held is not None and held.status == BatchStatus.PENDING:
+            return "SlotInUse"
+        if held is not None:  # settled: claimed, or invalidated (never, in fact: its node was ejected)
+            self.overwritten.append((key, held.b))
+        self.batches[key] = BatchState(b, total, self.now)
+        self.latest_slot[(*pair, b)] = key[2]
         return None
 
+    def found(self, key: SlotKey, b: int) -> BatchState | None:
+        """The batch a call naming (slot, root) reaches: the slot's, if it holds that root."""
+        batch = self.batches.get(key)
+        return batch if batch is not None and batch.b == b else None
+
     def challenge_batch(
-        self, batch_id: BatchId, index: int, spoil: str | None, by_validator: bool, reason: int, *, kind: str
+        self, key: SlotKey, b: int, index: int, spoil: str | None, by_validator: bool, reason: int, *, kind: str
     ) -> tuple[str | None, int]:
         """The expected error of `invalidateBatch` (kind "invalidate") or `refuseLeaf` ("refuse") of leaf `index`
-        with a proof `spoil`t or not, or of `invalidateUnavailableBatch` ("unavailable": no reason, no leaf, no
-        proof), and on success the amount slashed (0 for a refusal)."""
+        of the batch (slot, root `b`) with a proof `spoil`t or not, or of `invalidateUnavailableBatch`
+        ("unavailable": no reason, no leaf, no proof), and on success the amount slashed (0 for a refusal)."""
         proven = kind != "unavailable"
         if proven and not 0 < reason <= MAX_REASON:
             return "InvalidReason", 0
-        batch = self.batches.get(batch_id)
+        batch = self.found(key, b)
         if batch is None:
             return "BatchNotFound", 0
         if batch.status != BatchStatus.PENDING:
             return "BatchNotPending", 0
         if not by_validator:
             return "NotValidator", 0
-        if self.now >= batch.submitted_at + POOLS[batch_id[0]].window:
+        if self.now >= batch.submitted_at + POOLS[key[0]].window:
             return "BatchChallengeWindowClosed", 0
         spoiled = {"outside": "LeafOutOfRange", "short": "ProofLengthMismatch", "wrong": "InvalidProof"}
         if proven and spoil in spoiled:
             return spoiled[spoil], 0
         if kind != "refuse":
             batch.status = BatchStatus.INVALIDATED
-            return None, self._slash((batch_id[0], batch_id[1]))
-        if index in batch.refused:
+            return None, self._slash((key[0], key[1]))
+        refused = self.refused.get((key[0], key[1], b), set())
+        if index in refused:
             return "LeafAlreadyRefused", 0
-        batch.refused.add(index)
-        leaf_units = BATCH_TREES[batch_id[2]].leaves[index].units
+        self.refused[(key[0], key[1], b)] = refused | {index}
+        leaf_units = BATCH_TREES[b].leaves[index].units
         batch.refused_units = min(batch.refused_units + leaf_units, batch.total)
         return None, 0
 
-    def claim_batches(self, pair: Pair, bs: Sequence[int]) -> tuple[str | None, int]:
-        """The expected error, and on success the amount paid to the node's provider."""
-        if not bs:
+    def claim_batches(self, pair: Pair, refs: Sequence[Ref]) -> tuple[str | None, int]:
+        """The expected error of a claim of the batches `refs` (slot, root), and on success the amount paid to the
+        node's provider."""
+        if not refs:
             return "EmptyBatch", 0
         if pair in self.voided:
             return "NodeEjected", 0
         terms, units, seen = POOLS[pair[0]], 0, set()
-        for b in bs:  # the contract's loop, in its order of checks
-            batch = self.batches.get((*pair, b))
+        for slot, b in refs:  # the contract's loop, in its order of checks
+            batch = self.found((*pair, slot), b)
             if batch is None:
                 return "BatchNotFound", 0
-            if batch.status != BatchStatus.PENDING or b in seen:
+            if batch.status != BatchStatus.PENDING or slot in seen:  # the loop claims each slot as it goes
                 return "BatchNotPending", 0
             if self.now < batch.submitted_at + terms.window:
                 return "BatchChallengeWindowOpen", 0
             units += batch.payable
-            seen.add(b)
+            seen.add(slot)
         amount = units * terms.reward
         if amount > self.escrow[pair[0]]:
             return "InsufficientEscrow", 0
-        for b in bs:
-            self.batches[(*pair, b)].status = BatchStatus.CLAIMED
+        for slot, _ in refs:
+            self.batches[(*pair, slot)].status = BatchStatus.CLAIMED
         self.escrow[pair[0]] -= amount
         p = self.node_provider[pair[1]]
         assert p is not None
@@ -344,13 +378,17 @@ class Model:
         self.escrow[pool] += amount
         return None
 
-    def pending_batches(self, where: Callable[[BatchId, BatchState], bool] = lambda i, b: True) -> list[BatchId]:
-        """Pending batches, oldest first."""
-        found = [i for i, b in self.batches.items() if b.status == BatchStatus.PENDING and where(i, b)]
-        return sorted(found, key=lambda i: (self.batches[i].submitted_at, i))
+    def pending_batches(self, where: Callable[[SlotKey, BatchState], bool] = lambda k, b: True) -> list[SlotKey]:
+        """The slots holding pending batches, oldest batch first."""
+        found = [k for k, b in self.batches.items() if b.status == BatchStatus.PENDING and where(k, b)]
+        return sorted(found, key=lambda k: (self.batches[k].submitted_at, k))
 
-    def batch_window_open(self, batch_id: BatchId) -> bool:
-        return self.now < self.batches[batch_id].submitted_at + POOLS[batch_id[0]].window
+    def batch_window_open(self, key: SlotKey) -> bool:
+        return self.now < self.batches[key].submitted_at + POOLS[key[0]].window
+
+    def ref(self, key: SlotKey) -> Ref:
+        """How a call names the batch slot `key` holds."""
+        return key[2], self.batches[key].b
 
     def ejection(self, pair: Pair) -> Ejection:
         if pair in self.voided:
@@ -361,39 +399,48 @@ class Model:
 # --- the operations ----------------------------------------------------------------------------------------
 # Operations name accounts, memberships and batches by index or by a selector that resolves against the model
 # when the step runs (deterministically, so shrinking still works), so that most of them reach the interesting
-# checks: ("member", pool, i) is the i-th current membership of any pool, ("ejected", ...) the i-th ejection,
+# checks: ("member", pool, i) is the i-th current membership of any pool, ("busy", ...) the i-th of those holding
+# batches, ("reuser", ...) of those holding a settled one, ("ejected", ...) the i-th ejection,
 # ("held", ...) the i-th lock held past its membership, ("left", ...) such a lock of a node not ejected, and
-# ("slot", pool, i) node slot i in that pool. A challenge targets the newest pending batch, the newest one still
-# inside its window, one of an already ejected node (a second slash in the same pool), one with a refused leaf
-# (an invalidation over a refusal, or a second refusal of that leaf), an invalidated or claimed one, or any
-# (pool, slot, batch); claim_batches claims a node's oldest claimable batches, optionally spoiled by another node's
-# root, a settled or an unripe batch, a repeated root, or aimed at an ejected node; claim_listed claims any list of
-# any node's roots.
+# ("node", pool, i) node i in that pool. A submission goes into the node's lowest free slot (the client's choice), a
+# slot whose batch is settled (reused), a slot holding a pending batch (SlotInUse) or any of the first SLOTS, with a
+# root of its own or, now and then, the root of its newest batch again (one root in two slots: two records). A
+# challenge names (slot, root) of the newest pending batch, the newest one still inside its window, one of an
+# already ejected node (a second slash in the same pool), one whose root has a refused leaf (an invalidation over a
+# refusal, a second refusal of that leaf, or the refusal of a leaf refused in an earlier record of the root), an
+# invalidated or claimed one, a batch written over since (BatchNotFound), a pending batch's slot with another root
+# (BatchNotFound), or any (pool, node, slot, root); claim_batches claims a node's oldest claimable batches, optionally
+# spoiled by another node's batch, a settled, unripe or written-over batch, a slot with another root, a repeated
+# batch, or aimed at an ejected node; claim_listed claims any list of any node's roots, the client naming each by the
+# slot of its latest submission.
 provider_choice = st.tuples(st.sampled_from(["index", "index", "unbonding"]), st.integers(0, len(PROVIDERS) - 1))
 pool_index = st.sampled_from([0, 0, 1, 2])
-slot_index = st.integers(0, len(NODE_KEYS) - 1)
+node_index = st.integers(0, len(NODE_KEYS) - 1)
+slot_index = st.integers(0, SLOTS - 1)
 batch_index = st.integers(0, len(BATCH_TREES) - 1)
 
 
 def pick(*hows: str, pools: st.SearchStrategy[int] = pool_index) -> st.SearchStrategy[tuple[str, int, int]]:
-    return st.tuples(st.sampled_from(hows), pools, slot_index)
+    return st.tuples(st.sampled_from(hows), pools, node_index)
 
 
-submitter = pick("member", "member", "member", "member", "member", "slot", "ejected")
-joiner = pick("slot", "slot", "slot", "left", "ejected", pools=st.sampled_from([0, 1, 1, 1, 2]))  # all start in 0, 2
+# a member, most often one that holds batches (a settled one: its slot reused), so that slots fill up and are reused
+submitter = pick("member", "member", "busy", "busy", "reuser", "reuser", "node", "ejected")
+joiner = pick("node", "node", "node", "left", "ejected", pools=st.sampled_from([0, 1, 1, 1, 2]))  # all start in 0, 2
 declared = st.sampled_from(["leaves"] * 8 + ["half", "double", "cap", "over"])
-batch_target = st.tuples(
-    st.sampled_from(["newest", "open", "open", "open", "ejected", "ejected", "refused", "refused", "settled", "given"]),
-    pool_index,
-    slot_index,
-    batch_index,
-)
+TARGETS = ["newest", "open", "open", "open", "ejected", "ejected", "refused", "refused"]
+TARGETS += ["settled", "overwritten", "swapped", "given"]  # BatchNotPending; BatchNotFound twice; what it names
+slot_choice = st.tuples(st.sampled_from(["free"] * 5 + ["settled", "settled", "pending", "given"]), slot_index)
+root_again = st.sampled_from([False] * 5 + [True])
+batch_target = st.tuples(st.sampled_from(TARGETS), pool_index, node_index, slot_index, batch_index)
 leaf_choice = st.tuples(
     st.integers(0, max(tree.count for tree in BATCH_TREES) - 1),  # the leaf, modulo the batch's count
     st.sampled_from([None] * 8 + ["refused", "refused", "outside", "short", "wrong"]),  # "refused": one refused before
 )
 reason = st.sampled_from([*range(1, MAX_REASON + 1)] * 2 + [0, MAX_REASON + 1])
-spoiler = st.sampled_from([None, None, None, "other_node", "settled", "unripe", "repeat", "ejected"])
+spoiler = st.sampled_from(
+    [None, None, None, "other_node", "settled", "unripe", "overwritten", "swapped", "repeat", "ejected"]
+)
 tokens = st.sampled_from([0, 1, 10, 40, 60, 100, 150])
 seconds = st.sampled_from([1, 60, 600, 600, 3599, 3600, 3601, 7200, 86_400, UNBONDING_PERIOD])
 
@@ -409,10 +456,10 @@ operation = weighted(
     (2, st.tuples(st.just("unstake"), provider_choice, tokens)),
     (2, st.tuples(st.just("withdraw"), provider_choice)),
     (2, st.tuples(st.just("join"), joiner)),
-    (1, st.tuples(st.just("leave"), pick("member", "member", "slot"))),
-    (1, st.tuples(st.just("eject"), pick("member", "member", "slot"), st.sampled_from([True] * 5 + [False]))),
-    (1, st.tuples(st.just("release"), pick("held", "held", "held", "member", "slot"))),
-    (8, st.tuples(st.just("submit_batch"), submitter, batch_index, declared)),
+    (1, st.tuples(st.just("leave"), pick("member", "member", "node"))),
+    (1, st.tuples(st.just("eject"), pick("member", "member", "node"), st.sampled_from([True] * 5 + [False]))),
+    (1, st.tuples(st.just("release"), pick("held", "held", "held", "member", "node"))),
+    (10, st.tuples(st.just("submit_batch"), submitter, batch_index, declared, slot_choice, root_again)),
     (
         12,
         st.tuples(
@@ -426,8 +473,8 @@ operation = weighted(
             st.sampled_from(["invalidate", "refuse", "refuse", "unavailable"]),
         ),
     ),
-    (4, st.tuples(st.just("claim_batches"), st.integers(0, 5), st.integers(1, 3), spoiler)),
-    (1, st.tuples(st.just("claim_listed"), pool_index, slot_index, st.lists(batch_index, max_size=3))),
+    (5, st.tuples(st.just("claim_batches"), st.integers(0, 5), st.integers(1, 3), spoiler)),
+    (1, st.tuples(st.just("claim_listed"), pool_index, node_index, st.lists(batch_index, max_size=3))),
     (1, st.tuples(st.just("fund"), pool_index, st.sampled_from([0, 1, 5, 20]))),
     (3, st.tuples(st.just("advance"), seconds)),
     # to a pending batch's window end, a provider's release time or a held lock's release, give or take a second
@@ -476,11 +523,20 @@ class Totals:
     slashed_by: dict[Pair, int] = field(default_factory=dict)  # registry Slashed events, per (pool, node)
     ejected: set[Pair] = field(default_factory=set)  # NodeEjected events
     voided: set[Pair] = field(default_factory=set)  # NodeEjected events of kind ByInvalidation
-    declared: dict[BatchId, int] = field(default_factory=dict)  # BatchSubmitted.totalUnits
-    refused_units: dict[BatchId, int] = field(default_factory=dict)  # LeafRefused.units, summed per batch
-    refused_leaves: set[tuple[BatchId, int]] = field(default_factory=set)  # LeafRefused events
-    invalidated_batches: set[BatchId] = field(default_factory=set)  # BatchInvalidated events
-    claimed_batches: set[BatchId] = field(default_factory=set)  # BatchesClaimed events
+    held: dict[SlotKey, int] = field(default_factory=dict)  # BatchSubmitted events per slot, less one: its record
+    roots: dict[RecordId, int] = field(default_factory=dict)  # BatchSubmitted.root (an index into BATCH_TREES)
+    declared: dict[RecordId, int] = field(default_factory=dict)  # BatchSubmitted.totalUnits
+    refused_units: dict[RecordId, int] = field(default_factory=dict)  # LeafRefused.units, summed per record
+    refused_leaves: set[tuple[BatchId, int]] = field(default_factory=set)  # LeafRefused events, per root and leaf
+    invalidated_batches: set[RecordId] = field(default_factory=set)  # BatchInvalidated events
+    claimed_batches: set[RecordId] = field(default_factory=set)  # BatchesClaimed events
+
+    def record(self, key: SlotKey, root: bytes) -> RecordId:
+        """The record the slot `key` holds now, which an event naming it with `root` must be."""
+        assert key in self.held, f"an event names slot {key}, which no BatchSubmitted filled"
+        record = (*key, self.held[key])
+        assert ROOTS[self.roots[record]] == root, f"an event names slot {key} with a root it does not hold"
+        return record
 
 
 ACCOUNTS = (OWNER, *PROVIDERS, FUNDER, VALIDATOR)
@@ -558,7 +614,7 @@ class Harness:
                 else:
                     self.nodes.append(provider.as_account(key))
                     node_provider.append(None)
-        self.slot_of = {node.address: n for n, node in enumerate(self.nodes)}
+        self.node_of = {node.address: n for n, node in enumerate(self.nodes)}
         self.pool_of = {pool_id: i for i, pool_id in enumerate(self.pool_ids)}
 
         stakes = [ProviderState(WALLET, active=n * START_LOCKS + extra, locked=n * START_LOCKS) for n in node_counts]
@@ -579,8 +635,11 @@ class Harness:
         getattr(self, f"do_{kind}")(*args)
         self.check_invariants()
 
-    def send(self, expected: str | None, action: Callable[[], TxReceipt], what: str) -> TxReceipt | None:
-        """Runs `action` mined at the model's clock and checks it reverts exactly when the model says so."""
+    def send(
+        self, expected: str | None, action: Callable[[], TxReceipt], what: str, *, named: SlotKey | None = None
+    ) -> TxReceipt | None:
+        """Runs `action` mined at the model's clock and checks it reverts exactly when the model says so; `named` is
+        the batch slot a challenge names."""
         self.chain.set_next_timestamp(self.model.now)
         try:
             receipt = action()
@@ -594,13 +653,15 @@ class Harness:
         assert expected is None, f"{what}: chain succeeded, model expected {expected}"
         block = self.chain.w3.eth.get_block(receipt["blockNumber"])
         assert block["timestamp"] == self.model.now, "the harness lost control of block time"
-        self._account(receipt)
+        self._account(receipt, named)
         return receipt
 
-    def _account(self, receipt: TxReceipt) -> None:
-        """Adds the receipt's flows to the totals and checks, from the events alone, that no node ejected by an
-        invalidation is paid, that nothing in an invalidated batch is paid, that a claim pays each batch its declared
-        total less its refused leaves' units (never below zero), and that a refusal moves no token."""
+    def _account(self, receipt: TxReceipt, named: SlotKey | None = None) -> None:
+        """Adds the receipt's flows to the totals and checks, from the events alone, that a slot is written over only
+        once its batch is settled, that no node ejected by an invalidation is paid, that nothing in an invalidated
+        batch is paid, that a claim pays each batch its declared total less its refused leaves' units (never below
+        zero), and that a refusal moves no token. `BatchInvalidated` and `LeafRefused` name the batch by its root
+        alone, not its slot, so they are read as the record in the slot the call `named` (which holds that root)."""
         work, registry, pools, t = (
             self.owner.work.events,
             self.owner.registry.events,
@@ -609,25 +670,32 @@ class Harness:
         )
         t.funded += sum(e["amount"] for e in events(work.RewardsFunded(), receipt))
         for e in events(work.BatchSubmitted(), receipt):
-            batch_id = self.batch_id(e)
-            assert batch_id not in t.declared, f"batch {batch_id} submitted twice"
-            t.declared[batch_id] = e["totalUnits"]
+            key = (self.pool_of[e["poolId"]], self.node_of[e["node"]], e["slot"])
+            if key in t.held:
+                earlier = (*key, t.held[key])
+                settled = t.invalidated_batches | t.claimed_batches
+                assert earlier in settled, f"slot {key} written over while its batch {earlier} was pending"
+                event("submitBatch over a settled batch")
+            t.held[key] = t.held.get(key, -1) + 1
+            record = (*key, t.held[key])
+            t.roots[record], t.declared[record] = ROOTS.index(e["root"]), e["totalUnits"]
         for e in events(work.BatchInvalidated(), receipt):
-            batch_id = self.batch_id(e)
-            assert batch_id not in t.invalidated_batches, f"batch {batch_id} invalidated twice"
-            assert batch_id not in t.claimed_batches, f"batch {batch_id} invalidated after its claim"
-            t.invalidated_batches.add(batch_id)
+            assert named is not None and named[:2] == (self.pool_of[e["poolId"]], self.node_of[e["node"]]), e
+            record = t.record(named, e["root"])
+            assert record not in t.invalidated_batches, f"batch {record} invalidated twice"
+            assert record not in t.claimed_batches, f"batch {record} invalidated after its claim"
+            t.invalidated_batches.add(record)
             t.slashed += e["slashed"]
         for e in events(registry.Slashed(), receipt):
-            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            pair = (self.pool_of[e["poolId"]], self.node_of[e["node"]])
             p = self.model.node_provider[pair[1]]
             assert p is not None and e["provider"] == self.providers[p].address, f"slashed {e} of the wrong provider"
             t.slashed_by[pair] = t.slashed_by.get(pair, 0) + e["amount"]
         for e in events(work.BatchesClaimed(), receipt):
-            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            pair = (self.pool_of[e["poolId"]], self.node_of[e["node"]])
             assert pair not in t.voided, f"node {pair[1]} was paid in pool {pair[0]} after an invalidation ejected it"
-            claimed = {(*pair, ROOTS.index(root)) for root in e["roots"]}
-            assert len(claimed) == len(e["roots"]), f"a batch paid twice in one claim: {e}"
+            claimed = {t.record((*pair, ref["slot"]), ref["root"]) for ref in e["batches"]}
+            assert len(claimed) == len(e["batches"]), f"a batch paid twice in one claim: {e}"
             assert not claimed & t.invalidated_batches, f"paid an invalidated batch: {e}"
             assert not claimed & t.claimed_batches, f"paid a batch twice: {e}"
             units = sum(max(t.declared[b] - t.refused_units.get(b, 0), 0) for b in claimed)
@@ -635,7 +703,7 @@ class Harness:
             t.claimed_batches |= claimed
             t.paid += e["amount"]
         for e in events(pools.NodeEjected(), receipt):
-            pair = (self.pool_of[e["poolId"]], self.slot_of[e["node"]])
+            pair = (self.pool_of[e["poolId"]], self.node_of[e["node"]])
             t.ejected.add(pair)
             if e["kind"] == Ejection.BY_INVALIDATION:
                 t.voided.add(pair)
@@ -643,12 +711,13 @@ class Harness:
                 assert pair not in t.voided, f"an owner's ejection undid the invalidation's of {pair}"
         leaves = events(work.LeafRefused(), receipt)
         for e in leaves:
-            batch_id = self.batch_id(e)
-            leaf = (batch_id, e["leafIndex"])
-            assert leaf not in t.refused_leaves, f"leaf {leaf} refused twice"
-            assert batch_id not in t.invalidated_batches | t.claimed_batches, f"leaf {leaf} refused in a settled batch"
+            assert named is not None and named[:2] == (self.pool_of[e["poolId"]], self.node_of[e["node"]]), e
+            record = t.record(named, e["root"])
+            leaf = ((*named[:2], ROOTS.index(e["root"])), e["leafIndex"])
+            assert leaf not in t.refused_leaves, f"leaf {leaf} of the root refused twice"
+            assert record not in t.invalidated_batches | t.claimed_batches, f"leaf {leaf} refused in a settled batch"
             t.refused_leaves.add(leaf)
-            t.refused_units[batch_id] = t.refused_units.get(batch_id, 0) + e["units"]
+            t.refused_units[record] = t.refused_units.get(record, 0) + e["units"]
         if leaves:  # no stake, escrow or membership moves
             assert not any(events(c, receipt) for c in (registry.Slashed(), pools.NodeEjected(), work.BatchesClaimed()))
 
@@ -670,14 +739,15 @@ class Harness:
             found = sorted(pair for pair, lock in m.locks.items() if not lock.member)
         elif how == "left":
             found = sorted(pair for pair, lock in m.locks.items() if not lock.member and pair not in m.ejected)
+        elif how in ("busy", "reuser"):  # a member holding batches (a settled one, for "reuser"), else any member
+            settled = {k[:2] for k, b in m.batches.items() if b.status != BatchStatus.PENDING}
+            holding = {k[:2] for k in m.batches} & m.members
+            found = sorted(holding & settled) if how == "reuser" else []
+            found = found or sorted(holding) or sorted(m.members)
         return found[i % len(found)] if found else (pool, i)
 
     def pid(self, pool: int) -> int:
         return self.pool_ids[pool]
-
-    def batch_id(self, e: Any) -> BatchId:
-        """The batch an event names by (poolId, node, root)."""
-        return (self.pool_of[e["poolId"]], self.slot_of[e["node"]], ROOTS.index(e["root"]))
 
     # operations
     def do_stake(self, choice: tuple[str, int], amount_tokens: int) -> None:
@@ -741,74 +811,114 @@ class Harness:
             "over": tree.count * cap + 1,
         }[how]
 
-    def do_submit_batch(self, choice: tuple[str, int, int], b: int, declared: str) -> None:
-        pool, n = pair = self.pair(choice)
-        tree, node = BATCH_TREES[b], self.nodes[n]
-        total = self.declared_total(tree, declared, POOLS[pool].max_units)
-        action = lambda: node.submit_batch(self.pid(pool), tree.root, tree.count, total)  # noqa: E731
-        what = f"submitBatch({pool}, node {n}, batch {b}, {total} of {tree.total_units} units)"
-        self.send(self.model.submit_batch(pair, b, total), action, what)
-        self.check_batches([(pool, n, b)])
-
-    def batch_target(self, target: tuple[str, int, int, int]) -> BatchId:
+    def do_submit_batch(
+        self, choice: tuple[str, int, int], b: int, declared: str, where: tuple[str, int], again: bool
+    ) -> None:
+        pair = self.pair(choice)
         m = self.model
-        how, *given = target
+        mine = sorted((k for k in m.batches if k[:2] == pair), key=lambda k: (m.batches[k].submitted_at, k))
+        if again and mine:  # the root of the node's newest batch, into another slot or the same one
+            b = m.batches[mine[-1]].b
+        total = self.declared_total(BATCH_TREES[b], declared, POOLS[pair[0]].max_units)
+        how, i = where
+        slots = {
+            "free": [],  # None: the client's choice, the lowest free slot
+            "settled": [k[2] for k in mine if m.batches[k].status != BatchStatus.PENDING],
+            "pending": [k[2] for k in mine if m.batches[k].status == BatchStatus.PENDING],  # SlotInUse
+            "given": [i],
+        }[how]
+        self._submit_batch(pair, b, total, slots[i % len(slots)] if slots else None)
+
+    def _submit_batch(self, pair: Pair, b: int, total: int, slot: int | None) -> None:
+        """Submits batch `b` declaring `total` units from the node of `pair` into its slot `slot` (None: the client's
+        choice, the lowest free one)."""
+        (pool, n), m = pair, self.model
+        tree, node = BATCH_TREES[b], self.nodes[n]
+        key = (pool, n, m.free_slot(pair) if slot is None else slot)
+        again = any(s.b == b for k, s in m.batches.items() if k[:2] == pair and k != key)
+        action = lambda: node.submit_batch(self.pid(pool), tree.root, tree.count, total, slot=slot)  # noqa: E731
+        what = f"submitBatch({pool}, node {n}, slot {slot}, batch {b}, {total} of {tree.total_units} units)"
+        receipt = self.send(m.submit_batch(key, b, total), action, what)
+        if receipt is not None:
+            (submitted,) = events(self.owner.work.events.BatchSubmitted(), receipt)
+            assert submitted["slot"] == key[2], f"{what} went into slot {submitted['slot']}, not {key[2]}"
+            if again:
+                event("submitBatch of a root the node holds in another slot")
+        self.check_batches([key])
+
+    def batch_target(self, target: tuple[str, int, int, int, int]) -> tuple[SlotKey, int]:
+        """The batch slot a challenge names and the root it names there."""
+        m = self.model
+        how, pool, n, slot, b = target
         if how == "given":
-            return (given[0], given[1], given[2])
+            return (pool, n, slot), b
         if how == "settled":  # invalidated or claimed: BatchNotPending, the second slash a batch never takes
-            settled = sorted(i for i, b in m.batches.items() if b.status != BatchStatus.PENDING)
+            settled = sorted(k for k, s in m.batches.items() if s.status != BatchStatus.PENDING)
             if settled:
-                return settled[given[2] % len(settled)]
+                key = settled[b % len(settled)]
+                return key, m.batches[key].b
+        if how == "overwritten" and m.overwritten:  # its slot holds a newer batch: BatchNotFound
+            return m.overwritten[b % len(m.overwritten)]
+        open_ = m.pending_batches(lambda k, s: m.batch_window_open(k))
         candidates = (
             {
                 "newest": m.pending_batches(),
-                "open": m.pending_batches(lambda i, b: m.batch_window_open(i)),
-                "ejected": m.pending_batches(lambda i, b: (i[0], i[1]) in m.ejected and m.batch_window_open(i)),
-                "refused": m.pending_batches(lambda i, b: bool(b.refused) and m.batch_window_open(i)),
-                "settled": [],  # none settled yet
-            }[how]
-            or m.pending_batches(lambda i, b: m.batch_window_open(i))
+                "open": open_,
+                "ejected": [k for k in open_ if k[:2] in m.ejected],
+                "refused": [k for k in open_ if m.refused.get((*k[:2], m.batches[k].b))],
+                "swapped": open_,
+            }.get(how, [])
+            or open_
             or m.pending_batches()
         )
-        return candidates[-1] if candidates else (given[0], given[1], given[2])  # none pending: BatchNotFound
+        if not candidates:  # none pending: BatchNotFound, or BatchNotPending of a settled one
+            return (pool, n, slot), b
+        key = candidates[-1]
+        if how == "swapped":  # the slot, with a root it does not hold: BatchNotFound
+            return key, (m.batches[key].b + 1 + b % (len(BATCH_TREES) - 1)) % len(BATCH_TREES)
+        return key, m.batches[key].b
 
     def do_challenge_batch(
         self,
-        target: tuple[str, int, int, int],
+        target: tuple[str, int, int, int, int],
         leaf: tuple[int, str | None],
         by_validator: bool,
         reason: int,
         kind: str,
     ) -> None:
-        pool, n, b = batch_id = self.batch_target(target)
+        key, b = self.batch_target(target)
+        pool, n, slot = key
         tree, (pick_leaf, spoil) = BATCH_TREES[b], leaf
         index = pick_leaf % tree.count
-        state = self.model.batches.get(batch_id)
-        if spoil == "refused":  # a leaf refused before, if there is one: a second refusal, or an invalidation over it
-            index, spoil = (min(state.refused) if state and state.refused else index), None
+        refused = self.model.refused.get((pool, n, b), set())
+        if (
+            spoil == "refused"
+        ):  # a leaf of the root refused before, if there is one: a second refusal, or an invalidation
+            index, spoil = (min(refused) if refused else index), None
         proof = self.spoiled(tree.proof(index), spoil)
-        before = self.batch_statuses([batch_id])
-        expected, slashed = self.model.challenge_batch(batch_id, index, spoil, by_validator, reason, kind=kind)
+        before = self.batch_statuses([key])
+        expected, slashed = self.model.challenge_batch(key, b, index, spoil, by_validator, reason, kind=kind)
         sender = self.accounts[POOLS[pool].validator] if by_validator else self.funder
         node = self.nodes[n].address
         if kind == "unavailable":
-            name, what = "invalidateUnavailableBatch", f"({pool}, node {n}, batch {b}, validator={by_validator})"
-            action = lambda: sender.invalidate_unavailable_batch(self.pid(pool), node, tree.root)  # noqa: E731
+            name, what = "invalidateUnavailableBatch", f"({pool}, node {n}, slot {slot}, batch {b}, {by_validator=})"
+            action = lambda: sender.invalidate_unavailable_batch(self.pid(pool), node, tree.root, slot=slot)  # noqa: E731
         else:
             name, call = (
                 ("refuseLeaf", sender.refuse_leaf) if kind == "refuse" else ("invalidateBatch", sender.invalidate_batch)
             )
-            what = f"({pool}, node {n}, batch {b}, leaf {proof.index}, {spoil}, validator={by_validator}, {reason})"
-            action = lambda: call(self.pid(pool), node, tree.root, proof, reason)  # noqa: E731
-        receipt = self.send(expected, action, name + what)
+            what = f"({pool}, node {n}, slot {slot}, batch {b}, leaf {proof.index}, {spoil}, {by_validator=}, {reason})"
+            action = lambda: call(self.pid(pool), node, tree.root, proof, reason, slot=slot)  # noqa: E731
+        receipt = self.send(expected, action, name + what, named=key)
         if receipt is not None:
-            assert before[0] == BatchStatus.PENDING, f"{name} of batch {batch_id} that was {before[0].name}"
+            assert before[0] == BatchStatus.PENDING, f"{name} of batch {key} that was {before[0].name}"
             if kind != "refuse":
                 (invalidated,) = events(self.owner.work.events.BatchInvalidated(), receipt)
                 shown = (index, proof.leaf.work_key, reason) if kind == "invalidate" else (NO_LEAF, bytes(32), 8)
                 assert invalidated["slashed"] == slashed
                 assert (invalidated["leafIndex"], invalidated["workKey"], invalidated["reason"]) == shown
-        self.check_batches([batch_id])
+        self.check_batches([key])
+        self.check_refusals([(pool, n, b)])
 
     @staticmethod
     def spoiled(proof: LeafProof, spoil: str | None) -> LeafProof:
@@ -826,7 +936,7 @@ class Harness:
         """Claims up to `count` of the oldest claimable batches of one node (of its pending ones, when no node has
         one claimable), then adds the spoiler, if any."""
         m = self.model
-        ready = m.pending_batches(lambda i, b: not m.batch_window_open(i))
+        ready = m.pending_batches(lambda k, s: not m.batch_window_open(k))
         # none ready: a node's batches still in their window (BatchChallengeWindowOpen)
         pairs = sorted({(pool, n) for pool, n, _ in ready or m.pending_batches()})
         if spoiler == "ejected":
@@ -834,39 +944,48 @@ class Harness:
         if not pairs:
             return
         pair = pairs[index % len(pairs)]
-        own = [b for pool, n, b in m.pending_batches() if (pool, n) == pair]
-        bs = [b for pool, n, b in ready if (pool, n) == pair][:count] or own[:count]
-        if spoiler == "other_node":  # another node's batch: under this node, that root is its own record or none
-            bs += [b for pool, n, b in m.pending_batches() if (pool, n) != pair][:1]
+        own = [k for k in m.pending_batches() if k[:2] == pair]
+        refs = [m.ref(k) for k in ([k for k in ready if k[:2] == pair][:count] or own[:count])]
+        if spoiler == "other_node":  # another node's batch: under this node, its slot holds another root or none
+            refs += [m.ref(k) for k in m.pending_batches() if k[:2] != pair][:1]
         elif spoiler == "settled":
-            settled = (
-                b for (pool, n, b), s in m.batches.items() if (pool, n) == pair and s.status != BatchStatus.PENDING
-            )
-            bs += sorted(settled)[:1]
+            refs += [m.ref(k) for k in sorted(m.batches) if k[:2] == pair and k not in own][:1]
         elif spoiler == "unripe":
-            bs += [b for pool, n, b in m.pending_batches(lambda i, s: m.batch_window_open(i)) if (pool, n) == pair][:1]
-        elif spoiler == "repeat" and bs:
-            bs.append(bs[0])
-        self._claim_batches(pair, bs)
+            refs += [m.ref(k) for k in m.pending_batches(lambda k, s: m.batch_window_open(k)) if k[:2] == pair][:1]
+        elif spoiler == "overwritten":
+            refs += [(key[2], b) for key, b in m.overwritten if key[:2] == pair][:1]
+        elif spoiler == "swapped" and refs:  # the first batch's slot with another root
+            refs.append((refs[0][0], (refs[0][1] + 1) % len(BATCH_TREES)))
+        elif spoiler == "repeat" and refs:
+            refs.append(refs[0])
+        self._claim_batches(pair, refs)
 
     def do_claim_listed(self, pool: int, n: int, bs: list[int]) -> None:
-        self._claim_batches((pool, n), bs)
+        """A claim of roots alone: the client names each by the slot of the node's latest submission of it (slot 0
+        when there is none)."""
+        m = self.model
+        self._claim_batches((pool, n), [(m.latest_slot.get((pool, n, b), 0), b) for b in bs], by_root=True)
 
-    def _claim_batches(self, pair: Pair, bs: list[int]) -> None:
+    def _claim_batches(self, pair: Pair, refs: list[Ref], *, by_root: bool = False) -> None:
         pool, n = pair
-        expected, amount = self.model.claim_batches(pair, bs)
+        expected, amount = self.model.claim_batches(pair, refs)
         node = self.nodes[n].address
-        action = lambda: self.funder.claim_batches(self.pid(pool), node, [ROOTS[b] for b in bs])  # noqa: E731
-        receipt = self.send(expected, action, f"claimBatches({pool}, node {n}, {bs})")
+        roots = [ROOTS[b] for _, b in refs]
+        slots = None if by_root else [slot for slot, _ in refs]
+        action = lambda: self.funder.claim_batches(self.pid(pool), node, roots, slots=slots)  # noqa: E731
+        receipt = self.send(expected, action, f"claimBatches({pool}, node {n}, {refs}{' by root' * by_root})")
         if receipt is not None:
             (claimed,) = events(self.owner.work.events.BatchesClaimed(), receipt)
             assert claimed["amount"] == amount
-        self.check_batches([(pool, n, b) for b in bs])
+            assert [(ref["slot"], ref["root"]) for ref in claimed["batches"]] == [(s, ROOTS[b]) for s, b in refs]
+        self.check_batches(sorted({(pool, n, slot) for slot, _ in refs}))
 
     def do_fund(self, pool: int, amount_tokens: int) -> None:
-        amount = amount_tokens * TOKEN
+        self._fund(pool, amount_tokens * TOKEN)
+
+    def _fund(self, pool: int, amount: int) -> None:
         expected = self.model.fund(pool, amount)
-        self.send(expected, lambda: self.funder.fund_rewards(self.pid(pool), amount), f"fund({pool}, {amount_tokens})")
+        self.send(expected, lambda: self.funder.fund_rewards(self.pid(pool), amount), f"fund({pool}, {amount})")
 
     def do_advance(self, delta: int) -> None:
         self._move_clock(self.model.now + delta)
@@ -874,13 +993,36 @@ class Harness:
     def do_advance_to(self, what: str, index: int, offset: int) -> None:
         m = self.model
         if what == "window":
-            ends = sorted(m.batches[i].submitted_at + POOLS[i[0]].window for i in m.pending_batches())
+            ends = sorted(m.batches[k].submitted_at + POOLS[k[0]].window for k in m.pending_batches())
         elif what == "release":
             ends = sorted(s.release_at for s in m.providers if s.unbonding > 0)
         else:
             ends = sorted(lock.release_at for lock in m.locks.values() if not lock.member)
         if ends and ends[index % len(ends)] + offset > m.now:
             self._move_clock(ends[index % len(ends)] + offset)
+
+    def _claim_all(self) -> None:
+        """Past every window, claims each pending batch on its own: all are paid but a voided node's and those the
+        escrow cannot cover."""
+        m = self.model
+        self._move_clock(m.now + LONGEST_WINDOW)
+        self.check_invariants()
+        for key in m.pending_batches():
+            self._claim_batches((key[0], key[1]), [m.ref(key)])
+            self.check_invariants()
+        for key in m.pending_batches():  # no earned reward is lost to an owner's ejection
+            short = m.batches[key].payable * POOLS[key[0]].reward > m.escrow[key[0]]
+            assert key[:2] in m.voided or short, f"batch {key} left unpaid; {' | '.join(self.log)}"
+
+    def _fund_shortfall(self) -> None:
+        """Tops up each pool's escrow to what its payable pending batches need, when the funder has that much."""
+        m = self.model
+        for pool, terms in enumerate(POOLS):
+            payable = [m.batches[k].payable for k in m.pending_batches() if k[0] == pool and k[:2] not in m.voided]
+            short = sum(payable) * terms.reward - m.escrow[pool]
+            if 0 < short <= m.funder_wallet:
+                self._fund(pool, short)
+                self.check_invariants()
 
     def _move_clock(self, timestamp: int) -> None:
         """Mines an empty block at `timestamp`: later transactions are estimated and mined at that time."""
@@ -890,18 +1032,23 @@ class Harness:
         self.chain.mine()
 
     def settle(self, unlock: bool) -> None:
-        """Past every window, claims each pending batch on its own (a voided node's fail); with `unlock`, every
-        node leaves, every lock is released after its window and all stake is unstaked, so that only the burned
-        tokens remain in the registry; then each provider withdraws what unbonds."""
+        """Past every window, claims each pending batch on its own (a voided node's fail); then every member commits
+        one more batch into its lowest free slot (a settled one, where it has any: the steady state of slot reuse),
+        and those are claimed after their window too. With `unlock`, every node leaves, every lock is released after
+        its window and all stake is unstaked, so that only the burned tokens remain in the registry; then each
+        provider withdraws what unbonds."""
         m = self.model
-        self._move_clock(m.now + LONGEST_WINDOW)
-        self.check_invariants()
-        for pool, n, b in m.pending_batches():
-            self._claim_batches((pool, n), [b])
+        self._claim_all()
+        self._fund_shortfall()  # what the escrows could not cover, where the funder's wallet can: now it is paid
+        self._claim_all()
+        for pool, n in sorted(m.members):
+            cap = POOLS[pool].max_units
+            fits = [b for b, tree in enumerate(BATCH_TREES) if tree.total_units <= tree.count * cap]
+            b = fits[n % len(fits)]
+            self._submit_batch((pool, n), b, BATCH_TREES[b].total_units, None)
             self.check_invariants()
-        for pool, n, b in m.pending_batches():  # no earned reward is lost to an owner's ejection
-            short = m.batches[(pool, n, b)].payable * POOLS[pool].reward > m.escrow[pool]
-            assert (pool, n) in m.voided or short, f"batch {(pool, n, b)} left unpaid; {' | '.join(self.log)}"
+        self._fund_shortfall()
+        self._claim_all()
         if unlock:
             for pair in sorted(m.members):
                 self._leave(pair)
@@ -990,11 +1137,11 @@ class Harness:
             held = sum(locks[(pool, n)][0] for (pool, n) in locks if m.node_provider[n] == p and locks[(pool, n)][3])
             assert locked == held, f"provider {p} locked {locked}, its open locks hold {held}; {history}"
             assert active >= locked, f"provider {p} active {active} < locked {locked}; {history}"
-        for batch_id in m.pending_batches(lambda i, b: m.batch_window_open(i)):
-            pair = (batch_id[0], batch_id[1])
+        for key in m.pending_batches(lambda k, b: m.batch_window_open(k)):
+            pair = (key[0], key[1])
             amount, _, _, is_open = locks[pair]
             expected = POOLS[pair[0]].min_stake - t.slashed_by.get(pair, 0)
-            assert is_open and amount == expected, f"open batch {batch_id} backed by lock {locks[pair]}; {history}"
+            assert is_open and amount == expected, f"open batch {key} backed by lock {locks[pair]}; {history}"
 
         # and the chain is where the model says it is
         assert escrows == m.escrow, f"escrows {escrows}, model {m.escrow}; {history}"
@@ -1012,33 +1159,32 @@ class Harness:
         assert t.ejected == m.ejected, f"ejections {sorted(t.ejected)}, model {sorted(m.ejected)}; {history}"
         assert t.voided == m.voided, f"voided {sorted(t.voided)}, model {sorted(m.voided)}; {history}"
 
-    def batch_records(self, batch_ids: Sequence[BatchId]) -> list[list[int]]:
+    def batch_records(self, keys: Sequence[SlotKey]) -> list[list[int]]:
         work = self.owner.work
         calls = [
-            (work.address, work.encode_abi("getBatch", [self.pid(pool), self.nodes[n].address, ROOTS[b]]))
-            for pool, n, b in batch_ids
+            (work.address, work.encode_abi("getBatch", [self.pid(pool), self.nodes[n].address, slot]))
+            for pool, n, slot in keys
         ]
         return self.reader.words(calls) if calls else []
 
-    def batch_statuses(self, batch_ids: Sequence[BatchId]) -> list[BatchStatus]:
-        return [BatchStatus(words[5]) for words in self.batch_records(batch_ids)]
+    def batch_statuses(self, keys: Sequence[SlotKey]) -> list[BatchStatus]:
+        return [BatchStatus(words[6]) for words in self.batch_records(keys)]
 
-    def check_batches(self, batch_ids: Sequence[BatchId]) -> None:
-        """Each batch's record as the model has it: provider, count, total, refused units, time and status, and
-        which of its leaves are refused; no claim may ever pay more than a batch's units (refused <= total)."""
+    def check_batches(self, keys: Sequence[SlotKey]) -> None:
+        """What each batch slot holds as the model has it: root, provider, count, total, refused units, time and
+        status, or nothing; no claim may ever pay more than a batch's units (refused <= total)."""
         history = " | ".join(self.log)
-        work = self.owner.work
-        for batch_id, words in zip(batch_ids, self.batch_records(batch_ids), strict=True):
-            provider, count, total, refused, submitted_at, status = words
-            state = self.model.batches.get(batch_id)
+        for key, words in zip(keys, self.batch_records(keys), strict=True):
+            root, provider, count, total, refused, submitted_at, status = words
+            state = self.model.batches.get(key)
             if state is None:
-                assert words == [0] * 6, f"batch {batch_id} exists on chain only; {history}"
+                assert words == [0] * 7, f"slot {key} holds a batch on chain only; {history}"
                 continue
-            pool, n, b = batch_id
-            tree, p = BATCH_TREES[b], self.model.node_provider[n]
+            tree, p = BATCH_TREES[state.b], self.model.node_provider[key[1]]
             assert p is not None
-            chain_view = (provider, count, total, refused, submitted_at, status)
+            chain_view = (root, provider, count, total, refused, submitted_at, status)
             model_view = (
+                int.from_bytes(tree.root, "big"),
                 int(self.providers[p].address, 16),
                 tree.count,
                 state.total,
@@ -1046,18 +1192,25 @@ class Harness:
                 state.submitted_at,
                 state.status,
             )
-            assert chain_view == model_view, f"batch {batch_id}: chain {chain_view}, model {model_view}; {history}"
+            assert chain_view == model_view, f"slot {key}: chain {chain_view}, model {model_view}; {history}"
             assert refused <= total
+
+    def check_refusals(self, batch_ids: Sequence[BatchId]) -> None:
+        """Which leaves of each node's root are refused (`isLeafRefused`, keyed by the root, whatever slot holds it)."""
+        history = " | ".join(self.log)
+        work = self.owner.work
+        for pool, n, b in batch_ids:
             calls = [
                 (work.address, work.encode_abi("isLeafRefused", [self.pid(pool), self.nodes[n].address, ROOTS[b], i]))
-                for i in range(tree.count)
+                for i in range(BATCH_TREES[b].count)
             ]
             refused_leaves = {i for i, (bit,) in enumerate(self.reader.words(calls)) if bit}
-            assert refused_leaves == state.refused, f"batch {batch_id} refused leaves {refused_leaves}; {history}"
+            expected = self.model.refused.get((pool, n, b), set())
+            assert refused_leaves == expected, f"root {(pool, n, b)} refused leaves {refused_leaves}; {history}"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # passing takes ~30 s; a failure's shrinking may take minutes more
+@pytest.mark.timeout(900)  # passing takes ~60 s; a failure's shrinking may take minutes more
 @settings(
     max_examples=20,
     deadline=None,
@@ -1090,8 +1243,9 @@ def test_random_operations_match_the_model_and_keep_the_invariants(
         for op in operations:
             harness.step(op)
         harness.settle(unlock)
-        harness.check_batches(
-            [(pool, n, b) for pool in range(len(POOLS)) for n in range(len(NODE_KEYS)) for b in range(len(BATCH_TREES))]
-        )
+        used = max((slot for _, _, slot in harness.model.batches), default=0)
+        pools_nodes = [(pool, n) for pool in range(len(POOLS)) for n in range(len(NODE_KEYS))]
+        harness.check_batches([(pool, n, slot) for pool, n in pools_nodes for slot in range(max(used, SLOTS) + 1)])
+        harness.check_refusals([(pool, n, b) for pool, n in pools_nodes for b in range(len(BATCH_TREES))])
     finally:
         base.restore(chain)

@@ -147,7 +147,7 @@ def test_a_submitted_batch_is_one_pending_record_at_its_block_time_and_one_event
     receipt = node.submit_batch(pool.pool_id, tree.root, tree.count, tree.total_units)
 
     assert events(node.work.events.BatchSubmitted(), receipt) == [
-        {"poolId": pool.pool_id, "root": tree.root, "node": pool.node, "count": 3, "totalUnits": 60}
+        {"poolId": pool.pool_id, "root": tree.root, "node": pool.node, "slot": 0, "count": 3, "totalUnits": 60}
     ]
     record = node.get_batch(pool.pool_id, pool.node, tree.root)
     assert (record.status, record.count, record.total_units, record.provider) == (
@@ -209,7 +209,8 @@ def test_a_claim_after_the_window_pays_the_provider_units_times_reward(
     receipt = ledger_for(STRANGER).claim_batches(pool.pool_id, pool.node, [tree.root])  # anyone may send the claim
 
     (claimed,) = events(node.work.events.BatchesClaimed(), receipt)
-    assert (claimed["provider"], claimed["amount"], claimed["roots"]) == (pool.provider, 1500 * REWARD, [tree.root])
+    assert (claimed["provider"], claimed["amount"]) == (pool.provider, 1500 * REWARD)
+    assert [(ref["slot"], ref["root"]) for ref in claimed["batches"]] == [(0, tree.root)]
     assert node.balance_of(pool.provider) == 1500 * REWARD
     assert node.escrow_of(pool.pool_id) == 100 * TOKEN - 1500 * REWARD
     assert node.get_batch(pool.pool_id, pool.node, tree.root).status == BatchStatus.CLAIMED
@@ -221,7 +222,8 @@ def test_a_claim_mined_exactly_at_the_window_end_is_paid(chain: LocalChain, ledg
     tree, _ = commit_batch(node, pool.pool_id, ("at the edge", 10))
     closes_at = node.get_batch(pool.pool_id, pool.node, tree.root).submitted_at + WINDOW
 
-    transact_at(chain, provider, provider.work.functions.claimBatches(pool.pool_id, pool.node, [tree.root]), closes_at)
+    claim = provider.work.functions.claimBatches(pool.pool_id, pool.node, [(0, tree.root)])
+    transact_at(chain, provider, claim, closes_at)
 
     assert node.balance_of(pool.provider) == 10 * REWARD
     assert node.get_batch(pool.pool_id, pool.node, tree.root).status == BatchStatus.CLAIMED

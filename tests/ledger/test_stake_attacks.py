@@ -202,7 +202,7 @@ def test_unbonding_and_leaving_before_the_slash_keeps_the_lock_slashable(
     bad = batch_of(("bad", 10), ("good", 10))
     submitted_at = provider.timestamp() + 10
     transact_at(
-        chain, node, node.work.functions.submitBatch(pool_id, bad.root, bad.count, bad.total_units), submitted_at
+        chain, node, node.work.functions.submitBatch(pool_id, 0, bad.root, bad.count, bad.total_units), submitted_at
     )
     transact_at(chain, node, node.pools.functions.leave(pool_id), submitted_at + 10)
     release_at = submitted_at + 10 + UNBONDING_PERIOD
@@ -227,7 +227,8 @@ def test_unbonding_and_leaving_before_the_slash_keeps_the_lock_slashable(
     assert_revert(info.value, "LockHeld", poolId=pool_id, node=node.address, member=False, releaseAt=release_at)
 
     proof = bad.proof(0).as_tuple()
-    call = validator.work.functions.invalidateBatch(pool_id, node.address, bad.root, proof, int(Reason.STALE_STEP))
+    ref = (0, bad.root)
+    call = validator.work.functions.invalidateBatch(pool_id, node.address, ref, proof, int(Reason.STALE_STEP))
     receipt = transact_at(chain, validator, call, submitted_at + UNBONDING_PERIOD - 1)  # the window's last second
 
     assert slashed_events(owner, receipt) == [(pool_id, 100 * TOKEN)]
@@ -341,9 +342,10 @@ def test_a_squatted_root_neither_blocks_nor_taints_the_honest_record(chain: Loca
     that the batch is recorded as its own, with more units: a record that belonged to whichever node came first would
     make the honest submission revert, and give the honest node's files the squatter's reward (or its slash).
 
-    Invariant: a batch record belongs to the node that made it: the honest submitBatch still succeeds, getBatch(pool,
-    node, root) names each node's own record, the squatter's record can be invalidated (with a proof of one of the
-    honest node's files, which it was never assigned) without touching the honest one, and claims are per node.
+    Invariant: a batch record belongs to the node that made it, in that node's own slots: the honest submitBatch still
+    succeeds, getBatch(pool, node, slot) names each node's own record, the squatter's record can be invalidated (with
+    a proof of one of the honest node's files, which it was never assigned) without touching the honest one, and
+    claims are per node.
     """
     owner, validator, pool_id = honest_pool(ledger_for)
     provider_a, provider_b = ledger_for(PROVIDER_A), ledger_for(PROVIDER_B)

@@ -234,9 +234,9 @@ def test_a_claim_names_one_node_so_another_nodes_root_is_not_found(chain: LocalC
     chain.increase_time(WINDOW)
 
     with pytest.raises(ContractRevert) as info:
-        provider_a.claim_batches(pool_id, node_a.address, [from_a.root, from_b.root])
+        provider_a.claim_batches(pool_id, node_a.address, [from_a.root, from_b.root], slots=[0, 0])  # B's slot 0
 
-    assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=node_a.address, root=from_b.root)
+    assert_revert(info.value, "BatchNotFound", poolId=pool_id, node=node_a.address, slot=0, root=from_b.root)
     assert owner.get_batch(pool_id, node_a.address, from_a.root).status == BatchStatus.PENDING
     assert owner.get_batch(pool_id, node_b.address, from_b.root).status == BatchStatus.PENDING
     assert owner.balance_of(provider_a.address) == owner.balance_of(provider_b.address) == 0

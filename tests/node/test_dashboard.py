@@ -307,7 +307,7 @@ def journaled(
         state.move([keys[name]], "uploaded")
         batch = state.form_batch([state.get(keys[name])])  # type: ignore[list-item]
         trees[name] = BatchTree([state.get(keys[name]).leaf])  # type: ignore[union-attr]
-        receipt = node_ledger.submit_batch(pool_id, batch.root, batch.count, batch.total_units)
+        receipt = node_ledger.submit_batch(pool_id, batch.root, batch.count, batch.total_units, slot=batch.slot)
         tx = "0x" + bytes(receipt["transactionHash"]).hex()
         state.move_batch(batch.root, "submitted", tx=tx, files="submitted")
         return batch
@@ -571,15 +571,55 @@ def test_an_invalidation_a_reorganisation_removed_is_no_longer_shown(journaled: 
     """The dashboard follows the chain through reorganisations: what the new blocks no longer hold goes away."""
     reader = WorkerChain(journaled.ledger, journaled.pool_id, journaled.node)
     cheat = journaled.trees["cheat"].root
-    roots = [tree.root for tree in journaled.trees.values()]
+    batches = journaled.state.all_batches()
+    assert {b.root for b in batches} == {tree.root for tree in journaled.trees.values()}
     journaled.invalidate_cheat()
-    before = reader.read(roots)
+    before = reader.read(batches)
     assert cheat in before.invalidations and before.batches[cheat].status == BatchStatus.INVALIDATED
     w3 = journaled.chain.w3
     assert "error" not in w3.provider.make_request("anvil_reorg", [1, []])  # type: ignore[arg-type]
     w3.provider.make_request("anvil_dropAllTransactions", [])  # type: ignore[arg-type]
 
-    after = reader.read(roots)
+    after = reader.read(batches)
 
     assert cheat not in after.invalidations
     assert after.batches[cheat].status == BatchStatus.PENDING and not after.ejected
+
+
+def test_a_claimed_batch_whose_slot_a_later_batch_took_stays_claimed_and_is_read_once(
+    journaled: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, pool_id = journaled.state, journaled.pool_id
+    data = b"rollouts of later"
+    later_key = hashlib.sha256(data).digest()
+    state.path_of(later_key).write_bytes(data)
+    state.add(later_key, step=1, counter=9, units=700)
+    state.move([later_key], "uploaded")
+    later = state.form_batch([state.get(later_key)])  # type: ignore[list-item]
+    claimed = state.batch(journaled.trees["claimed"].root)
+    assert claimed is not None and later.slot == claimed.slot == 0  # the claimed batch's slot, free again
+    node = journaled.validator.as_account(dev_account(3))
+    node.submit_batch(pool_id, later.root, later.count, later.total_units, slot=later.slot)
+    state.move_batch(later.root, "submitted", tx="0x01", files="submitted")
+
+    reads: list[bytes] = []
+    get_batch = journaled.ledger.get_batch
+
+    def counted(pool: int, who: str, root: bytes, *, slot: int | None = None) -> BatchRecord:
+        reads.append(root)
+        return get_batch(pool, who, root, slot=slot)
+
+    monkeypatch.setattr(journaled.ledger, "get_batch", counted)
+    reader = WorkerChain(journaled.ledger, pool_id, journaled.node)
+    first = reader.read(state.all_batches())
+    assert first.batches[later.root].status == BatchStatus.PENDING
+    assert first.batches[claimed.root].status == BatchStatus.NONE  # its slot holds the later batch now
+    reader.read(state.all_batches())
+    assert reads.count(claimed.root) == 1  # settled: the journal holds its fate, the chain is not asked again
+
+    monkeypatch.undo()
+    served = served_state(journaled)
+    files = {f["work_key"]: f for f in served["files"]}
+    assert files["0x" + journaled.keys["claimed"].hex()]["state"] == "claimed"
+    assert files["0x" + later_key.hex()]["state"] == "pending"
+    assert served["tokens"]["claimed"] == "1"

@@ -15,6 +15,7 @@ import pytest
 from ledger.merkle import BatchTree, Leaf
 from ledger.types import BatchStatus
 from node.config import WorkerSettings
+from node.daemon.chain import SlotInUse
 from node.daemon.local import LOCAL_TX, LocalChainError, LocalWorkChain, local_pool
 from node.daemon.worker import WorkerDaemon
 from protocol.terms import DEFAULT_ASYNC_LEVEL, batch_state
@@ -46,22 +47,27 @@ def test_a_local_worker_is_a_member_of_its_pool_answering_for_itself_with_no_sta
         chain.pool(POOL + 1)
 
 
-def test_a_local_batch_is_recorded_never_invalidated_and_never_paid() -> None:
+def test_a_local_batch_is_recorded_in_its_slot_never_invalidated_and_never_paid() -> None:
     chain = local_chain()
-    root = bytes([7]) * 32
-    assert chain.get_batch(POOL, WORKER.address, root).status == BatchStatus.NONE
+    root, other = bytes([7]) * 32, bytes([8]) * 32
+    assert chain.get_batch(POOL, WORKER.address, root, slot=0).status == BatchStatus.NONE
     before = chain.timestamp()
-    assert chain.submit_batch(POOL, root, 2, 30) == LOCAL_TX
-    batch = chain.get_batch(POOL, WORKER.address, root)
+    assert chain.submit_batch(POOL, root, 2, 30, slot=0) == LOCAL_TX
+    batch = chain.get_batch(POOL, WORKER.address, root, slot=0)
     assert (batch.status, batch.count, batch.total_units, batch.node) == (BatchStatus.PENDING, 2, 30, WORKER.address)
-    assert batch.submitted_at >= before and batch.payable_units == 30
+    assert batch.submitted_at >= before and batch.payable_units == 30 and batch.slot == 0
+    assert chain.get_batch(POOL, WORKER.address, root, slot=1).status == BatchStatus.NONE  # not in another slot
+    assert chain.get_batch(POOL, WORKER.address, other, slot=0).status == BatchStatus.NONE  # nor another root
+    with pytest.raises(SlotInUse, match=f"slot 0 of this node in pool {POOL} holds its pending batch 0x07") as refused:
+        chain.submit_batch(POOL, other, 1, 5, slot=0)  # as the contract: a pending batch keeps its slot
+    assert (refused.value.slot, refused.value.root) == (0, root)
     # no validators: the challenge window closes at once, and nothing is there to claim
     assert batch_state(batch, chain.pool(POOL).config.challenge_window, chain.timestamp()) == "claimable"
     assert chain.batch_invalidation(POOL, WORKER.address, root) is None
     assert not chain.is_leaf_refused(POOL, WORKER.address, root, 0)
     assert not chain.submission_gone(LOCAL_TX)
     with pytest.raises(LocalChainError, match="pays no rewards"):
-        chain.claim_batches(POOL, WORKER.address, [root])
+        chain.claim_batches(POOL, WORKER.address, [root], slots=[0])
 
 
 def test_the_daemon_in_local_mode_uploads_and_journals_its_files_and_leaves_them_submitted(tmp_path: Path) -> None:
@@ -85,7 +91,7 @@ def test_the_daemon_in_local_mode_uploads_and_journals_its_files_and_leaves_them
     for data in (first, second):
         assert api.service.inbox.has(key(data))  # uploaded, and the trainer's to train on
     root = BatchTree([Leaf(key(first), 12), Leaf(key(second), 12)]).root  # one batch, in the journal's order
-    assert chain.get_batch(POOL, WORKER.address, root).status == BatchStatus.PENDING
+    assert chain.get_batch(POOL, WORKER.address, root, slot=0).status == BatchStatus.PENDING
 
 
 def test_a_local_worker_stops_with_0_once_its_coordinator_is_gone_for_its_patience(tmp_path: Path) -> None:

@@ -303,6 +303,22 @@ def test_claim_signed_by_a_node_key_pays_its_provider(
     assert reader.balance_of(dev_account(NODE).address) == 0
 
 
+def test_claim_of_a_claimed_batch_whose_slot_took_a_later_one_says_it_is_claimed(
+    deployment_file: Path, pool_id: int, chain: LocalChain, ledger_for: Callable[[int], Ledger]
+) -> None:
+    onboarded(deployment_file, pool_id)
+    first = submit(ledger_for, NODE, pool_id, ("first", 1000))
+    chain.increase_time(WINDOW)
+    ok(node_cli(deployment_file, "claim", pool_id, "--batch", first.root.hex(), "--dev-key", PROVIDER))
+    later = submit(ledger_for, NODE, pool_id, ("later", 500))
+    assert ledger_for(0).get_slot(pool_id, dev_account(NODE).address, 0).root == later.root  # written over the first
+    result = node_cli(deployment_file, "claim", pool_id, "--batch", first.root.hex(), "--dev-key", PROVIDER)
+    assert_one_line_error(result, f"batch 0x{first.root.hex()} is claimed already: nothing to claim")
+    chain.increase_time(WINDOW)
+    paid = ok(node_cli(deployment_file, "claim", pool_id, "--batch", later.root.hex(), "--dev-key", PROVIDER))
+    assert "claimed 1 batches (1 files)" in paid.stdout  # the later one, in the same slot
+
+
 def test_claim_with_a_malformed_root_is_one_line(deployment_file: Path, pool_id: int) -> None:
     result = node_cli(deployment_file, "claim", pool_id, "--batch", "0x1234", "--dev-key", PROVIDER)
     assert_one_line_error(result, "--batch: expected 32 bytes as 64 hex digits")
@@ -335,6 +351,8 @@ def test_status_by_address_shows_stake_nodes_and_every_batch_state(
     chain.increase_time(WINDOW)
     ledger_for(PROVIDER).claim_batches(pool_id, node, [claimed.root])
     pending = submit(ledger_for, NODE, pool_id, ("pending", 400))  # still inside its window
+    # written over the claimed batch, in its slot: status reads the claimed one from the events
+    assert ledger_for(0).get_slot(pool_id, node, 0).root == pending.root
 
     result = ok(node_cli(deployment_file, "status", "--pool", pool_id, "--address", node.lower()))
     out = result.stdout
@@ -399,13 +417,13 @@ def test_status_with_a_state_folder_shows_the_journals_files_and_batches_by_stag
     state.move_batch(batch.root, "submitted", tx="0x01", files="submitted")
     state.note_verdict(keys[0], f"accepted by {dev_account(VALIDATOR).address}")
     state.close()
-    ledger_for(NODE).submit_batch(pool_id, batch.root, batch.count, batch.total_units)
+    ledger_for(NODE).submit_batch(pool_id, batch.root, batch.count, batch.total_units, slot=batch.slot)
 
     args = ("status", "--pool", pool_id, "--address", node, "--state", tmp_path / "state")
     out = ok(node_cli(deployment_file, *args)).stdout
     assert f"journal {tmp_path / 'state'}: files 1 written, 2 submitted; batches 1 submitted" in out
     assert re.search(rf"0x{batch.root.hex()[:12]}….*pending until", out), out  # the chain's word on the batch
-    first = rf"0x{keys[0].hex()[:12]}… +│ 0x{batch.root.hex()[:12]}… leaf 0 │ 100 +│ submitted +│ accepted by "
+    first = rf"0x{keys[0].hex()[:12]}… +│ 0x{batch.root.hex()[:12]}… leaf 0, slot 0 │ 100 +│ submitted +│ accepted by "
     assert re.search(first, out), out
     assert re.search(rf"0x{keys[2].hex()[:12]}… +│ - +│ 100 +│ written", out), out
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ledger.merkle import BatchTree, Leaf
-from node.daemon.state import REFUSED_DETAIL, WorkerState, WorkerStateError, read_journal
+from node.daemon.state import REFUSED_DETAIL, BatchEntry, WorkerState, WorkerStateError, read_journal
 
 NODE = "0x90F79bf6EB2c4f870365E785982E1f101E93b906"
 
@@ -109,3 +109,71 @@ def test_a_journal_from_before_batches_opens_with_its_files_and_gains_the_batch_
     view = read_journal(tmp_path)
     assert view.file_counts()["uploaded"] == 1 and view.batch_counts()["formed"] == 1
     assert view.files[0].leaf_index == 0
+
+
+def test_each_batch_takes_the_lowest_slot_no_batch_still_pending_on_chain_holds(tmp_path: Path) -> None:
+    state = journal(tmp_path)
+    uploaded(state, 6)
+
+    def form(*, avoid: tuple[int, ...] = ()) -> BatchEntry:
+        return state.form_batch(state.unbatched()[:1], avoid=avoid)
+
+    first, second, third = form(), form(), form()
+    assert [first.slot, second.slot, third.slot] == [0, 1, 2]  # formed (about to be sent) holds its slot
+    state.move_batch(first.root, "submitted", tx="0x01", files="submitted")
+    state.move_batch(second.root, "listed")
+    assert state.free_slot() == 3  # submitted and listed hold theirs too
+    state.move_batch(first.root, "claimed", files="claimed")  # settled on chain: a new batch may be written over it
+    state.move_batch(third.root, "void", detail="never submitted")  # never sent: nothing on chain holds it
+    assert [form().slot, form().slot] == [0, 2]
+    assert state.free_slot() == 3 and state.free_slot(avoid={3, 5}) == 4
+    assert form(avoid=(3,)).slot == 4  # a slot the chain showed another pending batch in is left
+    state.close()
+
+
+def test_a_batch_not_sent_yet_moves_to_the_lowest_free_slot_but_its_own_and_those_avoided(tmp_path: Path) -> None:
+    state = journal(tmp_path)
+    uploaded(state, 3)
+    first = state.form_batch(state.unbatched()[:1])
+    second = state.form_batch(state.unbatched()[:1])
+    state.move_batch(first.root, "claimed", files="claimed")  # slot 0 free again
+    assert state.move_slot(second.root, avoid={0}) == 2  # not 0 (avoided), not 1 (its own)
+    assert state.batch(second.root).slot == 2  # type: ignore[union-attr]  # journaled before it is sent there
+    assert state.free_slot() == 0
+    state.move_batch(second.root, "submitted", tx="0x02", files="submitted")
+    with pytest.raises(WorkerStateError, match="cannot move to another slot: it is not waiting to be sent"):
+        state.move_slot(second.root, avoid=())
+    state.close()
+
+
+def test_a_journal_from_before_slots_gains_the_column_and_its_unsent_batches_a_slot_each(tmp_path: Path) -> None:
+    old = sqlite3.connect(tmp_path / "state.db")  # as a worker from before slots left it
+    old.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE files (work_key TEXT PRIMARY KEY, step INTEGER NOT NULL, counter INTEGER NOT NULL,
+            units INTEGER NOT NULL, stage TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, tx TEXT,
+            detail TEXT, verdict TEXT, issued_at INTEGER, root TEXT, leaf_index INTEGER);
+        CREATE TABLE batches (root TEXT PRIMARY KEY, count INTEGER NOT NULL, total_units INTEGER NOT NULL,
+            stage TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, tx TEXT, detail TEXT);
+        """
+    )
+    old.executemany("INSERT INTO meta VALUES (?, ?)", [("chain_id", "31337"), ("pool_id", "1"), ("node", NODE.lower())])
+    stages = ["claimed", "submitted", "listed", "void", "formed"]
+    for created, stage in enumerate(stages):
+        old.execute("INSERT INTO batches VALUES (?, 1, 5, ?, ?, ?, NULL, NULL)", (f"{created:064x}", stage, created, 9))
+    old.commit()
+    old.close()
+    assert {b.slot for b in read_journal(tmp_path).batches} == {None}  # read before the daemon opens it
+
+    state = journal(tmp_path)
+    slots = {b.stage: b.slot for b in state.all_batches()}
+    # the unsent ones get a slot each, oldest first; one submitted before slots is on a ledger that had none
+    assert slots == {"claimed": None, "submitted": None, "listed": 0, "void": None, "formed": 1}
+    uploaded(state, 1)
+    assert state.form_batch(state.unbatched()).slot == 2
+    state.close()
+    assert [b.slot for b in read_journal(tmp_path).batches] == [None, None, 0, None, 1, 2]
+    again = journal(tmp_path)  # migrated once: opening it again changes nothing
+    assert [b.slot for b in again.all_batches()] == [None, None, 0, None, 1, 2]
+    again.close()

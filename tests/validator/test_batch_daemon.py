@@ -38,6 +38,7 @@ from validator.config import ValidatorConfig
 from validator.daemon import PoolSetup, ValidatorDaemon
 from validator.store import (
     ATTESTED,
+    GONE,
     INVALIDATED,
     LISTED,
     REFUSED,
@@ -52,6 +53,7 @@ from validator.store import (
 from validator.verdict import Verdict, borderline, reject
 
 OWNER, PROVIDER, NODE, VALIDATOR = 0, 1, 6, 9
+WINDOW = 3600  # the pool's challenge window (make_pool's)
 LedgerFor = Callable[[int], Ledger]
 
 
@@ -82,9 +84,10 @@ def submitted(
     receipt = node.submit_batch(pool_id, tree.root, tree.count, tree.total_units)
     record = node.get_batch(pool_id, node.address, tree.root)
     batch = BatchSubmission(
-        pool_id, tree.root, node.address, tree.count, tree.total_units, receipt["blockNumber"], 0, record.submitted_at
-    )
-    validator.store.record([], next_block=receipt["blockNumber"] + 1, batches=[batch])
+        pool_id, tree.root, node.address, tree.count, tree.total_units, receipt["blockNumber"], 0, record.submitted_at,
+        slot=record.slot,
+    )  # fmt: skip
+    validator.store.record([], next_block=receipt["blockNumber"] + 1, batches=[batch], window=WINDOW)
     return batch, tree
 
 
@@ -93,7 +96,7 @@ def listed(validator: ValidatorDaemon, batch: BatchSubmission, tree: BatchTree) 
     files = [
         Submission(
             batch.pool_id, leaf.work_key, batch.node, leaf.units, batch.block, 0, batch.submitted_at,
-            root=batch.root, leaf_index=index,
+            root=batch.root, leaf_index=index, slot=batch.slot,
         )
         for index, leaf in enumerate(tree.leaves)
     ]  # fmt: skip
@@ -121,7 +124,7 @@ def act(validator: ValidatorDaemon, row: WorkRow) -> WorkRow:
 
 
 def act_on_batch(validator: ValidatorDaemon, batch: BatchSubmission) -> BatchRow:
-    row = validator.store.get_batch(batch.root, batch.node)
+    row = validator.store.get_batch(batch.root, batch.node, batch.slot)
     assert row is not None
 
     async def scenario() -> None:
@@ -129,7 +132,7 @@ def act_on_batch(validator: ValidatorDaemon, batch: BatchSubmission) -> BatchRow
         await validator._advance_batch(row)
 
     asyncio.run(scenario())
-    after = validator.store.get_batch(batch.root, batch.node)
+    after = validator.store.get_batch(batch.root, batch.node, batch.slot)
     assert after is not None
     return after
 
@@ -205,6 +208,7 @@ def test_a_batch_naming_a_file_twice_is_invalidated_with_the_proof_of_the_second
     assert "validator_batch_invalidations_sent_total 1\n" in validator.metrics.render()
     kept = json.loads((tmp_path / "state" / "evidence" / "batches" / tree.root.hex() / "record.json").read_text())
     assert (kept["reason"], kept["detail"], kept["proof"]["index"]) == (3, detail, 2)
+    assert kept["slot"] == kept["proof"]["slot"] == batch.slot  # what invalidateBatch names the batch by
     assert kept["proof"]["siblings"] == ["0x" + s.hex() for s in tree.proof(2).siblings]
     assert (tmp_path / "state" / "evidence" / "batches" / tree.root.hex() / "leaves.bin").read_bytes() == (
         encode_leaves(tree.leaves)
@@ -217,10 +221,13 @@ def test_a_batch_naming_a_file_twice_is_invalidated_with_the_proof_of_the_second
     listed = CliRunner().invoke(app, ["rejections", "--json", *state])
     assert listed.exit_code == 0, listed.output
     (entry,) = json.loads(listed.stdout)
-    assert (entry["work_key"], entry["batch"], entry["leaf_index"]) == (None, "0x" + tree.root.hex(), 2)
+    assert (entry["work_key"], entry["batch"], entry["slot"], entry["leaf_index"]) == (
+        None, "0x" + tree.root.hex(), batch.slot, 2
+    )  # fmt: skip
     assert (entry["reason"], entry["reason_name"], entry["detail"]) == (3, "wrong_assignment", detail)
     table = CliRunner().invoke(app, ["rejections", *state], env={"COLUMNS": "300"})
     assert table.exit_code == 0 and "1 batches rejected for their leaf list" in table.output
+    assert f"(slot {batch.slot})" in table.output
 
 
 def test_a_batch_whose_leaf_list_was_never_available_is_invalidated_without_a_proof(
@@ -266,6 +273,76 @@ def test_nothing_is_sent_for_a_batch_whose_window_closed(
     assert owner.burned() == 0 and validator.store.due_batch(2e9) is None  # leaf b is still judged, late
 
 
+def test_nothing_is_sent_for_a_batch_claimed_and_written_over_but_its_files_are_still_judged(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """A validator that fell behind rejects a file, and a batch's list, after their batches were claimed and their
+    slots took later batches: the window closed, so nothing is sent, but each was a real submission, and the other
+    file of the batch is still judged (and attested, for training)."""
+    pool_id, node = pool
+    owner = ledger_for(OWNER)
+    validator = daemon(ledger_for, pool_id, tmp_path / "state")
+    batch, tree = submitted(validator, node, pool_id, "a", "b")
+    files = listed(validator, batch, tree)
+    late_file = attested(validator, files[0], reject(Reason.PROOF_INVALID, "model", "row 3 at 9x"))
+    other, other_tree = submitted(validator, node, pool_id, "c", "d")
+    validator.store.reject_batch(
+        other, int(Reason.BAD_FORMAT), "units", leaf_index=0, leaves=encode_leaves(other_tree.leaves)
+    )
+    chain.increase_time(WINDOW + 1)
+    node.claim_batches(pool_id, node.address, [batch.root, other.root], slots=[batch.slot, other.slot])
+    later = [submitted(validator, node, pool_id, label)[0] for label in ("e", "f")]
+    assert [b.slot for b in later] == [batch.slot, other.slot]  # both slots written over
+
+    after_file, after_batch = act(validator, late_file), act_on_batch(validator, other)
+
+    assert after_file.stage == ATTESTED and after_file.tx_hash is None
+    assert after_file.note is not None and "written over" in after_file.note
+    assert after_batch.stage == REJECTED and after_batch.tx_hash is None
+    assert after_batch.note is not None and "written over" in after_batch.note
+    assert owner.burned() == 0
+    waiting = validator.store.get(files[1].work_key, node.address)
+    assert waiting is not None and waiting.stage == SEEN
+    assert asyncio.run(validator._still_submitted(waiting))  # submitted: judged, however late
+    assert validator.store.get(files[1].work_key, node.address) == waiting  # not parked as gone
+
+
+def test_nothing_is_sent_for_a_batch_a_reorganisation_took_out(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """Batches recorded here that the chain never held (a reorganisation took them out; slot 3 is empty, slot 0 holds
+    a later batch submitted within their window): a rejected file of one and a rejected list of the other are parked
+    as gone, nothing sent; a file of theirs is not judged."""
+    pool_id, node = pool
+    owner = ledger_for(OWNER)
+    validator = daemon(ledger_for, pool_id, tmp_path / "state")
+    now = node.timestamp()
+    taken = []
+    for slot, labels in ((3, ("a", "b")), (0, ("c",))):
+        tree = BatchTree([Leaf(work_key(label), 100) for label in labels])
+        batch = BatchSubmission(pool_id, tree.root, node.address, tree.count, tree.total_units, 1, slot, now, slot=slot)
+        validator.store.record([], next_block=1, batches=[batch], window=WINDOW)
+        taken.append((batch, tree))
+    (gone, gone_tree), (gone_list, gone_list_tree) = taken
+    files = listed(validator, gone, gone_tree)
+    bad = attested(validator, files[0], reject(Reason.PROOF_INVALID, "model", "row 3 at 9x"))
+    validator.store.reject_batch(
+        gone_list, int(Reason.BAD_FORMAT), "units", leaf_index=0, leaves=encode_leaves(gone_list_tree.leaves)
+    )
+    submitted(validator, node, pool_id, "d")  # into slot 0, the lowest free one
+
+    after_file, after_batch = act(validator, bad), act_on_batch(validator, gone_list)
+
+    assert (after_file.stage, after_file.note, after_file.tx_hash) == (ATTESTED, GONE, None)
+    assert (after_batch.stage, after_batch.note, after_batch.tx_hash) == (UNVERIFIABLE, GONE, None)
+    assert owner.burned() == 0
+    waiting = validator.store.get(files[1].work_key, node.address)
+    assert waiting is not None
+    assert not asyncio.run(validator._still_submitted(waiting))
+    parked = validator.store.get(files[1].work_key, node.address)
+    assert parked is not None and (parked.stage, parked.note) == (UNVERIFIABLE, GONE)
+
+
 # --- the listing stage, with the real coordinator on loopback ------------------------------------------------
 
 
@@ -305,11 +382,11 @@ def listing(
     return box[0]
 
 
-async def list_once(validator: ValidatorDaemon, root: bytes, node: str) -> BatchRow:
-    row = validator.store.get_batch(root, node)
+async def list_once(validator: ValidatorDaemon, batch: BatchSubmission) -> BatchRow:
+    row = validator.store.get_batch(batch.root, batch.node, batch.slot)
     assert row is not None
     await validator._advance_batch(row)
-    after = validator.store.get_batch(root, node)
+    after = validator.store.get_batch(batch.root, batch.node, batch.slot)
     assert after is not None
     return after
 
@@ -323,9 +400,10 @@ def on_chain(
     receipt = node.submit_batch(pool_id, tree.root, tree.count, total)
     record = node.get_batch(pool_id, node.address, tree.root)
     batch = BatchSubmission(
-        pool_id, tree.root, node.address, tree.count, total, receipt["blockNumber"], 0, record.submitted_at
-    )
-    validator.store.record([], next_block=receipt["blockNumber"] + 1, batches=[batch])
+        pool_id, tree.root, node.address, tree.count, total, receipt["blockNumber"], 0, record.submitted_at,
+        slot=record.slot,
+    )  # fmt: skip
+    validator.store.record([], next_block=receipt["blockNumber"] + 1, batches=[batch], window=WINDOW)
     return batch
 
 
@@ -341,7 +419,7 @@ def test_a_sound_leaf_list_from_the_coordinator_makes_one_file_row_per_leaf(
             api.service.inbox.put(key, data, node.address)
         await worker.upload_batch(leaves)
         batch = on_chain(validator, node, pool_id, leaves)
-        after = await list_once(validator, batch.root, node.address)
+        after = await list_once(validator, batch)
         assert after.stage == LISTED and after.leaves == encode_leaves(leaves)
         for index, leaf in enumerate(leaves):
             row = validator.store.get(leaf.work_key, node.address)
@@ -361,10 +439,10 @@ def test_a_leaf_list_never_uploaded_waits_its_grace_then_condemns_the_batch_as_u
 
     async def scenario(validator: ValidatorDaemon, api: CoordinatorApi, worker: CoordinatorClient) -> None:
         batch = on_chain(validator, node, pool_id, leaves)
-        waiting = await list_once(validator, batch.root, node.address)
+        waiting = await list_once(validator, batch)
         assert waiting.stage == SEEN and waiting.last_error == "the coordinator does not have the leaf list yet"
         validator.config = dataclasses.replace(validator.config, grace_seconds=0.001)
-        after = await list_once(validator, batch.root, node.address)
+        after = await list_once(validator, batch)
         assert (after.stage, after.reason, after.leaf_index) == (REJECTED, 8, None)
 
     listing(ledger_for, pool_id, tmp_path, scenario)
@@ -385,14 +463,14 @@ def test_a_list_whose_units_are_not_the_records_is_bad_format_and_a_file_listed_
         for leaves in (first, again, overclaimed):
             await worker.upload_batch(leaves)
         sound = on_chain(validator, node, pool_id, first)
-        assert (await list_once(validator, sound.root, node.address)).stage == LISTED
+        assert (await list_once(validator, sound)).stage == LISTED
         twice = on_chain(validator, node, pool_id, again)
-        rejected = await list_once(validator, twice.root, node.address)
+        rejected = await list_once(validator, twice)
         assert (rejected.stage, rejected.reason, rejected.leaf_index) == (REJECTED, 3, 1)
         assert rejected.detail is not None and sound.root.hex() in rejected.detail
         assert validator.store.get(files[2][0], node.address) is None  # a condemned list makes no file rows
         more = on_chain(validator, node, pool_id, overclaimed, total_units=12)  # the chain pays 12 for 11
-        wrong = await list_once(validator, more.root, node.address)
+        wrong = await list_once(validator, more)
         assert (wrong.stage, wrong.reason, wrong.leaf_index) == (REJECTED, 2, 0)
         assert wrong.detail == "the leaves' units add up to 11; the chain records 12 for the batch"
 
@@ -411,7 +489,7 @@ def test_a_leaf_list_the_coordinator_receipted_and_lost_is_never_the_workers_fau
         await worker.upload_batch(leaves)
         api.service.batches.path(BatchTree(leaves).root).unlink()  # the coordinator's disk loses it
         batch = on_chain(validator, node, pool_id, leaves)
-        after = await list_once(validator, batch.root, node.address)
+        after = await list_once(validator, batch)
         assert after.stage == UNVERIFIABLE and after.note is not None and "lost" in after.note.lower()
         assert after.reason is None and validator.store.due_batch(2e9) is None  # nothing will ever be sent
 
@@ -437,31 +515,102 @@ def test_the_evidence_of_a_rejected_leaf_keeps_its_batch_and_proof(
     assert recorded is not None and recorded.reason == 2 and recorded.last_error is None
     kept = json.loads((tmp_path / "state" / "evidence" / row.work_key.hex() / "record.json").read_text())
     assert kept["batch"]["root"] == "0x" + tree.root.hex() and kept["batch"]["index"] == 1
+    assert kept["batch"]["slot"] == batch.slot
     assert kept["batch"]["siblings"] == ["0x" + s.hex() for s in tree.proof(1).siblings]
 
 
 def test_a_file_of_a_batch_a_reorganisation_took_out_may_come_back_in_another_batch(
     chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
 ) -> None:
-    """The validator listed batch A, then a reorganisation took A out and the worker committed its file in batch B:
-    B is no second submission of the file (A is not on chain), so B is listed and its leaf judged under B."""
+    """The validator listed batches A (slot 0) and A' (slot 7), then a reorganisation took both out, and the worker
+    committed their files in batch B, which went into slot 0 within A's window: B is no second submission of the
+    files (neither A, whose slot holds B, nor A', whose slot is empty, is on chain), so B is listed and its leaves
+    judged under B."""
     pool_id, node = pool
-    key, data = held("a")
-    gone_leaves = [Leaf(key, 10), Leaf(held("b")[0], 10)]
-    again = [Leaf(key, 10)]
+    (key, data), (other, other_data) = held("a"), held("c")
+    again = [Leaf(key, 10), Leaf(other, 10)]
 
     async def scenario(validator: ValidatorDaemon, api: CoordinatorApi, worker: CoordinatorClient) -> None:
         api.service.inbox.put(key, data, node.address)
+        api.service.inbox.put(other, other_data, node.address)
         await worker.upload_batch(again)
-        gone = BatchTree(gone_leaves)  # recorded and listed here, never on this chain: as if a reorganisation took it
-        taken = BatchSubmission(pool_id, gone.root, node.address, 2, 20, 1, 0, 1_700_000_000)
-        validator.store.record([], next_block=1, batches=[taken])
-        listed(validator, taken, gone)
+        now = node.timestamp()
+        for slot, leaves in ((0, [Leaf(key, 10), Leaf(held("b")[0], 10)]), (7, [Leaf(other, 10)])):
+            gone = BatchTree(leaves)  # recorded and listed here, never on this chain: as if a reorganisation took it
+            taken = BatchSubmission(
+                pool_id, gone.root, node.address, gone.count, gone.total_units, 1, slot, now - 60, slot=slot
+            )
+            validator.store.record([], next_block=1, batches=[taken], window=WINDOW)
+            listed(validator, taken, gone)
         batch = on_chain(validator, node, pool_id, again)
-        after = await list_once(validator, batch.root, node.address)
+        assert batch.slot == 0 and batch.submitted_at < now - 60 + WINDOW  # A's slot, within A's window
+        after = await list_once(validator, batch)
         assert after.stage == LISTED, after.detail
-        row = validator.store.get(key, node.address)
-        assert row is not None and (row.root, row.leaf_index, row.stage) == (batch.root, 0, SEEN)
-        assert row.submitted_at == batch.submitted_at
+        for index, file in enumerate((key, other)):
+            row = validator.store.get(file, node.address)
+            assert row is not None and (row.root, row.slot, row.leaf_index, row.stage) == (batch.root, 0, index, SEEN)
+            assert row.submitted_at == batch.submitted_at
+
+    listing(ledger_for, pool_id, tmp_path, scenario)
+
+
+def test_a_node_that_claims_a_batch_and_names_one_of_its_files_again_in_the_reused_slot_is_condemned(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """The node's first batch is claimed (paid); its next batch goes into the same slot, written over, and names a
+    file of the first again: a file paid once, reason 3, whose invalidation names the new batch by its slot."""
+    pool_id, node = pool
+    owner = ledger_for(OWNER)
+    files = [held(label) for label in ("a", "b", "c")]
+    first = [Leaf(files[0][0], 10), Leaf(files[1][0], 10)]
+    again = [Leaf(files[2][0], 10), Leaf(files[1][0], 10)]  # file b, paid with the first batch
+
+    async def scenario(validator: ValidatorDaemon, api: CoordinatorApi, worker: CoordinatorClient) -> None:
+        for key, data in files:
+            api.service.inbox.put(key, data, node.address)
+        for leaves in (first, again):
+            await worker.upload_batch(leaves)
+        paid = on_chain(validator, node, pool_id, first)
+        assert (await list_once(validator, paid)).stage == LISTED
+        chain.increase_time(WINDOW + 1)
+        node.claim_batches(pool_id, node.address, [paid.root], slots=[paid.slot])
+        reused = on_chain(validator, node, pool_id, again)
+        assert reused.slot == paid.slot  # the claimed batch's slot, written over
+        rejected = await list_once(validator, reused)
+        assert (rejected.stage, rejected.reason, rejected.leaf_index) == (REJECTED, 3, 1)
+        assert rejected.detail is not None and f"0x{paid.root.hex()} (slot {paid.slot})" in rejected.detail
+        sent = await list_once(validator, reused)  # the invalidation, with leaf 1's proof
+        assert sent.stage == INVALIDATED and sent.tx_hash is not None
+
+    listing(ledger_for, pool_id, tmp_path, scenario)
+    record = owner.get_slot(pool_id, node.address, 0)
+    assert (record.root, record.status) == (BatchTree(again).root, BatchStatus.INVALIDATED)
+    assert owner.burned() == 50 * TOKEN
+
+
+def test_a_root_claimed_and_submitted_again_into_its_slot_is_condemned_as_a_second_payment_of_its_files(
+    chain: LocalChain, ledger_for: LedgerFor, pool: tuple[int, Ledger], tmp_path: Path
+) -> None:
+    """The same root, claimed, then submitted again into its slot (its leaf list still at the coordinator): a new
+    batch, not the first read again, and every file of it was paid before."""
+    pool_id, node = pool
+    files = [held(label) for label in ("a", "b")]
+    leaves = [Leaf(key, 10) for key, _ in files]
+
+    async def scenario(validator: ValidatorDaemon, api: CoordinatorApi, worker: CoordinatorClient) -> None:
+        for key, data in files:
+            api.service.inbox.put(key, data, node.address)
+        await worker.upload_batch(leaves)
+        paid = on_chain(validator, node, pool_id, leaves)
+        assert (await list_once(validator, paid)).stage == LISTED
+        chain.increase_time(WINDOW + 1)
+        node.claim_batches(pool_id, node.address, [paid.root], slots=[paid.slot])
+        again = on_chain(validator, node, pool_id, leaves)
+        assert (again.slot, again.root) == (paid.slot, paid.root) and again.submitted_at > paid.submitted_at
+        rejected = await list_once(validator, again)
+        assert (rejected.stage, rejected.reason, rejected.leaf_index) == (REJECTED, 3, 0)
+        assert rejected.submitted_at == again.submitted_at
+        row = validator.store.get(files[0][0], node.address)
+        assert row is not None and row.submitted_at == paid.submitted_at  # still the first batch's file
 
     listing(ledger_for, pool_id, tmp_path, scenario)

@@ -122,13 +122,14 @@ def stage_of(state: Path, work_key: bytes, node: LocalAccount) -> str | None:
         store.close()
 
 
-def batch_stage_of(state: Path, root: bytes, node: LocalAccount) -> str | None:
-    """The stage of `node`'s batch `root` in the validator's store (None: no such row, or no store yet)."""
+def batch_stage_of(state: Path, root: bytes, node: LocalAccount, slot: int) -> str | None:
+    """The stage of `node`'s batch `root` in its slot `slot` in the validator's store (None: no such row, or no store
+    yet)."""
     if not (state / "validator.db").exists():
         return None
     store = ValidatorStore.open_existing(state)
     try:
-        batch = store.get_batch(root, node.address)
+        batch = store.get_batch(root, node.address, slot)
         return None if batch is None else batch.stage
     finally:
         store.close()
@@ -210,6 +211,8 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_batches_once_and_resume
         # another member lists the honest node's file (held by the coordinator) in a batch of its own
         squatted = commit(squatter, first[0], upload=False)
         submit(node_ledgers[cheater.address], pool_id, unlisted)
+        unlisted_slot = node_ledgers[cheater.address].get_batch(pool_id, cheater.address, unlisted.root).slot
+        assert unlisted_slot == 1  # the faked batch, pending, holds the cheater's slot 0
         (run / "inbox" / f"{lost[1].hex()}.parquet").unlink()  # the coordinator's disk lost it
 
         common = ["--pool", str(pool_id), "--dev-key", "2", "--deployment", "deployment.json", "--state", str(state)]
@@ -224,7 +227,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_batches_once_and_resume
         )  # fmt: skip
         os.killpg(validator_a.pid, signal.SIGKILL)  # mid-run: the unlisted batch's grace period is still running
         validator_a.wait()
-        assert batch_stage_of(state, unlisted.root, cheater) == SEEN
+        assert batch_stage_of(state, unlisted.root, cheater, unlisted_slot) == SEEN
 
         second_batch = commit(honest, second[0])  # while no validator runs
         log_b = tmp_path / "validator-b.log"
@@ -233,7 +236,7 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_batches_once_and_resume
         processes.append(validator_b)
         wait_for(
             lambda: stage_of(state, second[1], honest) == ATTESTED
-            and batch_stage_of(state, unlisted.root, cheater) == INVALIDATED,
+            and batch_stage_of(state, unlisted.root, cheater, unlisted_slot) == INVALIDATED,
             "verdicts after the restart", validator_b, log_b, 90,
         )  # fmt: skip
         seen_by_b = metrics(state)
@@ -289,9 +292,13 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_batches_once_and_resume
     unlisted_row = rows[None, "0x" + unlisted.root.hex()]
     assert len(rows) == 3
     assert squatted_row["node"] == squatter.address and squatted_row["reason_name"] == "bad_format"
-    assert (faked_row["reason_name"], faked_row["leaf_index"]) == ("reward_mismatch", 0)
+    assert (faked_row["reason_name"], faked_row["leaf_index"], faked_row["slot"]) == ("reward_mismatch", 0, 0)
     assert faked_row["invalidation_tx"].startswith("0x")
-    assert (unlisted_row["reason_name"], unlisted_row["leaf_index"]) == ("file_unavailable", None)
+    assert (unlisted_row["reason_name"], unlisted_row["leaf_index"], unlisted_row["slot"]) == (
+        "file_unavailable",
+        None,
+        1,
+    )
     assert unlisted_row["invalidation_tx"].startswith("0x")
     table = CliRunner().invoke(app, ["rejections", "--state", str(state)], env={"COLUMNS": "300"})
     assert "reward_mismatch (6)" in table.output and "file_unavailable (8)" in table.output
@@ -304,7 +311,11 @@ def test_the_daemon_accepts_honest_files_invalidates_bad_batches_once_and_resume
     assert "rejected, reward_mismatch (6)" in explained.output and "the re-verification agrees" in explained.output
     assert (state / "evidence" / "checkpoints" / "step_0" / "model.safetensors").is_file()
     kept = json.loads((state / "evidence" / faked[1].hex() / "record.json").read_text())
-    assert (kept["batch"]["root"], kept["batch"]["index"]) == ("0x" + faked_batch.root.hex(), 0)
+    assert (kept["batch"]["root"], kept["batch"]["slot"], kept["batch"]["index"]) == (
+        "0x" + faked_batch.root.hex(),
+        0,
+        0,
+    )
     condemned = state / "evidence" / "batches" / unlisted.root.hex()
     assert json.loads((condemned / "record.json").read_text())["proof"] is None
     assert not (condemned / "leaves.bin").exists()

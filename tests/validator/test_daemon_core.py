@@ -52,7 +52,9 @@ def leaves_of(labels: Sequence[str], block: int = 0, log_index: int = 0) -> list
     the batch's root and place."""
     tree = BatchTree([Leaf(key(label), 100) for label in labels])
     return [
-        Submission(1, key(label), NODE, 100, block, log_index, 1_700_000_000 + block, root=tree.root, leaf_index=i)
+        Submission(
+            1, key(label), NODE, 100, block, log_index, 1_700_000_000 + block, root=tree.root, leaf_index=i, slot=0
+        )
         for i, label in enumerate(labels)
     ]
 
@@ -66,9 +68,11 @@ def submission(label: str, block: int = 0, log_index: int = 0) -> Submission:
 def batch_of(files: Sequence[Submission]) -> BatchSubmission:
     """The batch record whose leaves are `files`."""
     first = files[0]
-    assert first.root is not None
+    assert first.root is not None and first.slot is not None
     units = sum(f.units for f in files)
-    return BatchSubmission(1, first.root, NODE, len(files), units, first.block, first.log_index, first.submitted_at)
+    return BatchSubmission(
+        1, first.root, NODE, len(files), units, first.block, first.log_index, first.submitted_at, slot=first.slot
+    )
 
 
 def listed(
@@ -330,7 +334,7 @@ def test_a_batch_a_reorganisation_moved_takes_its_files_along_and_an_unsent_reje
         rejected.work_key: (SEEN, None, None),  # judged again, by its new time
         sent.work_key: (INVALIDATED, False, int(Reason.STALE_STEP)),  # on chain already: left as it is
     }
-    batch = store.get_batch(moved.root, NODE)
+    batch = store.get_batch(moved.root, NODE, moved.slot)
     assert batch is not None and (batch.stage, batch.block) == (LISTED, 13)  # its list kept: nothing to fetch again
     assert store.block_hashes() == {14: b"\x03" * 32}
     assert store.cursor(0) == 15

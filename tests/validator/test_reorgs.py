@@ -54,7 +54,7 @@ def batch(label: str) -> BatchTree:
 
 def raw_submission(node: Ledger, pool_id: int, tree: BatchTree, nonce: int) -> str:
     account = dev_account(NODE)
-    tx = node.work.functions.submitBatch(pool_id, tree.root, tree.count, tree.total_units).build_transaction(
+    tx = node.work.functions.submitBatch(pool_id, 0, tree.root, tree.count, tree.total_units).build_transaction(
         {"from": account.address, "nonce": nonce, "gas": 300_000, "maxFeePerGas": 10 * 10**9,
          "maxPriorityFeePerGas": 10**9, "chainId": node.w3.eth.chain_id}
     )  # fmt: skip
@@ -84,16 +84,16 @@ def test_a_batch_moved_behind_the_cursor_is_recorded_and_one_removed_is_never_in
     async def scenario() -> None:
         running = asyncio.create_task(validator.run())
         try:
-            await until(lambda: store.get_batch(removed.root, address) is not None, "first submission recorded")
+            await until(lambda: store.get_batch(removed.root, address, 0) is not None, "first submission recorded")
             # four new blocks from the one before the submission: the submission is gone, another one (same nonce)
             # sits one block later, at a height the daemon has read already
             response = chain.w3.provider.make_request(
                 "anvil_reorg", [4, [[raw_submission(node, pool_id, moved, nonce), 1]]]
             )  # type: ignore[arg-type]
             assert "error" not in response, response
-            await until(lambda: store.get_batch(moved.root, address) is not None, "the moved submission recorded")
+            await until(lambda: store.get_batch(moved.root, address, 0) is not None, "the moved submission recorded")
             await until(
-                lambda: (row := store.get_batch(removed.root, address)) is not None and row.stage == UNVERIFIABLE,
+                lambda: (row := store.get_batch(removed.root, address, 0)) is not None and row.stage == UNVERIFIABLE,
                 "the removed submission parked",
             )
             assert "validator_chain_reorganisations_total 1\n" in validator.metrics.render()
@@ -105,7 +105,7 @@ def test_a_batch_moved_behind_the_cursor_is_recorded_and_one_removed_is_never_in
 
     store = validator.store.open(tmp_path / "state", chain_id=31337, work_ledger=node.work.address, pool_id=pool_id,
                                  validator=dev_account(VALIDATOR).address)  # fmt: skip
-    gone, kept = store.get_batch(removed.root, address), store.get_batch(moved.root, address)
+    gone, kept = store.get_batch(removed.root, address, 0), store.get_batch(moved.root, address, 0)
     assert gone is not None and (gone.stage, gone.note, gone.tx_hash) == (UNVERIFIABLE, GONE, None)
     assert kept is not None and kept.stage == SEEN  # its leaf list waits for the (closed) coordinator, not skipped
     assert kept.last_error is not None and kept.block < store.cursor(0)
@@ -128,9 +128,9 @@ def test_confirmations_hold_a_submission_back_until_it_is_that_deep(
             for _ in range(2):
                 await asyncio.to_thread(chain.mine)
             await asyncio.sleep(0.5)  # ten polls
-            assert store.get_batch(deep.root, address) is None  # two blocks deep: not yet
+            assert store.get_batch(deep.root, address, 0) is None  # two blocks deep: not yet
             await asyncio.to_thread(chain.mine)
-            await until(lambda: store.get_batch(deep.root, address) is not None, "the submission three blocks deep")
+            await until(lambda: store.get_batch(deep.root, address, 0) is not None, "the submission three blocks deep")
         finally:
             validator.stopping.set()
             await running

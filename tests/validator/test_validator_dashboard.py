@@ -54,11 +54,12 @@ def listed_batches(store: ValidatorStore, names: tuple[str, ...]) -> dict[str, S
     for i, name in enumerate(names):
         leaf = Leaf(key_of(name), 100 + i)
         tree = BatchTree([leaf])
-        batch = BatchSubmission(1, tree.root, node, 1, leaf.units, 10 + i, 0, 1_700_000_000)
+        batch = BatchSubmission(1, tree.root, node, 1, leaf.units, 10 + i, 0, 1_700_000_000, slot=i)
         store.record([], next_block=20, batches=[batch])
         files[name] = Submission(
-            1, leaf.work_key, node, leaf.units, batch.block, 0, batch.submitted_at, root=tree.root, leaf_index=0
-        )
+            1, leaf.work_key, node, leaf.units, batch.block, 0, batch.submitted_at, root=tree.root, leaf_index=0,
+            slot=i,
+        )  # fmt: skip
         store.list_batch(batch, encode_leaves([leaf]), [files[name]], mine=lambda key: True)
     return files
 
