@@ -4,13 +4,13 @@ them runs against anvil in tests/validator/test_batch_daemon.py."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
 from ledger.merkle import BatchTree, Leaf
 from ledger.types import Reason
 from protocol.batches import encode_leaves
+from tests.ledger.helpers import work_key
 from validator.batches import check_leaves
 from validator.slots import SlotBatch
 from validator.store import (
@@ -32,12 +32,8 @@ VALIDATOR = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
 LEDGER = "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9"
 
 
-def key(label: str) -> bytes:
-    return hashlib.sha256(label.encode()).digest()
-
-
 def leaves(*labels: str, units: int = 100) -> tuple[Leaf, ...]:
-    return tuple(Leaf(key(label), units) for label in labels)
+    return tuple(Leaf(work_key(label), units) for label in labels)
 
 
 def check(listed: tuple[Leaf, ...], **overrides: object) -> object:
@@ -71,7 +67,7 @@ def test_units_that_do_not_add_up_to_the_record_are_bad_format_at_leaf_0() -> No
 
 
 def test_a_leaf_over_the_pools_cap_is_bad_format_at_that_leaf() -> None:
-    listed = (*leaves("a"), Leaf(key("b"), 5_000), *leaves("c"))
+    listed = (*leaves("a"), Leaf(work_key("b"), 5_000), *leaves("c"))
     fault = check(listed)
     assert fault is not None
     assert (fault.reason, fault.leaf_index) == (Reason.BAD_FORMAT, 1)  # type: ignore[attr-defined]
@@ -85,11 +81,11 @@ def test_a_file_twice_in_one_batch_is_a_wrong_assignment_at_its_second_leaf() ->
 
 def test_a_file_submitted_before_in_another_batch_is_a_wrong_assignment_naming_that_batch_and_its_slot() -> None:
     other = SlotBatch(3, b"\x07" * 32, 1_700_000_000)
-    fault = check(leaves("a", "b"), earlier={key("b"): other})
+    fault = check(leaves("a", "b"), earlier={work_key("b"): other})
     assert fault is not None
     assert (fault.reason, fault.leaf_index) == (Reason.WRONG_ASSIGNMENT, 1)  # type: ignore[attr-defined]
     assert f"in batch 0x{other.root.hex()} (slot 3)" in fault.detail  # type: ignore[attr-defined]
-    fault = check(leaves("a", "b"), earlier={key("a"): other, key("b"): other})
+    fault = check(leaves("a", "b"), earlier={work_key("a"): other, work_key("b"): other})
     assert fault is not None and fault.leaf_index == 0  # type: ignore[attr-defined]  # the first repeated leaf
 
 
@@ -136,12 +132,12 @@ def test_a_batch_is_recorded_with_the_cursor_then_listed_into_file_rows_that_rem
     listed_row = store.get_batch(batch.root, NODE, 0)
     assert listed_row is not None and listed_row.stage == LISTED and listed_row.leaves == encode_leaves(listed)
     assert store.due_batch(time.time()) is None
-    row = store.get(key("b"), NODE)
+    row = store.get(work_key("b"), NODE)
     assert row is not None and (row.root, row.leaf_index, row.stage, row.units) == (batch.root, 1, SEEN, 100)
-    assert store.recorded_keys(NODE, [key("b"), key("z")]) == {key("b"): batch.in_slot}
+    assert store.recorded_keys(NODE, [work_key("b"), work_key("z")]) == {work_key("b"): batch.in_slot}
     store.close()
     reopened = open_store(tmp_path)  # the leaf's place survives a restart
-    row = reopened.get(key("c"), NODE)
+    row = reopened.get(work_key("c"), NODE)
     assert row is not None and (row.root, row.leaf_index, row.slot) == (batch.root, 2, 0)
 
 
@@ -172,7 +168,7 @@ def test_another_validators_invalidation_covers_the_batch_and_its_unjudged_files
     store.list_batch(batch, encode_leaves(listed), files_of(batch, listed), mine=lambda key: True)
     store.move(files_of(batch, listed)[0], INVALIDATED, tx_hash="0x" + "cd" * 32)  # judged and sent here
     assert store.batch_invalidated_elsewhere(batch.root, NODE, VALIDATOR) == 1  # leaf "b" only
-    judged, unjudged = store.get(key("a"), NODE), store.get(key("b"), NODE)
+    judged, unjudged = store.get(work_key("a"), NODE), store.get(work_key("b"), NODE)
     assert judged is not None and judged.stage == INVALIDATED
     assert unjudged is not None and unjudged.stage == COVERED
     assert store.batch_invalidated_elsewhere(unlisted.root, NODE, VALIDATOR) == 1
@@ -190,7 +186,7 @@ def test_a_batch_a_reorganisation_moved_takes_its_files_along_and_one_parked_gon
     store.list_batch(batch, encode_leaves(listed), files_of(batch, listed), mine=lambda key: True)
     moved = batch_of(listed, block=13, log_index=2)
     store.record([], 14, batches=[moved])
-    row = store.get(key("b"), NODE)
+    row = store.get(work_key("b"), NODE)
     assert row is not None and (row.block, row.log_index, row.submitted_at) == (13, 2, 1_700_000_013)
     kept = store.get_batch(batch.root, NODE, 0)
     assert kept is not None and (kept.block, kept.stage) == (13, LISTED)  # its list stays; nothing to fetch
@@ -203,7 +199,7 @@ def test_a_batch_a_reorganisation_moved_takes_its_files_along_and_one_parked_gon
     again = store.due_batch(time.time())
     assert again is not None and (again.root, again.stage, again.note, again.block) == (gone.root, SEEN, None, 17)
     # a file of a listed batch is no duplicate of itself, but a key seen before is reported with its batch
-    assert store.recorded_keys(NODE, [key("a")]) == {key("a"): moved.in_slot}
+    assert store.recorded_keys(NODE, [work_key("a")]) == {work_key("a"): moved.in_slot}
 
 
 # --- slots: a node's slot is reused once its batch is settled ----------------------------------------------
@@ -221,7 +217,7 @@ def test_one_root_in_two_slots_is_two_batches_and_each_files_rows_stay_with_the_
     assert in_first is not None and in_second is not None
     assert (in_first.stage, in_second.stage, in_second.block) == (LISTED, SEEN, 11)
     # the second's leaves were submitted before, in the first: what the daemon holds against it
-    assert store.recorded_keys(NODE, [key("a")]) == {key("a"): first.in_slot}
+    assert store.recorded_keys(NODE, [work_key("a")]) == {work_key("a"): first.in_slot}
 
 
 def test_a_root_submitted_again_into_its_slot_a_window_later_is_a_new_batch_and_the_first_ones_files_stay(
@@ -237,7 +233,7 @@ def test_a_root_submitted_again_into_its_slot_a_window_later_is_a_new_batch_and_
     assert store.record([], 13, batches=[moved], window=WINDOW) == 0
     row = store.get_batch(first.root, NODE, 0)
     assert row is not None and (row.block, row.stage) == (12, LISTED)
-    file = store.get(key("a"), NODE)
+    file = store.get(work_key("a"), NODE)
     assert file is not None and file.block == 12  # its files moved with it
 
     again = batch_of(listed, block=900, at=moved.submitted_at + WINDOW)  # claimed, then the same root again
@@ -246,9 +242,10 @@ def test_a_root_submitted_again_into_its_slot_a_window_later_is_a_new_batch_and_
     assert row is not None
     assert (row.block, row.submitted_at, row.stage, row.reason, row.note) == (900, again.submitted_at, SEEN, None, None)
     assert row.leaves == encode_leaves(listed)  # the root commits to its list
-    file = store.get(key("a"), NODE)
+    file = store.get(work_key("a"), NODE)
     assert file is not None and (file.block, file.submitted_at) == (12, moved.submitted_at)  # the first batch's still
-    assert store.recorded_keys(NODE, [key("a")]) == {key("a"): moved.in_slot}  # submitted before the new batch
+    earlier = store.recorded_keys(NODE, [work_key("a")])
+    assert earlier == {work_key("a"): moved.in_slot}  # submitted before the new batch
 
 
 def test_a_state_from_before_slots_gets_them_with_its_batches_and_files_kept(tmp_path: Path) -> None:
@@ -278,7 +275,7 @@ def test_a_state_from_before_slots_gets_them_with_its_batches_and_files_kept(tmp
     reopened = open_store(tmp_path)
     kept = reopened.get_batch(batch.root, NODE, 0)
     assert kept is not None and (kept.stage, kept.leaves) == (LISTED, encode_leaves(listed))
-    file = reopened.get(key("a"), NODE)
+    file = reopened.get(work_key("a"), NODE)
     assert file is not None and (file.root, file.slot) == (batch.root, None)
     key_columns = [row[1] for row in reopened.db.execute("PRAGMA table_info(batches)") if row[5]]
     assert key_columns == ["pool_id", "node", "slot", "root"]

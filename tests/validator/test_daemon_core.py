@@ -7,7 +7,6 @@ and listed as its `_list` lists a sound leaf list (tests/validator/test_batch_li
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from ledger.merkle import BatchTree, Leaf
 from ledger.types import Reason
 from protocol.batches import encode_leaves
 from protocol.coordinator.client import PublishedStep
+from tests.ledger.helpers import work_key
 from validator.errors import ValidatorStateError
 from validator.store import (
     ATTESTED,
@@ -43,17 +43,13 @@ VALIDATOR = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
 LEDGER = "0xCf7Ed3AccA5a467e9e704C703E8D87F634fB0Fc9"
 
 
-def key(label: str) -> bytes:
-    return hashlib.sha256(label.encode()).digest()
-
-
 def leaves_of(labels: Sequence[str], block: int = 0, log_index: int = 0) -> list[Submission]:
     """NODE's batch of the files `labels` (100 units each) submitted at `block`: its files, in leaf order, each with
     the batch's root and place."""
-    tree = BatchTree([Leaf(key(label), 100) for label in labels])
+    tree = BatchTree([Leaf(work_key(label), 100) for label in labels])
     return [
         Submission(
-            1, key(label), NODE, 100, block, log_index, 1_700_000_000 + block, root=tree.root, leaf_index=i, slot=0
+            1, work_key(label), NODE, 100, block, log_index, 1_700_000_000 + block, root=tree.root, leaf_index=i, slot=0
         )
         for i, label in enumerate(labels)
     ]
@@ -108,7 +104,7 @@ def test_batches_and_the_cursor_are_recorded_together_and_survive_a_reopen(tmp_p
     assert store.due(now=2e9) is None and store.counts()[SEEN] == 0  # no file row before its batch is listed
     assert listed(store, 14, b, a) == 0
     first = store.due(now=2e9)
-    assert first is not None and (first.work_key, first.stage, first.block) == (key("a"), SEEN, 10)
+    assert first is not None and (first.work_key, first.stage, first.block) == (work_key("a"), SEEN, 10)
     assert store.counts()[SEEN] == 2
 
 
@@ -117,20 +113,20 @@ def test_a_failed_attempt_waits_and_a_row_moves_through_its_stages(tmp_path: Pat
     listed(store, 12, submission("a", 10), submission("b", 11))
     store.retry_later(submission("a"), 60.0, "the coordinator does not have the file yet")
     row = store.due(now=time.time())  # "a" waits a minute: "b" comes first although it is younger
-    assert row is not None and row.work_key == key("b")
-    waiting = store.get(key("a"), NODE)
+    assert row is not None and row.work_key == work_key("b")
+    waiting = store.get(work_key("a"), NODE)
     assert waiting is not None and waiting.attempts == 1 and waiting.last_error is not None
     assert store.next_due_at() is not None
 
     store.record_verdict(
         submission("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0: reward 1.0, recomputed 0.0")
     )
-    verified = store.get(key("b"), NODE)
+    verified = store.get(work_key("b"), NODE)
     assert verified is not None and (verified.stage, verified.accepted, verified.reason) == (VERIFIED, False, 6)
     store.move(submission("b"), ATTESTED)
     assert store.open_count() == 2  # an attested rejection still has its invalidation to go
     store.move(submission("b"), INVALIDATED, tx_hash="0x" + "ab" * 32)
-    assert [r.work_key for r in store.rejections()] == [key("b")]
+    assert [r.work_key for r in store.rejections()] == [work_key("b")]
     assert store.rejections()[0].tx_hash == "0x" + "ab" * 32
 
     store.record_verdict(submission("a"), accept("fine"))
@@ -166,14 +162,14 @@ def test_each_outcome_is_remembered_in_its_own_column_and_only_rejections_have_a
     store.close()
 
     store = open_store(tmp_path)
-    rows = {label: store.get(key(label), NODE) for label in labels}
+    rows = {label: store.get(work_key(label), NODE) for label in labels}
     assert {label: (r.stage, r.outcome, r.accepted) for label, r in rows.items() if r is not None} == {
         "fine": (ATTESTED, Outcome.ACCEPTED, True),
         "clear": (ATTESTED, Outcome.SLASHABLE, False),
         "near": (ATTESTED, Outcome.BORDERLINE, False),
         "lost": (UNVERIFIABLE, Outcome.UNJUDGED, None),  # no verdict: nothing to attest
     }
-    assert [r.work_key for r in store.rejections()] == [key("clear"), key("near")]
+    assert [r.work_key for r in store.rejections()] == [work_key("clear"), work_key("near")]
     due = []
     while (row := store.due(now=2e9)) is not None:  # the chain stage's rows, each settled as the daemon would
         due.append(row.outcome)
@@ -193,10 +189,10 @@ def legacy_state(state: Path, rows: dict[str, tuple[str, int | None, int, str | 
     for label, (stage, accepted, marked, note) in rows.items():
         db.execute(
             "UPDATE work SET stage = ?, accepted = ?, note = ?, check_name = 'model', reason = ? WHERE work_key = ?",
-            (stage, accepted, note, None if accepted in (None, 1) else 7, key(label).hex()),
+            (stage, accepted, note, None if accepted in (None, 1) else 7, work_key(label).hex()),
         )
         if borderline:
-            db.execute("UPDATE work SET borderline = ? WHERE work_key = ?", (marked, key(label).hex()))
+            db.execute("UPDATE work SET borderline = ? WHERE work_key = ?", (marked, work_key(label).hex()))
     db.execute("ALTER TABLE work DROP COLUMN outcome")
     store.close()
 
@@ -219,7 +215,7 @@ def test_a_state_from_before_the_outcome_column_gets_it_from_its_flags_and_keeps
     )
     store = open_store(tmp_path)
     outcomes = {label: row.outcome for label in ("new", "fine", "clear", "near", "late", "stuck", "gone")
-                if (row := store.get(key(label), NODE)) is not None}  # fmt: skip
+                if (row := store.get(work_key(label), NODE)) is not None}  # fmt: skip
     assert outcomes == {
         "new": None,
         "fine": Outcome.ACCEPTED,
@@ -233,7 +229,7 @@ def test_a_state_from_before_the_outcome_column_gets_it_from_its_flags_and_keeps
     assert "outcome" in columns and not columns & {"accepted", "borderline"}
     assert store.open_count() == 3  # new, clear and near; late is settled, stuck and gone are final
     store.close()
-    assert open_store(tmp_path).get(key("near"), NODE).outcome is Outcome.BORDERLINE  # type: ignore[union-attr]
+    assert open_store(tmp_path).get(work_key("near"), NODE).outcome is Outcome.BORDERLINE  # type: ignore[union-attr]
 
 
 def test_a_state_from_before_issue_17_has_no_borderline_rejections_and_is_read_by_the_rejections_command(
@@ -241,14 +237,14 @@ def test_a_state_from_before_issue_17_has_no_borderline_rejections_and_is_read_b
 ) -> None:
     legacy_state(tmp_path, {"clear": (ATTESTED, 0, 0, None), "fine": (VERIFIED, 1, 0, None)}, borderline=False)
     store = ValidatorStore.open_existing(tmp_path)  # what `prime-validate rejections` opens
-    assert [(r.work_key, r.outcome) for r in store.rejections()] == [(key("clear"), Outcome.SLASHABLE)]
+    assert [(r.work_key, r.outcome) for r in store.rejections()] == [(work_key("clear"), Outcome.SLASHABLE)]
     assert sorted(store.verdict_counts(), key=str) == sorted([(False, 7, 1), (True, None, 1)], key=str)
 
 
 def test_the_newest_files_verdict_groups_and_sent_invalidations_are_read_from_the_store(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     listed(store, 13, submission("a", 10), submission("b", 11, 1), submission("c", 11, 2), submission("d", 12))
-    assert [r.work_key for r in store.newest(3)] == [key("d"), key("c"), key("b")]
+    assert [r.work_key for r in store.newest(3)] == [work_key("d"), work_key("c"), work_key("b")]
     store.record_verdict(submission("a"), accept("fine"))
     store.record_verdict(submission("b"), reject(Reason.REWARD_MISMATCH, "rewards", "row 0"))
     store.record_verdict(submission("c"), reject(Reason.REWARD_MISMATCH, "rewards", "row 1"))
@@ -347,7 +343,7 @@ def test_a_file_parked_as_gone_is_judged_again_when_its_batch_is_read_again_else
     store.move(a, UNVERIFIABLE, note=GONE)  # what the daemon does when the chain no longer holds the file's batch
     assert store.open_count() == 0
     store.record([], 12, batches=[batch_of([submission("a", 11)])])  # submitted again, one block later
-    row = store.get(key("a"), NODE)
+    row = store.get(work_key("a"), NODE)
     assert row is not None and (row.stage, row.note, row.block) == (SEEN, None, 11)
     assert store.open_count() == 1
 
@@ -358,7 +354,7 @@ def test_a_file_parked_as_gone_is_judged_again_when_its_batch_is_read_again_in_t
     listed(store, 11, a)
     store.move(a, UNVERIFIABLE, note=GONE)  # the chain did not hold the batch when the file was about to be judged
     store.record([], 12, batches=[batch_of([a])])  # submitted again, in a block of the same height
-    row = store.get(key("a"), NODE)
+    row = store.get(work_key("a"), NODE)
     assert row is not None and (row.stage, row.note) == (SEEN, None)
     assert store.open_count() == 1
 
@@ -369,7 +365,7 @@ def test_failures_on_the_validators_side_are_counted_per_file_and_a_state_from_b
     store = open_store(tmp_path)
     listed(store, 12, submission("a", 10), submission("b", 11))
     assert [store.count_unjudged(submission("a")) for _ in range(3)] == [1, 2, 3]
-    row, other = store.get(key("a"), NODE), store.get(key("b"), NODE)
+    row, other = store.get(work_key("a"), NODE), store.get(work_key("b"), NODE)
     assert row is not None and other is not None and (row.unjudged, other.unjudged) == (3, 0)
     assert row.stage == SEEN and row.attempts == 0  # counting moves nothing: the daemon decides what follows
     store.db.execute("ALTER TABLE work DROP COLUMN unjudged")  # the schema before issue 32
