@@ -18,9 +18,13 @@ from engine.generate import Generated, generate_rollouts
 from engine.inference.torch_backend import TorchBackend
 from engine.model.loading import LoadedModel, load_model
 from engine.model.tiny import init_model, save_model_dir
+from ledger.accounts import dev_account
+from ledger.client import Ledger
 from protocol.plan import Job
 from protocol.tasks.sources import TaskSource, open_source
 from protocol.tasks.spec import TaskSpec, load_task_spec
+from tests.conftest import TOKEN
+from tests.ledger.helpers import make_pool, onboard
 from validator.config import ValidatorConfig
 from validator.verdict import Verdict
 from validator.verify import Expected, verify_file
@@ -125,3 +129,16 @@ def verify(task_spec: TaskSpec, task_source: TaskSource, checkpoint: LoadedModel
         )
 
     return run
+
+
+@pytest.fixture
+def pool(ledger_for: Callable[[int], Ledger]) -> tuple[int, Ledger]:
+    """A funded pool (window 3600 s, slash 50 tokens) with anvil account 9 as its validator and one node, anvil
+    account 6 of provider 1 (the chain tests' accounts: 0 owns the pool); (pool id, the node's client)."""
+    owner = ledger_for(0)
+    pool_id = make_pool(owner)
+    owner.set_validator(pool_id, dev_account(9).address)
+    owner.mint(owner.address, 100 * TOKEN)
+    owner.fund_rewards(pool_id, 100 * TOKEN)
+    node = onboard(owner, ledger_for(1), dev_account(6), pool_id)
+    return pool_id, node

@@ -16,7 +16,6 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from ledger.accounts import dev_account
@@ -29,7 +28,7 @@ from protocol.coordinator.client import CoordinatorClient
 from protocol.tasks.spec import load_task_spec
 from shardcast.client import new_session
 from tests.conftest import TOKEN
-from tests.ledger.helpers import make_pool, onboard, work_key
+from tests.ledger.helpers import work_key
 from tests.loopback_coordinator import coordinator_service, serving
 from tests.network_trainer import TASK
 from trainer.api import CoordinatorApi
@@ -55,18 +54,6 @@ from validator.verdict import Verdict, borderline, reject
 OWNER, PROVIDER, NODE, VALIDATOR = 0, 1, 6, 9
 WINDOW = 3600  # the pool's challenge window (make_pool's)
 LedgerFor = Callable[[int], Ledger]
-
-
-@pytest.fixture
-def pool(ledger_for: LedgerFor) -> tuple[int, Ledger]:
-    """A funded pool (window 3600 s, slash 50 tokens) with anvil account 9 as its validator and one node."""
-    owner = ledger_for(OWNER)
-    pool_id = make_pool(owner)
-    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
-    owner.mint(owner.address, 100 * TOKEN)
-    owner.fund_rewards(pool_id, 100 * TOKEN)
-    node = onboard(owner, ledger_for(PROVIDER), dev_account(NODE), pool_id)
-    return pool_id, node
 
 
 def daemon(ledger_for: LedgerFor, pool_id: int, state: Path, *, grace: float = 60.0) -> ValidatorDaemon:

@@ -12,44 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
-from ledger.accounts import dev_account
-from ledger.chain import LocalChain, free_port
+from ledger.chain import LocalChain
 from ledger.client import Ledger
 from ledger.types import BatchStatus, Ejection, Reason
-from protocol.tasks.spec import load_task_spec
 from tests.conftest import TOKEN
-from tests.ledger.helpers import make_pool, onboard
-from tests.network_trainer import TASK
-from tests.validator.test_batch_daemon import act, attested, listed, submitted
+from tests.validator.test_batch_daemon import act, attested, daemon, listed, submitted
 from validator.cli import app
-from validator.config import ValidatorConfig
-from validator.daemon import PoolSetup, ValidatorDaemon
 from validator.store import ATTESTED, INVALIDATED, REFUSED
 from validator.verdict import Outcome, accept, borderline, reject
 
 OWNER, PROVIDER, NODE, VALIDATOR = 0, 1, 6, 9
 LedgerFor = Callable[[int], Ledger]
-
-
-@pytest.fixture
-def pool(ledger_for: LedgerFor) -> tuple[int, Ledger]:
-    """A funded pool with anvil account 9 as its validator and one onboarded node; (pool id, the node's client)."""
-    owner = ledger_for(OWNER)
-    pool_id = make_pool(owner)
-    owner.set_validator(pool_id, dev_account(VALIDATOR).address)
-    owner.mint(owner.address, 100 * TOKEN)
-    owner.fund_rewards(pool_id, 100 * TOKEN)
-    node = onboard(owner, ledger_for(PROVIDER), dev_account(NODE), pool_id)
-    return pool_id, node
-
-
-def daemon(ledger_for: LedgerFor, pool_id: int, state: Path) -> ValidatorDaemon:
-    closed = f"http://127.0.0.1:{free_port()}"
-    setup = PoolSetup(pool_id, dev_account(OWNER).address, closed, (closed,), load_task_spec(TASK))
-    return ValidatorDaemon(ledger_for(VALIDATOR), setup, ValidatorConfig(poll_seconds=0.05), state)  # type: ignore[arg-type]
 
 
 def test_a_borderline_rejection_is_refused_on_chain_never_invalidated(
