@@ -450,8 +450,8 @@ class CoordinatorService:
         while (writing := self._storing.get(slot)) is not None:
             with contextlib.suppress(Exception):  # the first writer answers its own failure
                 await asyncio.shield(writing)
-            if store.has(key):
-                return False
+        if store.has(key):  # stored while this upload waited for that write, or while it was being parsed
+            return False
         write = asyncio.get_running_loop().run_in_executor(self._writers, store.put, key, body, node)
         task = asyncio.ensure_future(write)
         self._storing[slot] = task
